@@ -1,0 +1,49 @@
+"""Shared fixtures: a scrubbed environment and a temporary home for every test.
+
+Every test runs with ``HOME`` and the XDG directories pointing into its own temporary folder and
+with every ``JARVIS_*`` variable removed, so no test reads the developer's configuration or
+models, and none writes outside its folder. Fixtures that need real, slow-to-build artefacts
+(the real model pair) keep them in a per-machine cache outside the scrubbed home.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+#: Captured before any scrubbing: where slow, reusable test artefacts live on this machine.
+REAL_HOME = Path(os.environ.get("HOME", str(Path.home())))
+TEST_CACHE = Path(os.environ.get("JARVIS_TEST_CACHE", str(REAL_HOME / ".cache" / "openjarvis-tests")))
+
+
+@pytest.fixture(autouse=True)
+def scrubbed_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private home for the test: XDG dirs inside ``tmp_path``, no ``JARVIS_*`` variables."""
+    home = tmp_path / "home"
+    home.mkdir()
+    for var in list(os.environ):
+        if var.startswith("JARVIS_"):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / ".local" / "state"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(home / "run"))
+    yield home
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty git-like workspace directory, made the current directory."""
+    ws = tmp_path / "ws"
+    (ws / ".git").mkdir(parents=True)
+    monkeypatch.chdir(ws)
+    return ws
