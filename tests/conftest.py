@@ -47,3 +47,28 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (ws / ".git").mkdir(parents=True)
     monkeypatch.chdir(ws)
     return ws
+
+
+# Tiny GGUF models (scripts/make_tiny_gguf.py): random weights, real Qwen-style BPE tokenizer.
+# Built once per session; the drafter and verifier share a tokenizer, "other" does not.
+
+
+@pytest.fixture(scope="session")
+def tiny_verifier_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from make_tiny_gguf import make_tiny_gguf
+
+    return make_tiny_gguf(tmp_path_factory.mktemp("tiny") / "verifier.gguf", role="verifier")
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from make_tiny_gguf import make_tiny_gguf
+
+    return make_tiny_gguf(tmp_path_factory.mktemp("tiny") / "drafter.gguf", role="drafter", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_other_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from make_tiny_gguf import make_tiny_gguf
+
+    return make_tiny_gguf(tmp_path_factory.mktemp("tiny") / "other.gguf", tokenizer="other")
