@@ -161,14 +161,10 @@ def _choices(tp: Any) -> tuple[Any, ...]:
 def _split_key(key: str, *, origin: str) -> tuple[str, str]:
     section, _, name = key.partition(".")
     if section not in SECTIONS:
-        raise ConfigError(
-            f"{origin}: unknown section {section!r}; allowed sections: {', '.join(SECTIONS)}"
-        )
+        raise ConfigError(f"{origin}: unknown section {section!r}; allowed sections: {', '.join(SECTIONS)}")
     names = [f.name for f in dataclasses.fields(SECTIONS[section])]
     if name not in names:
-        raise ConfigError(
-            f"{origin}: unknown key {key!r}; allowed keys in [{section}]: {', '.join(names)}"
-        )
+        raise ConfigError(f"{origin}: unknown key {key!r}; allowed keys in [{section}]: {', '.join(names)}")
     return section, name
 
 
@@ -214,9 +210,7 @@ def parse_text(setting: Setting, text: str, origin: str) -> Any:
         if tp is float:
             return float(raw)
     except ValueError:
-        raise ConfigError(
-            f"{origin}: {setting.key} must be {setting.describe_type()}, got {text!r}"
-        ) from None
+        raise ConfigError(f"{origin}: {setting.key} must be {setting.describe_type()}, got {text!r}") from None
     return _check_typed(setting, raw, origin)
 
 
