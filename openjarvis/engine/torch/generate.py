@@ -1,0 +1,211 @@
+"""The step runner: evaluate T tokens at a position, fast, with one CUDA graph per T.
+
+``Runner.logits(tokens, start)`` appends ``tokens`` at ``start`` to the static KV cache and
+returns their logits. Two implementations of the forward pass share the cache and the weights:
+
+- ``"triton"``: the fused kernels of ``kernels.py`` over fixed per-T workspaces (6 launches per
+  layer). Positions are read from a device scalar, so the graph captured for T serves every
+  position; prompts longer than ``MAX_STEP`` run in chunks of ``MAX_STEP``.
+- ``"torch"``: the reference forward of ``model.py`` (cuBLAS, SDPA); captured with attention over
+  the whole cache under a position mask, or run eagerly over only the live positions.
+
+Graphs are captured lazily, on the first call with a given T, and kept on the Runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from openjarvis.engine.torch.cache import SLACK, KVCache
+from openjarvis.engine.torch.model import Transformer
+
+Kernels = Literal["triton", "torch"]
+
+#: Largest T run as one fixed-shape step (a k=16 verify is 17 tokens; prefill chunks are this).
+MAX_STEP = 32
+#: Sequence splits of the decode attention (grid = n_head_kv x NSPLIT programs).
+NSPLIT = 64
+
+
+@dataclass(slots=True)
+class Workspace:
+    """Static buffers of one T: inputs, scratch and the logits the step leaves behind."""
+
+    inputs: torch.Tensor  # [1 + T] int64: start position, then the tokens
+    h: torch.Tensor  # [T, D] float32 residual stream
+    q: torch.Tensor  # [T, H, hd] float32
+    o_part: torch.Tensor  # [NSPLIT, T, H, hd] float32
+    ml_part: torch.Tensor  # [NSPLIT, T, H, 2] float32
+    attn: torch.Tensor  # [T, q_dim]
+    act: torch.Tensor  # [T, F]
+    logits: torch.Tensor  # [T, V] float32
+    graph: torch.cuda.CUDAGraph | None = None
+    run: Callable[[], torch.Tensor] | None = field(default=None)
+
+    @property
+    def start(self) -> torch.Tensor:
+        return self.inputs[:1]
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.inputs[1:]
+
+
+class Runner:
+    """Owns the cache and the per-T steps of one model on one device."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        n_ctx: int,
+        *,
+        kernels: Kernels | None = None,
+        graphs: bool | None = None,
+        nsplit: int = NSPLIT,
+    ) -> None:
+        self.model = model
+        self.args = model.args
+        self.device = model.device
+        on_cuda = self.device.type == "cuda"
+        self.kernels: Kernels = kernels or ("triton" if on_cuda and _has_triton() else "torch")
+        self.graphs = on_cuda if graphs is None else graphs and on_cuda
+        self.nsplit = nsplit
+        self.cache = KVCache(self.args, n_ctx, model.dtype, self.device)
+        if model.rope.shape[0] < self.cache.capacity:
+            raise ValueError("the RoPE table is shorter than the cache")
+        self._steps: dict[int, Workspace] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        self.linear_configs: dict[tuple[str, int], object] = {}
+
+    @property
+    def n_ctx(self) -> int:
+        return self.cache.n_ctx
+
+    # -- public ---------------------------------------------------------------------------
+
+    def logits(self, tokens: Sequence[int], start: int) -> torch.Tensor:
+        """Logits ``[T, V]`` float32 on the device (valid until the next call with that T)."""
+        n = len(tokens)
+        if n == 0 or start < 0 or start + n > self.n_ctx:
+            raise ValueError(f"cannot evaluate {n} tokens at {start} in a {self.n_ctx} window")
+        if self.kernels == "torch" and not self.graphs:
+            return self._eager(tokens, start)
+        rows = []
+        for i in range(0, n, MAX_STEP):
+            chunk = tokens[i : i + MAX_STEP]
+            rows.append(self.step(chunk, start + i).clone() if n > MAX_STEP else self.step(chunk, start + i))
+        return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+    def step(self, tokens: Sequence[int], start: int) -> torch.Tensor:
+        """One fixed-shape step of ``len(tokens) <= MAX_STEP``; returns the workspace's logits."""
+        ws = self._workspace(len(tokens))
+        host = torch.tensor([start, *tokens], dtype=torch.int64)
+        ws.inputs.copy_(host, non_blocking=False)
+        if ws.graph is not None:
+            ws.graph.replay()
+            return ws.logits
+        assert ws.run is not None
+        return ws.run()
+
+    def replay(self, t: int) -> None:
+        """Re-run the captured step of ``t`` tokens on whatever inputs it holds (benchmarks)."""
+        ws = self._steps[t]
+        if ws.graph is not None:
+            ws.graph.replay()
+        elif ws.run is not None:
+            ws.run()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _eager(self, tokens: Sequence[int], start: int) -> torch.Tensor:
+        t = torch.tensor(list(tokens), dtype=torch.int64, device=self.device)
+        pos = torch.arange(start, start + len(tokens), device=self.device)
+        return self.model.forward(t, pos, self.cache, kv_len=start + len(tokens))
+
+    def _workspace(self, t: int) -> Workspace:
+        ws = self._steps.get(t)
+        if ws is not None:
+            return ws
+        a, dev, dt = self.args, self.device, self.model.dtype
+        f32 = torch.float32
+        ws = Workspace(
+            inputs=torch.zeros(1 + t, dtype=torch.int64, device=dev),
+            h=torch.empty(t, a.n_embd, dtype=f32, device=dev),
+            q=torch.empty(t, a.n_head, a.head_dim, dtype=f32, device=dev),
+            o_part=torch.empty(self.nsplit, t, a.n_head, a.head_dim, dtype=f32, device=dev),
+            ml_part=torch.empty(self.nsplit, t, a.n_head, 2, dtype=f32, device=dev),
+            attn=torch.empty(t, a.q_dim, dtype=dt, device=dev),
+            act=torch.empty(t, a.n_ff, dtype=dt, device=dev),
+            logits=torch.empty(t, a.n_vocab, dtype=f32, device=dev),
+        )
+        if self.kernels == "triton":
+            ws.run = lambda: self._triton_forward(ws)
+        else:
+            ws.run = lambda: self._torch_forward(ws)
+        if self.graphs:
+            self._capture(ws)
+        self._steps[t] = ws
+        return ws
+
+    def _capture(self, ws: Workspace) -> None:
+        """Warm up (compiles kernels) on a side stream, then capture one step into a graph.
+
+        Warm-up writes K/V at the positions the inputs hold; callers fill the inputs with the
+        step they are about to run, whose writes land on the same (dead) positions.
+        """
+        assert ws.run is not None
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                ws.run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = ws.run()
+        ws.logits = out
+        ws.graph = graph
+
+    def _torch_forward(self, ws: Workspace) -> torch.Tensor:
+        t = ws.tokens.shape[0]
+        pos = ws.start + torch.arange(t, device=self.device)
+        out = self.model.forward(ws.tokens, pos, self.cache)
+        ws.logits.copy_(out)
+        return ws.logits
+
+    def _triton_forward(self, ws: Workspace) -> torch.Tensor:
+        from openjarvis.engine.torch import kernels as K
+
+        a, w, c = self.args, self.model.weights, self.cache
+        t = ws.tokens.shape[0]
+        cfg = self.linear_configs
+
+        def lc(name: str) -> K.LinearConfig | None:
+            got = cfg.get((name, t))
+            return got if isinstance(got, K.LinearConfig) else None
+
+        K.embed(ws.tokens, w.tok_emb, ws.h)
+        for i, lw in enumerate(w.layers):
+            kc, vc = c.k[i], c.v[i]
+            K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
+                       kc, vc, a.rms_eps)
+            K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part)
+            K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"))
+            K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
+                     cfg=lc("w13"))
+            K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"))
+        K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"))
+        return ws.logits
+
+
+def _has_triton() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
+
+
+__all__ = ["MAX_STEP", "NSPLIT", "SLACK", "Runner", "Workspace"]

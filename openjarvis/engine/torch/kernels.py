@@ -1,0 +1,331 @@
+"""Triton kernels for the batch-size-one path, and their launchers.
+
+At batch size one every weight is read once per step, so each kernel is a pass over a weight
+matrix with everything around it fused in (per layer, 6 launches):
+
+    qkv_rope      RMSNorm(h) @ Wqkv^T + b, RoPE on q and k, k and v written into the cache
+    attn_split    flash-decoding: grid (kv head, split of the sequence), all query heads of the
+                  group and all T query tokens in one tile; length read from a device scalar
+    attn_combine  merge the splits' (max, sum, partial output)
+    linear        o-proj  + residual add into h (in place)
+    linear        RMSNorm(h) @ W13^T, SiLU(gate) * up
+    linear        down-proj + residual add into h
+
+The same kernels serve T = 1 (a reduction over K per row: a GEMV) and T up to 32 (``tl.dot`` on
+a padded [BLOCK_T, BLOCK_K] tile: a verify step reads the weights once for all T tokens).
+Everything reads positions from ``start`` on the device, so one CUDA graph per T serves every
+position. Run on the CPU under ``TRITON_INTERPRET=1`` for tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# Linear modes
+STORE, ADD, SWIGLU = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class LinearConfig:
+    """Tile sizes of one linear launch; ``block_t`` 1 picks the GEMV reduction, >= 16 ``tl.dot``."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def block_t(t: int) -> int:
+    return 1 if t == 1 else max(16, triton.next_power_of_2(t))
+
+
+def default_linear_config(t: int, n: int, k: int) -> LinearConfig:
+    """A reasonable tile without tuning: enough programs to cover the SMs several times."""
+    if t == 1:
+        bn = 4 if n <= 2048 else 8 if n <= 16384 else 16
+        return LinearConfig(bn, min(512, triton.next_power_of_2(k)))
+    return LinearConfig(32, min(128, triton.next_power_of_2(k)), num_warps=4)
+
+
+@triton.jit
+def _tile_dot(x, w, acc, BLOCK_T: tl.constexpr):
+    """acc [BT, BN] += x [BT, BK] . w [BN, BK]^T (float32 accumulate)."""
+    if BLOCK_T == 1:
+        res = acc + tl.sum(x * w.to(tl.float32), axis=1)[None, :]
+    else:
+        res = tl.dot(x.to(w.dtype), tl.trans(w), acc)
+    return res
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
+    T, N, K, stride_x, stride_out, eps,
+    MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    rt = tl.arange(0, BLOCK_T)  # [BT]
+    nmask = rn < N
+    tmask = rt < T
+    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)  # [BK]
+        kmask = rk < K
+        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)  # [BT, BK]
+        if NORM:
+            ss += tl.sum(x * x, axis=1)
+            g = tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+            x = x * g[None, :]
+        wmask = nmask[:, None] & kmask[None, :]
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0)  # [BN, BK]
+        acc = _tile_dot(x, w, acc, BLOCK_T)
+        if MODE == 2:
+            w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
+            acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
+    if NORM:
+        inv = tl.rsqrt(ss / K + eps)
+        acc = acc * inv[:, None]
+        acc2 = acc2 * inv[:, None]
+    if BIAS:
+        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    omask = tmask[:, None] & nmask[None, :]
+    optr = out_ptr + rt[:, None] * stride_out + rn[None, :]
+    if MODE == 1:
+        acc += tl.load(optr, mask=omask, other=0.0).to(tl.float32)
+    if MODE == 2:
+        acc = acc * tl.sigmoid(acc) * acc2
+    tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def _qkv_rope_kernel(
+    x_ptr, w_ptr, g_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
+    T, K, stride_x, stride_ch, stride_cs, eps,
+    N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Program = BLOCK_P NeoX pairs (rows j and j + HD/2) of one head of q, k or v."""
+    HALF: tl.constexpr = HD // 2
+    PER_HEAD: tl.constexpr = HALF // BLOCK_P
+    pid = tl.program_id(0)
+    head = pid // PER_HEAD  # 0..N_HEAD+2*N_KV
+    j = (pid % PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)  # [BP] pair index within head
+    r1 = head * HD + j
+    r2 = r1 + HALF
+    rt = tl.arange(0, BLOCK_T)
+    tmask = rt < T
+    acc1 = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        ss += tl.sum(x * x, axis=1)
+        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+        w1 = tl.load(w_ptr + r1[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0)
+        w2 = tl.load(w_ptr + r2[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0)
+        acc1 = _tile_dot(x, w1, acc1, BLOCK_T)
+        acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
+    inv = tl.rsqrt(ss / K + eps)
+    acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
+    acc2 = acc2 * inv[:, None] + tl.load(b_ptr + r2).to(tl.float32)[None, :]
+    pos = tl.load(start_ptr) + rt  # [BT]
+    cs = rope_ptr + pos[:, None] * HD + 2 * j[None, :]  # table [n_pos, HD/2, (cos, sin)]
+    cos = tl.load(cs, mask=tmask[:, None], other=1.0)
+    sin = tl.load(cs + 1, mask=tmask[:, None], other=0.0)
+    is_rope = head < N_HEAD + N_KV
+    o1 = tl.where(is_rope, acc1 * cos - acc2 * sin, acc1)
+    o2 = tl.where(is_rope, acc2 * cos + acc1 * sin, acc2)
+    m = tmask[:, None]
+    if head < N_HEAD:
+        qp = q_ptr + rt[:, None] * (N_HEAD * HD) + head * HD + j[None, :]  # q [T, H, HD]
+        tl.store(qp, o1, mask=m)
+        tl.store(qp + HALF, o2, mask=m)
+    elif head < N_HEAD + N_KV:
+        kp = kc_ptr + (head - N_HEAD) * stride_ch + pos[:, None] * stride_cs + j[None, :]
+        tl.store(kp, o1.to(kc_ptr.dtype.element_ty), mask=m)
+        tl.store(kp + HALF, o2.to(kc_ptr.dtype.element_ty), mask=m)
+    else:
+        vp = vc_ptr + (head - N_HEAD - N_KV) * stride_ch + pos[:, None] * stride_cs + j[None, :]
+        tl.store(vp, o1.to(vc_ptr.dtype.element_ty), mask=m)
+        tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _attn_split_kernel(
+    q_ptr, kc_ptr, vc_ptr, start_ptr, o_ptr, ml_ptr,
+    T, stride_ch, stride_cs, scale,
+    N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """Program = (kv head, split): rows r = t * G + g of the query tile share one K/V stream."""
+    kvh = tl.program_id(0)
+    sp = tl.program_id(1)
+    r = tl.arange(0, BLOCK_R)
+    t = r // G
+    head = kvh * G + r % G
+    rmask = t < T
+    d = tl.arange(0, HD)
+    q = tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
+                mask=rmask[:, None], other=0.0) * scale  # [R, HD] float32
+    start = tl.load(start_ptr)
+    total = start + T
+    chunk = tl.cdiv(tl.cdiv(total, NSPLIT), BLOCK_S) * BLOCK_S
+    s_lo = sp * chunk
+    s_hi = tl.minimum(s_lo + chunk, total)
+    qpos = start + t  # [R]
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    den = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
+    kbase = kc_ptr + kvh * stride_ch
+    vbase = vc_ptr + kvh * stride_ch
+    for s0 in range(s_lo, s_hi, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        smask = s < s_hi
+        kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
+        sc = tl.dot(q.to(kt.dtype), tl.trans(kt))  # [R, S]
+        valid = smask[None, :] & (s[None, :] <= qpos[:, None])
+        sc = tl.where(valid, sc, float("-inf"))
+        m_new = tl.maximum(m, tl.max(sc, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(sc - m_safe[:, None])
+        alpha = tl.exp(m - m_safe)
+        den = den * alpha + tl.sum(p, 1)
+        vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+        m = m_new
+    idx = (sp * T + t) * N_HEAD + head  # partials [NSPLIT, T, H, ...]
+    tl.store(o_ptr + idx[:, None] * HD + d[None, :], acc, mask=rmask[:, None])
+    tl.store(ml_ptr + idx * 2, m, mask=rmask)
+    tl.store(ml_ptr + idx * 2 + 1, den, mask=rmask)
+
+
+@triton.jit
+def _attn_combine_kernel(
+    o_ptr, ml_ptr, out_ptr, T,
+    N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
+):
+    pid = tl.program_id(0)  # t * N_HEAD + head
+    sp = tl.arange(0, NSPLIT)
+    d = tl.arange(0, HD)
+    idx = sp * T * N_HEAD + pid
+    m = tl.load(ml_ptr + idx * 2)
+    den = tl.load(ml_ptr + idx * 2 + 1)
+    mx = tl.max(m, 0)
+    wgt = tl.exp(m - mx)  # empty splits carry m = -inf -> weight 0
+    o = tl.load(o_ptr + idx[:, None] * HD + d[None, :])  # [NSPLIT, HD]
+    res = tl.sum(o * wgt[:, None], 0) / tl.sum(wgt * den, 0)
+    tl.store(out_ptr + pid * HD + d, res.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _embed_kernel(tok_ptr, emb_ptr, h_ptr, D, BLOCK_D: tl.constexpr):
+    t = tl.program_id(0)
+    tok = tl.load(tok_ptr + t).to(tl.int64)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        row = tl.load(emb_ptr + tok * D + d, mask=d < D, other=0.0)
+        tl.store(h_ptr + t * D + d, row.to(tl.float32), mask=d < D)
+
+
+# --- launchers ------------------------------------------------------------------------------
+
+
+def linear(
+    x: torch.Tensor,  # [T, K]
+    w: torch.Tensor,  # [N, K], or [2N, K] for SWIGLU
+    out: torch.Tensor,  # [T, N]
+    *,
+    mode: int = STORE,
+    norm: torch.Tensor | None = None,  # [K] RMSNorm weight: normalize x first
+    bias: torch.Tensor | None = None,  # [N]
+    eps: float = 1e-6,
+    cfg: LinearConfig | None = None,
+) -> torch.Tensor:
+    t, k = x.shape
+    n = w.shape[0] // 2 if mode == SWIGLU else w.shape[0]
+    cfg = cfg or default_linear_config(t, n, k)
+    grid = (triton.cdiv(n, cfg.block_n),)
+    _linear_kernel[grid](
+        x, w, norm if norm is not None else w, bias if bias is not None else w, out,
+        t, n, k, x.stride(0), out.stride(0), eps,
+        MODE=mode, NORM=norm is not None, BIAS=bias is not None,
+        BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def qkv_rope(
+    x: torch.Tensor,  # [T, D] float32 residual
+    wqkv: torch.Tensor,  # [(H + 2 Hkv) hd, D]
+    norm: torch.Tensor,  # [D]
+    bias: torch.Tensor,  # [(H + 2 Hkv) hd]
+    rope: torch.Tensor,  # [n_pos, hd/2, 2] float32
+    start: torch.Tensor,  # [1] int32/int64 on the device: position of x[0]
+    q_out: torch.Tensor,  # [T, H, hd] float32
+    k_cache: torch.Tensor,  # [Hkv, S, hd] (one layer)
+    v_cache: torch.Tensor,  # [Hkv, S, hd]
+    eps: float,
+    block_p: int | None = None,
+    block_k: int | None = None,
+    num_warps: int = 4,
+) -> None:
+    t, k = x.shape
+    n_head, hd = q_out.shape[1], q_out.shape[2]
+    n_kv = k_cache.shape[0]
+    bp = block_p or (4 if t == 1 else 16)
+    bp = min(bp, hd // 2)
+    grid = ((n_head + 2 * n_kv) * (hd // 2 // bp),)
+    _qkv_rope_kernel[grid](
+        x, wqkv, norm, bias, rope, start, q_out, k_cache, v_cache,
+        t, k, x.stride(0), k_cache.stride(0), k_cache.stride(1), eps,
+        N_HEAD=n_head, N_KV=n_kv, HD=hd,
+        BLOCK_T=block_t(t), BLOCK_P=bp, BLOCK_K=block_k or min(512, triton.next_power_of_2(k)),
+        num_warps=num_warps,
+    )
+
+
+def attention(
+    q: torch.Tensor,  # [T, H, hd] float32, RoPE applied
+    k_cache: torch.Tensor,  # [Hkv, S, hd]
+    v_cache: torch.Tensor,  # [Hkv, S, hd]
+    start: torch.Tensor,  # [1]: q[t] sits at position start + t and sees keys 0..start+t
+    out: torch.Tensor,  # [T, H * hd]
+    o_part: torch.Tensor,  # [NSPLIT, T, H, hd] float32 scratch
+    ml_part: torch.Tensor,  # [NSPLIT, T, H, 2] float32 scratch
+    block_s: int = 32,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    t, n_head, hd = q.shape
+    n_kv = k_cache.shape[0]
+    g = n_head // n_kv
+    nsplit = o_part.shape[0]
+    _attn_split_kernel[(n_kv, nsplit)](
+        q, k_cache, v_cache, start, o_part, ml_part,
+        t, k_cache.stride(0), k_cache.stride(1), hd**-0.5,
+        N_HEAD=n_head, G=g, HD=hd, NSPLIT=nsplit,
+        BLOCK_R=max(16, triton.next_power_of_2(t * g)), BLOCK_S=block_s, num_warps=num_warps,
+    )
+    _attn_combine_kernel[(t * n_head,)](
+        o_part, ml_part, out, t, N_HEAD=n_head, HD=hd, NSPLIT=nsplit, num_warps=1
+    )
+    return out
+
+
+def embed(tokens: torch.Tensor, emb: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """``h [T, D]`` float32 = ``emb [V, D]`` rows of ``tokens [T]``."""
+    d = emb.shape[1]
+    _embed_kernel[(tokens.shape[0],)](tokens, emb, h, d, BLOCK_D=min(1024, triton.next_power_of_2(d)))
+    return h

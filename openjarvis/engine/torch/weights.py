@@ -1,0 +1,226 @@
+"""GGUF tensors -> dequantized torch tensors, packed the way the forward pass reads them.
+
+llama.cpp's GGUF names (``blk.{i}.attn_q.weight`` ...) are the one vocabulary here: the benchmark's
+random and Hugging Face weights are renamed into it before packing. Quantized tensors are
+dequantized with ``gguf.quants.dequantize`` (the gguf package's reference decoder, every type it
+knows: F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q2_K..Q6_K, IQ*), then cast to the run dtype.
+
+Qwen2 Q/K rows are stored in Hugging Face order (NeoX RoPE: pairs ``(i, i + head_dim/2)``);
+llama.cpp permutes Q/K rows only for the ``llama`` architecture, which this backend does not load.
+
+Packing (per layer, shapes ``[out, in]`` as ``nn.Linear``):
+    wqkv [qkv_dim, D] = cat(q, k, v);  bqkv [qkv_dim]
+    wo   [D, q_dim]
+    w13  [2 * n_ff, D] = cat(gate, up)
+    w2   [D, n_ff]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from openjarvis.engine.torch.config import ModelArgs
+from openjarvis.errors import EngineError
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    attn_norm: torch.Tensor  # [D]
+    wqkv: torch.Tensor  # [qkv_dim, D]
+    bqkv: torch.Tensor  # [qkv_dim]
+    wo: torch.Tensor  # [D, q_dim]
+    ffn_norm: torch.Tensor  # [D]
+    w13: torch.Tensor  # [2F, D]
+    w2: torch.Tensor  # [D, F]
+
+
+@dataclass(slots=True)
+class Weights:
+    tok_emb: torch.Tensor  # [V, D]
+    layers: list[LayerWeights]
+    out_norm: torch.Tensor  # [D]
+    out: torch.Tensor  # [V, D]; the same storage as tok_emb when tied
+
+    def nbytes(self) -> int:
+        """Bytes one decode step reads (the output matrix once; the embedding row is noise)."""
+        seen: set[int] = set()
+        total = 0
+        for t in self._tensors():
+            if t.data_ptr() not in seen and t is not self.tok_emb:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+        return total
+
+    def _tensors(self) -> Iterator[torch.Tensor]:
+        yield self.tok_emb
+        yield self.out_norm
+        yield self.out
+        for lw in self.layers:
+            yield from (lw.attn_norm, lw.wqkv, lw.bqkv, lw.wo, lw.ffn_norm, lw.w13, lw.w2)
+
+
+def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Metadata (scalars; ``n_vocab`` and ``tied_embeddings`` added) and float32 arrays by name."""
+    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf.quants import dequantize
+
+    try:
+        reader = GGUFReader(str(path))
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"cannot read GGUF file {path}: {exc}") from exc
+    meta: dict[str, Any] = {}
+    for key, fld in reader.fields.items():
+        if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.model",):
+            if key == "tokenizer.ggml.tokens":
+                meta["n_vocab"] = len(fld.data)
+            continue
+        if len(fld.data) == 1:
+            meta[key] = fld.contents()
+    tensors: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # ne is fastest-first
+        if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            arr = np.asarray(t.data, dtype=np.float32)
+        else:
+            arr = dequantize(np.asarray(t.data), t.tensor_type)
+        tensors[t.name] = arr.reshape(shape)
+    meta["tied_embeddings"] = "output.weight" not in tensors
+    meta.setdefault("n_vocab", tensors["token_embd.weight"].shape[0])
+    return meta, tensors
+
+
+def pack(
+    args: ModelArgs,
+    get: Callable[[str], torch.Tensor],
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> Weights:
+    """Pack GGUF-named tensors (``get(name)`` -> float tensor) into fused ``Weights``."""
+
+    def w(name: str) -> torch.Tensor:
+        return get(name).to(device=device, dtype=dtype).contiguous()
+
+    layers = []
+    for i in range(args.n_layer):
+        p = f"blk.{i}."
+        qkv = [get(p + f"attn_{x}.weight") for x in "qkv"]
+        if args.qkv_bias:
+            bias = torch.cat([get(p + f"attn_{x}.bias") for x in "qkv"])
+        else:
+            bias = torch.zeros(args.qkv_dim)
+        layers.append(
+            LayerWeights(
+                attn_norm=w(p + "attn_norm.weight"),
+                wqkv=torch.cat(qkv).to(device=device, dtype=dtype).contiguous(),
+                bqkv=bias.to(device=device, dtype=dtype).contiguous(),
+                wo=w(p + "attn_output.weight"),
+                ffn_norm=w(p + "ffn_norm.weight"),
+                w13=torch.cat([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")])
+                .to(device=device, dtype=dtype)
+                .contiguous(),
+                w2=w(p + "ffn_down.weight"),
+            )
+        )
+        _check_layer(args, layers[-1], i)
+    tok_emb = w("token_embd.weight")
+    out = tok_emb if args.tied_embeddings else w("output.weight")
+    if tok_emb.shape != (args.n_vocab, args.n_embd) or out.shape != tok_emb.shape:
+        raise EngineError(f"embedding shape {tuple(tok_emb.shape)} does not match the metadata")
+    return Weights(tok_emb=tok_emb, layers=layers, out_norm=w("output_norm.weight"), out=out)
+
+
+def _check_layer(args: ModelArgs, lw: LayerWeights, i: int) -> None:
+    d, f = args.n_embd, args.n_ff
+    want = {
+        "wqkv": (args.qkv_dim, d),
+        "bqkv": (args.qkv_dim,),
+        "wo": (d, args.q_dim),
+        "w13": (2 * f, d),
+        "w2": (d, f),
+        "attn_norm": (d,),
+        "ffn_norm": (d,),
+    }
+    for name, shape in want.items():
+        got = tuple(getattr(lw, name).shape)
+        if got != shape:
+            raise EngineError(f"layer {i} {name} has shape {got}, metadata implies {shape}")
+
+
+def load_gguf(
+    path: str | Path, dtype: torch.dtype, device: torch.device | str
+) -> tuple[ModelArgs, Weights, dict[str, Any]]:
+    """Read, dequantize and pack a GGUF file; returns (args, weights, metadata)."""
+    meta, arrays = read_gguf(path)
+    try:
+        args = ModelArgs.from_metadata(meta)
+    except (KeyError, ValueError) as exc:
+        raise EngineError(f"unsupported GGUF model {path}: {exc}") from exc
+    try:
+        weights = pack(args, lambda n: torch.from_numpy(arrays[n]), dtype, device)
+    except KeyError as exc:
+        raise EngineError(f"GGUF file {path} lacks tensor {exc}") from exc
+    return args, weights, meta
+
+
+def random_weights(
+    args: ModelArgs,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    seed: int = 0,
+    scale: float = 0.02,
+) -> Weights:
+    """Random non-zero weights of a model's shapes (benchmarks, tests): N(0, scale), norms ~1."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(*shape: int, mean: float = 0.0, std: float = scale) -> torch.Tensor:
+        t = torch.randn(*shape, generator=gen) * std + mean
+        return t.to(device=device, dtype=dtype)
+
+    d, f = args.n_embd, args.n_ff
+    layers = [
+        LayerWeights(
+            attn_norm=rnd(d, mean=1.0, std=0.1),
+            wqkv=rnd(args.qkv_dim, d),
+            bqkv=rnd(args.qkv_dim, std=0.1),
+            wo=rnd(d, args.q_dim),
+            ffn_norm=rnd(d, mean=1.0, std=0.1),
+            w13=rnd(2 * f, d),
+            w2=rnd(d, f),
+        )
+        for _ in range(args.n_layer)
+    ]
+    tok_emb = rnd(args.n_vocab, d)
+    return Weights(tok_emb, layers, rnd(d, mean=1.0, std=0.1), tok_emb)
+
+
+def gguf_names(
+    weights: Weights, args: ModelArgs
+) -> Mapping[str, torch.Tensor]:  # pragma: no cover - used by tests and benchmarks
+    """The inverse of :func:`pack`: GGUF names -> tensors (views into ``weights``)."""
+    out: dict[str, torch.Tensor] = {
+        "token_embd.weight": weights.tok_emb,
+        "output_norm.weight": weights.out_norm,
+    }
+    if not args.tied_embeddings:
+        out["output.weight"] = weights.out
+    q, kv, f = args.q_dim, args.kv_dim, args.n_ff
+    for i, lw in enumerate(weights.layers):
+        p = f"blk.{i}."
+        out[p + "attn_norm.weight"] = lw.attn_norm
+        out[p + "ffn_norm.weight"] = lw.ffn_norm
+        out[p + "attn_q.weight"], out[p + "attn_k.weight"], out[p + "attn_v.weight"] = (
+            lw.wqkv.split([q, kv, kv])
+        )
+        out[p + "attn_q.bias"], out[p + "attn_k.bias"], out[p + "attn_v.bias"] = lw.bqkv.split(
+            [q, kv, kv]
+        )
+        out[p + "attn_output.weight"] = lw.wo
+        out[p + "ffn_gate.weight"], out[p + "ffn_up.weight"] = lw.w13.split([f, f])
+        out[p + "ffn_down.weight"] = lw.w2
+    return out

@@ -1,0 +1,115 @@
+"""The Triton kernels in Triton's interpreter (CPU) against the plain-torch reference."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton sees any @jit: run on the CPU
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+from openjarvis.engine.torch import kernels as K  # noqa: E402
+from openjarvis.engine.torch.cache import KVCache  # noqa: E402
+from openjarvis.engine.torch.config import ModelArgs  # noqa: E402
+from openjarvis.engine.torch.generate import Runner  # noqa: E402
+from openjarvis.engine.torch.model import Transformer, apply_rope, rms_norm, rope_table  # noqa: E402
+from openjarvis.engine.torch.weights import random_weights  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1 at import"
+)
+
+ARGS = ModelArgs("qwen2", n_layer=2, n_embd=128, n_ff=160, n_head=4, n_head_kv=2, n_vocab=101,
+                 rope_theta=10000.0)
+POISON = float("nan")
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def g(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("t", [1, 3, 17])
+@pytest.mark.parametrize("mode", [K.STORE, K.ADD, K.SWIGLU])
+def test_linear_modes(t: int, mode: int) -> None:
+    n, k = 40, 72  # not multiples of the tiles: the masks matter
+    x, w = g(t, k, seed=1), g(2 * n if mode == K.SWIGLU else n, k, seed=2)
+    norm, bias = g(k, seed=3) + 1, g(n, seed=4)
+    h0 = g(t, n, seed=5)
+    out = h0.clone() if mode == K.ADD else torch.full((t, n), POISON)
+    cfg = K.LinearConfig(block_n=8 if t == 1 else 16, block_k=32)
+    use_bias = bias if mode == K.STORE else None
+    K.linear(x, w, out, mode=mode, norm=norm, bias=use_bias, eps=1e-6, cfg=cfg)
+    y = rms_norm(x, norm, 1e-6) @ w.T
+    if mode == K.STORE:
+        ref = y + bias
+    elif mode == K.ADD:
+        ref = h0 + y
+    else:
+        gate, up = y.split(n, dim=-1)
+        ref = torch.nn.functional.silu(gate) * up
+    assert not out.isnan().any()
+    assert rel(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("t", [1, 5])
+def test_qkv_rope_writes_q_and_the_cache(t: int) -> None:
+    a = ARGS
+    x, w, bias, norm = g(t, a.n_embd, seed=1), g(a.qkv_dim, a.n_embd, seed=2), g(a.qkv_dim, seed=3), g(a.n_embd, seed=4)
+    rope = rope_table(a, 64, "cpu")
+    start = 9
+    q = torch.full((t, a.n_head, a.head_dim), POISON)
+    kc = torch.full((a.n_head_kv, 40, a.head_dim), POISON)
+    vc = kc.clone()
+    K.qkv_rope(x, w, norm, bias, rope, torch.tensor([start]), q, kc, vc, 1e-6)
+    y = rms_norm(x, norm, 1e-6) @ w.T + bias
+    rq, rk, rv = y.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
+    cs = rope[start : start + t]
+    assert rel(q, apply_rope(rq.view(t, a.n_head, a.head_dim), cs)) < 1e-5
+    rk = apply_rope(rk.view(t, a.n_head_kv, a.head_dim), cs).transpose(0, 1)
+    assert rel(kc[:, start : start + t], rk) < 1e-5
+    assert rel(vc[:, start : start + t], rv.view(t, a.n_head_kv, a.head_dim).transpose(0, 1)) < 1e-5
+    assert kc[:, :start].isnan().all() and kc[:, start + t :].isnan().all()  # nothing else
+
+
+@pytest.mark.parametrize(("t", "start"), [(1, 0), (1, 77), (4, 50)])
+def test_split_attention(t: int, start: int) -> None:
+    h, hkv, hd, s = 6, 2, 32, 160
+    q = g(t, h, hd, seed=1)
+    kc, vc = g(hkv, s, hd, seed=2), g(hkv, s, hd, seed=3)
+    kc[:, start + t :] = POISON  # beyond the live positions: must never be read into a result
+    vc[:, start + t :] = POISON
+    out = torch.full((t, h * hd), POISON)
+    nsplit = 8
+    K.attention(q, kc, vc, torch.tensor([start]), out, torch.empty(nsplit, t, h, hd),
+                torch.empty(nsplit, t, h, 2), block_s=16)
+    keys = kc.repeat_interleave(h // hkv, 0)[:, : start + t]
+    vals = vc.repeat_interleave(h // hkv, 0)[:, : start + t]
+    pos = torch.arange(start, start + t)
+    mask = torch.arange(start + t)[None, :] <= pos[:, None]
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), keys, vals, attn_mask=mask[None]
+    ).transpose(0, 1).reshape(t, h * hd)
+    assert not out.isnan().any()
+    assert rel(out, ref) < 1e-5
+
+
+def test_triton_runner_matches_the_reference_path() -> None:
+    w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
+    model = Transformer(ARGS, w, n_pos=128)
+    fast = Runner(model, 64, kernels="triton", nsplit=4)
+    ref_cache = KVCache(ARGS, 64, torch.float32, "cpu")
+    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (12,), generator=torch.Generator().manual_seed(0))]
+    ref = model.forward(torch.tensor(seq), torch.arange(12), ref_cache)
+    rows = [fast.logits(seq[:5], 0).clone()]
+    rows += [fast.logits(seq[i : i + 1], i).clone() for i in (5, 6)]  # views: clone
+    fast.logits([7, 8, 9], 7)  # a rejected draft, rolled back by position
+    rows.append(fast.logits(seq[7:], 7))
+    out = torch.cat(rows)
+    assert rel(out, ref) < 1e-5
