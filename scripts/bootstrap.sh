@@ -21,7 +21,7 @@ fi
 extras="$(IFS=,; echo "$*")"
 spec="$root"
 [ -n "$extras" ] && spec="$root[$extras]"
-stamp="$venv/.openjarvis-installed"
+stamp="$venv/.openjarvis-installed-${extras:-core}"
 want="$(cat "$root/pyproject.toml" | sha256sum | cut -c1-16) $extras"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   case ",$extras," in

