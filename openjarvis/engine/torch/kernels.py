@@ -312,11 +312,13 @@ def attention(
     n_kv = k_cache.shape[0]
     g = n_head // n_kv
     nsplit = o_part.shape[0]
+    block_r = max(16, triton.next_power_of_2(t * g))
+    num_warps = num_warps if block_r <= 32 else 8
     _attn_split_kernel[(n_kv, nsplit)](
         q, k_cache, v_cache, start, o_part, ml_part,
         t, k_cache.stride(0), k_cache.stride(1), hd**-0.5,
         N_HEAD=n_head, G=g, HD=hd, NSPLIT=nsplit,
-        BLOCK_R=max(16, triton.next_power_of_2(t * g)), BLOCK_S=block_s, num_warps=num_warps,
+        BLOCK_R=block_r, BLOCK_S=block_s, num_warps=num_warps,
     )
     _attn_combine_kernel[(t * n_head,)](
         o_part, ml_part, out, t, N_HEAD=n_head, HD=hd, NSPLIT=nsplit, num_warps=1

@@ -17,6 +17,7 @@ Packing (per layer, shapes ``[out, in]`` as ``nn.Linear``):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,11 +177,11 @@ def random_weights(
     scale: float = 0.02,
 ) -> Weights:
     """Random non-zero weights of a model's shapes (benchmarks, tests): N(0, scale), norms ~1."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
 
     def rnd(*shape: int, mean: float = 0.0, std: float = scale) -> torch.Tensor:
-        t = torch.randn(*shape, generator=gen) * std + mean
-        return t.to(device=device, dtype=dtype)
+        t = torch.randn(*shape, generator=gen, device=device, dtype=torch.float32)
+        return (t.mul_(std).add_(mean)).to(dtype)
 
     d, f = args.n_embd, args.n_ff
     layers = [
@@ -197,6 +198,17 @@ def random_weights(
     ]
     tok_emb = rnd(args.n_vocab, d)
     return Weights(tok_emb, layers, rnd(d, mean=1.0, std=0.1), tok_emb)
+
+
+def cast(weights: Weights, dtype: torch.dtype) -> Weights:
+    """The same weights in another dtype (a float32 reference of bf16 weights is exact)."""
+    layers = [
+        LayerWeights(*(getattr(lw, f.name).to(dtype) for f in dataclasses.fields(LayerWeights)))
+        for lw in weights.layers
+    ]
+    emb = weights.tok_emb.to(dtype)
+    tied = weights.out.data_ptr() == weights.tok_emb.data_ptr()
+    return Weights(emb, layers, weights.out_norm.to(dtype), emb if tied else weights.out.to(dtype))
 
 
 def gguf_names(

@@ -1,0 +1,498 @@
+"""Benchmark the torch GPU backend against its floor and against transformers, in one run.
+
+Run on the lent H200 (the device tool), once, with everything in it:
+
+    python3 scripts/bench_gpu.py --out $OUT --accept 0.78
+
+1. copy bandwidth (a large device-to-device copy, bytes read + written): the floor's denominator;
+2. correctness on the GPU: ours in bf16 and transformers in bf16 against float32 references of
+   the same random weights (relative logit error, top-1 agreement); ours-vs-transformers in
+   float32 checks that both compute the same Qwen2;
+3. per model (1.5B and 0.5B shapes, random non-zero weights) and position (512, 4096): ms per
+   token of transformers eager, transformers static cache + torch.compile(reduce-overhead),
+   our torch path in a CUDA graph, our Triton path in a CUDA graph; each as % of the floor
+   (weight bytes + KV bytes read) / copy bandwidth;
+4. verify cost: the Triton step of T = k + 1 tokens (k drafts + the last accepted token) for
+   k = 4, 8, 16, relative to one step;
+5. speculative tokens/s composed from those step times and a per-token acceptance rate measured
+   for the real pair on the CPU (``--accept``): see ``compose``.
+
+The last lines printed are a table; ``bench.json`` under ``--out`` holds every number. ``--smoke``
+runs the same code on tiny shapes (on the CPU where no GPU is present) to catch errors for free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
+from openjarvis.engine.torch.generate import Runner  # noqa: E402
+from openjarvis.engine.torch.model import Transformer  # noqa: E402
+from openjarvis.engine.torch.weights import Weights, cast, random_weights  # noqa: E402
+
+RESULTS: dict[str, Any] = {}
+T0 = time.monotonic()
+DEADLINE = 560.0  # seconds of this run after which optional parts are skipped
+
+
+def log(*a: object) -> None:
+    print(f"[{time.monotonic() - T0:6.1f}s]", *a, flush=True)
+
+
+def left() -> float:
+    return DEADLINE - (time.monotonic() - T0)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_ms(fn: Callable[[], object], iters: int = 50, reps: int = 7) -> float:
+    """Median over ``reps`` of the mean time of ``iters`` back-to-back calls (events, synced)."""
+    fn()
+    sync()
+    if not torch.cuda.is_available():
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            ts.append((time.perf_counter() - t) * 1e3 / iters)
+        return statistics.median(ts)
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / iters)
+    return statistics.median(ts)
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a device-to-device copy of 2 GiB (read + written counted)."""
+    n = 1 << 30
+    x = torch.randn(n // 2, device="cuda").to(torch.bfloat16).view(-1)  # 1 GiB
+    x = torch.cat([x, x])  # 2 GiB of random data
+    y = torch.empty_like(x)
+    ms = time_ms(lambda: y.copy_(x), iters=10, reps=7)  # noqa: F821
+    del x, y
+    return 2 * (1 << 31) / (ms * 1e-3)
+
+
+# -- transformers ---------------------------------------------------------------------------
+
+
+def hf_config(a: ModelArgs) -> Any:
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=a.n_vocab, hidden_size=a.n_embd, intermediate_size=a.n_ff,
+        num_hidden_layers=a.n_layer, num_attention_heads=a.n_head,
+        num_key_value_heads=a.n_head_kv, max_position_embeddings=a.n_ctx_train,
+        rope_theta=a.rope_theta, rms_norm_eps=a.rms_eps, tie_word_embeddings=a.tied_embeddings,
+    )
+
+
+def hf_model(a: ModelArgs, w: Weights, dtype: torch.dtype, device: str) -> Any:
+    """A transformers Qwen2 holding exactly our weights (cast to ``dtype``)."""
+    from transformers import Qwen2ForCausalLM
+
+    with torch.device(device):
+        m = Qwen2ForCausalLM(hf_config(a)).to(dtype)
+    sd: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": w.tok_emb,
+        "model.norm.weight": w.out_norm,
+        "lm_head.weight": w.out,
+    }
+    q, kv, f = a.q_dim, a.kv_dim, a.n_ff
+    for i, lw in enumerate(w.layers):
+        p = f"model.layers.{i}."
+        for name, t in zip(("q", "k", "v"), lw.wqkv.split([q, kv, kv]), strict=True):
+            sd[p + f"self_attn.{name}_proj.weight"] = t
+        for name, t in zip(("q", "k", "v"), lw.bqkv.split([q, kv, kv]), strict=True):
+            sd[p + f"self_attn.{name}_proj.bias"] = t
+        sd[p + "self_attn.o_proj.weight"] = lw.wo
+        sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = lw.w13.split([f, f])
+        sd[p + "mlp.down_proj.weight"] = lw.w2
+        sd[p + "input_layernorm.weight"] = lw.attn_norm
+        sd[p + "post_attention_layernorm.weight"] = lw.ffn_norm
+    missing, unexpected = m.load_state_dict(sd, strict=False)
+    if [k for k in missing if "rotary" not in k] or unexpected:
+        raise RuntimeError(f"state dict mismatch: {missing} {unexpected}")
+    return m.to(device).eval()
+
+
+def hf_eager_ms(m: Any, pos: int, device: str, steps: int = 20) -> float:
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    ids = torch.randint(0, 1000, (1, pos), device=device)
+    with torch.no_grad():
+        m(input_ids=ids, past_key_values=cache, use_cache=True)
+        tok = torch.randint(0, 1000, (1, 1), device=device)
+        return time_ms(lambda: m(input_ids=tok, past_key_values=cache, use_cache=True),
+                       iters=steps // 4 or 1, reps=4)
+
+
+def hf_compiled_ms(m: Any, pos: int, device: str, max_len: int) -> float:
+    """Static cache + torch.compile(mode="reduce-overhead") on the one-token forward."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=m.config, max_cache_len=max_len)
+    fwd = torch.compile(m.forward, mode="reduce-overhead", fullgraph=True)
+    ids = torch.randint(0, 1000, (1, pos), device=device)
+    with torch.no_grad():
+        m(input_ids=ids, past_key_values=cache, use_cache=True,
+          cache_position=torch.arange(pos, device=device))
+        tok = torch.randint(0, 1000, (1, 1), device=device)
+        cp = torch.tensor([pos], device=device)
+
+        def step() -> object:
+            return fwd(input_ids=tok, past_key_values=cache, use_cache=True, cache_position=cp)
+
+        for _ in range(3):  # compile, record the graph, replay
+            step()
+        return time_ms(step, iters=20, reps=5)
+
+
+# -- ours -----------------------------------------------------------------------------------
+
+
+def ours_step_ms(runner: Runner, t: int, pos: int) -> float:
+    runner.step(list(range(100, 100 + t)), pos)
+    return time_ms(lambda: runner.replay(t), iters=50, reps=7)
+
+
+def tune_linears(runner: Runner, ts: tuple[int, ...]) -> dict[str, Any]:
+    """Pick tiles per (matrix, T) by timing all layers' launches captured in one graph."""
+    from openjarvis.engine.torch import kernels as K
+
+    a, w = runner.args, runner.model.weights
+    dev, dt = runner.device, runner.model.dtype
+    picked: dict[str, Any] = {}
+    cands1 = [K.LinearConfig(bn, bk, nw, ns) for bn, bk, nw, ns in [
+        (4, 512, 4, 2), (8, 512, 4, 2), (8, 256, 4, 2), (16, 256, 4, 2), (16, 512, 8, 2),
+        (4, 1024, 4, 2), (2, 1024, 4, 2), (32, 128, 4, 2), (8, 512, 4, 4),
+    ]]
+    candsn = [K.LinearConfig(bn, bk, nw, ns) for bn, bk, nw, ns in [
+        (16, 128, 4, 2), (32, 128, 4, 2), (32, 64, 4, 3), (64, 64, 4, 3), (16, 256, 4, 2),
+        (64, 128, 8, 3),
+    ]]
+    for t in ts:
+        h = torch.randn(t, a.n_embd, device=dev)
+        attn = torch.randn(t, a.q_dim, device=dev).to(dt)
+        act = torch.randn(t, a.n_ff, device=dev).to(dt)
+        out_n = torch.empty(t, 2 * a.n_ff, device=dev, dtype=dt)
+        logits = torch.empty(t, a.n_vocab, device=dev)
+
+        def job(name: str, c: K.LinearConfig, h: torch.Tensor = h, attn: torch.Tensor = attn,
+                act: torch.Tensor = act, out_n: torch.Tensor = out_n,
+                logits: torch.Tensor = logits) -> None:
+            if name == "out":
+                K.linear(h, w.out, logits, norm=w.out_norm, cfg=c)
+            for lw in w.layers:
+                if name == "wo":
+                    K.linear(attn, lw.wo, h, mode=K.ADD, cfg=c)
+                elif name == "w13":
+                    K.linear(h, lw.w13, out_n, mode=K.SWIGLU, norm=lw.ffn_norm, cfg=c)
+                elif name == "w2":
+                    K.linear(act, lw.w2, h, mode=K.ADD, cfg=c)
+
+        for name in ("wo", "w13", "w2", "out"):
+            best = None
+            for c in cands1 if t == 1 else candsn:
+                if left() < 200:
+                    break
+                try:
+                    job(name, c)
+                    sync()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        job(name, c)
+                    ms = time_ms(g.replay, iters=10, reps=5)
+                except Exception as exc:  # a tile the compiler rejects is skipped
+                    log("tune", name, t, c, "failed:", str(exc).splitlines()[0][:100])
+                    continue
+                n = 1 if name == "out" else a.n_layer
+                log(f"tune {name:4s} T={t:2d} {c} {1e3 * ms / n:7.2f} us/launch")
+                if best is None or ms < best[0]:
+                    best = (ms, c)
+            if best is not None:
+                runner.linear_configs[(name, t)] = best[1]
+                picked[f"{name}:T{t}"] = {"cfg": str(best[1]), "us": 1e3 * best[0]}
+    return picked
+
+
+def breakdown(runner: Runner, pos: int) -> dict[str, float]:
+    """Microseconds per token of each launch kind over all layers, each captured alone."""
+    from openjarvis.engine.torch import kernels as K
+
+    runner.step([100], pos)
+    ws, a, w, c = runner._steps[1], runner.args, runner.model.weights, runner.cache
+    cfg = runner.linear_configs
+    jobs: dict[str, Callable[[], None]] = {
+        "embed": lambda: K.embed(ws.tokens, w.tok_emb, ws.h) and None,
+        "qkv_rope": lambda: [K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, runner.model.rope,
+                                        ws.start, ws.q, c.k[i], c.v[i], a.rms_eps)
+                             for i, lw in enumerate(w.layers)] and None,
+        "attention": lambda: [K.attention(ws.q, c.k[i], c.v[i], ws.start, ws.attn, ws.o_part,
+                                          ws.ml_part) for i in range(a.n_layer)] and None,
+        "wo": lambda: [K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=cfg.get(("wo", 1)))
+                       for lw in w.layers] and None,
+        "w13": lambda: [K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm,
+                                 cfg=cfg.get(("w13", 1))) for lw in w.layers] and None,
+        "w2": lambda: [K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=cfg.get(("w2", 1)))
+                       for lw in w.layers] and None,
+        "out": lambda: K.linear(ws.h, w.out, ws.logits, norm=w.out_norm,
+                                cfg=cfg.get(("out", 1))) and None,
+    }
+    out: dict[str, float] = {}
+    for name, job in jobs.items():
+        try:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                job()
+            out[name] = 1e3 * time_ms(g.replay, iters=20, reps=5)
+        except Exception as exc:
+            log("breakdown", name, "failed:", str(exc).splitlines()[0][:120])
+    log(f"breakdown @{pos} (us/token):", {k: round(v, 1) for k, v in out.items()})
+    return out
+
+
+def correctness(a: ModelArgs, device: str, have_hf: bool) -> dict[str, Any]:
+    """bf16 vs float32 of the same weights, for ours and for transformers."""
+    w16 = random_weights(a, torch.bfloat16, device, seed=7)
+    w32 = cast(w16, torch.float32)  # the float32 reference holds exactly the bf16 weights
+    n = 80
+    seq = torch.randint(0, a.n_vocab, (n,), generator=torch.Generator().manual_seed(1)).tolist()
+    ref_model = Transformer(a, w32, n_pos=256)
+    ref_run = Runner(ref_model, 128, kernels="torch", graphs=False)
+    ref = ref_run.logits(seq, 0).float()
+    res: dict[str, Any] = {}
+
+    def cmp(name: str, out: torch.Tensor, base: torch.Tensor) -> None:
+        err = float((out.double() - base.double()).norm() / base.double().norm())
+        top1 = float((out.argmax(-1) == base.argmax(-1)).float().mean())
+        res[name] = {"rel_err": err, "top1": top1, "finite": bool(torch.isfinite(out).all())}
+        log(f"correctness {name}: rel err {err:.2e}, top-1 agreement {top1:.3f}")
+
+    on_cuda = device == "cuda"
+    for kern in ("triton", "torch"):
+        if kern == "triton" and not on_cuda and "TRITON_INTERPRET" not in __import__("os").environ:
+            continue
+        run = Runner(Transformer(a, w16, n_pos=256), 128, kernels=kern)
+        # 64-token prompt in two chunks, then one token at a time, then a k=7 verify
+        rows = [run.logits(seq[:64], 0).clone()]
+        rows += [run.logits(seq[i : i + 1], i).clone() for i in range(64, 72)]
+        rows.append(run.logits(seq[72:80], 72).clone())
+        cmp(f"ours_{kern}_bf16_vs_f32", torch.cat(rows), ref)
+    if have_hf:
+        ids = torch.tensor([seq], device=device)
+        with torch.no_grad():
+            h32 = hf_model(a, w16, torch.float32, device)
+            o32 = h32(input_ids=ids).logits[0].float()
+            cmp("hf_f32_vs_ours_f32", o32, ref)
+            del h32
+            h16 = hf_model(a, w16, torch.bfloat16, device)
+            cmp("hf_bf16_vs_hf_f32", h16(input_ids=ids).logits[0].float(), o32)
+            del h16
+    return res
+
+
+def compose(accept: float, k: int, t_draft: float, t_verify: float) -> dict[str, float]:
+    """Greedy speculation with i.i.d. per-token acceptance ``accept``: a round drafts k tokens
+    (k drafter steps) and verifies them in one step of k + 1 tokens; it yields the accepted
+    prefix plus one token from the verifier, E = (1 - a^(k+1)) / (1 - a) tokens on average."""
+    e = (1 - accept ** (k + 1)) / (1 - accept) if accept < 1 else k + 1
+    round_ms = k * t_draft + t_verify
+    return {"k": k, "tokens_per_round": e, "round_ms": round_ms, "tok_s": 1e3 * e / round_ms}
+
+
+def bench_model(name: str, a: ModelArgs, bw: float, positions: list[int], smoke: bool
+                ) -> dict[str, Any]:
+    dev = "cuda"
+    res: dict[str, Any] = {}
+    max_pos = max(positions)
+    n_ctx = max_pos + 64
+    w = random_weights(a, torch.bfloat16, dev, seed=0)
+    model = Transformer(a, w, n_pos=n_ctx + 64)
+    wbytes = w.nbytes()
+    res["weight_bytes"] = wbytes
+    fast = Runner(model, n_ctx, kernels="triton", graphs=True)
+    if not smoke and left() > 300:
+        res["tuned"] = tune_linears(fast, (1, 9))
+        for t in (5, 17):  # nearest tuned tiles for the other verify sizes
+            for nm in ("wo", "w13", "w2", "out"):
+                if (nm, 9) in fast.linear_configs:
+                    fast.linear_configs[(nm, t)] = fast.linear_configs[(nm, 9)]
+    for pos in positions:
+        floor_ms = (wbytes + a.kv_bytes(pos + 1)) / bw * 1e3
+        row: dict[str, Any] = {"floor_ms": floor_ms}
+        row["ours_triton_graph"] = ours_step_ms(fast, 1, pos)
+        for k in (4, 8, 16):
+            row[f"verify_k{k}"] = ours_step_ms(fast, k + 1, pos)
+        res[f"pos{pos}"] = row
+        if not smoke:
+            row["breakdown_us"] = breakdown(fast, pos)
+        log(name, pos, {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+    del fast
+    torch.cuda.empty_cache()
+    ref = Runner(model, n_ctx, kernels="torch", graphs=True)
+    for pos in positions:
+        try:
+            res[f"pos{pos}"]["ours_torch_graph"] = ours_step_ms(ref, 1, pos)
+        except Exception:
+            log("ours torch graph failed:", traceback.format_exc(limit=3))
+    del ref
+    torch.cuda.empty_cache()
+    return res
+
+
+def bench_hf(name: str, a: ModelArgs, positions: list[int], res: dict[str, Any]) -> None:
+    """transformers eager and static cache + torch.compile on the same-shaped random weights."""
+    dev = "cuda"
+    n_ctx = max(positions) + 64
+    m = hf_model(a, random_weights(a, torch.bfloat16, dev, seed=0), torch.bfloat16, dev)
+    try:
+        for pos in positions:
+            res[f"pos{pos}"]["hf_eager"] = hf_eager_ms(m, pos, dev)
+            log(name, pos, "hf eager", res[f"pos{pos}"]["hf_eager"])
+    except Exception:
+        log("hf eager failed:", traceback.format_exc(limit=4))
+    if left() > 120:
+        try:
+            for pos in positions:
+                res[f"pos{pos}"]["hf_compiled"] = hf_compiled_ms(m, pos, dev, n_ctx)
+                log(name, pos, "hf compiled", res[f"pos{pos}"]["hf_compiled"])
+        except Exception:
+            log("hf compiled failed:", traceback.format_exc(limit=4))
+    del m
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--accept", type=float, default=0.75,
+                    help="per-token greedy acceptance of the real pair, measured on the CPU")
+    ap.add_argument("--cpu-draft-ms", type=float, default=16.0,
+                    help="llama.cpp 0.5B decode step on the CPU (heterogeneous case)")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, to catch errors")
+    ap.add_argument("--no-hf", action="store_true")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    env: dict[str, Any] = {"torch": torch.__version__}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    have_hf = not args.no_hf
+    try:
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    except ImportError:
+        have_hf = False
+    on_cuda = torch.cuda.is_available()
+    if on_cuda:
+        env["gpu"] = torch.cuda.get_device_name()
+    RESULTS["env"] = env
+    log(env)
+    small = ModelArgs("qwen2", 2, 128, 256, 4, 2, 512)
+    try:
+        RESULTS["correctness"] = correctness(
+            small if args.smoke else QWEN25_0_5B, "cuda" if on_cuda else "cpu", have_hf)
+    except Exception:
+        log("correctness failed:", traceback.format_exc())
+    if not on_cuda:
+        print(json.dumps(RESULTS, indent=1))
+        return 0
+    bw = copy_bandwidth()
+    RESULTS["copy_bandwidth_GBs"] = bw / 1e9
+    log(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    models = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}
+    if args.smoke:
+        models = {"tiny": small}
+    positions = [512, 4096] if not args.smoke else [40]
+    for name, a in models.items():
+        try:
+            RESULTS[name] = bench_model(name, a, bw, positions, args.smoke)
+        except Exception:
+            log(f"{name} failed:", traceback.format_exc())
+        (args.out / "bench.json").write_text(json.dumps(RESULTS, indent=1))
+    for name, a in models.items():
+        if have_hf and name in RESULTS:
+            try:
+                bench_hf(name, a, positions, RESULTS[name])
+            except Exception:
+                log(f"{name} transformers failed:", traceback.format_exc())
+            (args.out / "bench.json").write_text(json.dumps(RESULTS, indent=1))
+    # speculative composition
+    spec: dict[str, Any] = {"accept": args.accept}
+    if "1.5B" in RESULTS and "0.5B" in RESULTS:
+        for pos in positions:
+            v, d = RESULTS["1.5B"].get(f"pos{pos}", {}), RESULTS["0.5B"].get(f"pos{pos}", {})
+            if "ours_triton_graph" not in v or "ours_triton_graph" not in d:
+                continue
+            rows = []
+            for k in (4, 8, 16):
+                t_ver = v[f"verify_k{k}"]
+                rows.append({"both_gpu": compose(args.accept, k, d["ours_triton_graph"], t_ver),
+                             "cpu_drafter": compose(args.accept, k, args.cpu_draft_ms, t_ver)})
+            spec[f"pos{pos}"] = {"plain_tok_s": 1e3 / v["ours_triton_graph"], "rounds": rows}
+    RESULTS["speculative"] = spec
+    (args.out / "bench.json").write_text(json.dumps(RESULTS, indent=1))
+    table(RESULTS, positions)
+    return 0
+
+
+def table(r: dict[str, Any], positions: list[int]) -> None:
+    print("\n== summary ==")
+    print(f"copy bandwidth: {r.get('copy_bandwidth_GBs', 0):.0f} GB/s")
+    for name, v in (r.get("correctness") or {}).items():
+        print(f"correctness {name}: rel err {v['rel_err']:.2e} top1 {v['top1']:.3f}")
+    for m in ("1.5B", "0.5B", "tiny"):
+        if m not in r:
+            continue
+        for pos in positions:
+            row = r[m].get(f"pos{pos}")
+            if not row:
+                continue
+            fl = row["floor_ms"]
+            parts = [f"{m} @{pos}: floor {fl:.3f} ms"]
+            for key in ("hf_eager", "hf_compiled", "ours_torch_graph", "ours_triton_graph"):
+                if key in row:
+                    parts.append(f"{key} {row[key]:.3f} ms ({100 * fl / row[key]:.0f}%)")
+            one = row["ours_triton_graph"]
+            parts.append("verify " + " ".join(
+                f"k{k} {row[f'verify_k{k}'] / one:.2f}x" for k in (4, 8, 16)))
+            print(" | ".join(parts))
+    for pos, s in (r.get("speculative") or {}).items():
+        if not isinstance(s, dict):
+            continue
+        print(f"spec {pos}: plain {s['plain_tok_s']:.0f} tok/s; " + "; ".join(
+            f"k{x['both_gpu']['k']} gpu+gpu {x['both_gpu']['tok_s']:.0f} "
+            f"cpu+gpu {x['cpu_drafter']['tok_s']:.0f}" for x in s["rounds"]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
