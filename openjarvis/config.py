@@ -32,6 +32,8 @@ from openjarvis.errors import ConfigError
 
 ENV_PREFIX = "JARVIS_"
 REPO_FILE = ".jarvis.toml"
+#: Keys holding lists of tables, read and validated by their owner rather than here.
+RESERVED_KEYS = frozenset({"router.targets"})  # openjarvis/router/targets.py
 
 
 def _doc(text: str, default: Any) -> Any:
@@ -81,6 +83,15 @@ class RouterConfig:
         "Whether a request may leave this machine: never (default), ask, or auto by policy.", "never"
     )
     offline: bool = _doc("Never open a connection to a non-loopback address.", False)
+    never_leave: bool = _doc(
+        "Nothing from this workspace goes beyond this machine (put it in the repo's .jarvis.toml).", False
+    )
+    target: str = _doc("Preferred [[router.targets]] entry by name; empty tries them in file order.", "")
+    daily_spend_cap_usd: float = _doc("Most US dollars spent on paid targets per local day; 0 = free only.", 1.0)
+    low_confidence_logprob: float = _doc(
+        "A local answer whose mean token log-probability is below this counts as unsure.", -1.2
+    )
+    min_acceptance: float = _doc("A local answer whose draft acceptance rate is below this counts as unsure.", 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +244,8 @@ def _apply_file(values: dict[str, Any], sources: dict[str, str], path: Path, lab
             raise ConfigError(f"{path}: top-level key {section!r} must be a [section] table")
         for name, value in table.items():
             key = f"{section}.{name}"
+            if key in RESERVED_KEYS:
+                continue
             _split_key(key, origin=str(path))
             values[key] = _check_typed(known[key], value, str(path))
             sources[key] = f"{label} {path}"
