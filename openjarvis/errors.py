@@ -15,6 +15,15 @@ callers catch ours, never llama.cpp's or httpx's.
     │   ├── InsufficientDisk     not enough free space for an install
     │   └── IncompatiblePair     drafter and verifier tokenizers differ
     ├── EngineError              a model failed to load or evaluate
+    ├── CloudError               a request to a target (a cloud, or your own server) failed
+    │   ├── CloudOffline         offline mode or never_leave forbids contacting that host
+    │   ├── CloudAuthError       401/403 or a missing/unsafe key (names the variable or file)
+    │   ├── CloudNotFound        404: wrong base_url or model name
+    │   ├── CloudRateLimited     429 still, after the retries
+    │   ├── CloudServerError     5xx still, after the retries
+    │   ├── CloudUnavailable     cannot connect (refused, DNS, TLS)
+    │   ├── CloudTimeout         no answer within the connect or read timeout
+    │   └── CloudProtocolError   invalid JSON, an unexpected shape, a stream cut off
     └── IndexStoreError          the workspace index cannot be opened or written
 """
 
@@ -67,6 +76,42 @@ class IncompatiblePair(ModelError):
 
 class EngineError(JarvisError):
     """An inference engine failed to load a model or to evaluate tokens."""
+
+
+class CloudError(JarvisError):
+    """A request to a router target failed; the message names the target and never its key."""
+
+
+class CloudOffline(CloudError):
+    """Offline mode (or ``router.never_leave``) forbids opening a connection to that host."""
+
+
+class CloudAuthError(CloudError):
+    """The target refused the key (401/403), or the key is missing or its file is unsafe."""
+
+
+class CloudNotFound(CloudError):
+    """404 from the target: its ``base_url`` or ``model`` is wrong."""
+
+
+class CloudRateLimited(CloudError):
+    """The target kept answering 429 after every retry."""
+
+
+class CloudServerError(CloudError):
+    """The target kept answering 5xx after every retry."""
+
+
+class CloudUnavailable(CloudError):
+    """No connection could be opened to the target (refused, DNS, TLS)."""
+
+
+class CloudTimeout(CloudError):
+    """The target did not connect or answer within the configured timeout."""
+
+
+class CloudProtocolError(CloudError):
+    """The target answered something that is not an OpenAI-compatible reply, or cut a stream off."""
 
 
 class IndexStoreError(JarvisError):
