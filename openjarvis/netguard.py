@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from urllib.parse import urlsplit
 
-from openjarvis.errors import SourceUnavailable
+from openjarvis.errors import JarvisError, SourceUnavailable
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
 
@@ -24,10 +24,14 @@ def is_loopback(url: str) -> bool:
         return False
 
 
-def check_allowed(url: str, *, offline: bool) -> None:
-    """Raise before any byte is sent to a non-loopback host while offline."""
+def check_allowed(url: str, *, offline: bool, error: type[JarvisError] = SourceUnavailable) -> None:
+    """Raise ``error`` before any byte is sent to a non-loopback host while offline.
+
+    Callers pass their own error class (the router passes ``CloudOffline``) so the refusal lands in
+    the part of the error tree their callers already catch.
+    """
     if offline and not is_loopback(url):
-        raise SourceUnavailable(
+        raise error(
             f"offline mode: refusing to connect to {urlsplit(url).hostname}; "
             "turn it off with `jarvis config set router.offline false` or drop --offline"
         )
