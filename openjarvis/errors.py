@@ -15,6 +15,7 @@ callers catch ours, never llama.cpp's or httpx's.
     │   ├── InsufficientDisk     not enough free space for an install
     │   └── IncompatiblePair     drafter and verifier tokenizers differ
     ├── EngineError              a model failed to load or evaluate
+    │   └── ContextOverflow      a prompt plus answer would not fit the model's context
     ├── CloudError               a request to a target (a cloud, or your own server) failed
     │   ├── CloudOffline         offline mode or never_leave forbids contacting that host
     │   ├── CloudAuthError       401/403 or a missing/unsafe key (names the variable or file)
@@ -24,7 +25,10 @@ callers catch ours, never llama.cpp's or httpx's.
     │   ├── CloudUnavailable     cannot connect (refused, DNS, TLS)
     │   ├── CloudTimeout         no answer within the connect or read timeout
     │   └── CloudProtocolError   invalid JSON, an unexpected shape, a stream cut off
-    └── IndexStoreError          the workspace index cannot be opened or written
+    ├── IndexStoreError          the workspace index cannot be opened or written
+    │   ├── IndexNotBuilt        no index yet for this workspace (run `jarvis index`)
+    │   └── IndexPathError       a path given to the indexer is missing or not a directory
+    └── DaemonError              the daemon cannot start, be reached, or answered with an error
 """
 
 from __future__ import annotations
@@ -78,6 +82,10 @@ class EngineError(JarvisError):
     """An inference engine failed to load a model or to evaluate tokens."""
 
 
+class ContextOverflow(EngineError):
+    """The tokens to evaluate would not fit the context window (``engine.context``)."""
+
+
 class CloudError(JarvisError):
     """A request to a router target failed; the message names the target and never its key."""
 
@@ -116,3 +124,25 @@ class CloudProtocolError(CloudError):
 
 class IndexStoreError(JarvisError):
     """The workspace index database cannot be opened, migrated or written."""
+
+
+class IndexNotBuilt(IndexStoreError):
+    """A query asked for the index of a workspace that has never been indexed."""
+
+
+class IndexPathError(IndexStoreError):
+    """``jarvis index PATH`` was given a path that does not exist or is not a directory."""
+
+    exit_code = 2
+
+
+class DaemonError(JarvisError):
+    """The daemon cannot be started or reached, or a request to it failed.
+
+    ``code`` is the protocol's error code when the daemon answered with one (see
+    ``openjarvis.daemon.protocol.ErrorCode``), else None.
+    """
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code

@@ -23,6 +23,7 @@ from openjarvis.errors import JarvisError
 #: name -> "module:attribute" of a click command or group; one line per subcommand.
 COMMANDS: dict[str, str] = {
     "config": "openjarvis.cli.config_cmd:config",
+    "daemon": "openjarvis.cli.daemon_cmd:daemon",
     "doctor": "openjarvis.cli.doctor:doctor",
     "locate": "openjarvis.cli.doctor:locate",
     "models": "openjarvis.cli.models_cmd:models",

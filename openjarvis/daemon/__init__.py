@@ -1,0 +1,1 @@
+"""The long-lived daemon: one per user, serving every client over one local Unix socket."""
