@@ -28,6 +28,7 @@ callers catch ours, never llama.cpp's or httpx's.
     ├── IndexStoreError          the workspace index cannot be opened or written
     │   ├── IndexNotBuilt        no index yet for this workspace (run `jarvis index`)
     │   └── IndexPathError       a path given to the indexer is missing or not a directory
+    ├── EditError                a proposed edit is malformed, ambiguous or unsafe (nothing changed)
     └── DaemonError              the daemon cannot start, be reached, or answered with an error
 """
 
@@ -134,6 +135,10 @@ class IndexPathError(IndexStoreError):
     """``jarvis index PATH`` was given a path that does not exist or is not a directory."""
 
     exit_code = 2
+
+
+class EditError(JarvisError):
+    """A proposed edit that cannot be applied as a whole; the message ends "nothing was changed"."""
 
 
 class DaemonError(JarvisError):

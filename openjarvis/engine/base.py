@@ -78,8 +78,12 @@ class Engine(Protocol):
         """Bytes, not str: a token can end inside a UTF-8 character."""
         ...
 
-    def eval(self, tokens: Sequence[int]) -> Logits:
-        """Append ``tokens`` to the cache and return their logits ``[len(tokens), n_vocab]``."""
+    def eval(self, tokens: Sequence[int], *, last_only: bool = False) -> Logits:
+        """Append ``tokens`` to the cache and return their logits ``[len(tokens), n_vocab]``.
+
+        ``last_only=True`` returns only the last row, ``[1, n_vocab]``: prefill needs no more,
+        and with a 150k-token vocabulary every extra row costs an output projection and 600 kB.
+        """
         ...
 
     def rollback(self, n: int) -> None:

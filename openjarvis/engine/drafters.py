@@ -1,0 +1,135 @@
+"""Drafters propose tokens for the verifier to check; one interface, several kinds.
+
+A drafter sees the committed context (prompt + accepted tokens) and proposes up to ``max_len``
+tokens. It returns the distribution each token was drawn from (``probs``), or None for a
+deterministic proposal; the speculator's accept/reject rule needs it to keep sampling exact.
+
+- :class:`ModelDrafter`: a smaller model of the same vocabulary, its own KV cache kept in step
+  with the committed context and rolled back past rejected drafts.
+- :class:`~openjarvis.engine.ngram.NgramDrafter`: lookup in the prompt, the answer so far and a
+  caller-supplied corpus; costs no model call.
+
+More can be added (the GPU backend brings its own); the speculator needs only this Protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from openjarvis.engine.base import CostModel, Engine, Logits
+from openjarvis.engine.sampling import Probs, SamplingParams, distribution, greedy, sample
+from openjarvis.errors import IncompatiblePair
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """Proposed tokens; ``probs[i]`` is the distribution ``tokens[i]`` was drawn from."""
+
+    tokens: tuple[int, ...]
+    probs: tuple[Probs, ...] | None
+    #: Acceptance is tracked per key (``"model"``, ``"ngram:3"``...): drafts of one key behave alike.
+    key: str
+    #: For lookup drafters, the length of the context suffix that matched.
+    match: int = 0
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(
+        self,
+        context: Sequence[int],
+        max_len: int,
+        params: SamplingParams | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> Draft | None: ...
+
+    def keys(self) -> list[str]:
+        """The acceptance-tracking keys this drafter's drafts can carry."""
+        ...
+
+
+class ModelDrafter:
+    """Drafts by decoding a smaller model one token at a time.
+
+    Its cache mirrors ``cached`` (the tokens it has evaluated); each proposal first rolls back to
+    the longest prefix it shares with the committed context, then evaluates only what is new.
+    """
+
+    name = "model"
+
+    def __init__(self, engine: Engine, *, verifier: Engine | None = None) -> None:
+        if verifier is not None and engine.vocab_fingerprint() != verifier.vocab_fingerprint():
+            raise IncompatiblePair(
+                "the drafter's tokenizer differs from the verifier's, so its token ids mean other"
+                " text; pick a drafter of the same model family"
+            )
+        self.engine = engine
+        self.cached: list[int] = []
+
+    def keys(self) -> list[str]:
+        return ["model"]
+
+    def cost_model(self) -> CostModel:
+        return self.engine.cost_model()
+
+    def missing(self, context: Sequence[int]) -> int:
+        """Tokens of ``context`` this drafter would have to evaluate before drafting."""
+        return len(context) - common_prefix(self.cached, context)
+
+    def sync(self, context: Sequence[int]) -> Logits:
+        """Bring the cache to ``context`` and return the logits row for the next token."""
+        keep = min(common_prefix(self.cached, context), len(context) - 1)
+        self.engine.rollback(keep)
+        del self.cached[keep:]
+        rows = self.engine.eval(context[keep:], last_only=True)
+        self.cached.extend(context[keep:])
+        return np.asarray(rows[-1], dtype=np.float32)
+
+    def propose(
+        self,
+        context: Sequence[int],
+        max_len: int,
+        params: SamplingParams | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> Draft | None:
+        if max_len <= 0 or not context:
+            return None
+        params = params or SamplingParams()
+        row = self.sync(context)
+        tokens: list[int] = []
+        probs: list[Probs] = []
+        for i in range(max_len):
+            if params.greedy:
+                tok = greedy(row)
+            else:
+                assert rng is not None, "sampling needs a random generator"
+                p = distribution(row, params)
+                tok = sample(p, rng)
+                probs.append(p)
+            tokens.append(tok)
+            if tok in self.engine.eos_token_ids or i == max_len - 1:
+                break
+            row = self.engine.eval([tok])[-1]
+            self.cached.append(tok)
+        return Draft(tokens=tuple(tokens), probs=None if params.greedy else tuple(probs), key="model")
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix (list comparisons run in C; bisect the mismatch)."""
+    a, b = list(a), list(b)
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

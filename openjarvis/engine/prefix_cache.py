@@ -1,0 +1,150 @@
+"""A persistent prefix KV cache: the state of a long stable prefix, saved to disk.
+
+A system prompt plus a repository map can be thousands of tokens, re-evaluated on every request
+(seconds on a laptop CPU). Its KV state is saved once, keyed by a hash of the model's identity
+and the prefix tokens, and loaded instead of recomputed.
+
+A file is trusted only if every check passes: magic and format, the model key, the token list
+(stored in full, compared exactly), and a sha256 over the payload; and llama.cpp must accept the
+state and report the expected token count. Anything else is a cache miss, the file is deleted,
+and the prefix is recomputed: a broken cache costs time, never correctness.
+
+File layout: ``MAGIC`` | u32 header length | JSON header | int32 tokens | state bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from openjarvis import paths
+from openjarvis.engine.base import Engine
+from openjarvis.errors import EngineError
+
+MAGIC = b"OJPFXKV\x01"
+FORMAT = 1
+#: Prefixes shorter than this are cheaper to evaluate than to load.
+MIN_TOKENS = 64
+#: Oldest files are removed once the directory exceeds this many bytes.
+MAX_BYTES = 2 * 1024**3
+
+
+class Keyed(Engine, Protocol):
+    def cost_key(self) -> str: ...
+
+
+def default_dir() -> Path:
+    return paths.cache_dir() / "prefix-kv"
+
+
+class PrefixCache:
+    def __init__(self, directory: Path | None = None, *, max_bytes: int = MAX_BYTES) -> None:
+        self.directory = directory or default_dir()
+        self.max_bytes = max_bytes
+        #: Why the last load missed ("absent", "corrupt", ...), for tests and diagnostics.
+        self.last_miss: str = ""
+
+    def _model_key(self, engine: Engine) -> str:
+        key = getattr(engine, "cost_key", None)
+        base = key() if callable(key) else type(engine).__name__
+        return f"{base}|{engine.vocab_fingerprint()}"
+
+    def path_for(self, engine: Engine, tokens: Sequence[int]) -> Path:
+        h = hashlib.sha256(self._model_key(engine).encode())
+        h.update(np.asarray(tokens, dtype=np.int32).tobytes())
+        return self.directory / f"{h.hexdigest()[:40]}.kv"
+
+    def save(self, engine: Engine, tokens: Sequence[int]) -> Path | None:
+        """Save the engine's cache, which must hold exactly ``tokens``; None if skipped."""
+        if len(tokens) < MIN_TOKENS or engine.n_past != len(tokens):
+            return None
+        path = self.path_for(engine, tokens)
+        if path.exists():
+            return path
+        state = engine.save_state()
+        toks = np.asarray(tokens, dtype=np.int32).tobytes()
+        header = json.dumps(
+            {
+                "format": FORMAT,
+                "model": self._model_key(engine),
+                "n_tokens": len(tokens),
+                "sha256": hashlib.sha256(toks + state).hexdigest(),
+                "state_bytes": len(state),
+            }
+        ).encode()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        with tmp.open("wb") as fh:
+            fh.write(MAGIC + struct.pack("<I", len(header)) + header + toks + state)
+        os.replace(tmp, path)
+        self._evict()
+        return path
+
+    def load(self, engine: Engine, tokens: Sequence[int]) -> bool:
+        """Load the state for exactly ``tokens`` into the engine; False (cache empty) on a miss."""
+        path = self.path_for(engine, tokens)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            self.last_miss = "absent"
+            return False
+        reason = self._check(engine, tokens, data)
+        if reason is None:
+            offset = len(MAGIC) + 4 + struct.unpack_from("<I", data, len(MAGIC))[0] + 4 * len(tokens)
+            try:
+                engine.load_state(data[offset:])
+            except EngineError:
+                reason = "rejected by llama.cpp"
+            else:
+                if engine.n_past == len(tokens):
+                    with contextlib.suppress(OSError):
+                        os.utime(path)  # recently used: evicted last
+                    self.last_miss = ""
+                    return True
+                reason = f"state holds {engine.n_past} tokens, expected {len(tokens)}"
+        engine.rollback(0)
+        self.last_miss = reason
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return False
+
+    def _check(self, engine: Engine, tokens: Sequence[int], data: bytes) -> str | None:
+        """None if the file is sound and matches; otherwise why not."""
+        if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 4:
+            return "corrupt: bad magic"
+        (n,) = struct.unpack_from("<I", data, len(MAGIC))
+        start = len(MAGIC) + 4
+        try:
+            header = json.loads(data[start : start + n])
+        except ValueError:
+            return "corrupt: bad header"
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            return "corrupt: unknown format"
+        if header.get("model") != self._model_key(engine):
+            return "mismatch: other model"
+        body = data[start + n :]
+        toks = np.asarray(tokens, dtype=np.int32).tobytes()
+        if header.get("n_tokens") != len(tokens) or body[: len(toks)] != toks:
+            return "mismatch: other tokens"
+        if len(body) != len(toks) + header.get("state_bytes", -1):
+            return "corrupt: truncated"
+        if hashlib.sha256(body).hexdigest() != header.get("sha256"):
+            return "corrupt: checksum"
+        return None
+
+    def _evict(self) -> None:
+        files = sorted(self.directory.glob("*.kv"), key=lambda p: p.stat().st_mtime, reverse=True)
+        total = 0
+        for f in files:
+            total += f.stat().st_size
+            if total > self.max_bytes:
+                with contextlib.suppress(OSError):
+                    f.unlink()

@@ -1,0 +1,387 @@
+"""Draft-then-verify decoding over any verifier Engine and drafters of the same vocabulary.
+
+Each step the planner (``planner.choose``) picks a drafter and a draft length k from measured
+costs and tracked acceptance, k = 0 meaning plain decoding. The verifier evaluates the pending
+token plus the k drafts in one call; drafts are accepted while they match (greedy) or pass the
+speculative-sampling test (``sampling.accept_draft``), and the verifier's own next token follows.
+
+Guarantees (tested in tests/unit/engine/test_speculative.py and, on the real pair, in
+tests/integration/test_speculative_real.py; see docs/speculative.md):
+
+- Sampling: every emitted token is distributed exactly as the verifier's (temperature, top-k,
+  top-p applied), whatever the drafter.
+- Greedy: every emitted token is the argmax of the verifier's logits for its position. llama.cpp
+  computes a row of a k-token batch with other kernels than a single-token step, so the two can
+  differ in the last bits; at a near-tie (top-2 gap below ``tie_margin``) the row is recomputed as
+  a single-token step before deciding. Output then equals the verifier decoding alone token by
+  token except where a batched cache entry shifts a decision whose margin exceeds ``tie_margin``.
+- Stops (EOS, stop strings, max tokens) falling inside an accepted draft end the answer exactly
+  there; text is streamed token by token, held back only while it could still become a stop
+  string or is an incomplete UTF-8 character. ``cancel`` is polled once per step.
+
+Example::
+
+    spec = Speculator(verifier, model_drafter=ModelDrafter(drafter, verifier=verifier))
+    gen = spec.generate(Request(prompt=verifier.tokenize(text), max_tokens=128))
+    for piece in gen:
+        print(piece.text, end="")
+    print(gen.stats.line())
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from openjarvis.engine.base import Engine
+from openjarvis.engine.drafters import Draft, ModelDrafter, common_prefix
+from openjarvis.engine.ngram import NgramDrafter
+from openjarvis.engine.planner import Acceptance, Option, Plan, choose
+from openjarvis.engine.prefix_cache import PrefixCache
+from openjarvis.engine.sampling import (
+    SamplingParams,
+    accept_draft,
+    distribution,
+    greedy,
+    top2_gap,
+)
+from openjarvis.engine.stats import Stats
+from openjarvis.errors import ContextOverflow, EngineError
+
+DrafterChoice = Literal["auto", "model", "ngram", "none"]
+
+#: Greedy rows of a multi-token batch whose top-2 logit gap is below this are recomputed as a
+#: single-token step (batched and single-token logits differ by up to ~0.1 on this CPU).
+TIE_MARGIN = 0.25
+#: Longest draft considered.
+MAX_DRAFT = 16
+#: An n-gram lookup costs microseconds; price it so the planner never treats it as free.
+NGRAM_COST_S = 0.00005
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    prompt: Sequence[int]
+    max_tokens: int = 256
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
+    drafter: DrafterChoice = "auto"
+    seed: int | None = None
+    #: Extra token sequences the n-gram drafter may copy from (file being edited, chunks).
+    corpus: tuple[Sequence[int], ...] = ()
+    #: Leading prompt tokens forming a stable prefix to load from / save to the disk cache.
+    cache_prefix: int = 0
+    max_draft: int = MAX_DRAFT
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Newly emitted text and the tokens it came from (text may lag tokens at a UTF-8 split)."""
+
+    text: str
+    tokens: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class Generation:
+    """An answer being generated: iterate for pieces; ``stats``/``tokens``/``text`` as it goes."""
+
+    _it: Iterator[Piece] | None
+    stats: Stats
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    #: The end-of-generation token that ended the answer (not part of ``tokens``), if any.
+    stop_token: int | None = None
+
+    def __iter__(self) -> Iterator[Piece]:
+        assert self._it is not None
+        for piece in self._it:
+            self.text += piece.text
+            yield piece
+
+    def run(self) -> Generation:
+        for _ in self:
+            pass
+        return self
+
+
+class Speculator:
+    """Holds the verifier's cache contents across requests (in-conversation prefix reuse)."""
+
+    def __init__(
+        self,
+        verifier: Engine,
+        *,
+        model_drafter: ModelDrafter | None = None,
+        prefix_cache: PrefixCache | None = None,
+        tie_margin: float = TIE_MARGIN,
+    ) -> None:
+        self.verifier = verifier
+        self.model_drafter = model_drafter
+        self.prefix_cache = prefix_cache
+        self.tie_margin = tie_margin
+        self.acceptance = Acceptance()
+        #: Tokens in the verifier's KV cache, in order.
+        self.cached: list[int] = []
+
+    # -- prefill --------------------------------------------------------------------------
+
+    def _prefill(self, prompt: list[int], cache_prefix: int, stats: Stats) -> None:
+        """Leave ``prompt[:-1]`` in the verifier cache, evaluating only what is not there."""
+        v = self.verifier
+        target = prompt[:-1]
+        common = common_prefix(self.cached, target)
+        use_disk = self.prefix_cache is not None and common < cache_prefix <= len(target)
+        if use_disk and self.prefix_cache is not None:
+            stable = prompt[:cache_prefix]
+            if self.prefix_cache.load(v, stable):
+                self.cached = list(stable)
+                common = cache_prefix
+                stats.prefix_loaded = cache_prefix
+                use_disk = False
+        v.rollback(common)
+        del self.cached[common:]
+        stats.reused_tokens = common
+        if use_disk and self.prefix_cache is not None:
+            v.eval(target[common:cache_prefix], last_only=True)
+            self.cached.extend(target[common:cache_prefix])
+            self.prefix_cache.save(v, prompt[:cache_prefix])
+            common = cache_prefix
+        if common < len(target):
+            v.eval(target[common:], last_only=True)
+            self.cached.extend(target[common:])
+
+    # -- planning -------------------------------------------------------------------------
+
+    def _plan(
+        self,
+        mode: DrafterChoice,
+        committed: list[int],
+        k_cap: int,
+        ngram: NgramDrafter | None,
+        remaining: int,
+    ) -> tuple[Plan, Draft | None]:
+        if mode == "none" or k_cap <= 0:
+            return Plan(None, 0, 0.0, 0.0), None
+        options: list[Option] = []
+        ngram_draft = ngram.propose(committed, k_cap) if ngram is not None else None
+        if ngram_draft is not None:
+            options.append(Option(ngram_draft.key, len(ngram_draft.tokens), fixed=NGRAM_COST_S))
+        md = self.model_drafter
+        if md is not None and mode in ("auto", "model"):
+            step = md.cost_model().step()
+            # Catching the drafter up on text it has not seen, spread over the rest of the answer.
+            catch_up = md.cost_model().verify(md.missing(committed)) if md.missing(committed) else 0.0
+            rounds = max(1.0, remaining / 2.0)
+            options.append(Option("model", k_cap, per_token=step, fixed=catch_up / rounds))
+        if mode in ("model", "ngram"):
+            options = [o for o in options if o.key.startswith(mode)]
+        if not options:
+            return Plan(None, 0, 0.0, 0.0), None
+        table = self.acceptance.table([o.key for o in options])
+        if mode == "auto":
+            plan = choose(self.verifier.cost_model(), options, table)
+        else:
+            plan = choose(self.verifier.cost_model(), options, table, min_gain=-1.0)
+            if plan.key is None:  # forced drafter: draft even where it does not pay
+                plan = Plan(options[0].key, 1, 0.0, 0.0)
+        return plan, ngram_draft
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def generate(self, request: Request, *, cancel: Callable[[], bool] | None = None) -> Generation:
+        stats = Stats(prompt_tokens=len(request.prompt))
+        gen = Generation(None, stats)
+        gen._it = self._run(request, gen, cancel or (lambda: False))
+        return gen
+
+    def _run(self, req: Request, gen: Generation, cancel: Callable[[], bool]) -> Iterator[Piece]:
+        v, stats = self.verifier, gen.stats
+        prompt = list(req.prompt)
+        if not prompt:
+            raise EngineError("cannot generate from an empty prompt")
+        if len(prompt) >= v.n_ctx:
+            raise ContextOverflow(
+                f"the prompt has {len(prompt)} tokens but the context holds {v.n_ctx};"
+                " raise engine.context or shorten the prompt"
+            )
+        t_start = time.perf_counter()
+        rng = np.random.default_rng(req.seed)
+        self._prefill(prompt, req.cache_prefix, stats)
+        stats.time_prefill = time.perf_counter() - t_start
+        ngram = NgramDrafter(req.corpus) if req.drafter in ("auto", "ngram") else None
+        if ngram is not None:
+            ngram.reset(prompt)
+        committed = prompt
+        out = _TextOut(v, req.stop)
+        max_tokens = min(req.max_tokens, v.n_ctx - len(prompt))
+        finish = "length"
+
+        while True:
+            if cancel():
+                finish = "cancelled"
+                break
+            remaining = max_tokens - len(gen.tokens)
+            if remaining <= 0:
+                break
+            room = v.n_ctx - len(self.cached) - 1
+            k_cap = min(req.max_draft, remaining - 1, room)
+            plan, ngram_draft = self._plan(req.drafter, committed, k_cap, ngram, remaining)
+
+            t0 = time.perf_counter()
+            draft: Draft | None = None
+            if plan.key == "model" and self.model_drafter is not None:
+                draft = self.model_drafter.propose(committed, plan.k, req.sampling, rng)
+            elif plan.key is not None and ngram_draft is not None:
+                draft = Draft(ngram_draft.tokens[: plan.k], None, ngram_draft.key, ngram_draft.match)
+            t1 = time.perf_counter()
+            drafted = draft.tokens if draft is not None else ()
+            batch = [committed[-1], *drafted]
+            base = len(self.cached)
+            rows = v.eval(batch)
+            self.cached.extend(batch)
+
+            decided, n_acc, keep = self._decide(req, rows, batch, drafted, draft, base, rng, stats)
+            v.rollback(keep)
+            del self.cached[keep:]
+            t3 = time.perf_counter()
+            stats.time_draft += t1 - t0
+            stats.time_verify += t3 - t1
+            stats.steps += 1
+            if draft is not None:
+                n_decided = min(len(decided), len(drafted))
+                self.acceptance.record(draft.key, n_decided, n_acc)
+                stats.record(draft.key.split(":")[0], n_decided, n_acc)
+            self.acceptance.decay()
+
+            done = False
+            for tok in decided:
+                if tok in v.eos_token_ids:
+                    finish, done = "stop", True
+                    gen.stop_token = tok
+                    break
+                committed.append(tok)
+                gen.tokens.append(tok)
+                text, hit = out.push(tok)
+                if text:
+                    stats.mark_first_token(time.perf_counter() - t_start)
+                    yield Piece(text, (tok,))
+                if hit:
+                    finish, done = "stop", True
+                    break
+                if len(gen.tokens) >= max_tokens:
+                    finish, done = "length", True
+                    break
+            if done:
+                break
+
+        tail = out.flush(finish == "stop")
+        if tail:
+            stats.mark_first_token(time.perf_counter() - t_start)
+            yield Piece(tail, ())
+        stats.tokens = len(gen.tokens)
+        stats.finish_reason = finish
+        stats.time_total = time.perf_counter() - t_start
+
+
+    def _decide(
+        self,
+        req: Request,
+        rows: np.ndarray,
+        batch: list[int],
+        drafted: tuple[int, ...],
+        draft: Draft | None,
+        base: int,
+        rng: np.random.Generator,
+        stats: Stats,
+    ) -> tuple[list[int], int, int]:
+        """Walk the verified rows: (tokens decided, drafts accepted, cache length to keep).
+
+        The last decided token is the new pending one: committed but not yet in the cache.
+        """
+        v = self.verifier
+        decided: list[int] = []
+        n_acc = 0
+        for i in range(len(batch)):
+            row = rows[i]
+            if (
+                req.sampling.greedy
+                and len(batch) > 1
+                and self.tie_margin > 0
+                and top2_gap(row) < self.tie_margin
+            ):
+                # Near-tie in a batched row: decide with a single-token evaluation instead, and
+                # end the step there (later rows were computed after the batched one).
+                v.rollback(base + i)
+                del self.cached[base + i :]
+                row = v.eval([batch[i]])[-1]
+                self.cached.append(batch[i])
+                stats.tie_rechecks += 1
+                tok = greedy(row)
+                decided.append(tok)
+                if i < len(drafted) and tok == drafted[i]:
+                    n_acc += 1
+                return decided, n_acc, base + i + 1
+            if i == len(drafted):  # the verifier's own token after the accepted run
+                decided.append(greedy(row) if req.sampling.greedy else _sample_row(row, req.sampling, rng))
+                break
+            d = drafted[i]
+            if req.sampling.greedy:
+                tok = greedy(row)
+                ok = tok == d
+            else:
+                q = draft.probs[i] if draft is not None and draft.probs is not None else None
+                ok, repl = accept_draft(distribution(row, req.sampling), q, d, rng)
+                tok = d if ok else int(repl if repl is not None else d)
+            decided.append(tok)
+            if not ok:
+                break
+            n_acc += 1
+        return decided, n_acc, base + 1 + n_acc
+
+
+def _sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    from openjarvis.engine.sampling import sample
+
+    return sample(distribution(row, params), rng)
+
+
+class _TextOut:
+    """Incremental detokenization with stop strings: emits text that can no longer change."""
+
+    def __init__(self, engine: Engine, stop: tuple[str, ...]) -> None:
+        self.engine = engine
+        self.stop = tuple(s for s in stop if s)
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.held = ""
+        self.stopped = False
+
+    def push(self, token: int) -> tuple[str, bool]:
+        """(text safe to emit now, whether a stop string completed)."""
+        self.held += self.decoder.decode(self.engine.detokenize([token]))
+        for s in self.stop:
+            at = self.held.find(s)
+            if at >= 0:
+                text, self.held, self.stopped = self.held[:at], "", True
+                return text, True
+        keep = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(self.held)), 0, -1):
+                if self.held.endswith(s[:n]):
+                    keep = max(keep, n)
+                    break
+        text = self.held[: len(self.held) - keep]
+        self.held = self.held[len(self.held) - keep :]
+        return text, False
+
+    def flush(self, stopped: bool) -> str:
+        if self.stopped:
+            return ""
+        tail = self.held + self.decoder.decode(b"", final=True)
+        self.held = ""
+        return tail

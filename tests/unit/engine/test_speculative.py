@@ -1,0 +1,151 @@
+"""The speculator on the tiny pair: greedy equivalence, exact sampling, stops, streaming, cancel."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from stats_helpers import chi_square_p
+
+from openjarvis.engine.drafters import ModelDrafter
+from openjarvis.engine.llama import LlamaEngine
+from openjarvis.engine.sampling import SamplingParams, distribution
+from openjarvis.engine.speculative import Request, Speculator
+from openjarvis.errors import IncompatiblePair
+
+PROMPTS = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "<|im_start|>user\nWrite a function that returns the sum of a list.<|im_end|>\n"
+    "<|im_start|>assistant\n",
+    # Repetitive text, so the n-gram drafter finds matches.
+    "for index in range(10):\n    print(index)\n" * 4,
+]
+
+
+def plain(verifier: LlamaEngine, prompt: list[int], **kw: object) -> list[int]:
+    return Speculator(verifier).generate(Request(prompt, drafter="none", **kw)).run().tokens
+
+
+@pytest.mark.parametrize("mode", ["model", "ngram", "auto"])
+def test_greedy_output_equals_verifier_alone(
+    mode: str, verifier: LlamaEngine, drafter: LlamaEngine
+) -> None:
+    spec = Speculator(verifier, model_drafter=ModelDrafter(drafter, verifier=verifier))
+    for text in PROMPTS:
+        prompt = verifier.tokenize(text)
+        expected = plain(verifier, prompt, max_tokens=160)
+        gen = spec.generate(Request(prompt, max_tokens=160, drafter=mode)).run()
+        assert gen.tokens == expected
+        assert gen.text == verifier.detokenize(expected).decode("utf-8", errors="replace")
+    if mode == "model":
+        # The tiny pair agrees often but not always: drafts were both accepted and rejected.
+        model = gen.stats.per_drafter["model"]
+        assert 0 < model.accepted < model.drafted
+
+
+def test_forced_ngram_drafts_from_the_corpus(verifier: LlamaEngine) -> None:
+    prompt = verifier.tokenize(PROMPTS[0])
+    expected = plain(verifier, prompt, max_tokens=60)
+    # The caller's corpus holds the answer itself: every draft is accepted.
+    spec = Speculator(verifier)
+    gen = spec.generate(
+        Request(prompt, max_tokens=60, drafter="ngram", corpus=(prompt + expected,))
+    ).run()
+    assert gen.tokens == expected
+    ngram = gen.stats.per_drafter["ngram"]
+    assert ngram.accepted == ngram.drafted > 30
+    assert gen.stats.steps < len(expected) / 3
+
+
+def test_stop_string_inside_an_accepted_draft(verifier: LlamaEngine) -> None:
+    prompt = verifier.tokenize(PROMPTS[0])
+    full_tokens = plain(verifier, prompt, max_tokens=60)
+    full = verifier.detokenize(full_tokens).decode("utf-8", errors="replace")
+    stop = full[25:29]
+    spec = Speculator(verifier)
+    gen = spec.generate(
+        Request(prompt, max_tokens=60, drafter="ngram", stop=(stop,), corpus=(prompt + full_tokens,))
+    )
+    pieces = [p.text for p in gen]
+    assert gen.text == "".join(pieces) == full[: full.index(stop)]
+    assert gen.stats.finish_reason == "stop"
+    assert len(pieces) > 3  # streamed, not returned in one piece
+
+
+def test_max_tokens_inside_an_accepted_draft(verifier: LlamaEngine) -> None:
+    prompt = verifier.tokenize(PROMPTS[0])
+    full = plain(verifier, prompt, max_tokens=60)
+    gen = Speculator(verifier).generate(
+        Request(prompt, max_tokens=17, drafter="ngram", corpus=(prompt + full,))
+    ).run()
+    assert gen.tokens == full[:17]
+    assert gen.stats.finish_reason == "length"
+
+
+def test_eos_ends_the_answer_and_is_not_emitted(verifier: LlamaEngine) -> None:
+    prompt = verifier.tokenize(PROMPTS[1])
+    full = plain(verifier, prompt, max_tokens=400)
+    gen = Speculator(verifier).generate(Request(prompt, max_tokens=400)).run()
+    assert gen.tokens == full
+    assert not set(gen.tokens) & verifier.eos_token_ids
+    assert gen.stats.finish_reason == ("stop" if len(full) < 400 else "length")
+
+
+def test_cancel_stops_within_one_step(verifier: LlamaEngine, drafter: LlamaEngine) -> None:
+    spec = Speculator(verifier, model_drafter=ModelDrafter(drafter))
+    cancelled = False
+    gen = spec.generate(
+        Request(verifier.tokenize(PROMPTS[0]), max_tokens=200, drafter="model", max_draft=4),
+        cancel=lambda: cancelled,
+    )
+    seen = 0
+    for _ in gen:
+        seen += 1
+        if seen == 5:
+            cancelled = True
+    assert gen.stats.finish_reason == "cancelled"
+    assert 5 <= len(gen.tokens) <= 5 + 4  # at most the rest of one verified draft (+1 token)
+
+
+def test_drafter_with_another_tokenizer_is_refused(
+    verifier: LlamaEngine, other: LlamaEngine
+) -> None:
+    with pytest.raises(IncompatiblePair, match="tokenizer differs"):
+        ModelDrafter(other, verifier=verifier)
+
+
+def test_stats_count_every_draft(verifier: LlamaEngine, drafter: LlamaEngine) -> None:
+    spec = Speculator(verifier, model_drafter=ModelDrafter(drafter))
+    gen = spec.generate(Request(verifier.tokenize(PROMPTS[0]), max_tokens=50, drafter="model"))
+    gen.run()
+    s = gen.stats
+    assert s.tokens == len(gen.tokens) == 50
+    assert s.drafted == s.per_drafter["model"].drafted > 0
+    assert 0 <= s.accepted <= s.drafted
+    assert s.ttft is not None and s.ttft <= s.time_total
+    assert "tok/s" in s.line() and "model" in s.line()
+
+
+@pytest.mark.parametrize("mode", ["model", "ngram"])
+def test_sampling_first_token_follows_the_verifier_distribution(
+    mode: str, verifier: LlamaEngine, drafter: LlamaEngine
+) -> None:
+    """Chi-square: tokens emitted by the draft/accept/reject step are distributed as p."""
+    params = SamplingParams(temperature=1.5, top_k=40)
+    text = "for index in range(10):\n    print(index)\nfor index in range(10):\n    print("
+    prompt = verifier.tokenize(text)
+    p = distribution(verifier.eval(prompt, last_only=True)[0], params)
+    verifier.rollback(0)
+    spec = Speculator(verifier, model_drafter=ModelDrafter(drafter))
+    # The corpus continues the whole prompt with the 4th likeliest token: a poor guess.
+    corpus = (prompt + [int(np.argsort(-p)[3]), 7, 8],)
+    n = 1500
+    seen: Counter[int] = Counter()
+    for seed in range(n):
+        gen = spec.generate(
+            Request(prompt, max_tokens=2, sampling=params, drafter=mode, seed=seed, corpus=corpus)
+        ).run()
+        seen[gen.tokens[0] if gen.tokens else gen.stop_token] += 1
+    assert spec.acceptance.accepted or spec.acceptance.rejected  # drafts were really verified
+    assert chi_square_p(seen, p, n) > 0.001
