@@ -1,0 +1,1 @@
+"""The assistant: conversations, budgeted prompt assembly, and edits applied as reviewed diffs."""
