@@ -1,0 +1,71 @@
+"""Budgeted prompt assembly: what fits, what is dropped first, and the overflow error."""
+
+from __future__ import annotations
+
+import pytest
+
+from openjarvis.assistant.prompt import EditorContext, Message, Source, assemble
+from openjarvis.errors import ContextOverflow
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def src(name: str, score: float, n: int = 20) -> Source:
+    return Source(f"{name}.py", 1, n, "\n".join(f"line {i} of {name}" for i in range(n)), symbol=name, score=score)
+
+
+def test_everything_fits_in_a_large_budget() -> None:
+    p = assemble(
+        "what does foo do?",
+        budget=10_000,
+        count=words,
+        history=[Message("user", "hi"), Message("assistant", "hello")],
+        sources=[src("foo", 2.0), src("bar", 1.0)],
+        editor=EditorContext("app.py", "a\nb\nc", selection="b", cursor_line=2),
+        repo_map="foo.py:\n  def foo()\nbar.py:\n  def bar()",
+    )
+    assert [m.role for m in p.messages] == ["system", "user", "assistant", "user"]
+    system = p.messages[0].content
+    assert "Repository map" in system and "Selected in app.py" in system and "Open in the editor: app.py" in system
+    assert system.index("foo.py:1-20 (foo)") < system.index("bar.py:1-20 (bar)")  # best first
+    assert [s.path for s in p.sources] == ["foo.py", "bar.py"]
+    assert p.dropped == ()
+    assert p.messages[-1] == Message("user", "what does foo do?")
+    assert p.tokens <= 10_000
+
+
+def test_lower_priorities_are_dropped_first_and_reported() -> None:
+    p = assemble(
+        "q",
+        budget=200,
+        count=words,
+        sources=[src("best", 3.0, 10), src("good", 2.0, 10), src("meh", 1.0, 60)],
+        repo_map="\n".join(f"f{i}.py: def f{i}()" for i in range(100)),
+    )
+    assert [s.path for s in p.sources] == ["best.py", "good.py"]
+    assert "1 of 3 retrieved chunks" in p.dropped
+    assert "part of the repository map" in p.dropped
+    assert p.tokens <= 200
+
+
+def test_history_keeps_whole_recent_turns() -> None:
+    history = [Message("user" if i % 2 == 0 else "assistant", f"turn {i} " + "x " * 20) for i in range(10)]
+    p = assemble("now?", budget=200, count=words, history=history)
+    kept = [m.content.split()[1] for m in p.messages[1:-1]]
+    assert kept == [str(i) for i in range(10 - len(kept), 10)]  # the most recent, in order
+    assert 0 < len(kept) < 10
+    assert f"{10 - len(kept)} of 10 earlier messages" in p.dropped
+
+
+def test_open_file_window_is_around_the_cursor() -> None:
+    text = "\n".join(f"line{i}" for i in range(1, 1001))
+    p = assemble("q", budget=120, count=words, editor=EditorContext("big.py", text, cursor_line=500))
+    system = p.messages[0].content
+    assert "line500" in system and "line1\n" not in system and "line1000" not in system
+
+
+def test_question_that_cannot_fit_is_an_overflow() -> None:
+    with pytest.raises(ContextOverflow, match="the question alone needs .* prompt budget is 50"):
+        assemble("word " * 100, budget=50, count=words)
