@@ -150,25 +150,46 @@ def hf_eager_ms(m: Any, pos: int, device: str, steps: int = 20) -> float:
                        iters=steps // 4 or 1, reps=4)
 
 
-def hf_compiled_ms(m: Any, pos: int, device: str, max_len: int) -> float:
-    """Static cache + torch.compile(mode="reduce-overhead") on the one-token forward."""
+def hf_compiled_ms(m: Any, positions: list[int], device: str, max_len: int) -> dict[int, float]:
+    """Static cache + torch.compile(mode="reduce-overhead") on the one-token forward; one
+    compile and one cache serve every position (the static mask hides stale entries)."""
     from transformers import StaticCache
 
+    torch.set_float32_matmul_precision("high")
     cache = StaticCache(config=m.config, max_cache_len=max_len)
     fwd = torch.compile(m.forward, mode="reduce-overhead", fullgraph=True)
-    ids = torch.randint(0, 1000, (1, pos), device=device)
+    top = max(positions)
+    out: dict[int, float] = {}
     with torch.no_grad():
+        ids = torch.randint(0, 1000, (1, top), device=device)
         m(input_ids=ids, past_key_values=cache, use_cache=True,
-          cache_position=torch.arange(pos, device=device))
+          cache_position=torch.arange(top, device=device))
         tok = torch.randint(0, 1000, (1, 1), device=device)
-        cp = torch.tensor([pos], device=device)
+        for pos in sorted(positions, reverse=True):
+            cp = torch.tensor([pos], device=device)
 
-        def step() -> object:
-            return fwd(input_ids=tok, past_key_values=cache, use_cache=True, cache_position=cp)
+            def step(cp: torch.Tensor = cp) -> object:
+                return fwd(input_ids=tok, past_key_values=cache, use_cache=True,
+                           cache_position=cp)
 
-        for _ in range(3):  # compile, record the graph, replay
-            step()
-        return time_ms(step, iters=20, reps=5)
+            for _ in range(3):  # compile, record the graph, replay
+                step()
+            out[pos] = time_ms(step, iters=20, reps=5)
+    return out
+
+
+def hf_compiled_subprocess(name: str, positions: list[int]) -> dict[int, float]:
+    """Run ``hf_compiled_ms`` in a fresh process: a device-side assert there cannot poison
+    this process's CUDA context."""
+    import subprocess
+
+    cmd = [sys.executable, __file__, "--hf-worker", name, "--positions",
+           ",".join(map(str, positions))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30.0, left() - 20))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"worker failed ({proc.returncode}): {proc.stderr[-1500:]}")
+    return {int(k): float(v) for k, v in json.loads(lines[-1]).items()}
 
 
 # -- ours -----------------------------------------------------------------------------------
@@ -179,63 +200,111 @@ def ours_step_ms(runner: Runner, t: int, pos: int) -> float:
     return time_ms(lambda: runner.replay(t), iters=50, reps=7)
 
 
-def tune_linears(runner: Runner, ts: tuple[int, ...]) -> dict[str, Any]:
-    """Pick tiles per (matrix, T) by timing all layers' launches captured in one graph."""
+LC = tuple[int, int, int, int, int]  # block_n, block_k, num_warps, num_stages, split_k
+CANDS: dict[tuple[str, bool], list[LC]] = {  # (matrix kind, T == 1) -> tiles to try
+    ("add", True): [(2, 1024, 4, 2, 1), (1, 1024, 4, 2, 1), (2, 512, 4, 2, 1), (4, 512, 4, 2, 1),
+                    (2, 1024, 4, 2, 2), (4, 1024, 4, 2, 2), (8, 512, 4, 2, 4), (4, 512, 4, 2, 4),
+                    (8, 1024, 8, 2, 4), (2, 2048, 8, 2, 1)],
+    ("w13", True): [(8, 256, 4, 2, 1), (4, 512, 4, 2, 1), (4, 256, 4, 2, 1), (2, 512, 4, 2, 1),
+                    (2, 1024, 4, 2, 1), (8, 512, 8, 2, 1), (16, 256, 8, 2, 1), (4, 1024, 8, 2, 1)],
+    ("out", True): [(16, 256, 4, 2, 1), (32, 128, 4, 2, 1), (16, 512, 8, 2, 1), (8, 512, 4, 2, 1),
+                    (32, 256, 8, 2, 1), (64, 128, 8, 2, 1)],
+    ("add", False): [(16, 256, 4, 2, 1), (64, 128, 8, 3, 1), (32, 128, 4, 3, 4), (64, 128, 8, 3, 4),
+                     (64, 64, 4, 3, 8), (32, 256, 4, 2, 4), (16, 128, 4, 2, 8), (64, 256, 8, 3, 8)],
+    ("w13", False): [(64, 64, 4, 3, 1), (32, 64, 4, 3, 1), (64, 128, 8, 3, 1), (32, 128, 4, 3, 1),
+                     (128, 64, 8, 3, 1)],
+    ("out", False): [(64, 64, 4, 3, 1), (128, 64, 8, 3, 1), (64, 128, 8, 3, 1), (128, 128, 8, 3, 1),
+                     (256, 64, 8, 3, 1)],
+}
+QKV_CANDS = {True: [(1, 1024), (2, 512), (2, 1024), (4, 512), (8, 256), (1, 512)],
+             False: [(16, 128), (16, 256), (16, 64)]}
+ATTN_CANDS = [(16, 64), (32, 64), (64, 64), (32, 32), (64, 32), (128, 32)]  # nsplit, block_s
+
+
+def graph_us(job: Callable[[], None], per: int) -> float:
+    """Microseconds per launch of ``job`` (``per`` launches) captured alone in a CUDA graph."""
+    job()
+    sync()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        job()
+    return 1e3 * time_ms(g.replay, iters=10, reps=5) / per
+
+
+def tune(runner: Runner, ts: tuple[int, ...], positions: list[int]) -> dict[str, Any]:
+    """Pick tiles per (matrix, T), and the attention split, each timed over all layers'
+    launches captured alone in one graph (no L2 reuse across layers)."""
     from openjarvis.engine.torch import kernels as K
 
-    a, w = runner.args, runner.model.weights
+    a, w, c = runner.args, runner.model.weights, runner.cache
     dev, dt = runner.device, runner.model.dtype
     picked: dict[str, Any] = {}
-    cands1 = [K.LinearConfig(bn, bk, nw, ns) for bn, bk, nw, ns in [
-        (4, 512, 4, 2), (8, 512, 4, 2), (8, 256, 4, 2), (16, 256, 4, 2), (16, 512, 8, 2),
-        (4, 1024, 4, 2), (2, 1024, 4, 2), (32, 128, 4, 2), (8, 512, 4, 4),
-    ]]
-    candsn = [K.LinearConfig(bn, bk, nw, ns) for bn, bk, nw, ns in [
-        (16, 128, 4, 2), (32, 128, 4, 2), (32, 64, 4, 3), (64, 64, 4, 3), (16, 256, 4, 2),
-        (64, 128, 8, 3),
-    ]]
+    nl = a.n_layer
     for t in ts:
         h = torch.randn(t, a.n_embd, device=dev)
         attn = torch.randn(t, a.q_dim, device=dev).to(dt)
         act = torch.randn(t, a.n_ff, device=dev).to(dt)
-        out_n = torch.empty(t, 2 * a.n_ff, device=dev, dtype=dt)
+        out_n = torch.empty(t, a.n_ff, device=dev, dtype=dt)
         logits = torch.empty(t, a.n_vocab, device=dev)
+        q = torch.empty(t, a.n_head, a.head_dim, device=dev)
+        start = torch.tensor([300], device=dev)
 
-        def job(name: str, c: K.LinearConfig, h: torch.Tensor = h, attn: torch.Tensor = attn,
+        def job(name: str, c_: Any, h: torch.Tensor = h, attn: torch.Tensor = attn,
                 act: torch.Tensor = act, out_n: torch.Tensor = out_n,
-                logits: torch.Tensor = logits) -> None:
+                logits: torch.Tensor = logits, q: torch.Tensor = q,
+                start: torch.Tensor = start) -> None:
             if name == "out":
-                K.linear(h, w.out, logits, norm=w.out_norm, cfg=c)
-            for lw in w.layers:
+                K.linear(h, w.out, logits, norm=w.out_norm, cfg=c_)
+                return
+            for i, lw in enumerate(w.layers):
                 if name == "wo":
-                    K.linear(attn, lw.wo, h, mode=K.ADD, cfg=c)
+                    K.linear(attn, lw.wo, h, mode=K.ADD, cfg=c_)
                 elif name == "w13":
-                    K.linear(h, lw.w13, out_n, mode=K.SWIGLU, norm=lw.ffn_norm, cfg=c)
+                    K.linear(h, lw.w13, out_n, mode=K.SWIGLU, norm=lw.ffn_norm, cfg=c_)
                 elif name == "w2":
-                    K.linear(act, lw.w2, h, mode=K.ADD, cfg=c)
-
-        for name in ("wo", "w13", "w2", "out"):
+                    K.linear(act, lw.w2, h, mode=K.ADD, cfg=c_)
+                elif name == "qkv":
+                    K.qkv_rope(h, lw.wqkv, lw.attn_norm, lw.bqkv, runner.model.rope, start, q,
+                               c.k[i], c.v[i], a.rms_eps, *c_)
+        kinds = {"wo": "add", "w2": "add", "w13": "w13", "out": "out", "qkv": "qkv"}
+        for name, kind in kinds.items():
+            cands: list[Any] = (QKV_CANDS[t == 1] if kind == "qkv" else
+                                [K.LinearConfig(*x) for x in CANDS[(kind, t == 1)]])
             best = None
-            for c in cands1 if t == 1 else candsn:
-                if left() < 200:
+            for cand in cands:
+                if left() < 240:
                     break
                 try:
-                    job(name, c)
-                    sync()
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g):
-                        job(name, c)
-                    ms = time_ms(g.replay, iters=10, reps=5)
+                    us = graph_us(lambda n=name, x=cand: job(n, x), 1 if name == "out" else nl)
                 except Exception as exc:  # a tile the compiler rejects is skipped
-                    log("tune", name, t, c, "failed:", str(exc).splitlines()[0][:100])
+                    log("tune", name, t, cand, "failed:", str(exc).splitlines()[0][:100])
                     continue
-                n = 1 if name == "out" else a.n_layer
-                log(f"tune {name:4s} T={t:2d} {c} {1e3 * ms / n:7.2f} us/launch")
-                if best is None or ms < best[0]:
-                    best = (ms, c)
+                log(f"tune {name:4s} T={t:2d} {cand} {us:7.2f} us/launch")
+                if best is None or us < best[0]:
+                    best = (us, cand)
             if best is not None:
                 runner.linear_configs[(name, t)] = best[1]
-                picked[f"{name}:T{t}"] = {"cfg": str(best[1]), "us": 1e3 * best[0]}
+                picked[f"{name}:T{t}"] = {"cfg": str(best[1]), "us_per_launch": best[0]}
+    # attention: (nsplit, block_s) by the sum over the benchmark positions, at T = 1
+    q = torch.randn(1, a.n_head, a.head_dim, device=dev)
+    o = torch.empty(1, a.q_dim, device=dev, dtype=dt)
+    best_a = None
+    for nsplit, bs in ATTN_CANDS:
+        op = torch.empty(nsplit, 1, a.n_head, a.head_dim, device=dev)
+        ml = torch.empty(nsplit, 1, a.n_head, 2, device=dev)
+        tot = 0.0
+        for pos in positions:
+            st = torch.tensor([pos], device=dev)
+            tot += graph_us(lambda st=st, op=op, ml=ml, bs=bs: [
+                K.attention(q, c.k[i], c.v[i], st, o, op, ml, block_s=bs)
+                for i in range(nl)] and None, nl)
+        log(f"tune attention nsplit={nsplit} block_s={bs}: {tot:.2f} us/launch summed over "
+            f"{positions}")
+        if best_a is None or tot < best_a[0]:
+            best_a = (tot, nsplit, bs)
+    if best_a is not None:
+        runner.nsplit, runner.attn_block_s = best_a[1], best_a[2]
+        picked["attention"] = {"nsplit": best_a[1], "block_s": best_a[2]}
     return picked
 
 
@@ -246,22 +315,30 @@ def breakdown(runner: Runner, pos: int) -> dict[str, float]:
     runner.step([100], pos)
     ws, a, w, c = runner._steps[1], runner.args, runner.model.weights, runner.cache
     cfg = runner.linear_configs
-    jobs: dict[str, Callable[[], None]] = {
-        "embed": lambda: K.embed(ws.tokens, w.tok_emb, ws.h) and None,
-        "qkv_rope": lambda: [K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, runner.model.rope,
-                                        ws.start, ws.q, c.k[i], c.v[i], a.rms_eps)
-                             for i, lw in enumerate(w.layers)] and None,
-        "attention": lambda: [K.attention(ws.q, c.k[i], c.v[i], ws.start, ws.attn, ws.o_part,
-                                          ws.ml_part) for i in range(a.n_layer)] and None,
-        "wo": lambda: [K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=cfg.get(("wo", 1)))
-                       for lw in w.layers] and None,
-        "w13": lambda: [K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm,
-                                 cfg=cfg.get(("w13", 1))) for lw in w.layers] and None,
-        "w2": lambda: [K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=cfg.get(("w2", 1)))
-                       for lw in w.layers] and None,
-        "out": lambda: K.linear(ws.h, w.out, ws.logits, norm=w.out_norm,
-                                cfg=cfg.get(("out", 1))) and None,
-    }
+    qkv_t = cfg.get(("qkv", 1)) or (None, None)
+
+    def job(name: str) -> None:
+        if name == "embed":
+            K.embed(ws.tokens, w.tok_emb, ws.h)
+        elif name == "out":
+            K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, cfg=cfg.get(("out", 1)))
+        for i, lw in enumerate(w.layers):
+            if name == "qkv_rope":
+                K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, runner.model.rope, ws.start,
+                           ws.q, c.k[i], c.v[i], a.rms_eps, *qkv_t)
+            elif name == "attention":
+                K.attention(ws.q, c.k[i], c.v[i], ws.start, ws.attn, ws.o_part, ws.ml_part,
+                            block_s=runner.attn_block_s)
+            elif name == "wo":
+                K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=cfg.get(("wo", 1)))
+            elif name == "w13":
+                K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm,
+                         cfg=cfg.get(("w13", 1)))
+            elif name == "w2":
+                K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=cfg.get(("w2", 1)))
+
+    names = ["embed", "qkv_rope", "attention", "wo", "w13", "w2", "out"]
+    jobs = {n: (lambda n=n: job(n)) for n in names}
     out: dict[str, float] = {}
     for name, job in jobs.items():
         try:
@@ -336,11 +413,7 @@ def bench_model(name: str, a: ModelArgs, bw: float, positions: list[int], smoke:
     res["weight_bytes"] = wbytes
     fast = Runner(model, n_ctx, kernels="triton", graphs=True)
     if not smoke and left() > 300:
-        res["tuned"] = tune_linears(fast, (1, 9))
-        for t in (5, 17):  # nearest tuned tiles for the other verify sizes
-            for nm in ("wo", "w13", "w2", "out"):
-                if (nm, 9) in fast.linear_configs:
-                    fast.linear_configs[(nm, t)] = fast.linear_configs[(nm, 9)]
+        res["tuned"] = tune(fast, (1, 5, 9, 17), positions)
     for pos in positions:
         floor_ms = (wbytes + a.kv_bytes(pos + 1)) / bw * 1e3
         row: dict[str, Any] = {"floor_ms": floor_ms}
@@ -367,7 +440,6 @@ def bench_model(name: str, a: ModelArgs, bw: float, positions: list[int], smoke:
 def bench_hf(name: str, a: ModelArgs, positions: list[int], res: dict[str, Any]) -> None:
     """transformers eager and static cache + torch.compile on the same-shaped random weights."""
     dev = "cuda"
-    n_ctx = max(positions) + 64
     m = hf_model(a, random_weights(a, torch.bfloat16, dev, seed=0), torch.bfloat16, dev)
     try:
         for pos in positions:
@@ -375,16 +447,61 @@ def bench_hf(name: str, a: ModelArgs, positions: list[int], res: dict[str, Any])
             log(name, pos, "hf eager", res[f"pos{pos}"]["hf_eager"])
     except Exception:
         log("hf eager failed:", traceback.format_exc(limit=4))
+    del m
+    torch.cuda.empty_cache()
     if left() > 120:
         try:
-            for pos in positions:
-                res[f"pos{pos}"]["hf_compiled"] = hf_compiled_ms(m, pos, dev, n_ctx)
-                log(name, pos, "hf compiled", res[f"pos{pos}"]["hf_compiled"])
+            for pos, ms in hf_compiled_subprocess(name, positions).items():
+                res[f"pos{pos}"]["hf_compiled"] = ms
+                log(name, pos, "hf compiled", ms)
         except Exception:
             log("hf compiled failed:", traceback.format_exc(limit=4))
-    del m
-    torch._dynamo.reset()
-    torch.cuda.empty_cache()
+
+
+def measure_acceptance(models: Path, n_gen: int = 160) -> dict[str, Any]:
+    """Greedy acceptance of the real pair on the CPU (llama.cpp): the verifier (1.5B) writes
+    ``n_gen`` tokens after each prompt (cuts of this repository's code); the drafter (0.5B),
+    fed the same tokens, is right at a position when its argmax equals the verifier's token.
+    That per-token rate is what a greedy draft of any length is accepted at, position by
+    position, if errors were independent."""
+    import numpy as np
+
+    from openjarvis.engine.llama import LlamaEngine
+
+    root = Path(__file__).resolve().parent.parent
+    sources = ["openjarvis/engine/base.py", "openjarvis/config.py", "openjarvis/errors.py"]
+    ver = LlamaEngine(models / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", context=2048)
+    dra = LlamaEngine(models / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", context=2048)
+    hits = total = 0
+    runs: list[int] = []
+    t0 = time.perf_counter()
+    for src in sources:
+        text = (root / src).read_text(encoding="utf-8")
+        prompt = ver.tokenize(text[: len(text) // 2])[:600]
+        ver.rollback(0)
+        dra.rollback(0)
+        last = ver.eval(prompt, last_only=True)[-1]
+        gen: list[int] = []
+        for _ in range(n_gen):
+            gen.append(int(np.argmax(last)))
+            last = ver.eval(gen[-1:])[-1]
+        d = dra.eval(prompt + gen)  # row i predicts token i + 1
+        pred = d[len(prompt) - 1 : len(prompt) - 1 + n_gen].argmax(-1)
+        ok = [int(p) == g for p, g in zip(pred, gen, strict=True)]
+        hits += sum(ok)
+        total += len(ok)
+        run = 0
+        for x in ok:  # lengths of accepted runs, as a sanity check of independence
+            if x:
+                run += 1
+            else:
+                runs.append(run)
+                run = 0
+    res = {"accept": hits / total, "positions": total, "mean_run": statistics.mean(runs or [0]),
+           "seconds": time.perf_counter() - t0}
+    ver.close()
+    dra.close()
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,7 +513,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="llama.cpp 0.5B decode step on the CPU (heterogeneous case)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, to catch errors")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--acceptance", type=Path, metavar="MODELS_DIR",
+                    help="only measure the real pair's greedy acceptance on the CPU")
+    ap.add_argument("--hf-worker", choices=["1.5B", "0.5B"], help=argparse.SUPPRESS)
+    ap.add_argument("--positions", default="512,4096", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.hf_worker:
+        a = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}[args.hf_worker]
+        pos = [int(x) for x in args.positions.split(",")]
+        m = hf_model(a, random_weights(a, torch.bfloat16, "cuda", seed=0), torch.bfloat16, "cuda")
+        print(json.dumps(hf_compiled_ms(m, pos, "cuda", max(pos) + 64)))
+        return 0
+    if args.acceptance:
+        print(json.dumps(measure_acceptance(args.acceptance)))
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     env: dict[str, Any] = {"torch": torch.__version__}
     try:

@@ -79,7 +79,10 @@ class Runner:
             raise ValueError("the RoPE table is shorter than the cache")
         self._steps: dict[int, Workspace] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        #: Tiles per (matrix, T): "wo", "w13", "w2", "out" -> LinearConfig; "qkv" -> (block_p,
+        #: block_k). Filled by tuning (scripts/bench_gpu.py); defaults where absent.
         self.linear_configs: dict[tuple[str, int], object] = {}
+        self.attn_block_s = 64
 
     @property
     def n_ctx(self) -> int:
@@ -105,6 +108,8 @@ class Runner:
         ws = self._workspace(len(tokens))
         host = torch.tensor([start, *tokens], dtype=torch.int64)
         ws.inputs.copy_(host, non_blocking=False)
+        if self.graphs and ws.graph is None:
+            self._capture(ws)  # after the inputs: warm-up runs write K/V at this step's positions
         if ws.graph is not None:
             ws.graph.replay()
             return ws.logits
@@ -146,16 +151,14 @@ class Runner:
             ws.run = lambda: self._triton_forward(ws)
         else:
             ws.run = lambda: self._torch_forward(ws)
-        if self.graphs:
-            self._capture(ws)
         self._steps[t] = ws
         return ws
 
     def _capture(self, ws: Workspace) -> None:
         """Warm up (compiles kernels) on a side stream, then capture one step into a graph.
 
-        Warm-up writes K/V at the positions the inputs hold; callers fill the inputs with the
-        step they are about to run, whose writes land on the same (dead) positions.
+        Warm-up runs the step the inputs hold (a step is idempotent: it rewrites the same K/V
+        positions with the same values), so the inputs must be filled first.
         """
         assert ws.run is not None
         side = torch.cuda.Stream()
@@ -188,12 +191,15 @@ class Runner:
             got = cfg.get((name, t))
             return got if isinstance(got, K.LinearConfig) else None
 
+        qkv_tiles = cfg.get(("qkv", t)) or (None, None)
+        assert isinstance(qkv_tiles, tuple)
         K.embed(ws.tokens, w.tok_emb, ws.h)
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
             K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
-                       kc, vc, a.rms_eps)
-            K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part)
+                       kc, vc, a.rms_eps, *qkv_tiles)
+            K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
+                        block_s=self.attn_block_s)
             K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"))
             K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
                      cfg=lc("w13"))

@@ -37,6 +37,7 @@ class LinearConfig:
     block_k: int
     num_warps: int = 4
     num_stages: int = 2
+    split_k: int = 1  # > 1 only for ADD: partial sums land in ``out`` with float atomics
 
 
 def block_t(t: int) -> int:
@@ -66,9 +67,12 @@ def _linear_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
     T, N, K, stride_x, stride_out, eps,
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
+    k_lo = tl.program_id(1) * k_per
+    k_hi = tl.minimum(k_lo + k_per, K)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     rt = tl.arange(0, BLOCK_T)  # [BT]
     nmask = rn < N
@@ -76,9 +80,9 @@ def _linear_kernel(
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)  # [BK]
-        kmask = rk < K
+        kmask = rk < k_hi
         x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
                     mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)  # [BT, BK]
         if NORM:
@@ -99,11 +103,14 @@ def _linear_kernel(
         acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
     omask = tmask[:, None] & nmask[None, :]
     optr = out_ptr + rt[:, None] * stride_out + rn[None, :]
-    if MODE == 1:
-        acc += tl.load(optr, mask=omask, other=0.0).to(tl.float32)
-    if MODE == 2:
-        acc = acc * tl.sigmoid(acc) * acc2
-    tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
+    if SPLIT_K > 1:  # MODE 1 only: out (float32) += this split's partial sum
+        tl.atomic_add(optr, acc, mask=omask)
+    else:
+        if MODE == 1:
+            acc += tl.load(optr, mask=omask, other=0.0).to(tl.float32)
+        if MODE == 2:
+            acc = acc * tl.sigmoid(acc) * acc2
+        tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
 
 
 @triton.jit
@@ -256,12 +263,15 @@ def linear(
     t, k = x.shape
     n = w.shape[0] // 2 if mode == SWIGLU else w.shape[0]
     cfg = cfg or default_linear_config(t, n, k)
-    grid = (triton.cdiv(n, cfg.block_n),)
+    if cfg.split_k > 1 and (mode != ADD or norm is not None or bias is not None
+                            or out.dtype != torch.float32):
+        raise ValueError("split_k > 1 needs mode=ADD into float32, without norm or bias")
+    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     _linear_kernel[grid](
         x, w, norm if norm is not None else w, bias if bias is not None else w, out,
         t, n, k, x.stride(0), out.stride(0), eps,
         MODE=mode, NORM=norm is not None, BIAS=bias is not None,
-        BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -305,7 +315,7 @@ def attention(
     out: torch.Tensor,  # [T, H * hd]
     o_part: torch.Tensor,  # [NSPLIT, T, H, hd] float32 scratch
     ml_part: torch.Tensor,  # [NSPLIT, T, H, 2] float32 scratch
-    block_s: int = 32,
+    block_s: int = 64,
     num_warps: int = 4,
 ) -> torch.Tensor:
     t, n_head, hd = q.shape

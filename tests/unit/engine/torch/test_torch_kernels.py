@@ -58,6 +58,16 @@ def test_linear_modes(t: int, mode: int) -> None:
     assert rel(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize("t", [1, 6])
+def test_split_k_adds_partial_sums_into_the_residual(t: int) -> None:
+    n, k = 24, 200
+    x, w, h0 = g(t, k, seed=1), g(n, k, seed=2), g(t, n, seed=3)
+    out = h0.clone()
+    cfg = K.LinearConfig(block_n=8 if t == 1 else 16, block_k=32, split_k=3)
+    K.linear(x, w, out, mode=K.ADD, cfg=cfg)
+    assert rel(out, h0 + x @ w.T) < 1e-5
+
+
 @pytest.mark.parametrize("t", [1, 5])
 def test_qkv_rope_writes_q_and_the_cache(t: int) -> None:
     a = ARGS
