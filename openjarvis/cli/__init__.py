@@ -27,6 +27,11 @@ COMMANDS: dict[str, str] = {
     "doctor": "openjarvis.cli.doctor:doctor",
     "locate": "openjarvis.cli.doctor:locate",
     "models": "openjarvis.cli.models_cmd:models",
+    "def": "openjarvis.cli.index_cmd:def_",
+    "index": "openjarvis.cli.index_cmd:index",
+    "map": "openjarvis.cli.index_cmd:repo_map",
+    "refs": "openjarvis.cli.index_cmd:refs",
+    "search": "openjarvis.cli.index_cmd:search",
 }
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}

@@ -1,0 +1,190 @@
+"""A full or incremental indexing run: scan, parse in a process pool, write from one writer.
+
+The store decides freshness: a file whose size and mtime match its row is not read; one whose
+bytes hash the same is only touched; only changed content is parsed. Rows of files that are gone
+(deleted, renamed, newly ignored) are removed. Workers read and parse; only this process writes,
+in batches, each batch one transaction, so an interrupted run leaves a consistent database and
+the next run picks up where it stopped.
+
+Example::
+
+    with Store.open(db_path_for(root)) as store:
+        summary = index_workspace(store, root, IndexConfig())
+        summary.indexed, summary.deleted
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from openjarvis.config import IndexConfig
+from openjarvis.index import rank
+from openjarvis.index.files import FileEntry, scan_workspace
+from openjarvis.index.store import FileRecord, FileState, Store
+from openjarvis.index.tags import extract, search_words
+
+#: Files written per transaction; bigger batches are faster, smaller lose less on a crash.
+WRITE_BATCH = 256
+#: Below this many files to read, parse in this process (a pool costs more than it saves).
+POOL_MIN_FILES = 48
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """One step of a run, for progress bars: ``done`` of ``total`` files looked at."""
+
+    done: int
+    total: int
+    path: str
+
+
+@dataclass(slots=True)
+class RunSummary:
+    scanned: int = 0
+    indexed: int = 0
+    unchanged: int = 0
+    deleted: int = 0
+    errors: int = 0
+    lines: int = 0
+    seconds: float = 0.0
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.indexed or self.deleted)
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    root: str
+    path: str
+    size: int
+    mtime_ns: int
+    known_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Result:
+    path: str
+    status: str  # "indexed", "unchanged", "gone"
+    record: FileRecord | None
+    size: int
+    mtime_ns: int
+
+
+def process(job: _Job) -> _Result:
+    """Read, hash and (if the hash changed) extract one file. Runs in a worker."""
+    try:
+        with open(os.path.join(job.root, job.path), "rb") as fh:
+            data = fh.read()
+            st = os.fstat(fh.fileno())
+    except OSError:
+        return _Result(job.path, "gone", None, job.size, job.mtime_ns)
+    digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+    if digest == job.known_hash:
+        return _Result(job.path, "unchanged", None, st.st_size, st.st_mtime_ns)
+    binary = b"\0" in data[:8192]
+    extraction = None if binary else extract(job.path, data)
+    words = tuple(search_words(c.symbol + "\n" + c.text) for c in extraction.chunks) if extraction else ()
+    record = FileRecord(job.path, st.st_size, st.st_mtime_ns, digest, extraction, words)
+    return _Result(job.path, "indexed", record, st.st_size, st.st_mtime_ns)
+
+
+def _worker_init() -> None:
+    # Ctrl-C is the parent's to handle: it stops the pool and rolls back the open batch.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _results(jobs: list[_Job], workers: int) -> Iterator[_Result]:
+    if workers <= 1 or len(jobs) < POOL_MIN_FILES:
+        yield from map(process, jobs)
+        return
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["openjarvis.index.indexer"])
+    pool = ctx.Pool(workers, initializer=_worker_init)
+    try:
+        yield from pool.imap_unordered(process, jobs, chunksize=4)
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
+
+
+def worker_count(config: IndexConfig) -> int:
+    return config.workers if config.workers > 0 else max(1, os.cpu_count() or 1)
+
+
+def index_workspace(
+    store: Store,
+    root: Path,
+    config: IndexConfig,
+    *,
+    only: Iterable[str] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    update_ranks: bool = True,
+) -> RunSummary:
+    """Bring the index of ``root`` up to date (only the paths in ``only``, if given)."""
+    started = time.perf_counter()
+    root = root.resolve()
+    only_set = set(only) if only is not None else None
+    scan = scan_workspace(root, config.max_file_kb * 1024, only_set)
+    known = store.known_files()
+    summary = RunSummary(scanned=len(scan.files), skipped=dict(scan.skipped))
+
+    present = {f.path for f in scan.files}
+    candidates = set(known) if only_set is None else only_set & set(known)
+    summary.deleted = store.delete_paths(sorted(candidates - present))
+
+    jobs = [_job(root, f, known.get(f.path)) for f in scan.files]
+    todo = [j for j in jobs if j is not None]
+    summary.unchanged = len(scan.files) - len(todo)
+    total = len(todo)
+    batch: list[FileRecord] = []
+    touched: list[tuple[str, int, int]] = []
+    for done, result in enumerate(_results(todo, worker_count(config)), 1):
+        if result.status == "indexed" and result.record is not None:
+            batch.append(result.record)
+            ex = result.record.extraction
+            summary.indexed += 1
+            summary.lines += ex.lines if ex else 0
+            summary.errors += 1 if ex is not None and ex.error else 0
+        elif result.status == "unchanged":
+            summary.unchanged += 1
+            touched.append((result.path, result.size, result.mtime_ns))
+        if len(batch) >= WRITE_BATCH:
+            store.write_files(batch)
+            batch = []
+        if on_progress is not None:
+            on_progress(Progress(done, total, result.path))
+    if batch:
+        store.write_files(batch)
+    if touched:
+        store.touch(touched)
+    if only_set is None:
+        store.set_meta({"skipped": summary.skipped, "last_run": time.time()})
+    if update_ranks and summary.changed:
+        refresh_ranks(store)
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _job(root: Path, entry: FileEntry, state: FileState | None) -> _Job | None:
+    if state is not None and state.size == entry.size and state.mtime_ns == entry.mtime_ns:
+        return None
+    return _Job(str(root), entry.path, entry.size, entry.mtime_ns, state.hash if state else "")
+
+
+def refresh_ranks(store: Store) -> None:
+    """Recompute every file's PageRank in the reference graph and store it."""
+    defs, refs = store.graph_rows()
+    graph = rank.build_graph(defs, refs)
+    store.set_ranks(rank.pagerank(graph))

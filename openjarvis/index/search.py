@@ -1,0 +1,280 @@
+"""Retrieval over an index: hybrid ``search``, ``repo_map``, ``definition`` and ``usages``.
+
+``search`` gathers ranked lists of chunks, then fuses them with ``rank.fuse``:
+
+- ``text``: BM25 over chunk text, path, symbol and the split identifier words (FTS5);
+- ``name``: BM25 over the symbol column only (a fuzzy match on definition names);
+- ``exact``: definitions whose name or qualified name is a word of the query;
+- ``focus``: chunks of the focused files (the editor's or conversation's files), if any;
+
+and the graph prior: each file's PageRank in the reference graph (personalised toward the focus
+files when given).
+
+Example::
+
+    with open_readonly(root) as store:
+        hits = search(store, "parse http response", k=5)
+        hits[0].path, hits[0].symbol, hits[0].start_line
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from openjarvis.index import rank
+from openjarvis.index.store import Store
+from openjarvis.index.tags import split_identifier
+
+#: Rows each ranked list contributes before fusion.
+CANDIDATES = 60
+SNIPPET_LINES = 3
+SNIPPET_LINE_CHARS = 160
+
+STOPWORDS = frozenset(
+    (
+        "a an and are as at be by can do does for from how i if in into is it its of on or that the "
+        "their then there these this to was we what when where which who why will with you your "
+        "get gets code function method class file find me show does should would"
+    ).split()
+)
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One search result: a chunk of a file, with the definition it belongs to."""
+
+    path: str
+    symbol: str
+    kind: str
+    start_line: int
+    end_line: int
+    score: float
+    snippet: str
+
+
+@dataclass(frozen=True, slots=True)
+class Definition:
+    path: str
+    qualname: str
+    kind: str
+    line: int
+    end_line: int
+    signature: str
+    doc: str
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    path: str
+    line: int
+    kind: str
+    text: str
+
+
+def query_terms(query: str) -> list[str]:
+    """Search words of a query: identifiers split into parts, stopwords dropped, order kept."""
+    terms: dict[str, None] = {}
+    for word in _WORD.findall(query):
+        lower = word.lower()
+        parts = split_identifier(word)
+        if lower not in STOPWORDS or len(parts) > 1:
+            terms.setdefault(lower, None)
+        for part in parts:
+            if part not in STOPWORDS and len(part) > 1:
+                terms.setdefault(part, None)
+    return list(terms)
+
+
+def _fts_expr(terms: Sequence[str], column: str | None = None) -> str:
+    quoted = " OR ".join(f'"{t}"' for t in terms)
+    return f"{{{column}}} : ({quoted})" if column else quoted
+
+
+def search(
+    store: Store, query: str, k: int = 10, focus: Sequence[str] = (), weights: rank.Weights = rank.WEIGHTS
+) -> list[Hit]:
+    """The ``k`` best chunks for ``query``; ``focus`` paths pull their neighbourhood up."""
+    terms = query_terms(query)
+    if not terms:
+        return []
+    conn = store.conn
+    signals: dict[str, list[int]] = {}
+    signals["text"] = [
+        row[0]
+        for row in conn.execute(
+            "SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? "
+            "ORDER BY bm25(chunks_fts, 2.0, 6.0, 1.0, 1.0) LIMIT ?",
+            (_fts_expr(terms), CANDIDATES),
+        )
+    ]
+    signals["name"] = [
+        row[0]
+        for row in conn.execute(
+            "SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY rank LIMIT ?",
+            (_fts_expr(terms, "symbol"), CANDIDATES),
+        )
+    ]
+    signals["exact"] = _exact_chunks(store, query)
+    file_rank = _file_ranks(store, focus)
+    if focus:
+        ids = [r[0] for r in conn.execute(
+            f"SELECT c.id FROM chunks c JOIN files f ON f.id = c.file_id "
+            f"WHERE f.path IN ({','.join('?' * len(focus))}) LIMIT ?", (*focus, CANDIDATES)
+        )]  # fmt: skip
+        pool = set().union(*signals.values())
+        signals["focus"] = [i for i in ids if i in pool]
+    candidates = list(dict.fromkeys(i for ids in signals.values() for i in ids))
+    if not candidates:
+        return []
+    info = _chunk_info(store, candidates)
+    prior = {cid: file_rank.get(info[cid][0], 0.0) for cid in candidates if cid in info}
+    fused = rank.fuse(signals, prior, weights)[:k]
+    return [_hit(store, cid, score, info[cid], terms) for cid, score in fused if cid in info]
+
+
+def _exact_chunks(store: Store, query: str) -> list[int]:
+    names = [w for w in re.findall(r"[A-Za-z_][\w.]*", query) if len(w) > 2]
+    out: list[int] = []
+    for name in names:
+        rows = store.conn.execute(
+            "SELECT s.file_id, s.line FROM symbols s WHERE (s.name = ? COLLATE NOCASE "
+            "OR s.qualname = ? COLLATE NOCASE) AND s.kind NOT IN ('variable', 'field') LIMIT 20",
+            (name.rsplit(".", 1)[-1] if "." not in name else "\0", name),
+        ).fetchall()
+        for fid, line in rows:
+            row = store.conn.execute(
+                "SELECT id FROM chunks WHERE file_id = ? AND start_line <= ? AND end_line >= ? "
+                "ORDER BY start_line DESC LIMIT 1",
+                (fid, line, line),
+            ).fetchone()
+            if row and row[0] not in out:
+                out.append(row[0])
+    return out
+
+
+def _file_ranks(store: Store, focus: Sequence[str]) -> dict[int, float]:
+    if not focus:
+        rows = store.conn.execute("SELECT id, rank FROM files WHERE rank > 0").fetchall()
+        return rank.normalise({fid: r for fid, r in rows})
+    ids = {
+        r[0]
+        for r in store.conn.execute(
+            f"SELECT id FROM files WHERE path IN ({','.join('?' * len(focus))})", tuple(focus)
+        )
+    }
+    defs, refs = store.graph_rows()
+    graph = rank.build_graph(defs, refs)
+    return rank.normalise(rank.pagerank(graph, {fid: 1.0 for fid in ids}))
+
+
+def _chunk_info(store: Store, ids: Sequence[int]) -> dict[int, tuple[int, str, str, str, int, int]]:
+    marks = ",".join("?" * len(ids))
+    rows = store.conn.execute(
+        f"SELECT c.id, c.file_id, f.path, c.symbol, c.kind, c.start_line, c.end_line "
+        f"FROM chunks c JOIN files f ON f.id = c.file_id WHERE c.id IN ({marks})",
+        tuple(ids),
+    )
+    return {r[0]: (r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows}
+
+
+def _hit(
+    store: Store, cid: int, score: float, info: tuple[int, str, str, str, int, int], terms: list[str]
+) -> Hit:
+    _, path, symbol, kind, start, end = info
+    row = store.conn.execute("SELECT text FROM chunks_fts WHERE rowid = ?", (cid,)).fetchone()
+    return Hit(path, symbol, kind, start, end, round(score, 6), snippet(row[0] if row else "", terms))
+
+
+def snippet(text: str, terms: Sequence[str]) -> str:
+    """Up to three lines of ``text``: those that mention a term, else the first ones."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    wanted = [t for t in terms if len(t) > 2]
+    chosen = [line for line in lines if any(t in line.lower() for t in wanted)][:SNIPPET_LINES]
+    chosen = chosen or lines[:SNIPPET_LINES]
+    return "\n".join(
+        line if len(line) <= SNIPPET_LINE_CHARS else line[: SNIPPET_LINE_CHARS - 3] + "..."
+        for line in chosen
+    )
+
+
+def definition(store: Store, name: str) -> list[Definition]:
+    """Definitions named ``name`` (or with that qualified name, or ending in ``.name``)."""
+    rows = store.conn.execute(
+        "SELECT f.path, s.qualname, s.kind, s.line, s.end_line, s.signature, s.doc "
+        "FROM symbols s JOIN files f ON f.id = s.file_id "
+        "WHERE s.qualname = ? OR s.name = ? ORDER BY f.rank DESC, f.path, s.line",
+        (name, name.rsplit(".", 1)[-1] if "." not in name else "\0"),
+    ).fetchall()
+    if not rows:
+        rows = store.conn.execute(
+            "SELECT f.path, s.qualname, s.kind, s.line, s.end_line, s.signature, s.doc "
+            "FROM symbols s JOIN files f ON f.id = s.file_id "
+            "WHERE s.qualname = ? COLLATE NOCASE OR s.name = ? COLLATE NOCASE "
+            "ORDER BY f.rank DESC, f.path, s.line",
+            (name, name),
+        ).fetchall()
+    return [Definition(*row) for row in rows]
+
+
+def usages(store: Store, name: str, root: Path | None = None, limit: int = 1000) -> list[Usage]:
+    """References to ``name`` (the last part of a dotted name), with the source line if ``root``."""
+    short = name.rsplit(".", 1)[-1]
+    grouped = store.conn.execute(
+        "SELECT f.path, r.lines, r.kind FROM refs r JOIN files f ON f.id = r.file_id "
+        "WHERE r.name = ? ORDER BY f.path",
+        (short,),
+    ).fetchall()
+    rows = [(path, int(n), kind) for path, lines, kind in grouped for n in lines.split(",")]
+    rows = rows[:limit]
+    cache: dict[str, list[str]] = {}
+    out = []
+    for path, line, kind in rows:
+        text = ""
+        if root is not None:
+            if path not in cache:
+                try:
+                    cache[path] = (root / path).read_text(encoding="utf-8", errors="replace").splitlines()
+                except OSError:
+                    cache[path] = []
+            lines = cache[path]
+            text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+        out.append(Usage(path, line, kind, text))
+    return out
+
+
+def repo_map(
+    store: Store,
+    budget_tokens: int = 1024,
+    focus: Sequence[str] = (),
+    mentioned: Sequence[str] = (),
+) -> str:
+    """The most relevant signatures of the repository as an outline within ``budget_tokens``.
+
+    Files in ``focus`` are what the model already sees, so the map shows the rest: what they
+    use and what uses them, ranked by personalised PageRank.
+    """
+    files = dict(store.conn.execute("SELECT id, path FROM files").fetchall())
+    focus_ids = {fid for fid, path in files.items() if path in set(focus)}
+    defs, refs = store.graph_rows()
+    graph = rank.build_graph(defs, refs, frozenset(mentioned))
+    file_rank = rank.pagerank(graph, {fid: 1.0 for fid in focus_ids} or None)
+    ranked = [(fid, name) for fid, name, _ in rank.rank_definitions(graph, file_rank)
+              if fid not in focus_ids]  # fmt: skip
+    # Files nothing references still deserve a line each, after the ranked definitions.
+    entries: list[rank.MapEntry] = []
+    seen: set[tuple[int, str]] = set()
+    for fid, name in ranked[: budget_tokens * 2]:
+        if (fid, name) in seen:
+            continue
+        seen.add((fid, name))
+        for qualname, line, signature in store.conn.execute(
+            "SELECT qualname, line, signature FROM symbols WHERE file_id = ? AND name = ? "
+            "ORDER BY line LIMIT 3",
+            (fid, name),
+        ):
+            entries.append(rank.MapEntry(files[fid], line, qualname, signature))
+    return rank.fit_to_budget(entries, rank.render_map, budget_tokens)

@@ -1,0 +1,272 @@
+"""The per-workspace index database: SQLite in WAL mode, opened through sqlite-utils.
+
+Writes are transactional per batch of files: a file's old rows and its new ones change in the same
+transaction as its ``files`` row (whose hash says the rows are current), so a crash or Ctrl-C
+leaves every file either fully old or fully new, and the next run redoes only what is missing.
+Hot paths (batch inserts, FTS queries) use the connection directly; sqlite-utils opens the
+database, sets WAL, and serves introspection and the small tables.
+
+Example::
+
+    with Store.open(db_path_for(root)) as store:
+        store.known_files()["app.py"].hash
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from openjarvis import paths
+from openjarvis.errors import IndexNotBuilt, IndexStoreError
+from openjarvis.index import schema
+from openjarvis.index.tags import Extraction, search_words, split_identifier
+
+
+def db_path_for(root: Path) -> Path:
+    """Where the index of the workspace at ``root`` lives: the user cache, keyed by the path."""
+    resolved = str(root.resolve())
+    key = hashlib.sha256(resolved.encode()).hexdigest()[:16]
+    return paths.cache_dir() / "index" / f"{Path(resolved).name or 'root'}-{key}" / "index.db"
+
+
+@dataclass(frozen=True, slots=True)
+class FileState:
+    id: int
+    size: int
+    mtime_ns: int
+    hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    """A processed file ready to write; ``extraction`` is None for binary content."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    hash: str
+    extraction: Extraction | None
+    #: Per chunk, the split identifier words for FTS (computed in the worker, not the writer).
+    chunk_words: tuple[str, ...] = ()
+
+
+class Store:
+    """One open index database. Not thread-safe: use one per thread (WAL allows many readers)."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        import sqlite_utils
+
+        self.conn = conn
+        self.path = path
+        self.db = sqlite_utils.Database(conn)
+
+    @classmethod
+    def open(cls, path: Path, *, create: bool = True) -> Store:
+        """Open (and migrate) the database at ``path``; without ``create`` it must exist."""
+        if not create and not path.is_file():
+            raise IndexNotBuilt(f"no index at {path.parent}; run `jarvis index` in the workspace first")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = OFF")
+            schema.migrate(conn, str(path))
+        except sqlite3.DatabaseError as exc:
+            raise IndexStoreError(
+                f"cannot open index {path}: {exc}; rebuild it with `jarvis index --rebuild`"
+            ) from exc
+        except OSError as exc:
+            raise IndexStoreError(f"cannot create index at {path}: {exc.strerror}") from exc
+        return cls(conn, path)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``; any exception (Ctrl-C included) rolls back."""
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise IndexStoreError(f"index {self.path} is locked or read-only: {exc}") from exc
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # --- writes --------------------------------------------------------------------------------
+
+    def known_files(self) -> dict[str, FileState]:
+        rows = self.conn.execute("SELECT path, id, size, mtime_ns, hash FROM files")
+        return {path: FileState(fid, size, mtime, digest) for path, fid, size, mtime, digest in rows}
+
+    def write_files(self, records: Sequence[FileRecord]) -> None:
+        """Replace the rows of each file with its new extraction, all in one transaction."""
+        with self.transaction() as conn:
+            for record in records:
+                self._write_one(conn, record)
+
+    def _write_one(self, conn: sqlite3.Connection, record: FileRecord) -> None:
+        row = conn.execute("SELECT id FROM files WHERE path = ?", (record.path,)).fetchone()
+        ex = record.extraction
+        language = ex.language if ex is not None else "binary"
+        values = (language, record.size, record.mtime_ns, record.hash,
+                  ex.lines if ex else 0, ex.error if ex else None)  # fmt: skip
+        if row is None:
+            fid = conn.execute(
+                "INSERT INTO files (language, size, mtime_ns, hash, lines, error, path) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (*values, record.path),
+            ).lastrowid
+        else:
+            fid = row[0]
+            _delete_rows(conn, [fid])
+            conn.execute(
+                "UPDATE files SET language = ?, size = ?, mtime_ns = ?, hash = ?, lines = ?, "
+                "error = ? WHERE id = ?",
+                (*values, fid),
+            )
+        if ex is None:
+            return
+        conn.executemany(
+            "INSERT INTO symbols (file_id, name, qualname, kind, line, end_line, signature, doc) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(fid, t.name, t.qualname, t.kind, t.line, t.end_line, t.signature, t.doc)
+             for t in ex.tags if t.role == "def"],
+        )  # fmt: skip
+        conn.executemany(
+            "INSERT INTO refs (file_id, name, kind, count, lines) VALUES (?, ?, ?, ?, ?)",
+            [(fid, *row) for row in _grouped_refs(ex)],
+        )
+        first = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM chunks").fetchone()[0]
+        ids = range(first, first + len(ex.chunks))
+        conn.executemany(
+            "INSERT INTO chunks (id, file_id, start_line, end_line, symbol, kind) VALUES (?, ?, ?, ?, ?, ?)",
+            [(cid, fid, c.start_line, c.end_line, c.symbol, c.kind) for cid, c in zip(ids, ex.chunks, strict=True)],
+        )
+        path_words = _path_words(record.path)
+        words = record.chunk_words or tuple(search_words(c.symbol + "\n" + c.text) for c in ex.chunks)
+        conn.executemany(
+            "INSERT INTO chunks_fts (rowid, path, symbol, text, words) VALUES (?, ?, ?, ?, ?)",
+            [(cid, path_words, _symbol_words(c.symbol), c.text, w)
+             for cid, c, w in zip(ids, ex.chunks, words, strict=True)],
+        )  # fmt: skip
+
+    def touch(self, updates: Iterable[tuple[str, int, int]]) -> None:
+        """Record new (path, size, mtime_ns) for files whose content hash did not change."""
+        with self.transaction() as conn:
+            conn.executemany(
+                "UPDATE files SET size = ?, mtime_ns = ? WHERE path = ?",
+                [(size, mtime, path) for path, size, mtime in updates],
+            )
+
+    def delete_paths(self, file_paths: Iterable[str]) -> int:
+        """Remove every row of these files; returns how many were indexed."""
+        wanted = list(file_paths)
+        if not wanted:
+            return 0
+        with self.transaction() as conn:
+            ids = []
+            for path in wanted:
+                row = conn.execute("SELECT id FROM files WHERE path = ?", (path,)).fetchone()
+                if row:
+                    ids.append(row[0])
+            _delete_rows(conn, ids)
+            conn.executemany("DELETE FROM files WHERE id = ?", [(i,) for i in ids])
+        return len(ids)
+
+    def set_ranks(self, ranks: dict[int, float]) -> None:
+        with self.transaction() as conn:
+            conn.execute("UPDATE files SET rank = 0")
+            conn.executemany("UPDATE files SET rank = ? WHERE id = ?", [(r, i) for i, r in ranks.items()])
+
+    def set_meta(self, values: dict[str, Any]) -> None:
+        with self.transaction() as conn:
+            conn.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                [(k, json.dumps(v)) for k, v in values.items()],
+            )
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        return {name: self.db[name].count for name in ("files", "symbols", "refs", "chunks")}
+
+    def graph_rows(self) -> tuple[list[tuple[int, str]], list[tuple[int, str, int]]]:
+        """(file_id, name) of definitions and (file_id, name, count) of references."""
+        defs = self.conn.execute(
+            "SELECT DISTINCT file_id, name FROM symbols WHERE kind NOT IN ('variable', 'field')"
+        ).fetchall()
+        refs = self.conn.execute(
+            "SELECT file_id, name, count FROM refs"
+        ).fetchall()
+        return defs, refs
+
+
+_REF_STRENGTH = {"call": 0, "import": 1, "type": 2, "use": 3}
+
+
+def _grouped_refs(ex: Extraction) -> list[tuple[str, str, int, str]]:
+    """One (name, strongest kind, count, "line,line,...") per referenced name."""
+    by_name: dict[str, tuple[str, list[int]]] = {}
+    for t in ex.tags:
+        if t.role != "ref":
+            continue
+        kind, lines = by_name.get(t.name, (t.kind, []))
+        if _REF_STRENGTH.get(t.kind, 9) < _REF_STRENGTH.get(kind, 9):
+            kind = t.kind
+        lines.append(t.line)
+        by_name[t.name] = (kind, lines)
+    return [(name, kind, len(lines), ",".join(map(str, sorted(set(lines)))))
+            for name, (kind, lines) in by_name.items()]  # fmt: skip
+
+
+def _delete_rows(conn: sqlite3.Connection, file_ids: Sequence[int]) -> None:
+    for fid in file_ids:
+        conn.execute(
+            "DELETE FROM chunks_fts WHERE rowid IN (SELECT id FROM chunks WHERE file_id = ?)", (fid,)
+        )
+        for table in ("chunks", "symbols", "refs"):
+            conn.execute(f"DELETE FROM {table} WHERE file_id = ?", (fid,))
+
+
+def _symbol_words(symbol: str) -> str:
+    """``QuerySet.get_or_create`` -> ``QuerySet.get_or_create query set get or create``."""
+    return f"{symbol} {' '.join(split_identifier(symbol))}" if symbol else ""
+
+
+def _path_words(path: str) -> str:
+    """A path as words for FTS: ``django/db/models/query.py`` -> ``django db models query py``."""
+    return " ".join(w for w in path.replace("/", " ").replace(".", " ").replace("-", " ").split())
+
+
+def open_readonly(root: Path) -> Store:
+    """Open the index of ``root`` for queries; raises ``IndexNotBuilt`` when there is none."""
+    return Store.open(db_path_for(root), create=False)
+
+
+__all__ = ["FileRecord", "FileState", "Store", "db_path_for", "open_readonly", "IndexStoreError"]
