@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "config": "openjarvis.cli.config_cmd:config",
     "daemon": "openjarvis.cli.daemon_cmd:daemon",
     "doctor": "openjarvis.cli.doctor:doctor",
+    "generate": "openjarvis.cli.generate_cmd:generate",
     "locate": "openjarvis.cli.doctor:locate",
     "models": "openjarvis.cli.models_cmd:models",
     "def": "openjarvis.cli.index_cmd:def_",

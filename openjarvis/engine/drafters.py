@@ -83,6 +83,9 @@ class ModelDrafter:
 
     def sync(self, context: Sequence[int]) -> Logits:
         """Bring the cache to ``context`` and return the logits row for the next token."""
+        if len(self.cached) != self.engine.n_past:  # an interrupted step: start over
+            self.engine.rollback(0)
+            self.cached.clear()
         keep = min(common_prefix(self.cached, context), len(context) - 1)
         self.engine.rollback(keep)
         del self.cached[keep:]

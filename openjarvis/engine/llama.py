@@ -49,6 +49,47 @@ def device_name() -> str:
     return f"cpu:{model}"
 
 
+_LOG_ERROR = 3  # ggml_log_level: 1 info, 2 warn, 3 error, 4 debug, 5 continuation
+_log_state = {"last": 0}
+#: Errors llama.cpp logs, and then repairs itself, for models we ship (Qwen's ``</s>`` token).
+_HARMLESS = (b"control-looking token",)
+_log_callback: Any = None
+
+
+def _quiet_llama_logs() -> None:
+    """Route llama.cpp's log to stderr for errors only (its loader warns about Qwen's vocabulary
+    on every load). Replaces llama-cpp-python's callback, which lets continuation lines through
+    and, with ``verbose=False``, redirects the process's stdout/stderr during loads."""
+    global _log_callback
+    if _log_callback is not None:
+        return
+    import sys
+
+    import llama_cpp
+
+    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+    def callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        if level != 5:
+            _log_state["last"] = level
+        if _log_state["last"] == _LOG_ERROR and not any(h in text for h in _HARMLESS):
+            sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+    _log_callback = callback
+    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+
+
+def cost_key_for(path: Path, threads: int, flash_attn: bool = False) -> str:
+    """The cost-model cache key of a model file run with these settings (no loading needed)."""
+    import llama_cpp
+
+    st = path.stat()
+    fa = "fa" if flash_attn else "nofa"
+    return (
+        f"{path.name}:{st.st_size}:{int(st.st_mtime)}|{device_name()}|t{threads or physical_cores()}"
+        f"|{fa}|llama-cpp-python {llama_cpp.__version__}"
+    )
+
+
 class LlamaEngine:
     """An :class:`~openjarvis.engine.base.Engine` over one llama.cpp context (sequence 0)."""
 
@@ -64,9 +105,8 @@ class LlamaEngine:
     ) -> None:
         import llama_cpp
         from llama_cpp import _internals
-        from llama_cpp._logger import set_verbose
 
-        set_verbose(False)
+        _quiet_llama_logs()
         self.path = Path(path)
         self.threads = threads or physical_cores()
         self.batch = batch
@@ -79,7 +119,7 @@ class LlamaEngine:
         model_params.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP
         try:
             self._model = _internals.LlamaModel(
-                path_model=str(self.path), params=model_params, verbose=False
+                path_model=str(self.path), params=model_params, verbose=True
             )
         except ValueError as exc:
             raise EngineError(
@@ -287,9 +327,7 @@ class LlamaEngine:
 
     def cost_key(self) -> str:
         """(model, device, threads, backend) identity the measured cost model is cached under."""
-        st = self.path.stat()
-        fa = "fa" if self.flash_attn else "nofa"
-        return f"{self.path.name}:{st.st_size}|{device_name()}|t{self.threads}|{fa}|llama.cpp"
+        return cost_key_for(self.path, self.threads, self.flash_attn)
 
     def cost_model(self) -> CostModel:
         """Measured once per (model, device, threads) and cached on disk (see ``costs``)."""

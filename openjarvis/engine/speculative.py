@@ -220,8 +220,31 @@ class Speculator:
         committed = prompt
         out = _TextOut(v, req.stop)
         max_tokens = min(req.max_tokens, v.n_ctx - len(prompt))
-        finish = "length"
+        try:
+            yield from self._loop(req, gen, cancel, committed, ngram, out, max_tokens, rng, t_start)
+        finally:
+            stats.tokens = len(gen.tokens)
+            stats.time_total = time.perf_counter() - t_start
+            if not stats.finish_reason:
+                stats.finish_reason = "cancelled"  # interrupted (Ctrl-C, closed consumer)
+            if len(self.cached) != v.n_past:  # interrupted mid-step: trust nothing cached
+                v.rollback(0)
+                self.cached.clear()
 
+    def _loop(
+        self,
+        req: Request,
+        gen: Generation,
+        cancel: Callable[[], bool],
+        committed: list[int],
+        ngram: NgramDrafter | None,
+        out: _TextOut,
+        max_tokens: int,
+        rng: np.random.Generator,
+        t_start: float,
+    ) -> Iterator[Piece]:
+        v, stats = self.verifier, gen.stats
+        finish = "length"
         while True:
             if cancel():
                 finish = "cancelled"
@@ -280,13 +303,11 @@ class Speculator:
             if done:
                 break
 
-        tail = out.flush(finish == "stop")
+        tail = out.flush()
         if tail:
             stats.mark_first_token(time.perf_counter() - t_start)
             yield Piece(tail, ())
-        stats.tokens = len(gen.tokens)
         stats.finish_reason = finish
-        stats.time_total = time.perf_counter() - t_start
 
 
     def _decide(
@@ -379,7 +400,7 @@ class _TextOut:
         self.held = self.held[len(self.held) - keep :]
         return text, False
 
-    def flush(self, stopped: bool) -> str:
+    def flush(self) -> str:
         if self.stopped:
             return ""
         tail = self.held + self.decoder.decode(b"", final=True)

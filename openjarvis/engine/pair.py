@@ -1,0 +1,77 @@
+"""Open a verifier and, when it can pay, a model drafter, as one ready :class:`Speculator`.
+
+Shared by ``jarvis generate`` and the daemon. With ``drafter="auto"`` the drafter model is loaded
+only if the measured costs (cached from an earlier run) leave it any chance of paying; on a CPU
+where verifying k tokens costs nearly k steps it never can, and loading 0.5 GB for nothing would
+only slow the start. Without cached costs it is loaded, measured once, and judged from then on.
+
+Example::
+
+    spec = open_speculator(config, verifier_path=v, drafter_path=d, drafter="auto")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from openjarvis.config import Config
+from openjarvis.engine import costs
+from openjarvis.engine.drafters import ModelDrafter
+from openjarvis.engine.llama import LlamaEngine, cost_key_for
+from openjarvis.engine.planner import Option, choose
+from openjarvis.engine.prefix_cache import PrefixCache
+from openjarvis.engine.speculative import DrafterChoice, Speculator
+
+#: Acceptance assumed when asking whether a drafter could pay at all (a very good drafter).
+OPTIMISTIC_ACCEPTANCE = 0.9
+
+
+def drafter_can_pay(verifier_key: str, drafter_key: str) -> bool | None:
+    """Whether a model drafter could beat plain decoding here; None if costs are not measured."""
+    v = costs.cached(verifier_key)
+    d = costs.cached(drafter_key)
+    if v is None or d is None:
+        return None
+    option = Option("model", 16, per_token=d.step())
+    return choose(v, [option], {"model": OPTIMISTIC_ACCEPTANCE}).key is not None
+
+
+def open_speculator(
+    config: Config,
+    *,
+    verifier_path: Path,
+    drafter_path: Path | None,
+    drafter: DrafterChoice = "auto",
+    prefix_cache: bool = True,
+) -> Speculator:
+    """Load the engines for one generation setup; the caller closes ``spec.verifier`` etc."""
+    ec = config.engine
+    load_drafter = drafter_path is not None and drafter in ("auto", "model")
+    if load_drafter and drafter == "auto" and drafter_path is not None:
+        pays = drafter_can_pay(
+            cost_key_for(verifier_path, ec.threads, ec.flash_attn),
+            cost_key_for(drafter_path, ec.threads, ec.flash_attn),
+        )
+        load_drafter = pays is not False
+    verifier = LlamaEngine.from_config(verifier_path, ec)
+    model_drafter = None
+    if load_drafter and drafter_path is not None:
+        try:
+            model_drafter = ModelDrafter(LlamaEngine.from_config(drafter_path, ec), verifier=verifier)
+        except BaseException:
+            verifier.close()
+            raise
+    return Speculator(
+        verifier,
+        model_drafter=model_drafter,
+        prefix_cache=PrefixCache() if prefix_cache else None,
+    )
+
+
+def close_speculator(spec: Speculator) -> None:
+    if spec.model_drafter is not None:
+        engine = spec.model_drafter.engine
+        if isinstance(engine, LlamaEngine):
+            engine.close()
+    if isinstance(spec.verifier, LlamaEngine):
+        spec.verifier.close()

@@ -1,0 +1,97 @@
+"""Prefix reuse within a conversation and the persistent prefix KV cache on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from openjarvis.engine.drafters import ModelDrafter
+from openjarvis.engine.llama import LlamaEngine
+from openjarvis.engine.prefix_cache import PrefixCache
+from openjarvis.engine.speculative import Request, Speculator
+
+SYSTEM = "<|im_start|>system\nYou are a helpful assistant.\n" + "import os\nimport sys\n" * 20
+
+
+def turn(text: str) -> str:
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_second_turn_evaluates_only_new_tokens(verifier: LlamaEngine, drafter: LlamaEngine) -> None:
+    spec = Speculator(verifier, model_drafter=ModelDrafter(drafter))
+    first = verifier.tokenize(SYSTEM + turn("Write a stack class."))
+    gen1 = spec.generate(Request(first, max_tokens=30, drafter="model")).run()
+    assert gen1.stats.reused_tokens == 0
+    second = first + gen1.tokens + verifier.tokenize("<|im_end|>\n" + turn("Now add a peek method."))
+    gen2 = spec.generate(Request(second, max_tokens=30, drafter="model")).run()
+    # Everything up to the first answer's last token was in the cache already.
+    assert gen2.stats.reused_tokens >= len(first) + len(gen1.tokens) - 1
+    # ...and the answer equals a cold start's.
+    with LlamaEngine(verifier.path, context=1024, threads=1) as cold:
+        expected = Speculator(cold).generate(Request(second, max_tokens=30, drafter="none")).run()
+    assert gen2.tokens == expected.tokens
+    # The drafter's cache follows the conversation too: it holds the whole second prompt.
+    assert spec.model_drafter is not None and spec.model_drafter.missing(second) == 0
+
+
+def test_persistent_prefix_is_saved_then_loaded(tiny_verifier_path: Path, tmp_path: Path) -> None:
+    cache = PrefixCache(tmp_path / "kv")
+    with LlamaEngine(tiny_verifier_path, context=1024, threads=1) as engine:
+        stable_tokens = engine.tokenize(SYSTEM)
+        len_stable = len(stable_tokens)
+        prompt = stable_tokens + engine.tokenize(turn("Explain this code."))
+        first = Speculator(engine, prefix_cache=cache).generate(
+            Request(prompt, max_tokens=20, cache_prefix=len_stable)
+        ).run()
+        assert first.stats.prefix_loaded == 0
+    assert len(list((tmp_path / "kv").glob("*.kv"))) == 1
+    with LlamaEngine(tiny_verifier_path, context=1024, threads=1) as engine:
+        second = Speculator(engine, prefix_cache=cache).generate(
+            Request(prompt, max_tokens=20, cache_prefix=len_stable)
+        ).run()
+    assert second.stats.prefix_loaded == len_stable > 64
+    assert second.tokens == first.tokens
+
+
+def test_corrupt_or_foreign_cache_files_are_ignored(
+    tiny_verifier_path: Path, tiny_drafter_path: Path, tmp_path: Path
+) -> None:
+    cache = PrefixCache(tmp_path / "kv")
+    with LlamaEngine(tiny_verifier_path, context=1024, threads=1) as engine:
+        tokens = engine.tokenize(SYSTEM)
+        engine.eval(tokens)
+        path = cache.save(engine, tokens)
+        assert path is not None
+        expected = engine.eval([1, 2])
+        engine.rollback(0)
+
+        data = bytearray(path.read_bytes())
+        data[-100] ^= 0xFF  # one flipped byte in the KV payload
+        path.write_bytes(bytes(data))
+        assert not cache.load(engine, tokens)
+        assert cache.last_miss == "corrupt: checksum"
+        assert engine.n_past == 0 and not path.exists()
+
+        cache.save(engine, tokens)  # the engine is empty: nothing to save
+        assert not path.exists()
+        engine.eval(tokens)
+        cache.save(engine, tokens)
+        path.write_bytes(path.read_bytes()[:-10])
+        assert not cache.load(engine, tokens)
+        assert cache.last_miss == "corrupt: truncated"
+
+        engine.rollback(0)
+        engine.eval(tokens)
+        cache.save(engine, tokens)
+        engine.rollback(0)
+        assert cache.load(engine, tokens)
+        assert (engine.eval([1, 2]) == expected).all()
+
+    # Another model never finds (or trusts) this model's file.
+    with LlamaEngine(tiny_drafter_path, context=1024, threads=1) as drafter:
+        assert not cache.load(drafter, tokens)
+        assert cache.last_miss == "absent"
+        assert drafter.n_past == 0
+        foreign = cache.path_for(drafter, tokens)
+        foreign.write_bytes(path.read_bytes())
+        assert not cache.load(drafter, tokens)
+        assert cache.last_miss == "mismatch: other model"
