@@ -118,6 +118,7 @@ def has_grammar(language: str) -> bool:
 
 # --- identifiers -> search words ---------------------------------------------------------------
 
+_SOURCE_SUFFIX = re.compile(r"\.(h|hh|hpp|hxx|c|cc|cpp|js|mjs|cjs|jsx|ts|tsx|py|rb|php|go|rs|lua)$")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MIXED_CASE = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*?(?:[a-z0-9][A-Z]|[A-Z][a-z])[A-Za-z0-9_]*")
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
@@ -172,6 +173,7 @@ class _Def:
     doc: str
     qualname: str = ""
     children: list[_Def] | None = None
+    assigned: bool = False  # a plain assignment: a constant only if its name is upper case
 
 
 def extract(path: str, data: bytes, language: str | None = None) -> Extraction:
@@ -242,10 +244,8 @@ def _node_text(node: Any, data: bytes) -> str:
 
 def _ref_name(text: str) -> str:
     """Import paths and includes name their last component: ``"net/http"`` -> ``http``."""
-    text = text.strip("\"'<>` ")
-    if "/" in text or "\\" in text:
-        text = re.split(r"[/\\]", text)[-1]
-        text = text.rsplit(".", 1)[0] if "." in text else text
+    text = re.split(r"[/\\]", text.strip("\"'<>` "))[-1]
+    text = _SOURCE_SUFFIX.sub("", text)
     if "." in text or "::" in text:
         text = re.split(r"\.|::", text)[-1]
     return text if _IDENT.fullmatch(text) else ""
@@ -297,18 +297,27 @@ def _make_def(node: Any, name: str, kind: str, data: bytes, lines: list[str], la
         idents = _IDENT.findall(_node_text(receiver, data)) if receiver is not None else []
         if idents:
             name = f"{idents[-1]}.{name}"
+    if language == "lua" and node.type == "function_declaration":
+        name_node = node.child_by_field_name("name")
+        if name_node is not None:
+            name = _node_text(name_node, data).replace(":", ".")
+    if language == "cpp" and "::" in signature.split("(")[0]:
+        declarator = node.child_by_field_name("declarator")
+        inner = declarator.child_by_field_name("declarator") if declarator is not None else None
+        if inner is not None and inner.type == "qualified_identifier":
+            name = _node_text(inner, data).replace("::", ".")
     return _Def(
         name, kind, start, end, node.start_byte, node.end_byte, chunk_start, signature,
-        doc[:DOC_MAX_CHARS],
+        doc[:DOC_MAX_CHARS], assigned=node.type in ("assignment", "assignment_statement"),
     )  # fmt: skip
 
 
 def _python_docstring(body: Any, data: bytes) -> str:
     first = body.named_children[0] if body.named_children else None
-    if first is None or first.type != "expression_statement" or not first.named_children:
-        return ""
-    string = first.named_children[0]
-    if string.type != "string":
+    if first is not None and first.type == "expression_statement" and first.named_children:
+        first = first.named_children[0]
+    string = first
+    if string is None or string.type != "string":
         return ""
     raw = _node_text(string, data)
     raw = re.sub(r'^[rRbBuUfF]*("""|\'\'\'|"|\')', "", raw)
@@ -336,7 +345,7 @@ def _nest(defs: list[_Def]) -> list[_Def]:
             if parent.children is None:
                 parent.children = []
             parent.children.append(d)
-        if d.kind == "constant" and not d.name.isupper() and parent is None:
+        if d.kind == "constant" and not d.name.isupper() and parent is None and d.assigned:
             d.kind = "variable"
         stack.append(d)
     return roots
@@ -405,7 +414,8 @@ def _span(
         if start > cursor:
             # The owner's own first lines carry its signature: no header repeat there.
             gap_header = header.rpartition("\n")[0] if owner and cursor == lo else header
-            _gap(lines, cursor, start, gap_header, symbol, kind, out)
+            if not (owner and cursor == lo and _only_signature(lines[cursor:start], owner)):
+                _gap(lines, cursor, start, gap_header, symbol, kind, out)
         end = min(d.end + 1, hi)
         if end - start <= CHUNK_MAX_LINES and sum(len(x) + 1 for x in lines[start:end]) <= CHUNK_MAX_CHARS:
             out.append(Chunk(start + 1, end, _with_header(header, lines[start:end]), d.qualname, d.kind))
@@ -423,9 +433,19 @@ def _span(
         _gap(lines, cursor, hi, header, symbol, kind, out)
 
 
+def _only_signature(gap: list[str], owner: _Def) -> bool:
+    """Whether a container's leading gap holds nothing but its signature (repeated anyway)."""
+    text = " ".join(" ".join(gap).split()).rstrip("{: ")
+    return text == owner.signature.rstrip("{: ")
+
+
 def _gap(
     lines: list[str], lo: int, hi: int, header: str, symbol: str, kind: str, out: list[Chunk]
 ) -> None:
+    while lo < hi and not lines[lo].strip():
+        lo += 1
+    while hi > lo and not lines[hi - 1].strip():
+        hi -= 1
     for s, e, text in _windows(lines, lo, hi, header):
         if text.strip() and any(line.strip() for line in lines[s:e]):
             first = s == lo and header

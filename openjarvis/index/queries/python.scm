@@ -1,8 +1,8 @@
 ; Definitions and references for Python (captures: @definition.KIND + @name, @reference.KIND).
 (class_definition name: (identifier) @name) @definition.class
 (function_definition name: (identifier) @name) @definition.function
-(module (expression_statement (assignment left: (identifier) @name) @definition.constant))
-(class_definition body: (block (expression_statement (assignment left: (identifier) @name) @definition.constant)))
+(module (assignment left: (identifier) @name) @definition.constant)
+(class_definition body: (block (assignment left: (identifier) @name) @definition.constant))
 (call function: (identifier) @reference.call)
 (call function: (attribute attribute: (identifier) @reference.call))
 (import_statement name: (dotted_name (identifier) @reference.import))
