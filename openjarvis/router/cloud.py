@@ -364,6 +364,7 @@ class CloudClient:
 
     async def _read_json(self, resp: httpx.Response, progress: _Progress, on_text: TextSink | None) -> None:
         """A target that ignores ``stream: true`` answers with one JSON object; accept it."""
+        await resp.aread()
         body = self._json(resp.text, f"(HTTP {resp.status_code})")
         self._check_error(body)
         try:
