@@ -29,7 +29,7 @@ from openjarvis.daemon.protocol import (
     StatsParams,
     StatsResult,
 )
-from openjarvis.daemon.server import Call, Method
+from openjarvis.daemon.server import Call, Daemon, Method
 
 
 async def initialize(params: InitializeParams, call: Call) -> InitializeResult:
@@ -65,9 +65,16 @@ async def stats(params: StatsParams, call: Call) -> StatsResult:
         connections=len(d.connections),
         requests=d.requests,
         in_flight=d.in_flight,
-        workspaces=sorted(d.state.get("workspaces", {})),
-        models_loaded=sorted(d.state.get("models_loaded", [])),
+        workspaces=sorted(d.state["workspaces"].roots) if "workspaces" in d.state else [],
+        models_loaded=_loaded_models(d),
     )
+
+
+def _loaded_models(d: Daemon) -> list[str]:
+    assistant = d.state.get("assistant")
+    if assistant is None or not assistant.loaded:
+        return []
+    return [m for m in assistant.model_ids if m]
 
 
 async def shutdown(params: ShutdownParams, call: Call) -> ShutdownResult:
@@ -108,3 +115,26 @@ METHODS: dict[str, Method] = {
     "shutdown": _m(ShutdownParams, shutdown),
     "models/list": _m(ModelsListParams, models_list),
 }
+
+
+def _register_assistant_methods() -> None:
+    from openjarvis.daemon import assist
+    from openjarvis.daemon import protocol as p
+
+    METHODS.update(
+        {
+            "chat": _m(p.ChatParams, assist.chat),
+            "complete": _m(p.CompleteParams, assist.complete),
+            "search": _m(p.SearchParams, assist.search),
+            "index/status": _m(p.IndexParams, assist.index_status),
+            "index/add": _m(p.IndexParams, assist.index_add),
+            "edits/preview": _m(p.EditsPreviewParams, assist.edits_preview),
+            "edits/apply": _m(p.EditIdParams, assist.edits_apply),
+            "edits/undo": _m(p.EditsUndoParams, assist.edits_undo),
+            "conversations/list": _m(p.ConversationsListParams, assist.conversations_list),
+            "conversations/get": _m(p.ConversationGetParams, assist.conversation_get),
+        }
+    )
+
+
+_register_assistant_methods()

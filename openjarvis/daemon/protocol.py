@@ -271,3 +271,181 @@ class ModelInfo:
 @dataclass(frozen=True, slots=True)
 class ModelsListResult:
     models: list[ModelInfo]
+
+
+@dataclass(frozen=True, slots=True)
+class EditorParams:
+    """What the editor shows: the open file (relative or absolute path), its text, the selection."""
+
+    path: str
+    text: str = ""
+    selection: str = ""
+    cursor_line: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRef:
+    path: str
+    symbol: str
+    start_line: int
+    end_line: int
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChatParams:
+    workspace: str
+    message: str
+    conversation: str | None = None
+    editor: EditorParams | None = None
+    route: Literal["auto", "local", "cloud"] = "auto"
+    max_tokens: int | None = None
+    temperature: float | None = None
+    drafter: Literal["auto", "model", "ngram", "none"] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResult:
+    answer: str
+    conversation: str
+    sources: list[SourceRef]
+    route: str
+    model: str
+    stats: dict[str, Any]
+    dropped: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteParams:
+    prefix: str
+    suffix: str = ""
+    max_tokens: int = 64
+    multiline: bool = True
+    workspace: str | None = None
+    path: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteResult:
+    text: str
+    stats: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SearchParams:
+    workspace: str
+    query: str
+    k: int = 10
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    path: str
+    symbol: str
+    kind: str
+    start_line: int
+    end_line: int
+    score: float
+    snippet: str
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    hits: list[SearchHit]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexParams:
+    workspace: str
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStatusResult:
+    workspace: str
+    indexed: bool
+    indexing: bool
+    watching: bool
+    files: int
+    symbols: int
+    chunks: int
+    last_run: float | None
+    skipped: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexAddResult:
+    workspace: str
+    scanned: int
+    indexed: int
+    unchanged: int
+    deleted: int
+    errors: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class EditsPreviewParams:
+    workspace: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class EditsPreviewResult:
+    edit_id: str
+    diff: str
+    files: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class EditIdParams:
+    edit_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class EditsUndoParams:
+    workspace: str
+    edit_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EditsFilesResult:
+    edit_id: str
+    files: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationsListParams:
+    workspace: str
+    limit: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationSummary:
+    id: str
+    title: str
+    updated: float
+    messages: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationsListResult:
+    conversations: list[ConversationSummary]
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationGetParams:
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationGetResult:
+    id: str
+    workspace: str
+    title: str
+    messages: list[ConversationMessage]

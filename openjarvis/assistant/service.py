@@ -1,0 +1,280 @@
+"""The assistant's one job per request: find context, build the prompt, generate, remember.
+
+``Assistant`` owns the warm model pair (loaded lazily, unloaded when idle) and answers ``chat``
+and ``complete`` for any workspace. It is synchronous on purpose: the daemon runs it in a worker
+thread, one generation at a time per model (``gate``), and passes ``on_text`` to stream and
+``cancel`` to stop within one decoding step.
+
+Retrieval goes through the small ``Retriever`` interface so the prompt logic can be tested with
+any index; ``IndexRetriever`` is the real one over ``openjarvis.index``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from openjarvis.assistant.prompt import EditorContext, Message, Prompt, Source, assemble
+from openjarvis.config import Config
+
+#: Retrieved chunks offered to the prompt (the budget decides how many fit).
+RETRIEVE_K = 8
+#: Share of the context window given to the repository map request.
+MAP_TOKENS_SHARE = 0.12
+#: Tokens kept free at the end of the context besides the answer itself.
+SAFETY_TOKENS = 32
+
+
+def fim_stops(suffix: str, multiline: bool) -> tuple[str, ...]:
+    """Where an inline completion ends: special tokens, a blank-line pair, the suffix's next line."""
+    stops = ["<|endoftext|>", "<|file_sep|>", "<|fim_pad|>", "<|im_end|>", "\n\n\n"]
+    if not multiline:
+        stops.append("\n")
+    following = next((line.strip() for line in suffix.splitlines() if line.strip()), "")
+    if len(following) >= 4:
+        stops.append(following)
+    return tuple(stops)
+
+
+class Retriever(Protocol):
+    def sources(self, query: str, k: int, focus: Sequence[str]) -> list[Source]: ...
+
+    def repo_map(self, budget_tokens: int, focus: Sequence[str]) -> str: ...
+
+
+class IndexRetriever:
+    """Sources and the repository map from a workspace's index (``openjarvis.index``)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    def _store(self) -> Any:
+        from openjarvis.index.store import open_readonly
+
+        return open_readonly(self.root)
+
+    def sources(self, query: str, k: int, focus: Sequence[str]) -> list[Source]:
+        from openjarvis.index.search import search
+
+        store = self._store()
+        try:
+            hits = search(store, query, k=k, focus=focus)
+        finally:
+            store.close()
+        out: list[Source] = []
+        cache: dict[str, list[str]] = {}
+        for h in hits:
+            if h.path not in cache:
+                try:
+                    cache[h.path] = (self.root / h.path).read_text(encoding="utf-8", errors="replace").splitlines()
+                except OSError:
+                    cache[h.path] = []
+            lines = cache[h.path][h.start_line - 1 : h.end_line]
+            if lines:
+                out.append(Source(h.path, h.start_line, h.end_line, "\n".join(lines), h.symbol, h.score))
+        return out
+
+    def repo_map(self, budget_tokens: int, focus: Sequence[str]) -> str:
+        from openjarvis.index.search import repo_map
+
+        store = self._store()
+        try:
+            return str(repo_map(store, budget_tokens, focus=focus))
+        finally:
+            store.close()
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    question: str
+    history: tuple[Message, ...] = ()
+    editor: EditorContext | None = None
+    max_tokens: int = 1024
+    temperature: float = 0.0
+    drafter: str = "auto"
+
+
+@dataclass(slots=True)
+class ChatAnswer:
+    text: str
+    sources: tuple[Source, ...]
+    prompt_tokens: int
+    stats: dict[str, Any] = field(default_factory=dict)
+    dropped: tuple[str, ...] = ()
+    cancelled: bool = False
+
+
+def stats_dict(stats: Any) -> dict[str, Any]:
+    """The per-request statistics clients show (tokens/s, acceptance, time to first token)."""
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "reused_tokens": stats.reused_tokens,
+        "tokens": stats.tokens,
+        "tokens_per_s": round(stats.tokens_per_second, 2),
+        "acceptance": round(stats.acceptance, 3),
+        "mean_accepted": round(stats.mean_accepted, 2),
+        "drafted": stats.drafted,
+        "accepted": stats.accepted,
+        "ttft_s": round(stats.ttft, 4) if stats.ttft is not None else None,
+        "total_s": round(stats.time_total, 4),
+        "finish_reason": stats.finish_reason,
+        "per_drafter": {k: {"drafted": v.drafted, "accepted": v.accepted} for k, v in stats.per_drafter.items()},
+    }
+
+
+class Assistant:
+    """The warm model pair and the request logic above it."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        #: One generation at a time on these models (CPU engines are not reentrant).
+        self.gate = threading.Lock()
+        self._spec: Any = None
+        self._load_lock = threading.Lock()
+        self.model_ids: tuple[str, str] = ("", "")
+        self.last_used = time.monotonic()
+
+    # -- models ------------------------------------------------------------------------------------
+
+    @property
+    def loaded(self) -> bool:
+        return self._spec is not None
+
+    def speculator(self) -> Any:
+        with self._load_lock:
+            if self._spec is None:
+                from openjarvis.engine.pair import open_speculator
+                from openjarvis.models import Catalog
+
+                catalog = Catalog.load(self.config)
+                pair = catalog.pair(self.config.models.pair or None)
+                drafter_id = self.config.models.drafter or pair.drafter
+                verifier_id = self.config.models.verifier or pair.verifier
+                d, v = catalog.pair_paths(pair.id, drafter=drafter_id, verifier=verifier_id)
+                self._spec = open_speculator(
+                    self.config, verifier_path=v, drafter_path=d, drafter=self.config.generation.drafter
+                )
+                self.model_ids = (drafter_id, verifier_id)
+            self.last_used = time.monotonic()
+            return self._spec
+
+    def unload(self) -> None:
+        with self.gate, self._load_lock:
+            if self._spec is not None:
+                from openjarvis.engine.pair import close_speculator
+
+                close_speculator(self._spec)
+                self._spec = None
+
+    # -- requests -----------------------------------------------------------------------------------
+
+    def build_prompt(self, req: ChatRequest, retriever: Retriever | None, spec: Any) -> tuple[Prompt, list[int]]:
+        from openjarvis.engine.templates import Message as ChatMessage
+        from openjarvis.engine.templates import render_chat
+
+        v = spec.verifier
+
+        def count(text: str) -> int:
+            return len(v.tokenize(text, special=False))
+
+        budget = v.n_ctx - req.max_tokens - SAFETY_TOKENS
+        focus = [req.editor.path] if req.editor is not None else []
+        sources: list[Source] = []
+        repo_map = ""
+        if retriever is not None:
+            sources = retriever.sources(req.question, RETRIEVE_K, focus)
+            repo_map = retriever.repo_map(int(v.n_ctx * MAP_TOKENS_SHARE), focus)
+        prompt = assemble(
+            req.question,
+            budget=budget,
+            count=count,
+            history=req.history,
+            sources=sources,
+            editor=req.editor,
+            repo_map=repo_map,
+        )
+        text = render_chat(v.chat_template(), [ChatMessage(m.role, m.content) for m in prompt.messages])
+        return prompt, v.tokenize(text, special=True)
+
+    def chat(
+        self,
+        req: ChatRequest,
+        retriever: Retriever | None,
+        *,
+        on_text: Callable[[str], None] = lambda _t: None,
+        cancel: Callable[[], bool] = lambda: False,
+    ) -> ChatAnswer:
+        from openjarvis.engine.sampling import SamplingParams
+        from openjarvis.engine.speculative import Request
+
+        with self.gate:
+            spec = self.speculator()
+            prompt, tokens = self.build_prompt(req, retriever, spec)
+            corpus = tuple(spec.verifier.tokenize(s.text, special=False) for s in prompt.sources)
+            if req.editor is not None and req.editor.text:
+                corpus += (spec.verifier.tokenize(req.editor.text, special=False),)
+            gen = spec.generate(
+                Request(
+                    prompt=tokens,
+                    max_tokens=req.max_tokens,
+                    sampling=SamplingParams(temperature=req.temperature),
+                    drafter=req.drafter,  # type: ignore[arg-type]
+                    corpus=corpus,
+                ),
+                cancel=cancel,
+            )
+            for piece in gen:
+                if piece.text:
+                    on_text(piece.text)
+            self.last_used = time.monotonic()
+        return ChatAnswer(
+            text=gen.text,
+            sources=prompt.sources,
+            prompt_tokens=len(tokens),
+            stats=stats_dict(gen.stats),
+            dropped=prompt.dropped,
+            cancelled=gen.stats.finish_reason == "cancelled",
+        )
+
+    def complete(
+        self,
+        prefix: str,
+        suffix: str,
+        *,
+        max_tokens: int = 64,
+        multiline: bool = True,
+        on_text: Callable[[str], None] = lambda _t: None,
+        cancel: Callable[[], bool] = lambda: False,
+    ) -> tuple[str, dict[str, Any]]:
+        """Fill-in-the-middle for editors: a short completion between ``prefix`` and ``suffix``.
+
+        The model would happily keep writing past the gap; it is stopped at the end of the line
+        (``multiline=False``), at a blank line pair, or where it starts repeating the suffix.
+        """
+        from openjarvis.engine.speculative import Request
+        from openjarvis.engine.templates import fim_prompt
+
+        with self.gate:
+            spec = self.speculator()
+            v = spec.verifier
+            # Keep the text nearest the cursor when the file is larger than the context allows.
+            room = v.n_ctx - max_tokens - SAFETY_TOKENS
+            tokens = v.tokenize(fim_prompt(prefix, suffix), special=True)
+            while len(tokens) > room and (len(prefix) > 64 or len(suffix) > 64):
+                prefix = prefix[len(prefix) // 4 :] if len(prefix) > 64 else prefix
+                suffix = suffix[: len(suffix) * 3 // 4] if len(suffix) > 64 else suffix
+                tokens = v.tokenize(fim_prompt(prefix, suffix), special=True)
+            corpus = (v.tokenize(prefix + suffix, special=False),)
+            gen = spec.generate(
+                Request(prompt=tokens, max_tokens=max_tokens, stop=fim_stops(suffix, multiline), corpus=corpus),
+                cancel=cancel,
+            )
+            for piece in gen:
+                if piece.text:
+                    on_text(piece.text)
+            self.last_used = time.monotonic()
+        return gen.text, stats_dict(gen.stats)

@@ -1,0 +1,388 @@
+"""Protocol methods that do the assistant's work: chat, complete, search, index, edits, history.
+
+Each handler is thin: it resolves the workspace, runs the blocking work in a worker thread with
+``in_thread`` (which streams notifications back through the event loop and turns the asyncio
+cancellation of the request into a flag the generation loop polls every step), and shapes the
+result. The shared state (the warm ``Assistant``, the ``Workspaces``, previewed edits) lives in
+``daemon.state``, created on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from openjarvis import paths
+from openjarvis.daemon.protocol import (
+    ChatParams,
+    ChatResult,
+    CompleteParams,
+    CompleteResult,
+    ConversationGetParams,
+    ConversationGetResult,
+    ConversationMessage,
+    ConversationsListParams,
+    ConversationsListResult,
+    ConversationSummary,
+    EditIdParams,
+    EditsFilesResult,
+    EditsPreviewParams,
+    EditsPreviewResult,
+    EditsUndoParams,
+    ErrorCode,
+    IndexAddResult,
+    IndexParams,
+    IndexStatusResult,
+    ProtocolError,
+    SearchHit,
+    SearchParams,
+    SearchResult,
+    SourceRef,
+)
+from openjarvis.daemon.server import Call, Daemon
+from openjarvis.errors import ContextOverflow, EditError, JarvisError, ModelError
+
+T = TypeVar("T")
+
+
+def _state(daemon: Daemon) -> dict[str, Any]:
+    st = daemon.state
+    if "assistant" not in st:
+        from openjarvis.assistant.service import Assistant
+        from openjarvis.config import load_config
+        from openjarvis.daemon.workspaces import Workspaces
+
+        config = load_config()
+        st["config"] = config
+        st["assistant"] = Assistant(config)
+        st["workspaces"] = Workspaces(config)
+        st["previews"] = {}
+
+        async def close() -> None:
+            await asyncio.to_thread(st["workspaces"].close)
+            await asyncio.to_thread(st["assistant"].unload)
+
+        daemon.on_shutdown.append(close)
+    return st
+
+
+async def in_thread(call: Call, fn: Callable[[Callable[[], bool], Callable[[str, dict[str, Any]], None]], T]) -> T:
+    """Run ``fn(cancelled, notify)`` in a worker thread; cancelling the request stops it in one step."""
+    loop = asyncio.get_running_loop()
+    stop = threading.Event()
+
+    def notify(method: str, params: dict[str, Any]) -> None:
+        params = {"request_id": call.id, **params}
+        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(call.notify(method, params)))
+
+    future = loop.run_in_executor(None, fn, stop.is_set, notify)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        stop.set()
+        try:
+            await future  # the worker stops within one step; never leave it running unseen
+        except Exception:  # its own outcome no longer matters to anyone
+            pass
+        raise
+
+
+def _mapped(exc: JarvisError) -> ProtocolError:
+    if isinstance(exc, ModelError):
+        return ProtocolError(ErrorCode.MODEL_UNAVAILABLE, str(exc))
+    if isinstance(exc, EditError):
+        return ProtocolError(ErrorCode.EDIT_FAILED, str(exc))
+    if isinstance(exc, ContextOverflow):
+        return ProtocolError(ErrorCode.INVALID_PARAMS, str(exc))
+    return ProtocolError(ErrorCode.INTERNAL_ERROR, str(exc))
+
+
+# -- index and search ------------------------------------------------------------------------------
+
+
+async def index_add(params: IndexParams, call: Call) -> IndexAddResult:
+    st = _state(call.daemon)
+    ws = st["workspaces"].get(params.workspace)
+
+    def work(cancelled: Callable[[], bool], notify: Callable[[str, dict[str, Any]], None]) -> Any:
+        return st["workspaces"].index(ws, lambda done, total: notify("index/progress", {"done": done, "total": total}))
+
+    s = await in_thread(call, work)
+    return IndexAddResult(str(ws.root), s.scanned, s.indexed, s.unchanged, s.deleted, s.errors, round(s.seconds, 3))
+
+
+async def index_status(params: IndexParams, call: Call) -> IndexStatusResult:
+    st = _state(call.daemon)
+    ws = st["workspaces"].get(params.workspace)
+
+    def work(_c: Callable[[], bool], _n: Callable[[str, dict[str, Any]], None]) -> IndexStatusResult:
+        from openjarvis.errors import IndexStoreError
+        from openjarvis.index.store import open_readonly
+
+        counts: dict[str, int] = {}
+        last_run = None
+        skipped: dict[str, int] = {}
+        try:
+            store = open_readonly(ws.root)
+        except IndexStoreError:
+            store = None
+        if store is not None:
+            try:
+                counts = store.counts()
+                last_run = store.get_meta("last_run")
+                skipped = store.get_meta("skipped", {}) or {}
+            finally:
+                store.close()
+        return IndexStatusResult(
+            workspace=str(ws.root),
+            indexed=last_run is not None,
+            indexing=ws.indexing,
+            watching=ws.watcher is not None,
+            files=counts.get("files", 0),
+            symbols=counts.get("symbols", 0),
+            chunks=counts.get("chunks", 0),
+            last_run=last_run,
+            skipped=skipped,
+        )
+
+    return await in_thread(call, work)
+
+
+async def search(params: SearchParams, call: Call) -> SearchResult:
+    st = _state(call.daemon)
+    ws = st["workspaces"].get(params.workspace)
+
+    def work(_c: Callable[[], bool], notify: Callable[[str, dict[str, Any]], None]) -> SearchResult:
+        from openjarvis.index.search import search as run_search
+        from openjarvis.index.store import open_readonly
+
+        st["workspaces"].ensure_indexed(ws, lambda d, t: notify("index/progress", {"done": d, "total": t}))
+        store = open_readonly(ws.root)
+        try:
+            hits = run_search(store, params.query, k=params.k)
+        finally:
+            store.close()
+        return SearchResult(
+            [SearchHit(h.path, h.symbol, h.kind, h.start_line, h.end_line, round(h.score, 4), h.snippet) for h in hits]
+        )
+
+    return await in_thread(call, work)
+
+
+# -- chat and complete -----------------------------------------------------------------------------
+
+
+def _editor(params: ChatParams, root: Path) -> Any:
+    from openjarvis.assistant.prompt import EditorContext
+
+    e = params.editor
+    if e is None:
+        return None
+    path = Path(e.path)
+    rel = path.relative_to(root).as_posix() if path.is_absolute() and root in path.parents else e.path
+    text = e.text
+    if not text and (root / rel).is_file():
+        text = (root / rel).read_text(encoding="utf-8", errors="replace")
+    return EditorContext(rel, text, e.selection, e.cursor_line)
+
+
+async def chat(params: ChatParams, call: Call) -> ChatResult:
+    from openjarvis.assistant.prompt import Message
+    from openjarvis.assistant.service import ChatRequest, IndexRetriever
+    from openjarvis.history import open_history
+
+    st = _state(call.daemon)
+    config = st["config"]
+    ws = st["workspaces"].get(params.workspace)
+    if params.route == "cloud":
+        raise ProtocolError(
+            ErrorCode.POLICY_REFUSED,
+            "no cloud route is configured (router.cloud = 'never'); answer locally or configure a target",
+        )
+
+    def work(cancelled: Callable[[], bool], notify: Callable[[str, dict[str, Any]], None]) -> ChatResult:
+        started = time.time()
+        st["workspaces"].ensure_indexed(ws, lambda d, t: notify("index/progress", {"done": d, "total": t}))
+        with open_history() as db:
+            conv = params.conversation
+            if conv is not None and db.conversation(conv) is None:
+                raise ProtocolError(ErrorCode.NOT_FOUND, f"no conversation {conv!r}; start a new one")
+            history = tuple(Message(m.role, m.content) for m in db.messages(conv)) if conv else ()  # type: ignore[arg-type]
+            req = ChatRequest(
+                question=params.message,
+                history=history,
+                editor=_editor(params, ws.root),
+                max_tokens=params.max_tokens or config.generation.max_tokens,
+                temperature=params.temperature if params.temperature is not None else config.generation.temperature,
+                drafter=params.drafter or config.generation.drafter,
+            )
+            assistant = st["assistant"]
+            try:
+                answer = assistant.chat(
+                    req, IndexRetriever(ws.root), on_text=lambda t: notify("chat/token", {"text": t}), cancel=cancelled
+                )
+            except JarvisError as exc:
+                raise _mapped(exc) from exc
+            sources = [SourceRef(s.path, s.symbol, s.start_line, s.end_line, round(s.score, 4)) for s in answer.sources]
+            if not answer.cancelled:  # a cancelled turn is not part of the conversation
+                if conv is None:
+                    conv = db.new_conversation(str(ws.root), params.message)
+                db.add_message(conv, "user", params.message)
+                meta = {"sources": [s.path for s in sources], "stats": answer.stats}
+                db.add_message(conv, "assistant", answer.text, meta)
+            stats = answer.stats
+            db.record_request(
+                workspace=str(ws.root), method="chat", route="local", model=assistant.model_ids[1],
+                prompt_tokens=answer.prompt_tokens, completion_tokens=stats["tokens"], ttft_s=stats["ttft_s"],
+                total_s=time.time() - started, tokens_per_s=stats["tokens_per_s"], acceptance=stats["acceptance"],
+                outcome="cancelled" if answer.cancelled else "ok",
+            )  # fmt: skip
+        return ChatResult(
+            answer=answer.text,
+            conversation=conv or "",
+            sources=sources,
+            route="local",
+            model=assistant.model_ids[1],
+            stats=stats,
+            dropped=list(answer.dropped),
+        )
+
+    return await in_thread(call, work)
+
+
+async def complete(params: CompleteParams, call: Call) -> CompleteResult:
+    st = _state(call.daemon)
+
+    def work(cancelled: Callable[[], bool], notify: Callable[[str, dict[str, Any]], None]) -> CompleteResult:
+        try:
+            text, stats = st["assistant"].complete(
+                params.prefix,
+                params.suffix,
+                max_tokens=params.max_tokens,
+                multiline=params.multiline,
+                on_text=lambda t: notify("complete/token", {"text": t}),
+                cancel=cancelled,
+            )
+        except JarvisError as exc:
+            raise _mapped(exc) from exc
+        return CompleteResult(text, stats)
+
+    return await in_thread(call, work)
+
+
+# -- edits -----------------------------------------------------------------------------------------
+
+
+def _edits_dir() -> Path:
+    return paths.data_dir() / "edits"
+
+
+async def edits_preview(params: EditsPreviewParams, call: Call) -> EditsPreviewResult:
+    from openjarvis.assistant.edits import parse_edits, plan_edits
+
+    st = _state(call.daemon)
+    ws = st["workspaces"].get(params.workspace)
+    try:
+        plan = await asyncio.to_thread(lambda: plan_edits(ws.root, parse_edits(params.text)))
+    except EditError as exc:
+        raise _mapped(exc) from exc
+    edit_id = uuid.uuid4().hex[:12]
+    st["previews"][edit_id] = plan
+    return EditsPreviewResult(edit_id, plan.diff, [c.path for c in plan.changes])
+
+
+async def edits_apply(params: EditIdParams, call: Call) -> EditsFilesResult:
+    from openjarvis.assistant.edits import apply_plan
+
+    st = _state(call.daemon)
+    plan = st["previews"].get(params.edit_id)
+    if plan is None:
+        raise ProtocolError(ErrorCode.NOT_FOUND, f"no previewed edit {params.edit_id!r}; preview it first")
+
+    def work(_c: Callable[[], bool], _n: Callable[[str, dict[str, Any]], None]) -> None:
+        apply_plan(plan)
+        record = {
+            "root": str(plan.root),
+            "applied": time.time(),
+            "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in plan.changes],
+        }
+        d = _edits_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{params.edit_id}.tmp"
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, d / f"{params.edit_id}.json")
+
+    try:
+        await in_thread(call, work)
+    except EditError as exc:
+        raise _mapped(exc) from exc
+    del st["previews"][params.edit_id]
+    return EditsFilesResult(params.edit_id, [c.path for c in plan.changes])
+
+
+def _last_applied(root: Path) -> str | None:
+    best: tuple[float, str] | None = None
+    for f in _edits_dir().glob("*.json"):
+        rec = json.loads(f.read_text())
+        if rec["root"] == str(root) and not rec.get("undone") and (best is None or rec["applied"] > best[0]):
+            best = (rec["applied"], f.stem)
+    return best[1] if best else None
+
+
+async def edits_undo(params: EditsUndoParams, call: Call) -> EditsFilesResult:
+    from openjarvis.assistant.edits import EditPlan, FileChange, undo
+
+    st = _state(call.daemon)
+    ws = st["workspaces"].get(params.workspace)
+    edit_id = params.edit_id or _last_applied(ws.root)
+    path = _edits_dir() / f"{edit_id}.json"
+    if edit_id is None or not path.is_file():
+        raise ProtocolError(ErrorCode.NOT_FOUND, "no applied edit to undo in this workspace")
+    rec = json.loads(path.read_text())
+    if rec.get("undone"):
+        raise ProtocolError(ErrorCode.EDIT_FAILED, f"edit {edit_id} was already undone")
+    plan = EditPlan(Path(rec["root"]), tuple(FileChange(c["path"], c["before"], c["after"]) for c in rec["changes"]))
+    try:
+        await asyncio.to_thread(undo, plan)
+    except EditError as exc:
+        raise _mapped(exc) from exc
+    rec["undone"] = time.time()
+    path.write_text(json.dumps(rec))
+    return EditsFilesResult(edit_id, [c.path for c in plan.changes])
+
+
+# -- conversations ---------------------------------------------------------------------------------
+
+
+async def conversations_list(params: ConversationsListParams, call: Call) -> ConversationsListResult:
+    from openjarvis.history import open_history
+
+    ws = _state(call.daemon)["workspaces"].get(params.workspace)
+
+    def work() -> ConversationsListResult:
+        with open_history() as db:
+            rows = db.conversations(str(ws.root), params.limit)
+        return ConversationsListResult([ConversationSummary(r.id, r.title, r.updated, r.messages) for r in rows])
+
+    return await asyncio.to_thread(work)
+
+
+async def conversation_get(params: ConversationGetParams, call: Call) -> ConversationGetResult:
+    from openjarvis.history import open_history
+
+    def work() -> ConversationGetResult:
+        with open_history() as db:
+            info = db.conversation(params.id)
+            if info is None:
+                raise ProtocolError(ErrorCode.NOT_FOUND, f"no conversation {params.id!r}")
+            msgs = [ConversationMessage(m.role, m.content) for m in db.messages(params.id)]
+        return ConversationGetResult(info.id, info.workspace, info.title, msgs)
+
+    return await asyncio.to_thread(work)

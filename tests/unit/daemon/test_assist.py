@@ -1,0 +1,207 @@
+"""The assistant through the daemon, as an editor or the CLI uses it, on the tiny model pair."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from openjarvis import paths
+from openjarvis.cli import main
+from openjarvis.daemon.client import AsyncClient, Client
+from openjarvis.daemon.lifecycle import ensure_running, stop
+from openjarvis.daemon.protocol import ErrorCode
+from openjarvis.errors import DaemonError
+from openjarvis.history import open_history
+
+APP = '''"""A tiny app."""
+
+
+def parse_http_response(raw: str) -> dict:
+    """Split a raw HTTP response into status and headers."""
+    status, _, rest = raw.partition("\\n")
+    return {"status": status, "headers": rest}
+
+
+class Router:
+    def route(self, path: str) -> str:
+        return parse_http_response(path)["status"]
+'''
+
+
+@pytest.fixture
+def tiny_setup(tiny_drafter_path: Path, tiny_verifier_path: Path, tmp_path: Path) -> Path:
+    """User config pointing the default pair at the tiny models; returns a small workspace."""
+    assert main(["models", "add", str(tiny_drafter_path), "--id", "tiny-d"]) == 0
+    assert main(["models", "add", str(tiny_verifier_path), "--id", "tiny-v"]) == 0
+    (paths.user_models_dir() / "pairs.toml").write_text(
+        '[[pairs]]\nid = "tiny"\ndrafter = "tiny-d"\nverifier = "tiny-v"\n'
+    )
+    paths.user_config_file().write_text(
+        '[models]\npair = "tiny"\n[engine]\ncontext = 1024\nthreads = 1\n[generation]\nmax_tokens = 24\n'
+    )
+    ws = tmp_path / "repo"
+    (ws / "app").mkdir(parents=True)
+    (ws / "app" / "http.py").write_text(APP)
+    (ws / "README.md").write_text("# Tiny app\n\nParses HTTP responses.\n")
+    return ws
+
+
+@pytest.fixture
+def tiny_daemon(tiny_setup: Path) -> Iterator[Path]:
+    sock = paths.socket_path()
+    ensure_running(sock)
+    try:
+        yield tiny_setup
+    finally:
+        stop(sock)
+
+
+def test_chat_streams_tokens_and_remembers_the_conversation(tiny_daemon: Path) -> None:
+    ws = str(tiny_daemon)
+    events: list[tuple[str, dict[str, object]]] = []
+    with Client(autostart=False) as c:
+        result = c.call(
+            "chat", {"workspace": ws, "message": "How is parse_http_response used?"},
+            on_notification=lambda m, p: events.append((m, p)),
+        )  # fmt: skip
+        tokens = [p["text"] for m, p in events if m == "chat/token"]
+        assert tokens and "".join(tokens) == result["answer"]  # the stream is the answer
+        assert any(m == "index/progress" for m, _ in events)  # first use indexed the workspace
+        assert result["route"] == "local" and result["model"] == "tiny-v"
+        assert "app/http.py" in {s["path"] for s in result["sources"]}
+        assert result["stats"]["tokens"] >= 1 and result["stats"]["ttft_s"] is not None
+        # A second turn in the same conversation sees the first and reuses the cached prefix.
+        again = c.call("chat", {"workspace": ws, "message": "And Router?", "conversation": result["conversation"]})
+        assert again["conversation"] == result["conversation"]
+        got = c.call("conversations/get", {"id": result["conversation"]})
+        assert [m["role"] for m in got["messages"]] == ["user", "assistant", "user", "assistant"]
+        assert got["messages"][1]["content"] == result["answer"]
+        listed = c.call("conversations/list", {"workspace": ws})["conversations"]
+        assert listed[0]["id"] == result["conversation"] and listed[0]["messages"] == 4
+    with open_history() as db:
+        rows = db.conn.execute("SELECT method, route, model, outcome FROM requests").fetchall()
+    assert rows == [("chat", "local", "tiny-v", "ok")] * 2
+
+
+def test_search_and_index_status(tiny_daemon: Path) -> None:
+    ws = str(tiny_daemon)
+    with Client(autostart=False) as c:
+        status = c.call("index/status", {"workspace": ws})
+        assert status["indexed"] is False
+        added = c.call("index/add", {"workspace": ws})
+        assert added["indexed"] == 2 and added["errors"] == 0
+        hits = c.call("search", {"workspace": ws, "query": "http response", "k": 3})["hits"]
+        assert hits[0]["path"] == "app/http.py" and hits[0]["symbol"] == "parse_http_response"
+        status = c.call("index/status", {"workspace": ws})
+        assert status["indexed"] and status["watching"] and status["files"] == 2
+        with pytest.raises(DaemonError) as err:
+            c.call("search", {"workspace": "relative/path", "query": "x"})
+        assert err.value.code == ErrorCode.WORKSPACE_ERROR
+
+
+def test_complete_fills_the_middle(tiny_daemon: Path) -> None:
+    with Client(autostart=False) as c:
+        out = c.call("complete", {"prefix": "def add(a, b):\n    return ", "suffix": "\n", "max_tokens": 8})
+        assert isinstance(out["text"], str) and out["stats"]["tokens"] <= 8
+
+
+def test_cancel_mid_stream_stops_within_a_step(tiny_daemon: Path) -> None:
+    ws = str(tiny_daemon)
+
+    async def scenario() -> tuple[list[str], DaemonError | None, bool]:
+        async with AsyncClient(autostart=False) as c:
+            await c.call("index/add", {"workspace": ws})
+            seen: list[str] = []
+            error: DaemonError | None = None
+            stream = c.stream("chat", {"workspace": ws, "message": "explain everything", "max_tokens": 400})
+            rid = None
+            try:
+                async for method, params in stream:
+                    if method == "chat/token":
+                        seen.append(params["text"])
+                        rid = params["request_id"]
+                        if len(seen) == 2:
+                            assert await c.cancel(rid) is True
+            except DaemonError as exc:
+                error = exc
+            alive = (await c.call("stats"))["in_flight"] == 1  # only this stats call is in flight
+            return seen, error, alive
+
+    seen, error, alive = asyncio.run(scenario())
+    assert error is not None and error.code == ErrorCode.CANCELLED
+    assert 2 <= len(seen) < 400
+    assert alive
+    with open_history() as db:  # a cancelled answer leaves no half conversation behind
+        assert db.conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
+
+
+def test_two_clients_stream_at_once_and_a_disconnect_is_survived(tiny_daemon: Path) -> None:
+    ws = str(tiny_daemon)
+    with Client(autostart=False) as c:
+        c.call("index/add", {"workspace": ws})
+    # A client that sends a chat and vanishes mid-stream.
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(str(paths.socket_path()))
+    s.sendall(b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocol_version":1,"client_name":"x"}}\n')
+    s.sendall(
+        json.dumps({"jsonrpc": "2.0", "id": 1, "method": "chat", "params": {"workspace": ws, "message": "hi"}}).encode()
+        + b"\n"
+    )
+    s.makefile("rb").readline()
+    s.close()
+    results: dict[int, str] = {}
+
+    def ask(n: int) -> None:
+        with Client(autostart=False) as c:
+            results[n] = c.call("chat", {"workspace": ws, "message": f"question {n} about Router"})["answer"]
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(results) == [0, 1] and all(isinstance(a, str) for a in results.values())
+    with Client(autostart=False) as c:
+        assert c.call("stats")["in_flight"] == 1
+
+
+def test_edits_preview_apply_undo_through_the_daemon(tiny_daemon: Path) -> None:
+    ws = tiny_daemon
+    answer = "app/http.py\n<<<<<<< SEARCH\nclass Router:\n=======\nclass Router:  # routes paths\n>>>>>>> REPLACE\n"
+    with Client(autostart=False) as c:
+        preview = c.call("edits/preview", {"workspace": str(ws), "text": answer})
+        assert preview["files"] == ["app/http.py"]
+        assert "+class Router:  # routes paths" in preview["diff"]
+        assert (ws / "app" / "http.py").read_text() == APP  # nothing before apply
+        c.call("edits/apply", {"edit_id": preview["edit_id"]})
+        assert "class Router:  # routes paths" in (ws / "app" / "http.py").read_text()
+        undone = c.call("edits/undo", {"workspace": str(ws)})
+        assert undone["edit_id"] == preview["edit_id"]
+        assert (ws / "app" / "http.py").read_text() == APP
+        with pytest.raises(DaemonError) as err:
+            c.call(
+                "edits/preview", {"workspace": str(ws), "text": "../x\n<<<<<<< SEARCH\n=======\ny\n>>>>>>> REPLACE\n"}
+            )
+        assert err.value.code == ErrorCode.EDIT_FAILED and "outside the workspace" in str(err.value)
+        with pytest.raises(DaemonError) as err:
+            c.call("edits/undo", {"workspace": str(ws)})
+        assert err.value.code == ErrorCode.NOT_FOUND
+
+
+def test_missing_model_is_a_clear_error(tiny_setup: Path) -> None:
+    paths.user_config_file().write_text('[models]\npair = "qwen2.5-coder"\n')
+    ensure_running(paths.socket_path())
+    try:
+        with Client(autostart=False) as c:
+            with pytest.raises(DaemonError) as err:
+                c.call("chat", {"workspace": str(tiny_setup), "message": "hi"})
+        assert err.value.code == ErrorCode.MODEL_UNAVAILABLE
+        assert "is not installed; run `jarvis models install" in str(err.value)
+    finally:
+        stop(paths.socket_path())
