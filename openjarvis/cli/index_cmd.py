@@ -39,6 +39,9 @@ def _root(workspace: Path | None) -> Path:
 class _IndexGroup(click.Group):
     """``jarvis index [PATH]`` builds; ``jarvis index status`` reports. A PATH is not a command."""
 
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name, cmd in sorted(self.commands.items()) if not cmd.hidden]
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         first = next((a for a in args if not a.startswith("-")), None)
         if not any(a in ("-h", "--help") for a in args) and (first is None or first not in self.commands):
@@ -86,6 +89,7 @@ def build(ctx: click.Context, path: Path | None, rebuild: bool, as_json: bool) -
         for suffix in ("", "-wal", "-shm"):
             db_path.with_name(db_path.name + suffix).unlink(missing_ok=True)
 
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
     from rich.progress import Progress as Bar
 
@@ -94,7 +98,7 @@ def build(ctx: click.Context, path: Path | None, rebuild: bool, as_json: bool) -
         bar = Bar(
             TextColumn("indexing"), BarColumn(), MofNCompleteColumn(),
             TextColumn("files"), _rate_column(), TimeRemainingColumn(),
-            disable=not show, transient=True,
+            console=Console(stderr=True), disable=not show, transient=True,
         )  # fmt: skip
         with bar:
             task = bar.add_task("index", total=None)

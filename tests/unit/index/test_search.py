@@ -1,0 +1,100 @@
+"""Retrieval over a real index of the language fixtures: search, definition, usages, repo map."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from openjarvis.index import rank
+from openjarvis.index.search import definition, query_terms, repo_map, search, snippet, usages
+from openjarvis.index.store import Store
+
+
+def test_query_terms() -> None:
+    assert query_terms("How does parseHTTPResponse split the lines?") == [
+        "parsehttpresponse", "parse", "http", "response", "split", "lines",
+    ]  # fmt: skip
+    assert query_terms("what is the") == []
+
+
+def test_search_hits_carry_everything(store: Store) -> None:
+    hits = search(store, "split a raw response", k=5)
+    assert hits, "the fixtures talk about raw responses"
+    top = hits[0]
+    assert top.path.startswith("src/") and top.symbol and top.kind
+    assert top.start_line <= top.end_line
+    assert top.score > 0 and any(w in top.snippet.lower() for w in ("split", "raw", "response"))
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
+def test_exact_symbol_name_ranks_its_definition_first(store: Store) -> None:
+    hits = search(store, "formatName", k=3)
+    assert (hits[0].path, hits[0].symbol, hits[0].kind) == ("src/tsx/sample.tsx", "formatName", "function")
+
+
+def test_qualified_name_query(store: Store) -> None:
+    hits = search(store, "Net.HttpClient.SplitLines", k=3)
+    # The namespace is short enough to be one chunk, so the hit is that chunk.
+    assert (hits[0].path, hits[0].symbol, hits[0].start_line) == ("src/csharp/sample.cs", "Net", 3)
+
+
+def test_no_terms_no_hits(store: Store) -> None:
+    assert search(store, "the of and", k=5) == []
+    assert search(store, "zzzqqqxxx", k=5) == []
+
+
+def test_focus_ranks_neighbours_up(workspace: Path) -> None:
+    from openjarvis.config import IndexConfig
+    from openjarvis.index.indexer import index_workspace
+    from openjarvis.index.store import db_path_for
+
+    (workspace / "a.py").write_text("def render_page():\n    return 'page'\n")
+    (workspace / "b.py").write_text("def render_card():\n    return 'card'\n")
+    (workspace / "main.py").write_text("from b import render_card\n\ndef run():\n    render_card()\n")
+    with Store.open(db_path_for(workspace)) as s:
+        index_workspace(s, workspace, IndexConfig(workers=1))
+        weights = rank.Weights(graph_prior=5.0)
+        focused = search(s, "render", k=2, focus=["main.py"], weights=weights)
+    assert focused[0].path == "b.py"
+
+
+def test_definition(store: Store) -> None:
+    found = definition(store, "split_lines")
+    assert {(d.path, d.qualname) for d in found} == {
+        ("src/python/sample.py", "split_lines"),
+        ("src/rust/sample.rs", "split_lines"),
+        ("src/c/sample.c", "split_lines"),
+        ("src/php/sample.php", "split_lines"),
+        ("src/bash/sample.sh", "split_lines"),
+        ("src/lua/sample.lua", "split_lines"),
+        ("src/ruby/sample.rb", "Net.HttpClient.split_lines"),
+    }
+    found = definition(store, "HttpClient.parse_http_response")
+    assert {d.path for d in found} == {"src/python/sample.py", "src/rust/sample.rs", "src/lua/sample.lua"}
+    [exact] = [d for d in found if d.path.endswith(".py")]
+    assert (exact.line, exact.kind) == (14, "method")
+    assert exact.doc == "Split a raw response into status and body."
+    assert definition(store, "splitlines")  # case-insensitive fallback
+    assert definition(store, "nothing_like_this") == []
+
+
+def test_usages_with_source_lines(store: Store, sample_repo: Path) -> None:
+    found = [u for u in usages(store, "split_lines", root=sample_repo) if u.path.endswith(".py")]
+    assert [(u.path, u.line, u.kind, u.text) for u in found] == [
+        ("src/python/sample.py", 16, "call", "return split_lines(raw)")
+    ]
+
+
+def test_repo_map_fits_budget_and_skips_focus(store: Store) -> None:
+    full = repo_map(store, budget_tokens=4000)
+    assert "src/python/sample.py:" in full
+    assert "def split_lines(text):" in full
+    small = repo_map(store, budget_tokens=40)
+    assert 0 < rank.approx_tokens(small) <= 40
+    focused = repo_map(store, budget_tokens=4000, focus=["src/python/sample.py"])
+    assert "src/python/sample.py:" not in focused
+
+
+def test_snippet_prefers_lines_with_terms() -> None:
+    text = "def a():\n    x = 1\n    return parse(x)\n"
+    assert snippet(text, ["parse"]) == "return parse(x)"
+    assert snippet(text, ["zzz"]) == "def a():\nx = 1\nreturn parse(x)"
