@@ -22,6 +22,7 @@ from openjarvis.errors import JarvisError
 
 #: name -> "module:attribute" of a click command or group; one line per subcommand.
 COMMANDS: dict[str, str] = {
+    "ask": "openjarvis.cli.ask_cmd:ask",
     "audit": "openjarvis.cli.audit_cmd:audit",
     "config": "openjarvis.cli.config_cmd:config",
     "daemon": "openjarvis.cli.daemon_cmd:daemon",
