@@ -83,6 +83,13 @@ class Runner:
         #: block_k). Filled by tuning (scripts/bench_gpu.py); defaults where absent.
         self.linear_configs: dict[tuple[str, int], object] = {}
         self.attn_block_s = 64
+        #: Launch the Triton kernels with programmatic dependent launch (Hopper): each kernel
+        #: loads its first weight tile while the previous one finishes.
+        self.pdl = False
+        if self.kernels == "triton" and on_cuda:
+            from openjarvis.engine.torch.kernels import pdl_supported
+
+            self.pdl = pdl_supported()
 
     @property
     def n_ctx(self) -> int:
@@ -193,18 +200,19 @@ class Runner:
 
         qkv_tiles = cfg.get(("qkv", t)) or (None, None)
         assert isinstance(qkv_tiles, tuple)
-        K.embed(ws.tokens, w.tok_emb, ws.h)
+        pdl = self.pdl
+        K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pdl)
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
             K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
-                       kc, vc, a.rms_eps, *qkv_tiles)
+                       kc, vc, a.rms_eps, *qkv_tiles, pdl=pdl)
             K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
-                        block_s=self.attn_block_s)
-            K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"))
+                        block_s=self.attn_block_s, pdl=pdl)
+            K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pdl)
             K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
-                     cfg=lc("w13"))
-            K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"))
-        K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"))
+                     cfg=lc("w13"), pdl=pdl)
+            K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"), pdl=pdl)
+        K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"), pdl=pdl)
         return ws.logits
 
 

@@ -63,11 +63,37 @@ def _tile_dot(x, w, acc, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
+def _gdc(PDL: tl.constexpr):
+    """Programmatic dependent launch: let the next kernel start its prologue, then wait until
+    the previous kernel has finished and its writes are visible. Everything before this point
+    may read only weights (never written during a step)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc, acc2, ss,
+              MODE: tl.constexpr, NORM: tl.constexpr, BLOCK_T: tl.constexpr):
+    """One K tile: load x [BT, BK] (RMSNorm statistics and weight on the fly), accumulate."""
+    x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)  # [BT, BK]
+    if NORM:
+        ss += tl.sum(x * x, axis=1)
+        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+    acc = _tile_dot(x, w, acc, BLOCK_T)
+    if MODE == 2:
+        acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
+    return acc, acc2, ss
+
+
+@triton.jit
 def _linear_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
     T, N, K, stride_x, stride_out, eps,
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
@@ -77,24 +103,30 @@ def _linear_kernel(
     rt = tl.arange(0, BLOCK_T)  # [BT]
     nmask = rn < N
     tmask = rt < T
+    # First K tile of the weights: issued before waiting on the previous kernel (PDL).
+    rk = k_lo + tl.arange(0, BLOCK_K)  # [BK]
+    kmask = rk < k_hi
+    wmask = nmask[:, None] & kmask[None, :]
+    w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0)  # [BN, BK]
+    if MODE == 2:
+        w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
+    else:
+        w2 = w
+    _gdc(PDL)
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)  # [BK]
+    acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc, acc2, ss,
+                              MODE, NORM, BLOCK_T)
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < k_hi
-        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
-                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)  # [BT, BK]
-        if NORM:
-            ss += tl.sum(x * x, axis=1)
-            g = tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
-            x = x * g[None, :]
         wmask = nmask[:, None] & kmask[None, :]
-        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0)  # [BN, BK]
-        acc = _tile_dot(x, w, acc, BLOCK_T)
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0)
         if MODE == 2:
             w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
-            acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
+        acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc, acc2,
+                                  ss, MODE, NORM, BLOCK_T)
     if NORM:
         inv = tl.rsqrt(ss / K + eps)
         acc = acc * inv[:, None]
@@ -118,7 +150,7 @@ def _qkv_rope_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
     T, K, stride_x, stride_ch, stride_cs, eps,
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program = BLOCK_P NeoX pairs (rows j and j + HD/2) of one head of q, k or v."""
     HALF: tl.constexpr = HD // 2
@@ -130,20 +162,23 @@ def _qkv_rope_kernel(
     r2 = r1 + HALF
     rt = tl.arange(0, BLOCK_T)
     tmask = rt < T
+    rk = tl.arange(0, BLOCK_K)
+    kmask = rk < K
+    w1 = tl.load(w_ptr + r1[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0)
+    w2 = tl.load(w_ptr + r2[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0)
+    _gdc(PDL)
     acc1 = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1, acc2,
+                               ss, 2, True, BLOCK_T)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
-        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
-                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-        ss += tl.sum(x * x, axis=1)
-        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
         w1 = tl.load(w_ptr + r1[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0)
         w2 = tl.load(w_ptr + r2[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0)
-        acc1 = _tile_dot(x, w1, acc1, BLOCK_T)
-        acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
+        acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
+                                   acc2, ss, 2, True, BLOCK_T)
     inv = tl.rsqrt(ss / K + eps)
     acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
     acc2 = acc2 * inv[:, None] + tl.load(b_ptr + r2).to(tl.float32)[None, :]
@@ -174,9 +209,10 @@ def _attn_split_kernel(
     q_ptr, kc_ptr, vc_ptr, start_ptr, o_ptr, ml_ptr,
     T, stride_ch, stride_cs, scale,
     N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program = (kv head, split): rows r = t * G + g of the query tile share one K/V stream."""
+    _gdc(PDL)
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     r = tl.arange(0, BLOCK_R)
@@ -221,8 +257,9 @@ def _attn_split_kernel(
 @triton.jit
 def _attn_combine_kernel(
     o_ptr, ml_ptr, out_ptr, T,
-    N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
+    N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr,
 ):
+    _gdc(PDL)
     pid = tl.program_id(0)  # t * N_HEAD + head
     sp = tl.arange(0, NSPLIT)
     d = tl.arange(0, HD)
@@ -237,7 +274,8 @@ def _attn_combine_kernel(
 
 
 @triton.jit
-def _embed_kernel(tok_ptr, emb_ptr, h_ptr, D, BLOCK_D: tl.constexpr):
+def _embed_kernel(tok_ptr, emb_ptr, h_ptr, D, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    _gdc(PDL)
     t = tl.program_id(0)
     tok = tl.load(tok_ptr + t).to(tl.int64)
     for d0 in range(0, D, BLOCK_D):
@@ -247,6 +285,23 @@ def _embed_kernel(tok_ptr, emb_ptr, h_ptr, D, BLOCK_D: tl.constexpr):
 
 
 # --- launchers ------------------------------------------------------------------------------
+
+
+def pdl_supported() -> bool:
+    """Programmatic dependent launch: a Hopper-or-later GPU and a Triton that exposes it."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra import cuda as tl_cuda
+    except ImportError:
+        return False
+    fields = getattr(CUDAOptions, "__dataclass_fields__", {})
+    return "launch_pdl" in fields and hasattr(tl_cuda, "gdc_wait")
+
+
+def _launch(pdl: bool) -> dict[str, bool]:
+    return {"launch_pdl": True} if pdl else {}
 
 
 def linear(
@@ -259,6 +314,7 @@ def linear(
     bias: torch.Tensor | None = None,  # [N]
     eps: float = 1e-6,
     cfg: LinearConfig | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     t, k = x.shape
     n = w.shape[0] // 2 if mode == SWIGLU else w.shape[0]
@@ -272,7 +328,7 @@ def linear(
         t, n, k, x.stride(0), out.stride(0), eps,
         MODE=mode, NORM=norm is not None, BIAS=bias is not None,
         BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
     )
     return out
 
@@ -291,6 +347,7 @@ def qkv_rope(
     block_p: int | None = None,
     block_k: int | None = None,
     num_warps: int = 4,
+    pdl: bool = False,
 ) -> None:
     t, k = x.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
@@ -303,7 +360,7 @@ def qkv_rope(
         t, k, x.stride(0), k_cache.stride(0), k_cache.stride(1), eps,
         N_HEAD=n_head, N_KV=n_kv, HD=hd,
         BLOCK_T=block_t(t), BLOCK_P=bp, BLOCK_K=block_k or min(512, triton.next_power_of_2(k)),
-        num_warps=num_warps,
+        PDL=pdl, num_warps=num_warps, **_launch(pdl),
     )
 
 
@@ -317,6 +374,7 @@ def attention(
     ml_part: torch.Tensor,  # [NSPLIT, T, H, 2] float32 scratch
     block_s: int = 64,
     num_warps: int = 4,
+    pdl: bool = False,
 ) -> torch.Tensor:
     t, n_head, hd = q.shape
     n_kv = k_cache.shape[0]
@@ -328,16 +386,21 @@ def attention(
         q, k_cache, v_cache, start, o_part, ml_part,
         t, k_cache.stride(0), k_cache.stride(1), hd**-0.5,
         N_HEAD=n_head, G=g, HD=hd, NSPLIT=nsplit,
-        BLOCK_R=block_r, BLOCK_S=block_s, num_warps=num_warps,
+        BLOCK_R=block_r, BLOCK_S=block_s, PDL=pdl, num_warps=num_warps, **_launch(pdl),
     )
     _attn_combine_kernel[(t * n_head,)](
-        o_part, ml_part, out, t, N_HEAD=n_head, HD=hd, NSPLIT=nsplit, num_warps=1
+        o_part, ml_part, out, t, N_HEAD=n_head, HD=hd, NSPLIT=nsplit, PDL=pdl, num_warps=1,
+        **_launch(pdl),
     )
     return out
 
 
-def embed(tokens: torch.Tensor, emb: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+def embed(
+    tokens: torch.Tensor, emb: torch.Tensor, h: torch.Tensor, pdl: bool = False
+) -> torch.Tensor:
     """``h [T, D]`` float32 = ``emb [V, D]`` rows of ``tokens [T]``."""
     d = emb.shape[1]
-    _embed_kernel[(tokens.shape[0],)](tokens, emb, h, d, BLOCK_D=min(1024, triton.next_power_of_2(d)))
+    _embed_kernel[(tokens.shape[0],)](
+        tokens, emb, h, d, BLOCK_D=min(1024, triton.next_power_of_2(d)), PDL=pdl, **_launch(pdl)
+    )
     return h

@@ -72,10 +72,12 @@ class Transformer:
             q = apply_rope(q.view(T, a.n_head, a.head_dim), cs)  # [T, H, hd]
             k = apply_rope(k.view(T, a.n_head_kv, a.head_dim), cs)  # [T, Hkv, hd]
             cache.write(i, pos, k, v.view(T, a.n_head_kv, a.head_dim))
-            keys = cache.k[i, :, :S].repeat_interleave(a.group, dim=0)  # [H, S, hd]
-            vals = cache.v[i, :, :S].repeat_interleave(a.group, dim=0)  # [H, S, hd]
             o = F.scaled_dot_product_attention(
-                q.transpose(0, 1).to(dt), keys, vals, attn_mask=mask[None]
+                q.transpose(0, 1).to(dt),  # [H, T, hd]
+                cache.k[i, :, :S],  # [Hkv, S, hd]: query head h reads kv head h // group
+                cache.v[i, :, :S],
+                attn_mask=mask[None],
+                enable_gqa=True,
             )  # [H, T, hd]
             o = o.transpose(0, 1).reshape(T, a.q_dim)
             h = h + F.linear(o, lw.wo).float()
