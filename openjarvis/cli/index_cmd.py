@@ -16,7 +16,7 @@ import click
 
 from openjarvis import paths
 from openjarvis.cli import flag_overrides
-from openjarvis.config import load_config
+from openjarvis.config import IndexConfig, load_config
 from openjarvis.errors import IndexPathError
 
 _WORKSPACE = click.option(
@@ -59,6 +59,7 @@ def index() -> None:
     Examples:
       jarvis index                  # index the current workspace
       jarvis index ~/src/project    # index another folder
+      jarvis index --watch          # then keep it fresh as files change
       jarvis index status           # counts, skips by rule, parse errors
     """
 
@@ -67,13 +68,15 @@ def index() -> None:
 @click.argument("path", required=False, type=click.Path(path_type=Path))
 @click.option("--rebuild", is_flag=True, help="Delete the existing index first and index from scratch.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+@click.option("--watch", is_flag=True, help="Then keep the index fresh as files change, until Ctrl-C.")
 @click.pass_context
-def build(ctx: click.Context, path: Path | None, rebuild: bool, as_json: bool) -> None:
+def build(ctx: click.Context, path: Path | None, rebuild: bool, as_json: bool, watch: bool) -> None:
     """Build or update the index of PATH (default: the current workspace).
 
     \b
     Example:
       jarvis index --rebuild .
+      jarvis index --watch
     """
     from openjarvis.index.indexer import Progress, index_workspace
     from openjarvis.index.store import Store, db_path_for
@@ -118,6 +121,27 @@ def build(ctx: click.Context, path: Path | None, rebuild: bool, as_json: bool) -
         f"in {summary.seconds:.1f} s ({rate:,.0f} files/s)"
     )
     click.echo(f"index: {db_path}")
+    if watch:
+        _watch(root, config.index)
+
+
+def _watch(root: Path, config: IndexConfig) -> None:
+    from openjarvis.index.indexer import RunSummary
+    from openjarvis.index.watch import Watcher
+
+    def report(summary: RunSummary) -> None:
+        if summary.changed:
+            click.echo(
+                f"{time.strftime('%H:%M:%S')} updated {summary.indexed}, removed {summary.deleted}"
+            )
+
+    click.echo(f"watching {root}; Ctrl-C to stop")
+    with Watcher(root, config, on_update=report):
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            click.echo("stopped")
 
 
 def _rate_column() -> Any:
