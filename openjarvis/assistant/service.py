@@ -23,8 +23,8 @@ from openjarvis.config import Config
 
 #: Retrieved chunks offered to the prompt (the budget decides how many fit).
 RETRIEVE_K = 8
-#: Share of the context window given to the repository map request.
-MAP_TOKENS_SHARE = 0.12
+#: Share of the prompt budget asked of the repository map (assembly may cut it further).
+MAP_TOKENS_SHARE = 0.2
 #: Tokens kept free at the end of the context besides the answer itself.
 SAFETY_TOKENS = 32
 
@@ -181,13 +181,13 @@ class Assistant:
         def count(text: str) -> int:
             return len(v.tokenize(text, special=False))
 
-        budget = v.n_ctx - req.max_tokens - SAFETY_TOKENS
+        budget = min(v.n_ctx - req.max_tokens - SAFETY_TOKENS, self.config.generation.prompt_budget)
         focus = [req.editor.path] if req.editor is not None else []
         sources: list[Source] = []
         repo_map = ""
         if retriever is not None:
             sources = retriever.sources(req.question, RETRIEVE_K, focus)
-            repo_map = retriever.repo_map(int(v.n_ctx * MAP_TOKENS_SHARE), focus)
+            repo_map = retriever.repo_map(int(budget * MAP_TOKENS_SHARE), focus)
         prompt = assemble(
             req.question,
             budget=budget,

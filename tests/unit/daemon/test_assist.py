@@ -205,3 +205,24 @@ def test_missing_model_is_a_clear_error(tiny_setup: Path) -> None:
         assert "is not installed; run `jarvis models install" in str(err.value)
     finally:
         stop(paths.socket_path())
+
+
+def test_jarvis_ask_streams_plain_text_sources_and_footer(
+    tiny_daemon: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tiny_daemon)
+    (tiny_daemon / ".git").mkdir()
+    assert main(["ask", "what", "parses", "http", "responses?"]) == 0
+    out, err = capsys.readouterr()
+    assert "\nsources: app/http.py:" in out
+    footer = err.strip().splitlines()[-1]
+    assert footer.startswith("local · tiny-v · ") and "tok/s" in footer and "first token" in footer
+    assert main(["ask", "--continue", "--json", "and", "Router?"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    with Client(autostart=False) as c:
+        convs = c.call("conversations/list", {"workspace": str(tiny_daemon)})["conversations"]
+    assert len(convs) == 1 and convs[0]["messages"] == 4  # --continue joined the first conversation
+    assert result["conversation"] == convs[0]["id"]
+    with open_history() as db:  # the streamed text printed is exactly the stored answer
+        first = db.messages(convs[0]["id"])[1].content
+    assert out.startswith(first)
