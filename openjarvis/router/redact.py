@@ -28,6 +28,8 @@ The tradeoffs, chosen on purpose:
 - Base64 digests with a digest prefix (``sha512-...`` SRI integrity in package-lock/yarn/pnpm,
   Nix ``sha256-...``, go.sum ``h1:...``) are kept; other long base64 blobs (embedded images,
   certificates) are redacted: the remote model loses nothing it could use.
+- Long identifiers made of words (``AbstractSingletonProxyFactoryBean2``) are not random, and a
+  path or URL is judged segment by segment, so only a random segment of its own goes.
 - The entropy rule is statistical: a random 40-character base62 secret is caught with
   probability above 99.9%; a random string 32 long, about 99.5%. Provider formats and secret
   names catch the common keys deterministically.
@@ -63,6 +65,9 @@ ENTROPY_MIN_LEN = 32
 ENTROPY_BITS = 4.3
 #: How far below log2(len) a short random string's entropy typically falls.
 ENTROPY_SHORT_SLACK = 0.9
+#: Share of characters in runs of 3+ lowercase letters above which a string reads as words
+#: (``AbstractSingletonProxyFactoryBean2``); random base62 stays under it 99.9% of the time.
+WORDY_SHARE = 0.6
 #: Environment values shorter than this are not treated as known secrets (too many collisions).
 KNOWN_SECRET_MIN_LEN = 8
 
@@ -100,9 +105,9 @@ _PRIVATE_KEY = re.compile(
     r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----.*?(?:-----END[A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----|\Z)", re.S
 )
 _BEARER = re.compile(r"(?i)(\bbearer\s+)([A-Za-z0-9._~+/=-]{16,})")
-_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"<>]+:)([^\s@/'\"<>]+)(@)")
+_URL_PASSWORD = re.compile(r"((?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"<>\[\]]+:)([^\s@/'\"<>]+)(@)")
 _QUOTED_ASSIGNMENT = re.compile(
-    r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<close>[\"']?)(?P<sep>\s*(?:=>|:=|[:=])\s*)"
+    r"(?<![A-Za-z0-9_.-])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<close>[\"']?)(?P<sep>\s*(?:=>|:=|[:=])\s*)"
     r"(?P<q>[\"'])(?P<value>[^\"'\n]{4,})(?P=q)"
 )
 _BARE_ASSIGNMENT = re.compile(
@@ -115,6 +120,8 @@ _ENTROPY_CANDIDATE = re.compile(
 )
 _DIGEST_PREFIX = re.compile(r"(?:sha1|sha256|sha384|sha512|md5)-")
 _HEX = re.compile(r"[0-9a-fA-F-]+")
+_WORD = re.compile(r"[a-z]{3,}")
+_PATH_SEGMENT = re.compile(r"[a-z][a-z0-9_.-]{2,}")
 
 _SECRET_WORDS = frozenset(
     {
@@ -145,11 +152,18 @@ _SECRET_PAIRS = frozenset(
         ("auth", "token"),
     }
 )
+#: Last name parts that make a secret-looking name describe a secret rather than hold one.
+_ABOUT_A_SECRET = frozenset(
+    {"env", "file", "path", "dir", "name", "type", "url", "header", "field", "label", "prompt", "help", "hint"}
+    | {"length", "len", "count", "size", "id", "ttl", "expiry", "expires"}
+)
 _NOT_A_VALUE = re.compile(
     r"""(?x)
     ^(?:\$|%\(|\{\{|<.*>$|\*+$|x+$|\.\.\.|\[REDACTED:)   # references, templates, masks, placeholders
     | ^(?:true|false|null|none|nil|yes|no|undefined)$       # literals
     | ^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+$  # dotted attribute: settings.API_KEY
+    | ^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$                        # the name of a variable: OPENAI_API_KEY
+    | ^(?:~|\.{1,2})?/[\w./-]*$                              # a path: ~/.config/openjarvis/key
     | [()\[\]{}]                                            # calls, indexing
     """,
     re.I,
@@ -161,6 +175,8 @@ _SECRET_ENV = re.compile(r"(?i)(secret|token|passw|api_?key|access_?key|private_
 def is_secret_name(name: str) -> bool:
     """True for names like ``API_KEY``, ``dbPassword``, ``client-secret``; false for ``max_tokens``."""
     parts = [p.lower() for p in _NAME_SPLIT.split(name) if p]
+    if not parts or parts[-1] in _ABOUT_A_SECRET:
+        return False
     if any(p in _SECRET_WORDS for p in parts):
         return True
     return any(pair in _SECRET_PAIRS for pair in zip(parts, parts[1:], strict=False))
@@ -178,6 +194,8 @@ def _looks_random(token: str) -> bool:
         return False  # digests, git SHAs, UUIDs: see the module docstring
     if not (any(c.isdigit() for c in body) and any(c.isalpha() for c in body)):
         return False
+    if sum(len(w) for w in _WORD.findall(body)) >= WORDY_SHARE * len(body):
+        return False  # identifiers made of words
     threshold = min(ENTROPY_BITS, math.log2(len(body)) - ENTROPY_SHORT_SLACK)
     return shannon_bits(body) >= threshold
 
@@ -255,9 +273,15 @@ def _one_pass(text: str, known: tuple[str, ...], p: _Pass) -> str:
     def entropy(m: re.Match[str]) -> str:
         token = m.group(0)
         before = m.string[max(0, m.start() - 3) : m.start()]
-        if _DIGEST_PREFIX.match(token) or before == "h1:" or not _looks_random(token):
+        if _DIGEST_PREFIX.match(token) or before == "h1:":
             return token
-        return p.hide("high_entropy")
+        segments = token.split("/")
+        if sum(bool(_PATH_SEGMENT.fullmatch(seg)) for seg in segments) >= 2:  # a path or URL: judge its parts
+            return "/".join(
+                p.hide("high_entropy") if len(seg) >= ENTROPY_MIN_LEN and _looks_random(seg) else seg
+                for seg in segments
+            )
+        return p.hide("high_entropy") if _looks_random(token) else token
 
     return _ENTROPY_CANDIDATE.sub(entropy, text)
 
