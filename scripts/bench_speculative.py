@@ -272,6 +272,10 @@ def exactness(spec: Speculator, case_list: list[Case], n_tokens: int) -> dict[st
                 for j, row in enumerate(rows):
                     ref_tok, gap, ref_row = ref_rows[s + j]
                     diffs.append(float(np.abs(row - ref_row).max()))
+                    a, b = np.argsort(-ref_row)[:2]
+                    gap_shift = abs(float(row[a] - row[b]) - float(ref_row[a] - ref_row[b]))
+                    out["max_gap_shift"] = max(out.get("max_gap_shift", 0.0), gap_shift)
+                    out.setdefault("gap_shifts", []).append(round(gap_shift, 4))
                     if int(np.argmax(row)) != ref_tok:
                         flips += 1
                         out["gaps_at_flips"].append(round(gap, 4))
@@ -351,7 +355,12 @@ def main(argv: list[str] | None = None) -> int:
         results["second turn"] = second_turn(spec, template, args.repeats)
     if args.exactness:
         results["exactness"] = exactness(spec, case_list, args.exactness)
-        print(json.dumps(results["exactness"], indent=1))
+        ex = dict(results["exactness"])
+        shifts = sorted(ex.pop("gap_shifts", []))
+        if shifts:
+            ex["gap_shift_p50_p99_max"] = [shifts[len(shifts) // 2], shifts[int(len(shifts) * 0.99)],
+                                           shifts[-1]]
+        print(json.dumps(ex, indent=1))
     if args.server:
         results["server"] = server_runs(
             args.server, args.models, case_list, [int(x) for x in args.draft_max.split(",")],

@@ -111,7 +111,7 @@ class NgramDrafter:
             source, pos = max(hits, key=lambda h: self._match_length(context, *h))
             cont = self._sources[source][pos : pos + max_len]
             if cont:
-                return Draft(tokens=tuple(cont), probs=None, key=f"ngram:{min(n, 4)}", match=n)
+                return Draft(tokens=tuple(cont), probs=None, key=match_key(n), match=n)
         return None
 
     def _match_length(self, context: Sequence[int], source: int, pos: int) -> int:
@@ -123,4 +123,9 @@ class NgramDrafter:
         return n
 
     def keys(self) -> list[str]:
-        return [f"ngram:{n}" for n in range(self.min_match, 5)]
+        return sorted({match_key(n) for n in range(self.min_match, self.max_match + 1)})
+
+
+def match_key(n: int) -> str:
+    """Acceptance-tracking bucket of a match of n tokens: 2, 3, 4 (4-7) or 8 (8 and more)."""
+    return f"ngram:{8 if n >= 8 else 4 if n >= 4 else n}"

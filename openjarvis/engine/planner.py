@@ -29,7 +29,8 @@ PRIORS: dict[str, tuple[float, float]] = {
     "model": (0.7, 4.0),
     "ngram:2": (0.35, 4.0),
     "ngram:3": (0.5, 4.0),
-    "ngram:4": (0.7, 4.0),
+    "ngram:4": (0.6, 4.0),
+    "ngram:8": (0.8, 4.0),
 }
 DEFAULT_PRIOR = (0.5, 4.0)
 #: Each step multiplies past evidence by this, so acceptance follows the text (copying, then
