@@ -100,6 +100,10 @@ class Retry:
         return min(self.max_backoff_s, self.backoff_s * 2.0 ** (attempt - 1))
 
 
+DEFAULT_TIMEOUTS = Timeouts()
+DEFAULT_RETRY = Retry()
+
+
 @dataclass(frozen=True, slots=True)
 class CloudReply:
     """A finished answer from a target, with what it cost."""
@@ -149,8 +153,8 @@ class CloudClient:
         audit: AuditLog | None = None,
         workspace: str = "",
         trigger: str = "",
-        timeouts: Timeouts = Timeouts(),
-        retry: Retry = Retry(),
+        timeouts: Timeouts = DEFAULT_TIMEOUTS,
+        retry: Retry = DEFAULT_RETRY,
         environ: Mapping[str, str] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
