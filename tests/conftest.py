@@ -98,3 +98,55 @@ def real_pair() -> tuple[Path, Path]:
         pytest.skip(f"real default pair unavailable: {exc}")
     check_pairable(drafter, verifier)
     return drafter, verifier
+
+
+# A user configuration whose default pair is the tiny models, a small workspace, and a real daemon
+# process serving them in the test's private home: what the daemon, CLI and TUI tests talk to.
+
+TINY_APP = '''"""A tiny app."""
+
+
+def parse_http_response(raw: str) -> dict:
+    """Split a raw HTTP response into status and headers."""
+    status, _, rest = raw.partition("\\n")
+    return {"status": status, "headers": rest}
+
+
+class Router:
+    def route(self, path: str) -> str:
+        return parse_http_response(path)["status"]
+'''
+
+
+@pytest.fixture
+def tiny_setup(tiny_drafter_path: Path, tiny_verifier_path: Path, tmp_path: Path) -> Path:
+    """User config pointing the default pair at the tiny models; returns a small workspace."""
+    from openjarvis import paths
+    from openjarvis.cli import main
+
+    assert main(["models", "add", str(tiny_drafter_path), "--id", "tiny-d"]) == 0
+    assert main(["models", "add", str(tiny_verifier_path), "--id", "tiny-v"]) == 0
+    (paths.user_models_dir() / "pairs.toml").write_text(
+        '[[pairs]]\nid = "tiny"\ndrafter = "tiny-d"\nverifier = "tiny-v"\n'
+    )
+    paths.user_config_file().write_text(
+        '[models]\npair = "tiny"\n[engine]\ncontext = 1024\nthreads = 1\n[generation]\nmax_tokens = 24\n'
+    )
+    ws = tmp_path / "repo"
+    (ws / "app").mkdir(parents=True)
+    (ws / "app" / "http.py").write_text(TINY_APP)
+    (ws / "README.md").write_text("# Tiny app\n\nParses HTTP responses.\n")
+    return ws
+
+
+@pytest.fixture
+def tiny_daemon(tiny_setup: Path) -> Iterator[Path]:
+    from openjarvis import paths
+    from openjarvis.daemon.lifecycle import ensure_running, stop
+
+    sock = paths.socket_path()
+    ensure_running(sock)
+    try:
+        yield tiny_setup
+    finally:
+        stop(sock)

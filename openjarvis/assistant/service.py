@@ -240,6 +240,49 @@ class Assistant:
             cancelled=gen.stats.finish_reason == "cancelled",
         )
 
+    def generate(
+        self,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop: tuple[str, ...] = (),
+        drafter: str = "auto",
+        seed: int | None = None,
+        on_text: Callable[[str], None] = lambda _t: None,
+        cancel: Callable[[], bool] = lambda: False,
+    ) -> tuple[str, int, dict[str, Any]]:
+        """Answer the caller's own messages as they are (the OpenAI-compatible endpoint's path)."""
+        from openjarvis.engine.sampling import SamplingParams
+        from openjarvis.engine.speculative import Request
+        from openjarvis.engine.templates import Message as ChatMessage
+        from openjarvis.engine.templates import render_chat
+
+        with self.gate:
+            spec = self.speculator()
+            v = spec.verifier
+            text = render_chat(v.chat_template(), [ChatMessage(m.role, m.content) for m in messages])
+            tokens = v.tokenize(text, special=True)
+            corpus = tuple(v.tokenize(m.content, special=False) for m in messages if m.content)
+            gen = spec.generate(
+                Request(
+                    prompt=tokens,
+                    max_tokens=max_tokens,
+                    sampling=SamplingParams(temperature=temperature, top_p=top_p),
+                    stop=stop,
+                    drafter=drafter,  # type: ignore[arg-type]
+                    corpus=corpus,
+                    seed=seed,
+                ),
+                cancel=cancel,
+            )
+            for piece in gen:
+                if piece.text:
+                    on_text(piece.text)
+            self.last_used = time.monotonic()
+        return gen.text, len(tokens), stats_dict(gen.stats)
+
     def complete(
         self,
         prefix: str,

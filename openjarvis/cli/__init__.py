@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "generate": "openjarvis.cli.generate_cmd:generate",
     "locate": "openjarvis.cli.doctor:locate",
     "models": "openjarvis.cli.models_cmd:models",
+    "serve": "openjarvis.cli.serve_cmd:serve",
     "def": "openjarvis.cli.index_cmd:def_",
     "index": "openjarvis.cli.index_cmd:index",
     "map": "openjarvis.cli.index_cmd:repo_map",

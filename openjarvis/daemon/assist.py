@@ -37,6 +37,8 @@ from openjarvis.daemon.protocol import (
     EditsPreviewResult,
     EditsUndoParams,
     ErrorCode,
+    GenerateParams,
+    GenerateResult,
     IndexAddResult,
     IndexParams,
     IndexStatusResult,
@@ -273,6 +275,35 @@ async def complete(params: CompleteParams, call: Call) -> CompleteResult:
         except JarvisError as exc:
             raise _mapped(exc) from exc
         return CompleteResult(text, stats)
+
+    return await in_thread(call, work)
+
+
+async def generate(params: GenerateParams, call: Call) -> GenerateResult:
+    from openjarvis.assistant.prompt import Message
+
+    st = _state(call.daemon)
+    config = st["config"]
+    if not params.messages:
+        raise ProtocolError(ErrorCode.INVALID_PARAMS, "messages must not be empty")
+
+    def work(cancelled: Callable[[], bool], notify: Callable[[str, dict[str, Any]], None]) -> GenerateResult:
+        assistant = st["assistant"]
+        try:
+            text, prompt_tokens, stats = assistant.generate(
+                [Message(m.role, m.content) for m in params.messages],
+                max_tokens=params.max_tokens or config.generation.max_tokens,
+                temperature=params.temperature if params.temperature is not None else config.generation.temperature,
+                top_p=params.top_p if params.top_p is not None else config.generation.top_p,
+                stop=tuple(params.stop),
+                drafter=params.drafter or config.generation.drafter,
+                seed=params.seed,
+                on_text=lambda t: notify("generate/token", {"text": t}),
+                cancel=cancelled,
+            )
+        except JarvisError as exc:
+            raise _mapped(exc) from exc
+        return GenerateResult(text, assistant.model_ids[1], stats["finish_reason"], prompt_tokens, stats)
 
     return await in_thread(call, work)
 

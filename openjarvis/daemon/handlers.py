@@ -125,6 +125,7 @@ def _register_assistant_methods() -> None:
         {
             "chat": _m(p.ChatParams, assist.chat),
             "complete": _m(p.CompleteParams, assist.complete),
+            "generate": _m(p.GenerateParams, assist.generate),
             "search": _m(p.SearchParams, assist.search),
             "index/status": _m(p.IndexParams, assist.index_status),
             "index/add": _m(p.IndexParams, assist.index_add),

@@ -449,3 +449,31 @@ class ConversationGetResult:
     workspace: str
     title: str
     messages: list[ConversationMessage]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateParams:
+    """Generation from the caller's own messages: no retrieval, no history, no system prompt added."""
+
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: list[str] = field(default_factory=list)
+    drafter: Literal["auto", "model", "ngram", "none"] | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResult:
+    text: str
+    model: str
+    finish_reason: str
+    prompt_tokens: int
+    stats: dict[str, Any]

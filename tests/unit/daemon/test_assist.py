@@ -6,7 +6,6 @@ import asyncio
 import json
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,48 +17,6 @@ from openjarvis.daemon.lifecycle import ensure_running, stop
 from openjarvis.daemon.protocol import ErrorCode
 from openjarvis.errors import DaemonError
 from openjarvis.history import open_history
-
-APP = '''"""A tiny app."""
-
-
-def parse_http_response(raw: str) -> dict:
-    """Split a raw HTTP response into status and headers."""
-    status, _, rest = raw.partition("\\n")
-    return {"status": status, "headers": rest}
-
-
-class Router:
-    def route(self, path: str) -> str:
-        return parse_http_response(path)["status"]
-'''
-
-
-@pytest.fixture
-def tiny_setup(tiny_drafter_path: Path, tiny_verifier_path: Path, tmp_path: Path) -> Path:
-    """User config pointing the default pair at the tiny models; returns a small workspace."""
-    assert main(["models", "add", str(tiny_drafter_path), "--id", "tiny-d"]) == 0
-    assert main(["models", "add", str(tiny_verifier_path), "--id", "tiny-v"]) == 0
-    (paths.user_models_dir() / "pairs.toml").write_text(
-        '[[pairs]]\nid = "tiny"\ndrafter = "tiny-d"\nverifier = "tiny-v"\n'
-    )
-    paths.user_config_file().write_text(
-        '[models]\npair = "tiny"\n[engine]\ncontext = 1024\nthreads = 1\n[generation]\nmax_tokens = 24\n'
-    )
-    ws = tmp_path / "repo"
-    (ws / "app").mkdir(parents=True)
-    (ws / "app" / "http.py").write_text(APP)
-    (ws / "README.md").write_text("# Tiny app\n\nParses HTTP responses.\n")
-    return ws
-
-
-@pytest.fixture
-def tiny_daemon(tiny_setup: Path) -> Iterator[Path]:
-    sock = paths.socket_path()
-    ensure_running(sock)
-    try:
-        yield tiny_setup
-    finally:
-        stop(sock)
 
 
 def test_chat_streams_tokens_and_remembers_the_conversation(tiny_daemon: Path) -> None:
@@ -173,17 +130,18 @@ def test_two_clients_stream_at_once_and_a_disconnect_is_survived(tiny_daemon: Pa
 
 def test_edits_preview_apply_undo_through_the_daemon(tiny_daemon: Path) -> None:
     ws = tiny_daemon
+    original = (ws / "app" / "http.py").read_text()
     answer = "app/http.py\n<<<<<<< SEARCH\nclass Router:\n=======\nclass Router:  # routes paths\n>>>>>>> REPLACE\n"
     with Client(autostart=False) as c:
         preview = c.call("edits/preview", {"workspace": str(ws), "text": answer})
         assert preview["files"] == ["app/http.py"]
         assert "+class Router:  # routes paths" in preview["diff"]
-        assert (ws / "app" / "http.py").read_text() == APP  # nothing before apply
+        assert (ws / "app" / "http.py").read_text() == original  # nothing before apply
         c.call("edits/apply", {"edit_id": preview["edit_id"]})
         assert "class Router:  # routes paths" in (ws / "app" / "http.py").read_text()
         undone = c.call("edits/undo", {"workspace": str(ws)})
         assert undone["edit_id"] == preview["edit_id"]
-        assert (ws / "app" / "http.py").read_text() == APP
+        assert (ws / "app" / "http.py").read_text() == original
         with pytest.raises(DaemonError) as err:
             c.call(
                 "edits/preview", {"workspace": str(ws), "text": "../x\n<<<<<<< SEARCH\n=======\ny\n>>>>>>> REPLACE\n"}
