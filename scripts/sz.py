@@ -15,7 +15,7 @@ def main() -> None:
         rows.append((lines, path.relative_to(ROOT).as_posix()))
     total = sum(n for n, _ in rows)
     for lines, name in rows:
-        flag = "  <- over %d, split by concept" % WARN if lines > WARN else ""
+        flag = f"  <- over {WARN}, split by concept" if lines > WARN else ""
         print(f"{lines:6d}  {name}{flag}")
     print(f"{total:6d}  total ({len(rows)} modules)")
 
