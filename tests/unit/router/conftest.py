@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from fake_cloud import GUARD, FakeCloud, NetGuard
+from fake_cloud import GUARD, FakeCloud, NetGuard, activate_guard
 
 
 @pytest.fixture
@@ -25,9 +25,7 @@ def fake_cloud() -> Iterator[FakeCloud]:
 
 @pytest.fixture(autouse=True)
 def net_guard() -> Iterator[NetGuard]:
-    GUARD.attempts.clear()
-    GUARD.expect_attempts = False
-    GUARD.active = True
+    activate_guard()
     try:
         yield GUARD
     finally:

@@ -186,4 +186,15 @@ def _loopback(host: str) -> bool:
 
 
 GUARD = NetGuard()
-sys.addaudithook(GUARD.hook)  # hooks cannot be removed; the fixture switches it on and off
+_installed: list[bool] = []
+
+
+def activate_guard() -> NetGuard:
+    """Switch the guard on, installing its hook on first use (hooks cannot be removed, only idled)."""
+    if not _installed:
+        sys.addaudithook(GUARD.hook)
+        _installed.append(True)
+    GUARD.attempts.clear()
+    GUARD.expect_attempts = False
+    GUARD.active = True
+    return GUARD
