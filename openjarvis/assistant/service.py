@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from openjarvis.assistant.gate import BACKGROUND, CHAT, COMPLETE, PriorityGate, Slot
 from openjarvis.assistant.prompt import EditorContext, Message, Prompt, Source, assemble
 from openjarvis.config import Config
 
@@ -126,13 +127,36 @@ def stats_dict(stats: Any) -> dict[str, Any]:
     }
 
 
+def merged_stats(parts: Sequence[Any], *, pauses: int = 0) -> dict[str, Any]:
+    """One answer's statistics from the generations it took (more than one if it was paused)."""
+    first, last = parts[0], parts[-1]
+    out = stats_dict(first) if len(parts) == 1 else stats_dict(last)
+    if len(parts) > 1:
+        tokens = sum(p.tokens for p in parts)
+        decode = sum(p.decode_seconds for p in parts)
+        drafted = sum(p.drafted for p in parts)
+        accepted = sum(p.accepted for p in parts)
+        out.update(
+            prompt_tokens=first.prompt_tokens,
+            tokens=tokens,
+            tokens_per_s=round(tokens / decode, 2) if decode > 0 else 0.0,
+            drafted=drafted,
+            accepted=accepted,
+            acceptance=round(accepted / drafted, 3) if drafted else 0.0,
+            ttft_s=round(first.ttft, 4) if first.ttft is not None else None,
+            total_s=round(sum(p.time_total for p in parts), 4),
+        )
+    out["pauses"] = pauses
+    return out
+
+
 class Assistant:
     """The warm model pair and the request logic above it."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        #: One generation at a time on these models (CPU engines are not reentrant).
-        self.gate = threading.Lock()
+        #: One generation at a time on these models (CPU engines are not reentrant), urgent first.
+        self.gate = PriorityGate()
         self._spec: Any = None
         self._load_lock = threading.Lock()
         self.model_ids: tuple[str, str] = ("", "")
@@ -163,7 +187,7 @@ class Assistant:
             return self._spec
 
     def unload(self) -> None:
-        with self.gate, self._load_lock:
+        with self.gate.hold(BACKGROUND), self._load_lock:
             if self._spec is not None:
                 from openjarvis.engine.pair import close_speculator
 
@@ -211,34 +235,80 @@ class Assistant:
         from openjarvis.engine.sampling import SamplingParams
         from openjarvis.engine.speculative import Request
 
-        with self.gate:
+        with self.gate.hold(CHAT) as slot:
             spec = self.speculator()
             prompt, tokens = self.build_prompt(req, retriever, spec)
             corpus = tuple(spec.verifier.tokenize(s.text, special=False) for s in prompt.sources)
             if req.editor is not None and req.editor.text:
                 corpus += (spec.verifier.tokenize(req.editor.text, special=False),)
+            request = Request(
+                prompt=tokens,
+                max_tokens=req.max_tokens,
+                sampling=SamplingParams(temperature=req.temperature),
+                drafter=req.drafter,  # type: ignore[arg-type]
+                corpus=corpus,
+            )
+            text, stats = self._run(slot, spec, request, on_text, cancel)
+        return ChatAnswer(
+            text=text,
+            sources=prompt.sources,
+            prompt_tokens=len(tokens),
+            stats=stats,
+            dropped=prompt.dropped,
+            cancelled=stats["finish_reason"] == "cancelled",
+        )
+
+    def _run(
+        self,
+        slot: Slot,
+        spec: Any,
+        request: Any,
+        on_text: Callable[[str], None],
+        cancel: Callable[[], bool],
+    ) -> tuple[str, dict[str, Any]]:
+        """Generate, pausing at a step boundary whenever more urgent work waits for the gate.
+
+        A pause ends this generation; after the urgent work the answer continues as a new
+        generation whose prompt is the old one plus the tokens already emitted, so the text the
+        person sees is one answer (the speculator reuses whatever of its cache still matches).
+        """
+        from dataclasses import replace
+
+        texts: list[str] = []
+        emitted: list[int] = []
+        parts: list[Any] = []
+        while True:
+            preempted = False
+
+            def stop_now() -> bool:
+                nonlocal preempted
+                if cancel():
+                    return True
+                if slot.priority > COMPLETE and slot.should_yield():
+                    preempted = True
+                    return True
+                return False
+
+            remaining = request.max_tokens - len(emitted)
             gen = spec.generate(
-                Request(
-                    prompt=tokens,
-                    max_tokens=req.max_tokens,
-                    sampling=SamplingParams(temperature=req.temperature),
-                    drafter=req.drafter,  # type: ignore[arg-type]
-                    corpus=corpus,
-                ),
-                cancel=cancel,
+                replace(request, prompt=[*request.prompt, *emitted], max_tokens=remaining), cancel=stop_now
             )
             for piece in gen:
                 if piece.text:
                     on_text(piece.text)
+            texts.append(gen.text)
+            emitted.extend(gen.tokens)
+            parts.append(gen.stats)
             self.last_used = time.monotonic()
-        return ChatAnswer(
-            text=gen.text,
-            sources=prompt.sources,
-            prompt_tokens=len(tokens),
-            stats=stats_dict(gen.stats),
-            dropped=prompt.dropped,
-            cancelled=gen.stats.finish_reason == "cancelled",
-        )
+            if (
+                preempted
+                and not cancel()
+                and len(emitted) < request.max_tokens
+                and gen.stats.finish_reason == "cancelled"
+            ):
+                slot.pause()
+                continue
+            return "".join(texts), merged_stats(parts, pauses=slot.pauses)
 
     def generate(
         self,
@@ -259,29 +329,23 @@ class Assistant:
         from openjarvis.engine.templates import Message as ChatMessage
         from openjarvis.engine.templates import render_chat
 
-        with self.gate:
+        with self.gate.hold(CHAT) as slot:
             spec = self.speculator()
             v = spec.verifier
             text = render_chat(v.chat_template(), [ChatMessage(m.role, m.content) for m in messages])
             tokens = v.tokenize(text, special=True)
             corpus = tuple(v.tokenize(m.content, special=False) for m in messages if m.content)
-            gen = spec.generate(
-                Request(
-                    prompt=tokens,
-                    max_tokens=max_tokens,
-                    sampling=SamplingParams(temperature=temperature, top_p=top_p),
-                    stop=stop,
-                    drafter=drafter,  # type: ignore[arg-type]
-                    corpus=corpus,
-                    seed=seed,
-                ),
-                cancel=cancel,
+            request = Request(
+                prompt=tokens,
+                max_tokens=max_tokens,
+                sampling=SamplingParams(temperature=temperature, top_p=top_p),
+                stop=stop,
+                drafter=drafter,  # type: ignore[arg-type]
+                corpus=corpus,
+                seed=seed,
             )
-            for piece in gen:
-                if piece.text:
-                    on_text(piece.text)
-            self.last_used = time.monotonic()
-        return gen.text, len(tokens), stats_dict(gen.stats)
+            answer, stats = self._run(slot, spec, request, on_text, cancel)
+        return answer, len(tokens), stats
 
     def complete(
         self,
@@ -301,7 +365,7 @@ class Assistant:
         from openjarvis.engine.speculative import Request
         from openjarvis.engine.templates import fim_prompt
 
-        with self.gate:
+        with self.gate.hold(COMPLETE):
             spec = self.speculator()
             v = spec.verifier
             # Keep the text nearest the cursor when the file is larger than the context allows.
