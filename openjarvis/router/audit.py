@@ -58,6 +58,45 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
+#: Status of a row written before the request is sent; it stays if the process dies mid-request.
+IN_FLIGHT = "in flight"
+
+_COLUMNS = (
+    "time",
+    "workspace",
+    "target",
+    "model",
+    "host",
+    "trigger",
+    "bytes_sent",
+    "redactions",
+    "tokens_in",
+    "tokens_out",
+    "tokens_estimated",
+    "cost_usd",
+    "status",
+)
+
+
+def _values(r: AuditRecord) -> tuple[object, ...]:
+    redactions = json.dumps(dict(sorted(r.redactions.items())))
+    return (
+        r.time,
+        r.workspace,
+        r.target,
+        r.model,
+        r.host,
+        r.trigger,
+        r.bytes_sent,
+        redactions,
+        r.tokens_in,
+        r.tokens_out,
+        int(r.tokens_estimated),
+        r.cost_usd,
+        r.status,
+    )
+
+
 def history_db_path() -> Path:
     """The per-user history database, shared with conversations and telemetry (``openjarvis.history``)."""
     return history.history_path()
@@ -137,29 +176,28 @@ class AuditLog:
                     (COMPONENT, number),
                 )
 
-    def write(self, record: AuditRecord) -> None:
-        """Append one row; committed before returning, so a crash right after keeps it."""
+    def write(self, record: AuditRecord) -> int:
+        """Append one row and return its id; committed before returning, so a crash keeps it."""
+        with closing(self._connect()) as conn, conn:
+            cur = conn.execute(
+                f"INSERT INTO audit ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})",
+                _values(record),
+            )
+            assert cur.lastrowid is not None
+            return cur.lastrowid
+
+    def update(self, row_id: int, record: AuditRecord) -> None:
+        """Replace row ``row_id`` (written as ``IN_FLIGHT`` before sending) with the outcome."""
         with closing(self._connect()) as conn, conn:
             conn.execute(
-                "INSERT INTO audit (time, workspace, target, model, host, trigger, bytes_sent, redactions, "
-                "tokens_in, tokens_out, tokens_estimated, cost_usd, status) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    record.time,
-                    record.workspace,
-                    record.target,
-                    record.model,
-                    record.host,
-                    record.trigger,
-                    record.bytes_sent,
-                    json.dumps(dict(sorted(record.redactions.items()))),
-                    record.tokens_in,
-                    record.tokens_out,
-                    int(record.tokens_estimated),
-                    record.cost_usd,
-                    record.status,
-                ),
+                f"UPDATE audit SET {', '.join(c + ' = ?' for c in _COLUMNS)} WHERE id = ?",
+                (*_values(record), row_id),
             )
+
+    def delete(self, row_id: int) -> None:
+        """Drop an in-flight row when, after all, no byte was sent (the connection never opened)."""
+        with closing(self._connect()) as conn, conn:
+            conn.execute("DELETE FROM audit WHERE id = ?", (row_id,))
 
     def records(self, since: float | None = None, limit: int | None = None) -> list[AuditRecord]:
         """Rows oldest first; ``since`` in unix seconds; ``limit`` keeps the most recent ones."""

@@ -36,7 +36,7 @@ import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from email.utils import parsedate_to_datetime
 from types import TracebackType
 from typing import Any, Literal
@@ -55,7 +55,7 @@ from openjarvis.errors import (
     CloudUnavailable,
 )
 from openjarvis.netguard import check_allowed
-from openjarvis.router.audit import AuditLog, AuditRecord
+from openjarvis.router.audit import IN_FLIGHT, AuditLog, AuditRecord
 from openjarvis.router.redact import known_secrets_from_env, redact
 from openjarvis.router.targets import Target
 
@@ -224,6 +224,11 @@ class CloudClient:
         progress = _Progress()
         attempt = 0
         status = "ok"
+        started = time.time()
+        row = None
+        if self.audit is not None:  # written first: a crash mid-request still leaves its row
+            pending = replace(self._reply(progress, counts, 0, sent_messages), bytes_sent=len(payload))
+            row = self.audit.write(self._audit_record(started, pending, IN_FLIGHT))
         try:
             while True:
                 attempt += 1
@@ -242,10 +247,16 @@ class CloudClient:
         except asyncio.CancelledError:
             status = "cancelled"
             raise
+        except BaseException as exc:  # e.g. on_text failed because the client went away; re-raised
+            status = f"interrupted: {_reason(exc)}"
+            raise
         finally:
             reply = self._reply(progress, counts, attempt, sent_messages)
-            if progress.bytes_sent and self.audit is not None:
-                self._record(reply, status)
+            if self.audit is not None and row is not None:
+                if progress.bytes_sent:
+                    self.audit.update(row, self._audit_record(started, reply, status))
+                else:
+                    self.audit.delete(row)
         return reply
 
     async def _attempt(
@@ -285,6 +296,8 @@ class CloudClient:
             ) from exc
         except httpx.ReadTimeout as exc:
             progress.bytes_sent += 0 if progress.bytes_sent else len(payload)
+            if progress.done:
+                return  # finished (finish_reason seen); the target just never closed the stream
             where = "mid-answer" if progress.chars else "before answering"
             raise CloudTimeout(
                 f"target {name!r} went silent {where} for {self._timeouts.read_s:g} s (read timeout); try again later"
@@ -451,24 +464,21 @@ class CloudClient:
             attempts=attempts,
         )
 
-    def _record(self, reply: CloudReply, status: str) -> None:
-        assert self.audit is not None
-        self.audit.write(
-            AuditRecord(
-                time=time.time(),
-                workspace=self.workspace,
-                target=self.target.name,
-                model=reply.model,
-                host=self.target.host,
-                bytes_sent=reply.bytes_sent,
-                redactions=reply.redactions,
-                tokens_in=reply.tokens_in,
-                tokens_out=reply.tokens_out,
-                cost_usd=reply.cost_usd,
-                status=status,
-                trigger=self.trigger,
-                tokens_estimated=not reply.usage_reported,
-            )
+    def _audit_record(self, started: float, reply: CloudReply, status: str) -> AuditRecord:
+        return AuditRecord(
+            time=started,
+            workspace=self.workspace,
+            target=self.target.name,
+            model=reply.model,
+            host=self.target.host,
+            bytes_sent=reply.bytes_sent,
+            redactions=reply.redactions,
+            tokens_in=reply.tokens_in,
+            tokens_out=reply.tokens_out,
+            cost_usd=reply.cost_usd,
+            status=status,
+            trigger=self.trigger,
+            tokens_estimated=not reply.usage_reported,
         )
 
 

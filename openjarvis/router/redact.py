@@ -295,7 +295,10 @@ def redact(text: str, known: Iterable[str] = ()) -> Redaction:
     usable = {k for k in known if len(k) >= KNOWN_SECRET_MIN_LEN and k not in placeholder("known_secret")}
     known_values = tuple(sorted(usable, key=len, reverse=True))
     total: Counter[str] = Counter()
-    for _ in range(4):  # a fixpoint: redacting a redacted text finds nothing more
+    # Run to a fixpoint, so that redacting a redacted text finds nothing more. A pass can reveal a
+    # secret glued to the previous one (its left boundary was a secret's last character). It ends:
+    # every replacement removes characters that are not part of a placeholder, which never matches.
+    while True:
         p = _Pass()
         new = _one_pass(text, known_values, p)
         total.update(p.counts)

@@ -320,3 +320,25 @@ def test_a_cancelled_request_is_audited_as_cancelled(fake_cloud: FakeCloud) -> N
         ask(fake_cloud.url, on_text=cancel, audit=audit)
     [row] = audit.records()
     assert row.status == "cancelled" and row.bytes_sent > 0
+
+
+def test_the_audit_row_is_written_before_the_answer_so_a_crash_keeps_it(fake_cloud: FakeCloud) -> None:
+    fake_cloud.script(stream("a", "b"))
+    audit = AuditLog()
+    during: list[list[str]] = []
+    ask(fake_cloud.url, on_text=lambda _: during.append([r.status for r in audit.records()]), audit=audit)
+    assert during == [["in flight"], ["in flight"]]
+    assert [r.status for r in audit.records()] == ["ok"]
+
+
+def test_a_failing_text_sink_is_audited_as_interrupted(fake_cloud: FakeCloud) -> None:
+    fake_cloud.script(stream("a", "b"))
+    audit = AuditLog()
+
+    def gone(text: str) -> None:
+        raise BrokenPipeError("client went away")
+
+    with pytest.raises(BrokenPipeError):
+        ask(fake_cloud.url, on_text=gone, audit=audit)
+    [row] = audit.records()
+    assert row.status == "interrupted: client went away"
