@@ -99,7 +99,7 @@ class RouterConfig:
 
 @dataclass(frozen=True, slots=True)
 class DaemonConfig:
-    idle_unload_minutes: int = _doc("Unload models after this many idle minutes (0 = never).", 15)
+    idle_unload_minutes: float = _doc("Unload models after this many idle minutes (0 = never).", 15.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import threading
 import time
@@ -52,6 +53,7 @@ from openjarvis.daemon.server import Call, Daemon
 from openjarvis.errors import ContextOverflow, EditError, JarvisError, ModelError
 
 T = TypeVar("T")
+log = logging.getLogger("openjarvis.daemon")
 
 
 def _state(daemon: Daemon) -> dict[str, Any]:
@@ -67,12 +69,26 @@ def _state(daemon: Daemon) -> dict[str, Any]:
         st["workspaces"] = Workspaces(config)
         st["previews"] = {}
 
+        idle = asyncio.create_task(_unload_when_idle(st["assistant"], config.daemon.idle_unload_minutes * 60.0))
+
         async def close() -> None:
+            idle.cancel()
             await asyncio.to_thread(st["workspaces"].close)
             await asyncio.to_thread(st["assistant"].unload)
 
         daemon.on_shutdown.append(close)
     return st
+
+
+async def _unload_when_idle(assistant: Any, idle_s: float) -> None:
+    """Give the models' memory back after ``idle_s`` without a request (0 keeps them loaded)."""
+    if idle_s <= 0:
+        return
+    while True:
+        await asyncio.sleep(max(1.0, min(60.0, idle_s / 4)))
+        if assistant.loaded and not assistant.gate.busy and time.monotonic() - assistant.last_used > idle_s:
+            log.info("models idle for %.0f s: unloading", idle_s)
+            await asyncio.to_thread(assistant.unload)
 
 
 async def in_thread(call: Call, fn: Callable[[Callable[[], bool], Callable[[str, dict[str, Any]], None]], T]) -> T:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,23 @@ def test_jarvis_ask_streams_plain_text_sources_and_footer(
     with open_history() as db:  # the streamed text printed is exactly the stored answer
         first = db.messages(convs[0]["id"])[1].content
     assert out.startswith(first)
+
+
+def test_models_unload_after_the_idle_time(tiny_setup: Path) -> None:
+    paths.user_config_file().write_text(
+        paths.user_config_file().read_text() + "[daemon]\nidle_unload_minutes = 0.03\n"
+    )
+    ensure_running(paths.socket_path())
+    try:
+        with Client(autostart=False) as c:
+            c.call("chat", {"workspace": str(tiny_setup), "message": "hi", "max_tokens": 2})
+            assert c.call("stats")["models_loaded"] == ["tiny-d", "tiny-v"]
+            deadline = time.monotonic() + 20
+            while c.call("stats")["models_loaded"] and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert c.call("stats")["models_loaded"] == []
+            # and they come back on the next request
+            c.call("chat", {"workspace": str(tiny_setup), "message": "again", "max_tokens": 2})
+            assert c.call("stats")["models_loaded"] == ["tiny-d", "tiny-v"]
+    finally:
+        stop(paths.socket_path())
