@@ -199,7 +199,7 @@ class CloudClient:
         other ``CloudError`` subclasses as described in the module docstring.
         """
         check_allowed(self._url, offline=self.offline, error=CloudOffline)
-        key = self.target.api_key()
+        key = self.target.api_key(self._environ)
         known = (key, *known_secrets_from_env(self._environ)) if key else known_secrets_from_env(self._environ)
         counts: dict[str, int] = {}
         sent_messages = []
@@ -382,6 +382,12 @@ class CloudClient:
     async def _read_json(self, resp: httpx.Response, progress: _Progress, on_text: TextSink | None) -> None:
         """A target that ignores ``stream: true`` answers with one JSON object; accept it."""
         await resp.aread()
+        if resp.text.lstrip().startswith("data:"):  # server-sent events without their content type
+            for event in resp.text.replace("\r\n", "\n").split("\n\n"):
+                data = "\n".join(line[5:].removeprefix(" ") for line in event.splitlines() if line.startswith("data:"))
+                if data:
+                    await self._event(data, progress, on_text)
+            return
         body = self._json(resp.text, f"(HTTP {resp.status_code})")
         self._check_error(body)
         try:

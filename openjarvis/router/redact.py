@@ -254,7 +254,7 @@ def _one_pass(text: str, known: tuple[str, ...], p: _Pass) -> str:
 
     def quoted(m: re.Match[str]) -> str:
         value = m.group("value")
-        if not is_secret_name(m.group("name")) or _NOT_A_VALUE.search(value) or value.count(" ") >= 2:
+        if not is_secret_name(m.group("name")) or _NOT_A_VALUE.search(value):
             return m.group(0)
         q = m.group("q")
         return f"{m.group('name')}{m.group('close')}{m.group('sep')}{q}{p.hide('secret_assignment')}{q}"

@@ -78,14 +78,14 @@ class Target:
     def cost_usd(self, tokens_in: int, tokens_out: int) -> float:
         return tokens_in / 1000 * self.input_usd_per_1k + tokens_out / 1000 * self.output_usd_per_1k
 
-    def api_key(self) -> str:
+    def api_key(self, environ: Mapping[str, str] | None = None) -> str:
         """The key for this target, read now; "" when the target declares no key source.
 
         A key file must be a regular file owned by you with no permissions for group or others,
         like ssh refuses a private key that others can read.
         """
         if self.api_key_env:
-            key = os.environ.get(self.api_key_env, "").strip()
+            key = (os.environ if environ is None else environ).get(self.api_key_env, "").strip()
             if not key:
                 raise CloudAuthError(
                     f"target {self.name!r}: environment variable {self.api_key_env} is not set or empty; "

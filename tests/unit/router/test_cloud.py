@@ -10,7 +10,9 @@ import asyncio
 import json
 import logging
 import socket
+import time
 from collections.abc import Callable, Sequence
+from email.utils import formatdate
 from typing import Any
 
 import pytest
@@ -342,3 +344,22 @@ def test_a_failing_text_sink_is_audited_as_interrupted(fake_cloud: FakeCloud) ->
         ask(fake_cloud.url, on_text=gone, audit=audit)
     [row] = audit.records()
     assert row.status == "interrupted: client went away"
+
+
+def test_retry_after_as_an_http_date(fake_cloud: FakeCloud) -> None:
+    fake_cloud.script(
+        error(503, "maintenance", {"Retry-After": formatdate(time.time() + 30, usegmt=True)}), stream("up")
+    )
+    sleeps = Sleeps()
+    assert ask(fake_cloud.url, sleeps=sleeps).text == "up"
+    [wait] = sleeps
+    assert 20 < wait <= 30
+
+
+def test_an_event_stream_without_its_content_type(fake_cloud: FakeCloud) -> None:
+    events = stream("plain", " text").events or []
+    body = "".join(f"data: {e}\r\n\r\n" for e in events).encode()
+    fake_cloud.script(Reply(headers={"Content-Type": "text/plain"}, body=body))
+    seen: list[str] = []
+    assert ask(fake_cloud.url, on_text=seen.append).text == "plain text"
+    assert seen == ["plain", " text"]

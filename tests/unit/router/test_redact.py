@@ -50,6 +50,11 @@ EXAMPLES = [
     ("Authorization: Bearer abcdefghijklmnop.1234", "Authorization: Bearer [REDACTED:bearer_token]", "bearer_token"),
     ("DB_PASSWORD=swordfish\n", "DB_PASSWORD=[REDACTED:secret_assignment]\n", "secret_assignment"),
     (
+        'DB_PASSPHRASE="correct horse battery staple"',
+        'DB_PASSPHRASE="[REDACTED:secret_assignment]"',
+        "secret_assignment",
+    ),
+    (
         "export GITLAB_TOKEN=glpat-xyz123abc\n",
         "export GITLAB_TOKEN=[REDACTED:secret_assignment]\n",
         "secret_assignment",
