@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "map": "openjarvis.cli.index_cmd:repo_map",
     "refs": "openjarvis.cli.index_cmd:refs",
     "search": "openjarvis.cli.index_cmd:search",
+    "tui": "openjarvis.cli.tui_cmd:tui",
 }
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -90,7 +91,12 @@ def cli(ctx: click.Context, overrides: tuple[str, ...]) -> None:
     ctx.ensure_object(dict)
     ctx.obj["overrides"] = parse_overrides(overrides)
     if ctx.invoked_subcommand is None:
-        click.echo(ctx.get_help())
+        if sys.stdin.isatty() and sys.stdout.isatty():  # bare `jarvis` in a terminal: the TUI (issue 6)
+            from openjarvis.cli.tui_cmd import run_tui
+
+            run_tui(ctx)
+        else:
+            click.echo(ctx.get_help())
 
 
 def flag_overrides(ctx: click.Context) -> dict[str, str]:

@@ -1,0 +1,1 @@
+"""The TUI's screens besides the main one: diff review, conversation history."""

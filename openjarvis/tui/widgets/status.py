@@ -1,0 +1,44 @@
+"""The status bar: workspace, routing, the last answer's model and speed, the index, the daemon."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.markup import escape
+from textual.reactive import reactive
+from textual.widgets import Static
+
+from openjarvis.tui import format
+
+
+class StatusBar(Static):
+    """One line; the app sets the reactives, ``render`` draws them."""
+
+    workspace: reactive[str] = reactive("")
+    route_mode: reactive[str] = reactive("auto")
+    last_result: reactive[dict[str, Any] | None] = reactive(None)
+    index_status: reactive[dict[str, Any] | None] = reactive(None)
+    index_progress: reactive[tuple[int, int] | None] = reactive(None)
+    connected: reactive[bool] = reactive(False)
+    busy: reactive[bool] = reactive(False)
+
+    def render(self) -> str:
+        parts = [f"[b]{escape(format.short_workspace(self.workspace))}[/b]"]
+        if not self.connected:
+            parts.append("[reverse $error] daemon offline [/]")
+        parts.append(f"route {self.route_mode}" if self.route_mode != "auto" else "auto")
+        if self.busy:
+            parts.append("[i]answering… Esc cancels[/i]")
+        if self.last_result is not None:
+            if format.left_machine(self.last_result):
+                target = escape(str(self.last_result.get("route")))
+                parts.append(f"[reverse $warning] ☁ LEFT MACHINE: {target} [/]")
+            else:
+                parts.append("[$success]● local[/]")
+            parts.append(format.answer_stats(self.last_result))
+        if self.index_progress is not None:
+            done, total = self.index_progress
+            parts.append(f"indexing {done}/{total}")
+        else:
+            parts.append(escape(format.index_state(self.index_status)))
+        return " · ".join(parts)
