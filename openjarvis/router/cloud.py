@@ -183,6 +183,7 @@ class CloudClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Close pooled connections; ``async with`` does it for you."""
         await self._http.aclose()
 
     async def stream_chat(
@@ -273,9 +274,17 @@ class CloudClient:
         or a connection dropped by the peer all mean the target may have read the request.
         """
         name = self.target.name
+        opened = False
+
+        def sent() -> None:
+            nonlocal opened
+            if not opened:
+                progress.bytes_sent += len(payload)
+                opened = True
+
         try:
             async with self._http.stream("POST", self._url, content=payload, headers=headers) as resp:
-                progress.bytes_sent += len(payload)
+                sent()
                 if resp.status_code != 200:
                     await resp.aread()
                     raise self._status_error(resp, key)
@@ -295,20 +304,23 @@ class CloudClient:
                 CloudUnavailable(f"target {name!r}: cannot connect to {self.target.host}: {_reason(exc)}")
             ) from exc
         except httpx.ReadTimeout as exc:
-            progress.bytes_sent += 0 if progress.bytes_sent else len(payload)
+            sent()
             if progress.done:
                 return  # finished (finish_reason seen); the target just never closed the stream
             where = "mid-answer" if progress.chars else "before answering"
             raise CloudTimeout(
                 f"target {name!r} went silent {where} for {self._timeouts.read_s:g} s (read timeout); try again later"
             ) from exc
-        except httpx.RemoteProtocolError as exc:
-            progress.bytes_sent += 0 if progress.bytes_sent else len(payload)
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            sent()
             if progress.chars:
                 raise CloudProtocolError(
                     f"target {name!r} cut the stream off after {progress.chars} characters; the answer is incomplete"
                 ) from exc
             raise _Retryable(CloudServerError(f"target {name!r} closed the connection without an answer")) from exc
+        except (httpx.WriteTimeout, httpx.PoolTimeout) as exc:
+            sent()
+            raise CloudTimeout(f"target {name!r}: could not send the request in time ({type(exc).__name__})") from exc
         except httpx.HTTPError as exc:
             raise CloudUnavailable(f"target {name!r}: {type(exc).__name__}: {_reason(exc)}") from exc
         if not progress.done:

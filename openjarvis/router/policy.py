@@ -134,6 +134,7 @@ class Decision:
 
     @property
     def local(self) -> bool:
+        """True when the request runs on the local engine pair."""
         return self.target is None
 
     @property

@@ -81,10 +81,12 @@ class Redaction:
 
     @property
     def total(self) -> int:
+        """Secrets taken out, all kinds together."""
         return sum(self.counts.values())
 
 
 def placeholder(kind: str) -> str:
+    """What a secret of ``kind`` becomes: ``[REDACTED:kind]``, never matched by any rule."""
     return PLACEHOLDER.format(kind=kind)
 
 

@@ -68,6 +68,7 @@ class Target:
 
     @property
     def host(self) -> str:
+        """Host name only, for audit rows and error lines (never the URL's credentials or path)."""
         return urlsplit(self.base_url).hostname or ""
 
     @property
@@ -76,6 +77,7 @@ class Target:
         return is_loopback(self.base_url)
 
     def cost_usd(self, tokens_in: int, tokens_out: int) -> float:
+        """US dollars for a request of that size at this target's prices (0 for your own engines)."""
         return tokens_in / 1000 * self.input_usd_per_1k + tokens_out / 1000 * self.output_usd_per_1k
 
     def api_key(self, environ: Mapping[str, str] | None = None) -> str:
