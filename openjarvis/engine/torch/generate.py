@@ -29,6 +29,8 @@ Kernels = Literal["triton", "torch"]
 MAX_STEP = 32
 #: Sequence splits of the decode attention (grid = n_head_kv x NSPLIT programs).
 NSPLIT = 64
+#: PDL mode where supported (see ``Runner.pdl``), from docs/gpu-notes.md's measurements.
+DEFAULT_PDL = 1
 
 
 @dataclass(slots=True)
@@ -83,13 +85,15 @@ class Runner:
         #: block_k). Filled by tuning (scripts/bench_gpu.py); defaults where absent.
         self.linear_configs: dict[tuple[str, int], object] = {}
         self.attn_block_s = 64
-        #: Launch the Triton kernels with programmatic dependent launch (Hopper): each kernel
-        #: loads its first weight tile while the previous one finishes.
-        self.pdl = False
+        #: Programmatic dependent launch of the Triton kernels (Hopper), per T: 0 off, 1 each
+        #: kernel launched while the previous one finishes, 2 also loading its first weight
+        #: tile before waiting. ``pdl`` is the mode for any T not in ``pdl_by_t``.
+        self.pdl = 0
+        self.pdl_by_t: dict[int, int] = {}
         if self.kernels == "triton" and on_cuda:
             from openjarvis.engine.torch.kernels import pdl_supported
 
-            self.pdl = pdl_supported()
+            self.pdl = DEFAULT_PDL if pdl_supported() else 0
 
     @property
     def n_ctx(self) -> int:
@@ -200,7 +204,7 @@ class Runner:
 
         qkv_tiles = cfg.get(("qkv", t)) or (None, None)
         assert isinstance(qkv_tiles, tuple)
-        pdl = self.pdl
+        pdl = self.pdl_by_t.get(t, self.pdl)
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pdl)
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]

@@ -67,7 +67,7 @@ def _gdc(PDL: tl.constexpr):
     """Programmatic dependent launch: let the next kernel start its prologue, then wait until
     the previous kernel has finished and its writes are visible. Everything before this point
     may read only weights (never written during a step)."""
-    if PDL:
+    if PDL == 1 or PDL == 2:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
 
@@ -103,30 +103,47 @@ def _linear_kernel(
     rt = tl.arange(0, BLOCK_T)  # [BT]
     nmask = rn < N
     tmask = rt < T
-    # First K tile of the weights: issued before waiting on the previous kernel (PDL).
-    rk = k_lo + tl.arange(0, BLOCK_K)  # [BK]
-    kmask = rk < k_hi
-    wmask = nmask[:, None] & kmask[None, :]
-    w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0)  # [BN, BK]
-    if MODE == 2:
-        w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
-    else:
-        w2 = w
-    _gdc(PDL)
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc, acc2, ss,
-                              MODE, NORM, BLOCK_T)
-    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
+    if PDL >= 2:
+        # The first K tile of the weights is loaded before waiting on the previous kernel.
+        rk = k_lo + tl.arange(0, BLOCK_K)  # [BK]
         kmask = rk < k_hi
         wmask = nmask[:, None] & kmask[None, :]
-        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0)
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0)  # [BN, BK]
         if MODE == 2:
             w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
-        acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc, acc2,
-                                  ss, MODE, NORM, BLOCK_T)
+        else:
+            w2 = w
+        _gdc(PDL)
+        acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
+                                  acc2, ss, MODE, NORM, BLOCK_T)
+        for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            kmask = rk < k_hi
+            wmask = nmask[:, None] & kmask[None, :]
+            w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0)
+            if MODE == 2:
+                w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
+            acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
+                                      acc2, ss, MODE, NORM, BLOCK_T)
+    else:
+        _gdc(PDL)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)  # [BK]
+            kmask = rk < k_hi
+            x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                        mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            if NORM:
+                ss += tl.sum(x * x, axis=1)
+                x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+            wmask = nmask[:, None] & kmask[None, :]
+            w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0)
+            acc = _tile_dot(x, w, acc, BLOCK_T)
+            if MODE == 2:
+                w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
+                acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
     if NORM:
         inv = tl.rsqrt(ss / K + eps)
         acc = acc * inv[:, None]
@@ -162,17 +179,22 @@ def _qkv_rope_kernel(
     r2 = r1 + HALF
     rt = tl.arange(0, BLOCK_T)
     tmask = rt < T
-    rk = tl.arange(0, BLOCK_K)
-    kmask = rk < K
-    w1 = tl.load(w_ptr + r1[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0)
-    w2 = tl.load(w_ptr + r2[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0)
-    _gdc(PDL)
     acc1 = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1, acc2,
-                               ss, 2, True, BLOCK_T)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
+    k_first = 0
+    if PDL >= 2:  # the first weight tile before waiting on the previous kernel
+        rk = tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        w1 = tl.load(w_ptr + r1[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0)
+        w2 = tl.load(w_ptr + r2[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0)
+        _gdc(PDL)
+        acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
+                                   acc2, ss, 2, True, BLOCK_T)
+        k_first = BLOCK_K
+    else:
+        _gdc(PDL)
+    for k0 in range(k_first, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
         w1 = tl.load(w_ptr + r1[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0)
@@ -300,8 +322,10 @@ def pdl_supported() -> bool:
     return "launch_pdl" in fields and hasattr(tl_cuda, "gdc_wait")
 
 
-def _launch(pdl: bool) -> dict[str, bool]:
-    return {"launch_pdl": True} if pdl else {}
+def _launch(pdl: int) -> dict[str, bool]:
+    """PDL modes: 0 off; 1 launched early, waits first; 2 also loads its first weight tile
+    before waiting (linear and qkv kernels); 3 the code of 2 without PDL (tests, interpreter)."""
+    return {"launch_pdl": True} if pdl in (1, 2) else {}
 
 
 def linear(
@@ -314,7 +338,7 @@ def linear(
     bias: torch.Tensor | None = None,  # [N]
     eps: float = 1e-6,
     cfg: LinearConfig | None = None,
-    pdl: bool = False,
+    pdl: int = 0,
 ) -> torch.Tensor:
     t, k = x.shape
     n = w.shape[0] // 2 if mode == SWIGLU else w.shape[0]
@@ -347,7 +371,7 @@ def qkv_rope(
     block_p: int | None = None,
     block_k: int | None = None,
     num_warps: int = 4,
-    pdl: bool = False,
+    pdl: int = 0,
 ) -> None:
     t, k = x.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
@@ -374,7 +398,7 @@ def attention(
     ml_part: torch.Tensor,  # [NSPLIT, T, H, 2] float32 scratch
     block_s: int = 64,
     num_warps: int = 4,
-    pdl: bool = False,
+    pdl: int = 0,
 ) -> torch.Tensor:
     t, n_head, hd = q.shape
     n_kv = k_cache.shape[0]
@@ -386,21 +410,22 @@ def attention(
         q, k_cache, v_cache, start, o_part, ml_part,
         t, k_cache.stride(0), k_cache.stride(1), hd**-0.5,
         N_HEAD=n_head, G=g, HD=hd, NSPLIT=nsplit,
-        BLOCK_R=block_r, BLOCK_S=block_s, PDL=pdl, num_warps=num_warps, **_launch(pdl),
+        BLOCK_R=block_r, BLOCK_S=block_s, PDL=1 if pdl in (1, 2) else 0, num_warps=num_warps, **_launch(pdl),
     )
     _attn_combine_kernel[(t * n_head,)](
-        o_part, ml_part, out, t, N_HEAD=n_head, HD=hd, NSPLIT=nsplit, PDL=pdl, num_warps=1,
+        o_part, ml_part, out, t, N_HEAD=n_head, HD=hd, NSPLIT=nsplit, PDL=1 if pdl in (1, 2) else 0, num_warps=1,
         **_launch(pdl),
     )
     return out
 
 
 def embed(
-    tokens: torch.Tensor, emb: torch.Tensor, h: torch.Tensor, pdl: bool = False
+    tokens: torch.Tensor, emb: torch.Tensor, h: torch.Tensor, pdl: int = 0
 ) -> torch.Tensor:
     """``h [T, D]`` float32 = ``emb [V, D]`` rows of ``tokens [T]``."""
     d = emb.shape[1]
     _embed_kernel[(tokens.shape[0],)](
-        tokens, emb, h, d, BLOCK_D=min(1024, triton.next_power_of_2(d)), PDL=pdl, **_launch(pdl)
+        tokens, emb, h, d, BLOCK_D=min(1024, triton.next_power_of_2(d)), PDL=1 if pdl in (1, 2) else 0,
+        **_launch(pdl),
     )
     return h

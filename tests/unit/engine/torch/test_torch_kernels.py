@@ -35,9 +35,10 @@ def g(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.parametrize("peel", [0, 3])  # 3: the loop shape PDL mode 2 runs, without PDL
 @pytest.mark.parametrize("t", [1, 3, 17])
 @pytest.mark.parametrize("mode", [K.STORE, K.ADD, K.SWIGLU])
-def test_linear_modes(t: int, mode: int) -> None:
+def test_linear_modes(t: int, mode: int, peel: int) -> None:
     n, k = 40, 72  # not multiples of the tiles: the masks matter
     x, w = g(t, k, seed=1), g(2 * n if mode == K.SWIGLU else n, k, seed=2)
     norm, bias = g(k, seed=3) + 1, g(n, seed=4)
@@ -45,7 +46,7 @@ def test_linear_modes(t: int, mode: int) -> None:
     out = h0.clone() if mode == K.ADD else torch.full((t, n), POISON)
     cfg = K.LinearConfig(block_n=8 if t == 1 else 16, block_k=32)
     use_bias = bias if mode == K.STORE else None
-    K.linear(x, w, out, mode=mode, norm=norm, bias=use_bias, eps=1e-6, cfg=cfg)
+    K.linear(x, w, out, mode=mode, norm=norm, bias=use_bias, eps=1e-6, cfg=cfg, pdl=peel)
     y = rms_norm(x, norm, 1e-6) @ w.T
     if mode == K.STORE:
         ref = y + bias
@@ -68,8 +69,9 @@ def test_split_k_adds_partial_sums_into_the_residual(t: int) -> None:
     assert rel(out, h0 + x @ w.T) < 1e-5
 
 
+@pytest.mark.parametrize("peel", [0, 3])
 @pytest.mark.parametrize("t", [1, 5])
-def test_qkv_rope_writes_q_and_the_cache(t: int) -> None:
+def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
     a = ARGS
     x, w, bias, norm = g(t, a.n_embd, seed=1), g(a.qkv_dim, a.n_embd, seed=2), g(a.qkv_dim, seed=3), g(a.n_embd, seed=4)
     rope = rope_table(a, 64, "cpu")
@@ -77,7 +79,8 @@ def test_qkv_rope_writes_q_and_the_cache(t: int) -> None:
     q = torch.full((t, a.n_head, a.head_dim), POISON)
     kc = torch.full((a.n_head_kv, 40, a.head_dim), POISON)
     vc = kc.clone()
-    K.qkv_rope(x, w, norm, bias, rope, torch.tensor([start]), q, kc, vc, 1e-6)
+    K.qkv_rope(x, w, norm, bias, rope, torch.tensor([start]), q, kc, vc, 1e-6, block_k=64,
+               pdl=peel)
     y = rms_norm(x, norm, 1e-6) @ w.T + bias
     rq, rk, rv = y.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
     cs = rope[start : start + t]
