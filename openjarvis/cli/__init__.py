@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "daemon": "openjarvis.cli.daemon_cmd:daemon",
     "doctor": "openjarvis.cli.doctor:doctor",
     "generate": "openjarvis.cli.generate_cmd:generate",
+    "history": "openjarvis.cli.history_cmd:history",
     "locate": "openjarvis.cli.doctor:locate",
     "models": "openjarvis.cli.models_cmd:models",
     "serve": "openjarvis.cli.serve_cmd:serve",

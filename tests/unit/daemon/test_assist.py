@@ -205,3 +205,18 @@ def test_models_unload_after_the_idle_time(tiny_setup: Path) -> None:
             assert c.call("stats")["models_loaded"] == ["tiny-d", "tiny-v"]
     finally:
         stop(paths.socket_path())
+
+
+def test_jarvis_history_lists_and_shows(tiny_daemon: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["history", "-C", str(tiny_daemon)]) == 0
+    assert "no conversations yet" in capsys.readouterr().out
+    with Client(autostart=False) as c:
+        result = c.call("chat", {"workspace": str(tiny_daemon), "message": "what is Router?"})
+    assert main(["history", "-C", str(tiny_daemon)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(result["conversation"]) and line.endswith("2 messages  what is Router?")
+    assert main(["history", result["conversation"]]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("# what is Router?") and result["answer"] in shown
+    assert main(["history", "nope"]) == 1
+    assert "no conversation 'nope'" in capsys.readouterr().err
