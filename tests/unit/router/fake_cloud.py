@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import socket
+import struct
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ class Reply:
     body: bytes = b""
     #: Close the connection, mid-body, after sending this many events.
     cut_after: int | None = None
+    #: Cut it with a TCP reset rather than an orderly close.
+    reset: bool = False
     #: Wait this long before answering (interrupted when the server stops).
     delay_s: float = 0.0
 
@@ -113,7 +116,11 @@ class FakeCloud:
                     if reply.cut_after is not None and i >= reply.cut_after:
                         self.wfile.flush()
                         self.close_connection = True
-                        self.connection.shutdown(socket.SHUT_RDWR)
+                        if reply.reset:
+                            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                            self.connection.close()
+                        else:
+                            self.connection.shutdown(socket.SHUT_RDWR)
                         return
                     data = f"data: {event}\n\n".encode()
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))

@@ -186,9 +186,10 @@ def test_a_slow_target_hits_the_read_timeout_and_is_not_retried(fake_cloud: Fake
     assert len(fake_cloud.received) == 1
 
 
-def test_a_stream_cut_off_mid_answer_keeps_the_text_shown_and_says_so(fake_cloud: FakeCloud) -> None:
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+def test_a_stream_cut_off_mid_answer_keeps_the_text_shown_and_says_so(fake_cloud: FakeCloud, reset: bool) -> None:
     reply = stream("Hel", "lo", " world")
-    reply.cut_after = 2
+    reply.cut_after, reply.reset = 2, reset
     fake_cloud.script(reply)
     seen: list[str] = []
     audit = AuditLog()
