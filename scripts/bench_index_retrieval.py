@@ -15,7 +15,7 @@ Metrics, over all questions:
 - file level (both systems): recall@1, recall@5 and MRR of the answer's file among the first
   distinct files returned (hybrid returns chunks; repeated files are collapsed in order);
 - symbol level (hybrid only): a hit counts if it is in the answer's file and its lines overlap
-  the answer definition's lines.
+  the answer definition's lines (from its first overload or declaration to its last line).
 
 The baseline is SQLite FTS5 BM25 over one row per file (path and full text, ``porter unicode61``
 tokenizer), queried with the question's words OR-ed after the same stopword list: the plain
@@ -115,8 +115,8 @@ def main() -> None:
                 base = baseline_db(root, paths)
                 for q in items:
                     span = store.conn.execute(
-                        "SELECT s.line, s.end_line FROM symbols s JOIN files f ON f.id = s.file_id "
-                        "WHERE f.path = ? AND s.qualname = ? ORDER BY s.line LIMIT 1",
+                        "SELECT min(s.line), max(s.end_line) FROM symbols s JOIN files f ON f.id = s.file_id "
+                        "WHERE f.path = ? AND s.qualname = ? HAVING count(*) > 0",
                         (q["path"], q["symbol"]),
                     ).fetchone()
                     if span is None:

@@ -41,9 +41,11 @@ class Weights:
     tolerance: float = 1e-7
     rrf_k: float = 60.0  # reciprocal rank fusion: score = weight / (rrf_k + rank)
     signals: Mapping[str, float] = field(
-        default_factory=lambda: {"text": 1.0, "name": 1.2, "exact": 2.0, "focus": 0.5}
+        default_factory=lambda: {"text": 1.0, "file": 2.0, "name": 1.0, "exact": 2.0, "focus": 0.5}
     )
     graph_prior: float = 0.3  # final score *= 1 + graph_prior * normalised file rank
+    prose: float = 0.5  # chunks of files without a grammar (docs, text, translations)
+    tests: float = 0.6  # chunks of test files: rarely the answer to "where/how is X done"
     chars_per_token: float = 4.0
 
 
@@ -147,20 +149,36 @@ def fuse(
     signals: Mapping[str, Sequence[K]],
     prior: Mapping[K, float],
     weights: Weights = WEIGHTS,
+    multiplier: Mapping[K, float] | None = None,
 ) -> list[tuple[K, float]]:
     """Weighted reciprocal-rank fusion of ranked lists, times a prior in [0, 1]; best first.
 
     A key scores ``sum(weight[s] / (rrf_k + rank_s))`` over the signals that list it (rank from
-    1), then ``* (1 + graph_prior * prior[key])``. Ties keep first-seen order.
+    1), then ``* (1 + graph_prior * prior[key]) * multiplier[key]`` (``path_prior``, default 1).
+    Ties keep first-seen order.
     """
     scores: dict[K, float] = {}
     for signal, keys in signals.items():
         w = weights.signals.get(signal, 1.0)
         for position, key in enumerate(keys, 1):
             scores[key] = scores.get(key, 0.0) + w / (weights.rrf_k + position)
-    fused = [(k, s * (1.0 + weights.graph_prior * prior.get(k, 0.0))) for k, s in scores.items()]
+    mult = multiplier or {}
+    fused = [
+        (k, s * (1.0 + weights.graph_prior * prior.get(k, 0.0)) * mult.get(k, 1.0)) for k, s in scores.items()
+    ]
     fused.sort(key=lambda kv: -kv[1])
     return fused
+
+
+_TEST_PATH = re.compile(r"(^|/)(tests?|__tests__|spec|testing)/|(^|/)test_[^/]*$|[._-](test|spec)\.[a-z]+$")
+
+
+def path_prior(path: str, is_code: bool, weights: Weights = WEIGHTS) -> float:
+    """A multiplier for chunks by where they live: code outside tests is 1."""
+    prior = 1.0 if is_code else weights.prose
+    if _TEST_PATH.search(path):
+        prior *= weights.tests
+    return prior
 
 
 def normalise(values: Mapping[K, float]) -> dict[K, float]:

@@ -13,6 +13,7 @@ Tables:
   count and the lines as comma-separated text (one row per name keeps the table small);
 - ``chunks`` + ``chunks_fts``: searchable runs of lines; the FTS5 row with the same rowid holds
   the path, symbol, text and the ``words`` that split camelCase identifiers;
+- ``files_fts``: one full-text row per file (rowid = ``files.id``): path, text, split words;
 - ``meta``: key/value facts about the last run (skip counts, timings).
 """
 
@@ -89,9 +90,24 @@ def _m001_initial(conn: sqlite3.Connection) -> None:
     )
 
 
+def _m002_files_fts(conn: sqlite3.Connection) -> None:
+    # Whole-file documents for the ``file`` signal of search. Existing rows have none yet, so
+    # their hashes are cleared: the next run re-reads every file and fills the table.
+    _run(
+        conn,
+        """
+        CREATE VIRTUAL TABLE files_fts USING fts5(
+            path, text, words, tokenize = 'porter unicode61 remove_diacritics 2'
+        );
+        UPDATE files SET hash = ''
+        """,
+    )
+
+
 #: (version, name, function); versions are 1, 2, 3, ... with no gaps.
 MIGRATIONS: list[tuple[int, str, Migration]] = [
     (1, "initial", _m001_initial),
+    (2, "whole-file full text", _m002_files_fts),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -3,12 +3,14 @@
 ``search`` gathers ranked lists of chunks, then fuses them with ``rank.fuse``:
 
 - ``text``: BM25 over chunk text, path, symbol and the split identifier words (FTS5);
-- ``name``: BM25 over the symbol column only (a fuzzy match on definition names);
+- ``file``: BM25 over whole files (``files_fts``), each file contributing its best chunks;
+- ``name``: BM25 over the symbol column only (a fuzzy match on definition names), keeping
+  symbols that share two query words;
 - ``exact``: definitions whose name or qualified name is a word of the query;
 - ``focus``: chunks of the focused files (the editor's or conversation's files), if any;
 
-and the graph prior: each file's PageRank in the reference graph (personalised toward the focus
-files when given).
+and two priors: each file's PageRank in the reference graph (personalised toward the focus files
+when given), and ``rank.path_prior`` (prose and test files weigh less).
 
 Example::
 
@@ -26,10 +28,20 @@ from pathlib import Path
 
 from openjarvis.index import rank
 from openjarvis.index.store import Store
-from openjarvis.index.tags import split_identifier
+from openjarvis.index.tags import has_grammar, split_identifier
 
 #: Rows each ranked list contributes before fusion.
 CANDIDATES = 60
+#: Files the whole-file signal takes, and chunks it takes from each.
+FILE_CANDIDATES = 30
+CHUNKS_PER_FILE = 2
+#: BM25 over chunks, columns weighted: path, symbol, text, split words.
+_CHUNK_BM25 = "bm25(chunks_fts, 2.0, 6.0, 1.0, 1.0)"
+#: The name signal keeps symbols sharing this many query words, from this many FTS rows.
+NAME_MIN_WORDS = 2
+NAME_POOL = 300
+#: (file id, path, symbol, kind, start, end, is code) of a chunk.
+_Info = tuple[int, str, str, str, int, int, bool]
 SNIPPET_LINES = 3
 SNIPPET_LINE_CHARS = 160
 
@@ -103,21 +115,16 @@ def search(
         return []
     conn = store.conn
     signals: dict[str, list[int]] = {}
+    expr = _fts_expr(terms)
     signals["text"] = [
         row[0]
         for row in conn.execute(
-            "SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? "
-            "ORDER BY bm25(chunks_fts, 2.0, 6.0, 1.0, 1.0) LIMIT ?",
-            (_fts_expr(terms), CANDIDATES),
+            f"SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY {_CHUNK_BM25} LIMIT ?",
+            (expr, CANDIDATES),
         )
     ]
-    signals["name"] = [
-        row[0]
-        for row in conn.execute(
-            "SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY rank LIMIT ?",
-            (_fts_expr(terms, "symbol"), CANDIDATES),
-        )
-    ]
+    signals["file"] = _file_matches(store, expr)
+    signals["name"] = _name_matches(store, terms)
     signals["exact"] = _exact_chunks(store, query)
     file_rank = _file_ranks(store, focus)
     if focus:
@@ -132,12 +139,74 @@ def search(
         return []
     info = _chunk_info(store, candidates)
     prior = {cid: file_rank.get(info[cid][0], 0.0) for cid in candidates if cid in info}
-    fused = rank.fuse(signals, prior, weights)[:k]
+    mult = {cid: rank.path_prior(v[1], v[6], weights) for cid, v in info.items()}
+    fused = rank.fuse(signals, prior, weights, mult)[:k]
     return [_hit(store, cid, score, info[cid], terms) for cid, score in fused if cid in info]
 
 
+def _name_matches(store: Store, terms: Sequence[str]) -> list[int]:
+    """Chunks whose symbol name shares words with the query: two or more words (or the only one).
+
+    A single shared word is too weak in a sentence (``url`` in "validate that a URL is well
+    formed" would pull every ``url`` method); two rarely happen by chance.
+    """
+    need = min(NAME_MIN_WORDS, len(terms))
+    wanted = set(terms)
+    out: list[int] = []
+    rows = store.conn.execute(
+        "SELECT rowid, symbol FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY rank LIMIT ?",
+        (_fts_expr(terms, "symbol"), NAME_POOL),
+    )
+    for cid, symbol in rows:
+        words = {w.lower() for w in _WORD.findall(symbol)}
+        if len(_stems(wanted) & _stems(words)) >= need:
+            out.append(cid)
+    return out[:CANDIDATES]
+
+
+def _stems(words: set[str]) -> set[str]:
+    # Crude plural folding, enough to match "values" to "value" as FTS5's porter stemmer does.
+    return {w[:-1] if len(w) > 3 and w.endswith("s") else w for w in words}
+
+
+def _file_matches(store: Store, expr: str) -> list[int]:
+    """The best chunks of the files that match best as a whole (BM25 over ``files_fts``).
+
+    A question's words are often spread over a file (a class docstring, a method, a helper);
+    this is the whole-file view, mapped back to the file's best-matching chunks.
+    """
+    files = [
+        r[0]
+        for r in store.conn.execute(
+            "SELECT rowid FROM files_fts WHERE files_fts MATCH ? ORDER BY bm25(files_fts, 2.0, 1.0, 1.0) LIMIT ?",
+            (expr, FILE_CANDIDATES),
+        )
+    ]
+    if not files:
+        return []
+    best: dict[int, list[int]] = {}
+    rows = store.conn.execute(
+        f"SELECT c.id, c.file_id FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid "
+        f"WHERE chunks_fts MATCH ? AND c.file_id IN ({','.join('?' * len(files))}) ORDER BY {_CHUNK_BM25}",
+        (expr, *files),
+    )
+    for cid, fid in rows:
+        kept = best.setdefault(fid, [])
+        if len(kept) < CHUNKS_PER_FILE:
+            kept.append(cid)
+    return [cid for fid in files for cid in best.get(fid, [])]
+
+
+def _identifier_words(query: str) -> list[str]:
+    """Words of the query that name code: all of a short query, else only identifier-shaped ones."""
+    words = [w for w in re.findall(r"[A-Za-z_][\w.]*", query) if len(w) > 2]
+    if len(words) <= 2:
+        return words
+    return [w for w in words if "_" in w or "." in w.strip(".") or (w[1:] != w[1:].lower())]
+
+
 def _exact_chunks(store: Store, query: str) -> list[int]:
-    names = [w for w in re.findall(r"[A-Za-z_][\w.]*", query) if len(w) > 2]
+    names = _identifier_words(query)
     out: list[int] = []
     for name in names:
         rows = store.conn.execute(
@@ -171,20 +240,20 @@ def _file_ranks(store: Store, focus: Sequence[str]) -> dict[int, float]:
     return rank.normalise(rank.pagerank(graph, {fid: 1.0 for fid in ids}))
 
 
-def _chunk_info(store: Store, ids: Sequence[int]) -> dict[int, tuple[int, str, str, str, int, int]]:
+def _chunk_info(store: Store, ids: Sequence[int]) -> dict[int, _Info]:
     marks = ",".join("?" * len(ids))
     rows = store.conn.execute(
-        f"SELECT c.id, c.file_id, f.path, c.symbol, c.kind, c.start_line, c.end_line "
+        f"SELECT c.id, c.file_id, f.path, c.symbol, c.kind, c.start_line, c.end_line, f.language "
         f"FROM chunks c JOIN files f ON f.id = c.file_id WHERE c.id IN ({marks})",
         tuple(ids),
     )
-    return {r[0]: (r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows}
+    return {r[0]: (r[1], r[2], r[3], r[4], r[5], r[6], has_grammar(r[7])) for r in rows}
 
 
 def _hit(
-    store: Store, cid: int, score: float, info: tuple[int, str, str, str, int, int], terms: list[str]
+    store: Store, cid: int, score: float, info: _Info, terms: list[str]
 ) -> Hit:
-    _, path, symbol, kind, start, end = info
+    _, path, symbol, kind, start, end, _ = info
     row = store.conn.execute("SELECT text FROM chunks_fts WHERE rowid = ?", (cid,)).fetchone()
     return Hit(path, symbol, kind, start, end, round(score, 6), snippet(row[0] if row else "", terms))
 

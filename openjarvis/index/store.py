@@ -147,6 +147,12 @@ class Store:
             )
         if ex is None:
             return
+        words = record.chunk_words or tuple(search_words(c.symbol + "\n" + c.text) for c in ex.chunks)
+        words_all = dict.fromkeys(w for chunk_words in words for w in chunk_words.split())
+        conn.execute(
+            "INSERT INTO files_fts (rowid, path, text, words) VALUES (?, ?, ?, ?)",
+            (fid, _path_words(record.path), "\n".join(c.text for c in ex.chunks), " ".join(words_all)),
+        )
         conn.executemany(
             "INSERT INTO symbols (file_id, name, qualname, kind, line, end_line, signature, doc) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -164,7 +170,6 @@ class Store:
             [(cid, fid, c.start_line, c.end_line, c.symbol, c.kind) for cid, c in zip(ids, ex.chunks, strict=True)],
         )
         path_words = _path_words(record.path)
-        words = record.chunk_words or tuple(search_words(c.symbol + "\n" + c.text) for c in ex.chunks)
         conn.executemany(
             "INSERT INTO chunks_fts (rowid, path, symbol, text, words) VALUES (?, ?, ?, ?, ?)",
             [(cid, path_words, _symbol_words(c.symbol), c.text, w)
@@ -250,6 +255,7 @@ def _delete_rows(conn: sqlite3.Connection, file_ids: Sequence[int]) -> None:
         conn.execute(
             "DELETE FROM chunks_fts WHERE rowid IN (SELECT id FROM chunks WHERE file_id = ?)", (fid,)
         )
+        conn.execute("DELETE FROM files_fts WHERE rowid = ?", (fid,))
         for table in ("chunks", "symbols", "refs"):
             conn.execute(f"DELETE FROM {table} WHERE file_id = ?", (fid,))
 

@@ -50,6 +50,8 @@ TEXT_LANGUAGES: dict[str, str] = {
 # Chunking limits: a chunk never exceeds either; a single longer line is its own chunk.
 CHUNK_MAX_LINES = 60
 CHUNK_MAX_CHARS = 3000
+#: Neighbouring chunks of one symbol merge when one of them is shorter than this (overloads).
+SMALL_CHUNK_LINES = 8
 SIGNATURE_MAX_CHARS = 240
 DOC_MAX_CHARS = 300
 
@@ -399,7 +401,28 @@ def _plain_chunks(lines: list[str], language: str) -> list[Chunk]:
 def _def_chunks(lines: list[str], roots: list[_Def]) -> list[Chunk]:
     out: list[Chunk] = []
     _span(lines, 0, len(lines), [d for d in roots if d.kind in BLOCK_KINDS], "", None, out)
-    return out
+    return _merge_small(lines, out)
+
+
+def _merge_small(lines: list[str], chunks: list[Chunk]) -> list[Chunk]:
+    """Join neighbours of the same symbol (overloads, a split tail) while they fit the caps."""
+    merged: list[Chunk] = []
+    for c in chunks:
+        prev = merged[-1] if merged else None
+        if (
+            prev is not None
+            and prev.symbol == c.symbol
+            and prev.kind == c.kind
+            and c.end_line - prev.start_line < CHUNK_MAX_LINES
+            and len(prev.text) + len(c.text) < CHUNK_MAX_CHARS
+            and (prev.end_line - prev.start_line < SMALL_CHUNK_LINES or c.end_line - c.start_line < SMALL_CHUNK_LINES)
+        ):
+            header = prev.text.split("\n", 1)[0] if prev.text.count("\n") > prev.end_line - prev.start_line else ""
+            body = lines[prev.start_line - 1 : c.end_line]
+            merged[-1] = Chunk(prev.start_line, c.end_line, _with_header(header, body), c.symbol, c.kind)
+        else:
+            merged.append(c)
+    return merged
 
 
 def _span(

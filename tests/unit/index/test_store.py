@@ -167,3 +167,30 @@ def test_corrupt_database_names_the_fix(workspace: Path) -> None:
 def test_reading_a_workspace_never_indexed(workspace: Path) -> None:
     with pytest.raises(IndexNotBuilt, match="run `jarvis index`"):
         open_readonly(workspace)
+
+
+def test_upgrade_from_schema_1_reindexes_for_the_new_table(
+    sample_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = db_path_for(sample_repo)
+    with monkeypatch.context() as m:
+        m.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:1])
+        m.setattr(schema, "SCHEMA_VERSION", 1)
+        m.setattr("openjarvis.index.store.Store._write_one", _write_v1)
+        with Store.open(db) as old:
+            assert index_workspace(old, sample_repo, CONFIG).indexed == 15
+    with Store.open(db) as new:
+        assert new.conn.execute("SELECT count(*) FROM files WHERE hash = ''").fetchone()[0] == 15
+        assert index_workspace(new, sample_repo, CONFIG).indexed == 15
+        assert new.conn.execute("SELECT count(*) FROM files_fts").fetchone()[0] == 15
+
+
+def _write_v1(self: Store, conn: sqlite3.Connection, record: object) -> None:
+    """What version 1 wrote: the files row only (enough to test the upgrade path)."""
+    from openjarvis.index.store import FileRecord
+
+    assert isinstance(record, FileRecord)
+    conn.execute(
+        "INSERT INTO files (language, size, mtime_ns, hash, path) VALUES ('python', ?, ?, ?, ?)",
+        (record.size, record.mtime_ns, record.hash, record.path),
+    )
