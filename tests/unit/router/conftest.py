@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from fake_cloud import GUARD, FakeCloud, NetGuard, activate_guard
+from router_fake_cloud import GUARD, FakeCloud, NetGuard, activate_guard
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fake_cloud import FakeCloud, stream
+from router_fake_cloud import FakeCloud, stream
 
 from openjarvis import paths
 from openjarvis.router.cloud import CloudReply, Message, Retry, Timeouts

@@ -16,7 +16,7 @@ from email.utils import formatdate
 from typing import Any
 
 import pytest
-from fake_cloud import FakeCloud, Reply, chunk, error, stream
+from router_fake_cloud import FakeCloud, Reply, chunk, error, stream
 
 from openjarvis.errors import (
     CloudAuthError,

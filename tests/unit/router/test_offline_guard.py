@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fake_cloud import FakeCloud, NetGuard, stream
+from router_fake_cloud import FakeCloud, NetGuard, stream
 
 from openjarvis.errors import CloudOffline, CloudUnavailable
 from openjarvis.router.audit import AuditLog
