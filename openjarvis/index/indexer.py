@@ -178,7 +178,8 @@ def index_workspace(
 
 
 def _job(root: Path, entry: FileEntry, state: FileState | None) -> _Job | None:
-    if state is not None and state.size == entry.size and state.mtime_ns == entry.mtime_ns:
+    # An empty hash marks rows a migration wants rebuilt, whatever the file's stat says.
+    if state is not None and state.hash and (state.size, state.mtime_ns) == (entry.size, entry.mtime_ns):
         return None
     return _Job(str(root), entry.path, entry.size, entry.mtime_ns, state.hash if state else "")
 
