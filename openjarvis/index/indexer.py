@@ -28,7 +28,7 @@ from openjarvis.config import IndexConfig
 from openjarvis.index import rank
 from openjarvis.index.files import FileEntry, scan_workspace
 from openjarvis.index.store import FileRecord, FileState, Store
-from openjarvis.index.tags import extract, search_words
+from openjarvis.index.tags import extract
 
 #: Files written per transaction; bigger batches are faster, smaller lose less on a crash.
 WRITE_BATCH = 256
@@ -92,8 +92,7 @@ def process(job: _Job) -> _Result:
         return _Result(job.path, "unchanged", None, st.st_size, st.st_mtime_ns)
     binary = b"\0" in data[:8192]
     extraction = None if binary else extract(job.path, data)
-    words = tuple(search_words(c.symbol + "\n" + c.text) for c in extraction.chunks) if extraction else ()
-    record = FileRecord(job.path, st.st_size, st.st_mtime_ns, digest, extraction, words)
+    record = FileRecord.from_extraction(job.path, st.st_size, st.st_mtime_ns, digest, extraction)
     return _Result(job.path, "indexed", record, st.st_size, st.st_mtime_ns)
 
 
@@ -153,10 +152,9 @@ def index_workspace(
     for done, result in enumerate(_results(todo, worker_count(config)), 1):
         if result.status == "indexed" and result.record is not None:
             batch.append(result.record)
-            ex = result.record.extraction
             summary.indexed += 1
-            summary.lines += ex.lines if ex else 0
-            summary.errors += 1 if ex is not None and ex.error else 0
+            summary.lines += result.record.lines
+            summary.errors += 1 if result.record.error else 0
         elif result.status == "unchanged":
             summary.unchanged += 1
             touched.append((result.path, result.size, result.mtime_ns))

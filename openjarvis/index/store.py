@@ -47,15 +47,40 @@ class FileState:
 
 @dataclass(frozen=True, slots=True)
 class FileRecord:
-    """A processed file ready to write; ``extraction`` is None for binary content."""
+    """A processed file as the rows to write, built in a worker by ``from_extraction``.
+
+    Plain tuples rather than ``Tag`` objects: they cross the process boundary several times
+    faster, and the single writer only has to insert them.
+    """
 
     path: str
     size: int
     mtime_ns: int
     hash: str
-    extraction: Extraction | None
-    #: Per chunk, the split identifier words for FTS (computed in the worker, not the writer).
-    chunk_words: tuple[str, ...] = ()
+    language: str  # "binary" for content with NUL bytes: no rows besides the file's
+    lines: int = 0
+    error: str | None = None
+    #: (name, qualname, kind, line, end_line, signature, doc)
+    symbols: tuple[tuple[str, str, str, int, int, str, str], ...] = ()
+    #: (name, strongest kind, count, "line,line,...")
+    refs: tuple[tuple[str, str, int, str], ...] = ()
+    #: (start_line, end_line, symbol, kind, text, split words)
+    chunks: tuple[tuple[int, int, str, str, str, str], ...] = ()
+
+    @classmethod
+    def from_extraction(
+        cls, path: str, size: int, mtime_ns: int, digest: str, ex: Extraction | None
+    ) -> FileRecord:
+        if ex is None:
+            return cls(path, size, mtime_ns, digest, "binary")
+        symbols = tuple(
+            (t.name, t.qualname, t.kind, t.line, t.end_line, t.signature, t.doc) for t in ex.tags if t.role == "def"
+        )
+        chunks = tuple(
+            (c.start_line, c.end_line, c.symbol, c.kind, c.text, search_words(c.symbol + "\n" + c.text))
+            for c in ex.chunks
+        )
+        return cls(path, size, mtime_ns, digest, ex.language, ex.lines, ex.error, symbols, _grouped_refs(ex), chunks)
 
 
 class Store:
@@ -127,54 +152,46 @@ class Store:
 
     def _write_one(self, conn: sqlite3.Connection, record: FileRecord) -> None:
         row = conn.execute("SELECT id FROM files WHERE path = ?", (record.path,)).fetchone()
-        ex = record.extraction
-        language = ex.language if ex is not None else "binary"
-        values = (language, record.size, record.mtime_ns, record.hash,
-                  ex.lines if ex else 0, ex.error if ex else None)  # fmt: skip
+        values = (record.language, record.size, record.mtime_ns, record.hash, record.lines, record.error)
         if row is None:
             fid = conn.execute(
-                "INSERT INTO files (language, size, mtime_ns, hash, lines, error, path) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO files (language, size, mtime_ns, hash, lines, error, path) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (*values, record.path),
             ).lastrowid
         else:
             fid = row[0]
             _delete_rows(conn, [fid])
             conn.execute(
-                "UPDATE files SET language = ?, size = ?, mtime_ns = ?, hash = ?, lines = ?, "
-                "error = ? WHERE id = ?",
+                "UPDATE files SET language = ?, size = ?, mtime_ns = ?, hash = ?, lines = ?, error = ? WHERE id = ?",
                 (*values, fid),
             )
-        if ex is None:
+        if record.language == "binary":
             return
-        words = record.chunk_words or tuple(search_words(c.symbol + "\n" + c.text) for c in ex.chunks)
-        words_all = dict.fromkeys(w for chunk_words in words for w in chunk_words.split())
+        path_words = _path_words(record.path)
+        words_all = dict.fromkeys(w for chunk in record.chunks for w in chunk[5].split())
         conn.execute(
             "INSERT INTO files_fts (rowid, path, text, words) VALUES (?, ?, ?, ?)",
-            (fid, _path_words(record.path), "\n".join(c.text for c in ex.chunks), " ".join(words_all)),
+            (fid, path_words, "\n".join(chunk[4] for chunk in record.chunks), " ".join(words_all)),
         )
         conn.executemany(
             "INSERT INTO symbols (file_id, name, qualname, kind, line, end_line, signature, doc) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [(fid, t.name, t.qualname, t.kind, t.line, t.end_line, t.signature, t.doc)
-             for t in ex.tags if t.role == "def"],
-        )  # fmt: skip
+            [(fid, *sym) for sym in record.symbols],
+        )
         conn.executemany(
             "INSERT INTO refs (file_id, name, kind, count, lines) VALUES (?, ?, ?, ?, ?)",
-            [(fid, *row) for row in _grouped_refs(ex)],
+            [(fid, *ref) for ref in record.refs],
         )
         first = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM chunks").fetchone()[0]
-        ids = range(first, first + len(ex.chunks))
+        ids = range(first, first + len(record.chunks))
         conn.executemany(
             "INSERT INTO chunks (id, file_id, start_line, end_line, symbol, kind) VALUES (?, ?, ?, ?, ?, ?)",
-            [(cid, fid, c.start_line, c.end_line, c.symbol, c.kind) for cid, c in zip(ids, ex.chunks, strict=True)],
+            [(cid, fid, c[0], c[1], c[2], c[3]) for cid, c in zip(ids, record.chunks, strict=True)],
         )
-        path_words = _path_words(record.path)
         conn.executemany(
             "INSERT INTO chunks_fts (rowid, path, symbol, text, words) VALUES (?, ?, ?, ?, ?)",
-            [(cid, path_words, _symbol_words(c.symbol), c.text, w)
-             for cid, c, w in zip(ids, ex.chunks, words, strict=True)],
-        )  # fmt: skip
+            [(cid, path_words, _symbol_words(c[2]), c[4], c[5]) for cid, c in zip(ids, record.chunks, strict=True)],
+        )
 
     def touch(self, updates: Iterable[tuple[str, int, int]]) -> None:
         """Record new (path, size, mtime_ns) for files whose content hash did not change."""
@@ -235,7 +252,7 @@ class Store:
 _REF_STRENGTH = {"call": 0, "import": 1, "type": 2, "use": 3}
 
 
-def _grouped_refs(ex: Extraction) -> list[tuple[str, str, int, str]]:
+def _grouped_refs(ex: Extraction) -> tuple[tuple[str, str, int, str], ...]:
     """One (name, strongest kind, count, "line,line,...") per referenced name."""
     by_name: dict[str, tuple[str, list[int]]] = {}
     for t in ex.tags:
@@ -246,8 +263,9 @@ def _grouped_refs(ex: Extraction) -> list[tuple[str, str, int, str]]:
             kind = t.kind
         lines.append(t.line)
         by_name[t.name] = (kind, lines)
-    return [(name, kind, len(lines), ",".join(map(str, sorted(set(lines)))))
-            for name, (kind, lines) in by_name.items()]  # fmt: skip
+    return tuple(
+        (name, kind, len(lines), ",".join(map(str, sorted(set(lines))))) for name, (kind, lines) in by_name.items()
+    )
 
 
 def _delete_rows(conn: sqlite3.Connection, file_ids: Sequence[int]) -> None:

@@ -221,21 +221,24 @@ def _tags_from_tree(
     refs: dict[tuple[str, str, int], Tag] = {}
     for _, captures in tree_sitter.QueryCursor(query).matches(tree.root_node):
         names = captures.get("name")
-        for capture, nodes in captures.items():
-            if capture.startswith("definition.") and names:
-                node, name_node = nodes[0], names[0]
-                name = _node_text(name_node, data)
-                key = (node.start_byte, name)
-                if key not in found:
-                    found[key] = _make_def(node, name, capture[11:], data, lines, language)
-            elif capture.startswith("reference."):
-                for node in nodes:
-                    name = _ref_name(_node_text(node, data))
-                    line = node.start_point[0] + 1
-                    if name:
-                        refs.setdefault(
-                            (name, capture[10:], line), Tag("ref", name, capture[10:], line, line)
-                        )
+        if names is not None:
+            for capture, nodes in captures.items():
+                if capture.startswith("definition."):
+                    node, name_node = nodes[0], names[0]
+                    name = _node_text(name_node, data)
+                    key = (node.start_byte, name)
+                    if key not in found:
+                        found[key] = _make_def(node, name, capture[11:], data, lines, language)
+            continue
+        for capture, nodes in captures.items():  # a reference pattern: one capture
+            kind = capture[10:]
+            for node in nodes:
+                text = data[node.start_byte : node.end_byte].decode("utf-8", errors="replace")
+                name = text if text.isidentifier() else _ref_name(text)
+                line = node.start_point[0] + 1
+                ref_key = (name, kind, line)
+                if name and ref_key not in refs:
+                    refs[ref_key] = Tag("ref", name, kind, line, line)
     roots = _nest(sorted(found.values(), key=lambda d: (d.start_byte, -d.end_byte)))
     return roots, list(refs.values())
 
@@ -246,6 +249,8 @@ def _node_text(node: Any, data: bytes) -> str:
 
 def _ref_name(text: str) -> str:
     """Import paths and includes name their last component: ``"net/http"`` -> ``http``."""
+    if text.isidentifier():
+        return text
     text = re.split(r"[/\\]", text.strip("\"'<>` "))[-1]
     text = _SOURCE_SUFFIX.sub("", text)
     if "." in text or "::" in text:

@@ -191,6 +191,6 @@ def _write_v1(self: Store, conn: sqlite3.Connection, record: object) -> None:
 
     assert isinstance(record, FileRecord)
     conn.execute(
-        "INSERT INTO files (language, size, mtime_ns, hash, path) VALUES ('python', ?, ?, ?, ?)",
-        (record.size, record.mtime_ns, record.hash, record.path),
+        "INSERT INTO files (language, size, mtime_ns, hash, path) VALUES (?, ?, ?, ?, ?)",
+        (record.language, record.size, record.mtime_ns, record.hash, record.path),
     )
