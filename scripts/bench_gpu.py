@@ -499,9 +499,14 @@ def pdl_check() -> int:
         for _ in range(20):  # replays race if a wait is missing
             rows.append(r.logits(seq[59:60], 59).clone())
         outs.append(torch.cat(rows))
+    # Against the plain launch: the same function up to rounding order (mode 2's loop is
+    # compiled differently; bf16 activations turn last-bit differences into ~1e-3).
     errs = [float((o - outs[0]).norm() / outs[0].norm()) for o in outs[1:]]
-    print(json.dumps({"pdl1_vs_plain_rel": errs[0], "pdl2_vs_plain_rel": errs[1]}))
-    return 0 if max(errs) < 1e-3 else 3
+    # A missing wait would race: the 20 replays of one step must agree bit for bit.
+    stable = [bool((o[-20:] == o[-1:]).all()) for o in outs]
+    print(json.dumps({"pdl1_vs_plain_rel": errs[0], "pdl2_vs_plain_rel": errs[1],
+                      "replays_identical": stable}))
+    return 0 if max(errs) < 2e-2 and all(stable) else 3
 
 
 def measure_acceptance(models: Path, n_gen: int = 160) -> dict[str, Any]:
