@@ -18,17 +18,21 @@ The daemon's flow for one chat request::
         # (or, on an engine error, signals with local_error=str(exc)); d.dead_end: report d.reason
     if not d.local:
         reply = await router.send(d, messages, max_tokens=max_tokens, on_text=notify)
+        # or, from a worker thread: router.send_blocking(d, messages, ..., on_text=notify, cancel=cancelled)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from openjarvis.config import Config, load_config
 from openjarvis.router.audit import AuditLog
 from openjarvis.router.cloud import (
+    CHARS_PER_TOKEN,
     DEFAULT_RETRY,
     DEFAULT_TIMEOUTS,
     CloudClient,
@@ -40,6 +44,9 @@ from openjarvis.router.cloud import (
 )
 from openjarvis.router.policy import Decision, Policy, RouteRequest, Signals, route
 from openjarvis.router.targets import load_router
+
+#: How often :meth:`Router.send_blocking` asks its ``cancel`` callable, in seconds.
+CANCEL_POLL_S = 0.05
 
 
 class Router:
@@ -110,3 +117,56 @@ class Router:
             environ=self._environ,
         ) as client:
             return await client.stream_chat(messages, max_tokens=max_tokens, temperature=temperature, on_text=on_text)
+
+    def send_blocking(
+        self,
+        decision: Decision,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        on_text: Callable[[str], None] | None = None,
+        cancel: Callable[[], bool] | None = None,
+    ) -> CloudReply:
+        """:meth:`send` for a worker thread (the daemon generates off its event loop).
+
+        Runs its own event loop in the calling thread, which must not be running one. ``cancel``
+        is polled every :data:`CANCEL_POLL_S`; once it returns True the request is abandoned (and
+        audited as cancelled) and the reply carries the text so far, ``finish_reason="cancelled"``
+        and token counts estimated from it.
+        """
+        shown: list[str] = []
+
+        def sink(text: str) -> None:
+            shown.append(text)
+            if on_text is not None:
+                on_text(text)
+
+        async def run() -> CloudReply:
+            task = asyncio.ensure_future(
+                self.send(decision, messages, max_tokens=max_tokens, temperature=temperature, on_text=sink)
+            )
+            while cancel is not None and not task.done():
+                if cancel():
+                    task.cancel()
+                    break
+                await asyncio.wait({task}, timeout=CANCEL_POLL_S)
+            return await task
+
+        try:
+            return asyncio.run(run())
+        except asyncio.CancelledError:
+            assert decision.target is not None
+            text = "".join(shown)
+            tokens_out = math.ceil(len(text) / CHARS_PER_TOKEN)
+            return CloudReply(
+                text=text,
+                target=decision.target.name,
+                model=decision.target.model,
+                finish_reason="cancelled",
+                tokens_in=0,
+                tokens_out=tokens_out,
+                usage_reported=False,
+                cost_usd=decision.target.cost_usd(0, tokens_out),
+                bytes_sent=0,
+            )

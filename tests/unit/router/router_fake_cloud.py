@@ -36,6 +36,8 @@ class Reply:
     reset: bool = False
     #: Wait this long before answering (interrupted when the server stops).
     delay_s: float = 0.0
+    #: After this many events, stall until the server stops (a target that goes quiet mid-answer).
+    stall_after: int | None = None
 
 
 def chunk(text: str | None = None, finish: str | None = None, usage: tuple[int, int] | None = None) -> str:
@@ -113,6 +115,9 @@ class FakeCloud:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 for i, event in enumerate(reply.events):
+                    if reply.stall_after is not None and i >= reply.stall_after:
+                        cloud.stopping.wait(30)
+                        return
                     if reply.cut_after is not None and i >= reply.cut_after:
                         self.wfile.flush()
                         self.close_connection = True

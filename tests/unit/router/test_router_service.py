@@ -95,3 +95,23 @@ def test_send_refuses_a_local_or_unconfirmed_decision(workspace: Path, fake_clou
     with pytest.raises(ValueError, match="target"):
         send(router, Decision(None, "local"), "hi")
     assert fake_cloud.received == []
+
+
+def test_send_blocking_from_a_worker_thread_and_its_cancel(workspace: Path, fake_cloud: FakeCloud) -> None:
+    user_config(fake_cloud, 'cloud = "auto"')
+    router = make(workspace)
+    d = router.decide(RouteRequest(str(workspace), 9000, 16), Signals(local_context=8192))
+    fake_cloud.script(stream("all", " of it"))
+    seen: list[str] = []
+    reply = router.send_blocking(d, [Message("user", "hi")], max_tokens=16, on_text=seen.append)
+    assert (reply.text, reply.finish_reason, seen) == ("all of it", "stop", ["all", " of it"])
+
+    stalled = stream("first", " second")
+    stalled.stall_after = 1  # the target goes quiet after one token; the person presses Esc
+    fake_cloud.script(stalled)
+    seen.clear()
+    reply = router.send_blocking(
+        d, [Message("user", "hi")], max_tokens=16, on_text=seen.append, cancel=lambda: bool(seen)
+    )
+    assert (reply.text, reply.finish_reason) == ("first", "cancelled")
+    assert [r.status for r in router.audit.records()] == ["ok", "cancelled"]
