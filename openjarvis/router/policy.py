@@ -8,7 +8,8 @@ on the decision.
 When a request may leave the local engine (the *triggers*, checked in this order):
 
 1. ``asked``: the person asked for it (``/cloud`` in a chat, ``--cloud`` on the command line);
-   asking counts as consent, so ``cloud = "ask"`` does not ask again.
+   asking counts as consent, so ``cloud = "ask"`` does not ask again. The opposite request,
+   ``local_only`` (``/local``), keeps everything here whatever fires.
 2. ``local-failed``: the local engine raised (model missing, out of memory, a crash).
 3. ``context``: the prompt plus a minimal answer (:data:`MIN_ANSWER_TOKENS`) does not fit the
    local model's context.
@@ -102,6 +103,8 @@ class RouteRequest:
     asked_target: str = ""
     #: The person already confirmed an earlier ``needs_confirmation`` decision for this request.
     confirmed: bool = False
+    #: The person asked for this machine only (``/local``, the protocol's ``route: "local"``).
+    local_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +152,8 @@ def route(request: RouteRequest, policy: Policy, signals: Signals) -> Decision:
     if found is None:
         return Decision(None, "local")
     trigger, why = found
+    if request.local_only:
+        return Decision(None, f"{why}; staying local: you asked for this machine only (/local)", trigger)
     candidates = _candidates(request, policy)
     if isinstance(candidates, str):
         return Decision(None, f"{why}; staying local: {candidates}", trigger)
@@ -166,7 +171,7 @@ def route(request: RouteRequest, policy: Policy, signals: Signals) -> Decision:
 
 
 def _trigger(request: RouteRequest, policy: Policy, signals: Signals) -> tuple[Trigger, str] | None:
-    if request.asked:
+    if request.asked and not request.local_only:
         return Trigger.ASKED, "you asked (/cloud)"
     if signals.local_error:
         return Trigger.LOCAL_FAILED, f"local engine failed: {signals.local_error}"

@@ -183,6 +183,15 @@ ROWS = [
         {"acceptance": 0.1, "answer_tokens": 40},
     ),
     Row(
+        "local-only-wins-over-context",
+        {"cloud": "auto", "targets": (CLOUD,)},
+        {**TOO_BIG, "local_only": True},
+        trigger=Trigger.CONTEXT,
+        reason="prompt of 9000 tokens does not fit the local context of 8192; staying local: "
+        "you asked for this machine only (/local)",
+    ),
+    Row("local-only-fits", {"cloud": "auto", "targets": (CLOUD,)}, {**FITS, "local_only": True}, reason="local"),
+    Row(
         "no-targets",
         {"cloud": "auto"},
         TOO_BIG,
@@ -215,6 +224,10 @@ def test_a_local_decision_after_a_failure_is_a_dead_end() -> None:
     assert d.local and d.dead_end
     assert d.reason.startswith("local engine failed: out of memory; staying local: cloud: router.cloud = never")
     assert not decide(Row("y", {"cloud": "never"}, TOO_BIG)).dead_end
+    only_here = decide(
+        Row("z", {"cloud": "auto", "targets": (CLOUD,)}, {**FITS, "local_only": True}, {"local_error": "oom"})
+    )
+    assert only_here.dead_end
 
 
 def test_the_decision_carries_the_worst_case_cost() -> None:
