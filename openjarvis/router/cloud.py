@@ -14,6 +14,10 @@ Failures become one-line errors of the ``CloudError`` tree naming the target, ne
 - 401/403 (``CloudAuthError``, naming the variable or file the key came from), 404
   (``CloudNotFound``), invalid JSON or a stream cut off before its end (``CloudProtocolError``).
 
+Usage comes from ``stream_options.include_usage``; a server that rejects that option (400) is
+asked once more without it, and token counts are then estimated (:data:`CHARS_PER_TOKEN`) and
+marked so in the reply and the audit row.
+
 With ``offline=True`` (pass ``policy.offline or policy.never_leave``) the URL is checked by
 :func:`openjarvis.netguard.check_allowed` before anything is resolved or connected, and proxies
 from the environment are ignored, so no connection to a non-loopback address is opened.
@@ -125,10 +129,12 @@ class CloudReply:
 class _Retryable(Exception):
     """An attempt failed in a way worth retrying; carries the error to raise when out of tries."""
 
-    def __init__(self, error: CloudError, wait_s: float | None = None) -> None:
+    def __init__(self, error: CloudError, wait_s: float | None = None, *, drop_stream_options: bool = False) -> None:
         super().__init__(str(error))
         self.error = error
         self.wait_s = wait_s
+        #: The target rejected ``stream_options`` (older OpenAI-compatible servers): retry without.
+        self.drop_stream_options = drop_stream_options
 
 
 @dataclass(slots=True)
@@ -237,6 +243,10 @@ class CloudClient:
                     await self._attempt(payload, headers, progress, on_text, key)
                     break
                 except _Retryable as exc:
+                    if exc.drop_stream_options and "stream_options" in body:
+                        del body["stream_options"]  # usage is then estimated
+                        payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
+                        continue
                     if attempt >= self.retry.attempts or progress.chars:
                         raise exc.error from exc.__cause__
                     wait = exc.wait_s if exc.wait_s is not None else self.retry.delay(attempt)
@@ -357,7 +367,10 @@ class CloudClient:
             wait = _retry_after(resp)
             wait = wait if wait is not None and wait <= self.retry.max_retry_after_s else None
             return _Retryable(CloudServerError(f"target {name!r} failed ({code}{detail}); try again later"), wait)
-        return CloudError(f"target {name!r} rejected the request ({code}{detail})")
+        error = CloudError(f"target {name!r} rejected the request ({code}{detail})")
+        if code in (400, 422) and "stream_options" in detail:
+            return _Retryable(error, 0.0, drop_stream_options=True)
+        return error
 
     async def _read_sse(self, resp: httpx.Response, progress: _Progress, on_text: TextSink | None) -> None:
         data: list[str] = []

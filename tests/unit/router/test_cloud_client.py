@@ -364,3 +364,13 @@ def test_an_event_stream_without_its_content_type(fake_cloud: FakeCloud) -> None
     seen: list[str] = []
     assert ask(fake_cloud.url, on_text=seen.append).text == "plain text"
     assert seen == ["plain", " text"]
+
+
+def test_a_server_that_rejects_stream_options_is_asked_again_without(fake_cloud: FakeCloud) -> None:
+    fake_cloud.script(error(400, "Unrecognized request argument supplied: stream_options"), stream("fine", usage=None))
+    sleeps = Sleeps()
+    reply = ask(fake_cloud.url, sleeps=sleeps)
+    assert (reply.text, reply.usage_reported) == ("fine", False)
+    first, second = (r.json for r in fake_cloud.received)
+    assert "stream_options" in first and "stream_options" not in second
+    assert sleeps == []
