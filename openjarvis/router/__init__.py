@@ -4,5 +4,6 @@
 - ``targets``: the OpenAI-compatible endpoints of the user file and the effective policy;
 - ``redact``: secrets out of every byte that leaves;
 - ``cloud``: the async httpx client for those endpoints (streaming, retries, offline guard);
-- ``audit``: one row per request that left, in the per-user history database.
+- ``audit``: one row per request that left, in the per-user history database;
+- ``service``: ``Router``, the daemon's handle on all of the above for one workspace.
 """

@@ -6,6 +6,8 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from openjarvis.router.policy import Decision, Policy, RouteRequest, Signals, Trigger, route
 from openjarvis.router.targets import Target
@@ -233,3 +235,60 @@ def test_a_local_decision_after_a_failure_is_a_dead_end() -> None:
 def test_the_decision_carries_the_worst_case_cost() -> None:
     d = decide(Row("x", {"cloud": "auto", "targets": (CLOUD,)}, {**TOO_BIG, "max_tokens": 500}))
     assert d.estimated_cost_usd == pytest.approx(9 * 0.001 + 0.5 * 0.002)
+
+
+# Properties over random requests, policies and signals: the promises no table row may break.
+
+TARGETS = st.lists(st.sampled_from([CLOUD, CHEAP, OWN, LOOP]), unique_by=lambda t: t.name, max_size=4).map(tuple)
+POLICIES = st.builds(
+    Policy,
+    cloud=st.sampled_from(["never", "ask", "auto"]),
+    offline=st.booleans(),
+    never_leave=st.booleans(),
+    daily_spend_cap_usd=st.floats(0, 5),
+    low_confidence_logprob=st.floats(-5, 0),
+    min_acceptance=st.floats(0, 1),
+    preferred=st.sampled_from(["", "cloud", "workstation", "nope"]),
+    targets=TARGETS,
+)
+REQUESTS = st.builds(
+    RouteRequest,
+    workspace=st.just("/src/app"),
+    prompt_tokens=st.integers(0, 40000),
+    max_tokens=st.integers(1, 4096),
+    asked=st.booleans(),
+    asked_target=st.sampled_from(["", "cloud", "ollama", "nope"]),
+    confirmed=st.booleans(),
+    local_only=st.booleans(),
+)
+SIGNALS = st.builds(
+    Signals,
+    local_context=st.integers(512, 32768),
+    spent_today_usd=st.floats(0, 5),
+    local_error=st.sampled_from(["", "out of memory"]),
+    mean_logprob=st.none() | st.floats(-6, 0),
+    acceptance=st.none() | st.floats(0, 1),
+    answer_tokens=st.integers(0, 100),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(request=REQUESTS, policy=POLICIES, signals=SIGNALS)
+def test_no_decision_breaks_a_promise(request: RouteRequest, policy: Policy, signals: Signals) -> None:
+    d = route(request, policy, signals)
+    assert d.reason and "\n" not in d.reason
+    if d.target is None:
+        return
+    t = d.target
+    assert d.trigger is not None and not request.local_only
+    assert t in policy.targets
+    if policy.offline or policy.never_leave:
+        assert t.on_this_machine
+    if policy.cloud == "never":
+        assert t.local or t.on_this_machine
+    if d.estimated_cost_usd > 0:
+        assert signals.spent_today_usd + d.estimated_cost_usd <= policy.daily_spend_cap_usd
+    if d.needs_confirmation:
+        assert policy.cloud == "ask" and not request.asked and not request.confirmed
+    if request.asked_target:
+        assert t.name == request.asked_target
