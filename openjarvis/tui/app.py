@@ -59,6 +59,8 @@ from openjarvis.tui.widgets.status import StatusBar
 
 EDIT_BLOCK = re.compile(r"^<{5,9} SEARCH\s*$", re.MULTILINE)
 RECONNECT_S = 3.0
+#: How long a cancelled chat may take to be answered before the app stops waiting for it.
+CANCEL_GRACE_S = 2.0
 #: What the palette and /help list, besides the slash commands: (action, title, help).
 ACTIONS: tuple[tuple[str, str, str], ...] = (
     ("cancel", "Cancel the answer", "Stop the answer being generated (Esc)"),
@@ -119,6 +121,7 @@ class JarvisApp(App[None]):
         self._chat_rid: tuple[Any, Any] | None = None  # (client, rid seen before the request)
         self._cancel_pending: int | None = None
         self._told_offline = False
+        self._chat_worker: Worker[None] | None = None
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="main"):
@@ -142,7 +145,9 @@ class JarvisApp(App[None]):
         await self.conn.close()
 
     def _reconnect(self) -> None:
-        if not self.connected:
+        if self.connected and not self.conn.alive:
+            self.post_message(Disconnected(describe(DaemonError("the daemon closed the connection"))))
+        elif not self.connected:
             self.connect()
 
     @work(exclusive=True, group="connect", exit_on_error=False)
@@ -288,7 +293,7 @@ class JarvisApp(App[None]):
             params["conversation"] = self.conversation_id
         if self.route_mode != "auto":
             params["route"] = self.route_mode
-        self.chat(self._seq, params)
+        self._chat_worker = self.chat(self._seq, params)
 
     @work(group="chat", exit_on_error=False)
     async def chat(self, seq: int, params: dict[str, Any]) -> None:
@@ -300,7 +305,7 @@ class JarvisApp(App[None]):
             async for method, p in client.stream("chat", params):
                 if self._cancel_pending == seq:
                     self._cancel_pending = None
-                    self.send_cancel(client, client.last_request_id)
+                    self.send_cancel(client, client.last_request_id, self._chat_worker)
                 if method == "chat/token":
                     text += str(p.get("text", ""))
                     self.post_message(AnswerGrew(seq, text))
@@ -377,17 +382,22 @@ class JarvisApp(App[None]):
             client, before = self._chat_rid
             rid = getattr(client, "last_request_id", None)
             if rid is not None and rid != before:
-                self.send_cancel(client, rid)
+                self.send_cancel(client, rid, self._chat_worker)
             else:
                 self._cancel_pending = seq
         self.notify("Answer cancelled", timeout=2)
 
     @work(group="cancel", exit_on_error=False)
-    async def send_cancel(self, client: Any, rid: int) -> None:
+    async def send_cancel(self, client: Any, rid: int, chat: Worker[None] | None) -> None:
         try:
             await client.cancel(rid)
         except DaemonError:
             pass  # the request ended or the daemon is gone: either way nothing runs any more
+        # A request cancelled before its task started is never answered by the daemon (its task is
+        # cancelled before it can send the CANCELLED error), so stop waiting for it after a grace period.
+        await asyncio.sleep(CANCEL_GRACE_S)
+        if chat is not None and chat.is_running:
+            chat.cancel()
 
     # -- search -------------------------------------------------------------------------------
 

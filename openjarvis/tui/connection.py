@@ -44,8 +44,17 @@ class Connection:
         self.client: AsyncClient | None = None
         self._lock = asyncio.Lock()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the current client still has its connection (its reader has not seen EOF)."""
+        # AsyncClient has no public "closed" yet; a request on a dead one would wait forever.
+        task = getattr(self.client, "_reader_task", None)
+        return task is not None and not task.done()
+
     async def get(self) -> AsyncClient:
         async with self._lock:
+            if self.client is not None and not self.alive:
+                await self.drop()
             if self.client is None:
                 client = AsyncClient(self.socket_path, client_name=self.name, autostart=self.autostart)
                 try:
