@@ -272,14 +272,16 @@ def def_(ctx: click.Context, name: str, as_json: bool, workspace: Path | None) -
     Example:
       jarvis def QuerySet.filter
     """
-    from openjarvis.index.search import definition
+    from openjarvis.index.search import close_names, definition
     from openjarvis.index.store import open_readonly
 
     root = _root(workspace)
     with open_readonly(root) as store:
         found = definition(store, name)
+        close = close_names(store, name) if not found else []
     if not found:
-        click.echo(f"no definition of {name!r} in the index", err=True)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        click.echo(f"no definition of {name!r} in the index{hint}", err=True)
         ctx.exit(1)
     for d in found:
         if as_json:

@@ -41,7 +41,7 @@ class Weights:
     tolerance: float = 1e-7
     rrf_k: float = 60.0  # reciprocal rank fusion: score = weight / (rrf_k + rank)
     signals: Mapping[str, float] = field(
-        default_factory=lambda: {"text": 1.0, "file": 2.0, "name": 1.0, "exact": 2.0, "focus": 0.5}
+        default_factory=lambda: {"text": 1.0, "file": 2.0, "name": 1.0, "exact": 2.0, "fuzzy": 1.0, "focus": 0.5}
     )
     graph_prior: float = 0.3  # final score *= 1 + graph_prior * normalised file rank
     prose: float = 0.5  # chunks of files without a grammar (docs, text, translations)

@@ -7,6 +7,7 @@
 - ``name``: BM25 over the symbol column only (a fuzzy match on definition names), keeping
   symbols that share two query words;
 - ``exact``: definitions whose name or qualified name is a word of the query;
+- ``fuzzy``: definitions whose name is close to one (``parse_htpp_date``), by ``close_names``;
 - ``focus``: chunks of the focused files (the editor's or conversation's files), if any;
 
 and two priors: each file's PageRank in the reference graph (personalised toward the focus files
@@ -40,6 +41,8 @@ _CHUNK_BM25 = "bm25(chunks_fts, 2.0, 6.0, 1.0, 1.0)"
 #: The name signal keeps symbols sharing this many query words, from this many FTS rows.
 NAME_MIN_WORDS = 2
 NAME_POOL = 300
+#: difflib similarity a name needs to count as a fuzzy match of a query identifier.
+FUZZY_CUTOFF = 0.85
 #: (file id, path, symbol, kind, start, end, is code) of a chunk.
 _Info = tuple[int, str, str, str, int, int, bool]
 SNIPPET_LINES = 3
@@ -125,7 +128,10 @@ def search(
     ]
     signals["file"] = _file_matches(store, expr)
     signals["name"] = _name_matches(store, terms)
-    signals["exact"] = _exact_chunks(store, query)
+    signals["exact"] = _exact_chunks(store, _identifier_words(query))
+    signals["fuzzy"] = _exact_chunks(
+        store, [close for word in _identifier_words(query) for close in close_names(store, word, limit=3)]
+    )
     file_rank = _file_ranks(store, focus)
     if focus:
         ids = [r[0] for r in conn.execute(
@@ -205,8 +211,32 @@ def _identifier_words(query: str) -> list[str]:
     return [w for w in words if "_" in w or "." in w.strip(".") or (w[1:] != w[1:].lower())]
 
 
-def _exact_chunks(store: Store, query: str) -> list[int]:
-    names = _identifier_words(query)
+def close_names(store: Store, name: str, limit: int = 5) -> list[str]:
+    """Defined names that look like ``name`` but are not it (typos, other casing), closest first.
+
+    Candidates share the first two characters (an index range scan), then difflib ranks them.
+    """
+    import difflib
+
+    short = name.rsplit(".", 1)[-1]
+    if len(short) < 4:
+        return []
+    prefix = short[:2].replace("%", "").replace("_", "\\_")
+    candidates = [
+        r[0]
+        for r in store.conn.execute(
+            "SELECT DISTINCT name FROM symbols WHERE name LIKE ? ESCAPE '\\' LIMIT 5000", (prefix + "%",)
+        )
+        if r[0] != short
+    ]
+    lowered: dict[str, list[str]] = {}
+    for c in candidates:
+        lowered.setdefault(c.lower(), []).append(c)
+    close = difflib.get_close_matches(short.lower(), list(lowered), n=limit, cutoff=FUZZY_CUTOFF)
+    return [original for c in close for original in sorted(lowered[c])][:limit]
+
+
+def _exact_chunks(store: Store, names: Sequence[str]) -> list[int]:
     out: list[int] = []
     for name in names:
         rows = store.conn.execute(

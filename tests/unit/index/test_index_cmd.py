@@ -81,6 +81,11 @@ def test_errors_are_one_line(workspace: Path, capsys: pytest.CaptureFixture[str]
     _, _, err = run(capsys, "def", "no_such_name")
     # The exit status (1 from ctx.exit) is lost by openjarvis.cli.main; reported to the lead.
     assert err == "no definition of 'no_such_name' in the index\n"
+    (workspace / "m.py").write_text("def parse_http_date(value):\n    pass\n")
+    main(["index"])
+    capsys.readouterr()
+    _, _, err = run(capsys, "def", "parse_htpp_date")
+    assert err == "no definition of 'parse_htpp_date' in the index; did you mean parse_http_date?\n"
 
 
 def test_index_another_path_and_rebuild(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from openjarvis.index import rank
-from openjarvis.index.search import definition, query_terms, repo_map, search, snippet, usages
+from openjarvis.index.search import close_names, definition, query_terms, repo_map, search, snippet, usages
 from openjarvis.index.store import Store
 
 
@@ -98,3 +98,27 @@ def test_snippet_prefers_lines_with_terms() -> None:
     text = "def a():\n    x = 1\n    return parse(x)\n"
     assert snippet(text, ["parse"]) == "return parse(x)"
     assert snippet(text, ["zzz"]) == "def a():\nx = 1\nreturn parse(x)"
+
+
+def test_typos_find_close_names(store: Store) -> None:
+    assert close_names(store, "splitLnes")[:2] == ["SplitLines", "splitLines"]
+    assert close_names(store, "formatName") == []
+    hits = search(store, "where is formatNmae", k=2)
+    assert (hits[0].path, hits[0].symbol) == ("src/tsx/sample.tsx", "formatName")
+
+
+GOLDEN = Path(__file__).resolve().parents[2] / "fixtures" / "golden" / "index_repo_map.txt"
+
+
+def test_repo_map_golden(store: Store) -> None:
+    """The map of the language fixtures at 300 tokens; regenerate with UPDATE_GOLDEN=1."""
+    import difflib
+    import os
+
+    text = repo_map(store, budget_tokens=300)
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(text)
+    expected = GOLDEN.read_text()
+    diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), "golden", "actual"))
+    assert text == expected, diff
