@@ -35,7 +35,10 @@ The tradeoffs, chosen on purpose:
   names catch the common keys deterministically.
 - Source code that assigns a bare identifier to a secret-looking name (``token = token_value``)
   is kept; uppercase names, ``NAME=value`` without spaces and ``name: value`` (env, INI, YAML)
-  lose their value.
+  lose their value. Code shapes are kept: keyword arguments (``token=None,``), annotations
+  (``token: Token``, so a YAML ``password: Winter`` is kept too), attributes (``token.tag = ...``:
+  the last dotted part decides), tokenizer vocabulary (``bos_token``), doc placeholders
+  (``user:password@host``).
 
 Redaction is idempotent (placeholders are never matched again and the rules run to a fixpoint),
 which the property tests check along with "a planted secret never survives".
@@ -159,28 +162,40 @@ _ABOUT_A_SECRET = frozenset(
     {"env", "file", "path", "dir", "name", "type", "url", "header", "field", "label", "prompt", "help", "hint"}
     | {"length", "len", "count", "size", "id", "ttl", "expiry", "expires"}
 )
+_VOCABULARY_TOKENS = frozenset(
+    {"bos", "eos", "eot", "unk", "sep", "cls", "mask", "pad", "start", "end", "stop", "special", "fim", "begin"}
+    | {"next", "prev", "first", "last", "image", "audio"}
+)
 _NOT_A_VALUE = re.compile(
     r"""(?x)
-    ^(?:\$|%\(|\{\{|<.*>$|\*+$|x+$|\.\.\.|\[REDACTED:)   # references, templates, masks, placeholders
-    | ^(?:true|false|null|none|nil|yes|no|undefined)$       # literals
+    ^(?:\$|%\(|%s$|\{\{|<.*>$|\*+$|[xX]+$|\.\.\.|\[REDACTED:)  # references, templates, masks, placeholders
+    | ^(?i:true|false|null|none|nil|yes|no|undefined)$        # literals
+    | ^(?i:password|passwd|pass|pwd|pw|secret|token|mypassword|your[_-]?password|placeholder)$  # doc examples
+    | ^\#[0-9A-Fa-f]{3,8}$                                   # a colour: Token: "#d8dee9"
+    | ,$                                                     # an argument: f(token=None, key_password=x,
     | ^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+$  # dotted attribute: settings.API_KEY
     | ^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$                        # the name of a variable: OPENAI_API_KEY
     | ^(?:~|\.{1,2})?/[\w./-]*$                              # a path: ~/.config/openjarvis/key
     | [()\[\]{}]                                            # calls, indexing
-    """,
-    re.I,
+    """
 )
+#: A value after ``name:`` that is a type annotation in source code, not a YAML value.
+_TYPE_ANNOTATION = re.compile(r"(?:str|int|bytes|object|bool|float|dict|list|tuple|set|[A-Z][a-z]+(?:[A-Z][a-z]+)*),?")
 _NAME_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 _SECRET_ENV = re.compile(r"(?i)(secret|token|passw|api_?key|access_?key|private_?key|credential)")
 
 
 def is_secret_name(name: str) -> bool:
     """True for names like ``API_KEY``, ``dbPassword``, ``client-secret``; false for ``max_tokens``."""
+    name = name.rsplit(".", 1)[-1]  # token.tag, settings.API_KEY: the attribute decides
     parts = [p.lower() for p in _NAME_SPLIT.split(name) if p]
     if not parts or parts[-1] in _ABOUT_A_SECRET:
         return False
-    if any(p in _SECRET_WORDS for p in parts):
-        return True
+    for i, part in enumerate(parts):
+        if part == "token" and i and parts[i - 1] in _VOCABULARY_TOKENS:
+            continue  # bos_token, pad_token: a tokenizer's vocabulary, not a credential
+        if part in _SECRET_WORDS:
+            return True
     return any(pair in _SECRET_PAIRS for pair in zip(parts, parts[1:], strict=False))
 
 
@@ -198,6 +213,8 @@ def _looks_random(token: str) -> bool:
         return False
     if sum(len(w) for w in _WORD.findall(body)) >= WORDY_SHARE * len(body):
         return False  # identifiers made of words
+    if sum(ord(b) - ord(a) == 1 for a, b in zip(body, body[1:], strict=False)) >= len(body) / 2:
+        return False  # an alphabet: "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
     threshold = min(ENTROPY_BITS, math.log2(len(body)) - ENTROPY_SHORT_SLACK)
     return shannon_bits(body) >= threshold
 
@@ -248,7 +265,7 @@ def _one_pass(text: str, known: tuple[str, ...], p: _Pass) -> str:
     text = _BEARER.sub(bearer, text)
 
     def url_password(m: re.Match[str]) -> str:
-        if _PLACEHOLDER_RE.fullmatch(m.group(2)):
+        if _PLACEHOLDER_RE.fullmatch(m.group(2)) or _NOT_A_VALUE.search(m.group(2)):
             return m.group(0)
         return m.group(1) + p.hide("url_password") + m.group(3)
 
@@ -268,6 +285,8 @@ def _one_pass(text: str, known: tuple[str, ...], p: _Pass) -> str:
         env_style = name.isupper() or ":" in sep or sep == "=" or not value.isidentifier()
         if not env_style or not is_secret_name(name) or _NOT_A_VALUE.search(value):
             return m.group(0)
+        if ":" in sep and (value.endswith(",") or _TYPE_ANNOTATION.fullmatch(value)):
+            return m.group(0)  # ``token: object,`` in a signature
         return f"{m.group('lead')}{name}{sep}{p.hide('secret_assignment')}{m.group('tail')}"
 
     text = _BARE_ASSIGNMENT.sub(bare, text)

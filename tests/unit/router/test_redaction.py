@@ -60,6 +60,8 @@ EXAMPLES = [
         "secret_assignment",
     ),
     ("password: correct-horse\n", "password: [REDACTED:secret_assignment]\n", "secret_assignment"),
+    ("password: hunter_22\n", "password: [REDACTED:secret_assignment]\n", "secret_assignment"),
+    ("password: Winter2024\n", "password: [REDACTED:secret_assignment]\n", "secret_assignment"),
     ('{"client_secret": "abc123def"}', '{"client_secret": "[REDACTED:secret_assignment]"}', "secret_assignment"),
     ("dbPassword = 'letmein!'", "dbPassword = '[REDACTED:secret_assignment]'", "secret_assignment"),
     ("salt 9fKx2LmQ8vRt4WzN7bHj3YpS6cGd1TaE5uVo", "salt [REDACTED:high_entropy]", "high_entropy"),
@@ -81,6 +83,12 @@ ORDINARY = [
     "def check_password(password: str) -> bool:\n    return hmac.compare_digest(hash_(password), stored)\n",
     "if token_type == 'bearer':\n    pass\nAUTHOR = 'Jane Doe'\n",
     'password_help = "Enter the password you chose when you signed up"\n',
+    "def f(token: object, password: str, SecretStr: str,\n       api_key: Token) -> None: ...\n",
+    'bos_token = "<|im_start|>"\nstart_token = "class "\n',
+    "e.g. `https://user:pass@host:port/path` or smb://workgroup;user:password@server/share\n",
+    "conn(key_password=None, token=self.token,\n     password=key_password,\n)\n",
+    'token.tag = "strong"\nToken: "#d8dee9",\n',
+    "alphabet = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_'\n",
     # Identifiers, paths and URLs.
     "class AbstractSingletonProxyFactoryBeanImpl2:\n    pass\n",
     "test_route_sends_to_the_preferred_target_when_asked_v2()\n",
@@ -140,6 +148,10 @@ def test_known_secrets_are_removed_wherever_they_appear() -> None:
         ("api_key_env", False),
         ("password_file", False),
         ("token_type", False),
+        ("bos_token", False),
+        ("pad_token_secret", True),
+        ("settings.API_KEY", True),
+        ("token.tag", False),
     ],
 )
 def test_secret_names(name: str, secret: bool) -> None:
