@@ -12,7 +12,8 @@ What is found, in this order (earlier rules win where two overlap):
   text when the END line is missing);
 - provider formats: OpenAI ``sk-...``, Anthropic ``sk-ant-...``, AWS access key ids ``AKIA...``,
   GitHub ``ghp_/gho_/ghu_/ghs_/ghr_`` and ``github_pat_``, Slack ``xox?-``, Google ``AIza...``,
-  Stripe ``sk_live_/sk_test_/rk_live_``, JWTs, ``Bearer`` tokens;
+  Stripe ``sk_live_/sk_test_/rk_live_``, Hugging Face ``hf_``, GitLab ``glpat-``, npm ``npm_``,
+  PyPI ``pypi-AgE...``, SendGrid ``SG.x.y``, JWTs, ``Bearer`` tokens;
 - passwords in URLs (``scheme://user:PASSWORD@host``: only the password goes);
 - assignments to secret-looking names: ``API_KEY=...``, ``password: ...``, ``"token": "..."``
   (.env, YAML, TOML, JSON, source code); the name stays, the value goes;
@@ -105,6 +106,11 @@ _PROVIDERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("google_api_key", re.compile(r"(?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}")),
     ("stripe_key", re.compile(r"(?<![A-Za-z0-9_])(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,}")),
     ("jwt", re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*")),
+    ("huggingface_token", re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}")),
+    ("gitlab_token", re.compile(r"(?<![A-Za-z0-9_-])glpat-[A-Za-z0-9_-]{20,}")),
+    ("npm_token", re.compile(r"(?<![A-Za-z0-9_])npm_[A-Za-z0-9]{36,}")),
+    ("pypi_token", re.compile(r"(?<![A-Za-z0-9_-])pypi-AgE[A-Za-z0-9_-]{50,}")),
+    ("sendgrid_key", re.compile(r"(?<![A-Za-z0-9_-])SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}")),
 )
 _PRIVATE_KEY = re.compile(
     r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----.*?(?:-----END[A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----|\Z)", re.S

@@ -48,6 +48,15 @@ EXAMPLES = [
         "url_password",
     ),
     ("Authorization: Bearer abcdefghijklmnop.1234", "Authorization: Bearer [REDACTED:bearer_token]", "bearer_token"),
+    ("HF_HUB=hf_abcdefghijklmnopqrstuvwxyzABCDEFGH", "HF_HUB=[REDACTED:huggingface_token]", "huggingface_token"),
+    ("remote glpat-xxxxxxxxxxxxxxxxxxxx1234", "remote [REDACTED:gitlab_token]", "gitlab_token"),
+    ("//registry.npmjs.org/:_auth npm_" + "a1B2" * 9, "//registry.npmjs.org/:_auth [REDACTED:npm_token]", "npm_token"),
+    ("pw pypi-AgEIcHlwaS5vcmc" + "x9Y8" * 14, "pw [REDACTED:pypi_token]", "pypi_token"),
+    (
+        "SG.abcdefghijklmnopqrstuv.ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789abcdefg",
+        "[REDACTED:sendgrid_key]",
+        "sendgrid_key",
+    ),
     ("DB_PASSWORD=swordfish\n", "DB_PASSWORD=[REDACTED:secret_assignment]\n", "secret_assignment"),
     (
         'DB_PASSPHRASE="correct horse battery staple"',
@@ -178,6 +187,9 @@ PLANTED = st.one_of(
     _fixed("xoxb-", B62 + "-", 24),
     st.text(alphabet=B62 + "_-", min_size=35, max_size=35).map(lambda b: "AIza" + b),
     _fixed("sk_live_", B62, 24),
+    _fixed("hf_", B62, 34),
+    _fixed("glpat-", B62 + "_-", 20),
+    _fixed("npm_", B62, 36),
 )
 SEPARATORS = st.sampled_from([" ", "\n", "'", '"', "=", ": ", "(", ",", "\t", "`"])
 TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=80)
