@@ -193,8 +193,9 @@ def load_router(config: Config, cwd: Path | None = None) -> Policy:
     """The effective router policy: ``config``'s ``[router]`` keys plus the user file's targets.
 
     A value the repository's ``.jarvis.toml`` set can only make the policy stricter than what
-    the user file (or the default) says: ``cloud`` takes the stricter mode, the spend cap the
-    lower amount, ``offline`` and ``never_leave`` stay on once on. Environment variables and
+    the user file (or the default) says: ``cloud`` takes the stricter mode; the spend cap and
+    the two confidence thresholds the lower value (fewer answers count as unsure); ``offline``
+    and ``never_leave`` stay on once on. Environment variables and
     flags are the person's own and apply as given. A repository file that declares targets is
     an error, not silently ignored, so nobody believes they are in use.
     """
@@ -224,19 +225,24 @@ def load_router(config: Config, cwd: Path | None = None) -> Policy:
     if from_repo("cloud"):
         below: CloudMode = next((m for m in CLOUD_MODES if m == user.get("cloud", "never")), "never")
         cloud = max(cloud, below, key=lambda m: _STRICTNESS[m])
-    cap = r.daily_spend_cap_usd
-    if from_repo("daily_spend_cap_usd"):
-        below_cap = user.get("daily_spend_cap_usd", RouterConfig().daily_spend_cap_usd)
-        cap = min(cap, float(below_cap)) if isinstance(below_cap, int | float) else cap
+
+    def lowest(key: str) -> float:
+        """A number where lower leaves less often: the repo's value only when below the user's."""
+        value = float(getattr(r, key))
+        if from_repo(key):
+            below = user.get(key, getattr(RouterConfig(), key))
+            value = min(value, float(below)) if isinstance(below, int | float) else value
+        return value
+
     offline = r.offline or (from_repo("offline") and bool(user.get("offline", False)))
     never_leave = r.never_leave or (from_repo("never_leave") and bool(user.get("never_leave", False)))
     return Policy(
         cloud=cloud,
         offline=offline,
         never_leave=never_leave,
-        daily_spend_cap_usd=cap,
-        low_confidence_logprob=r.low_confidence_logprob,
-        min_acceptance=r.min_acceptance,
+        daily_spend_cap_usd=lowest("daily_spend_cap_usd"),
+        low_confidence_logprob=lowest("low_confidence_logprob"),
+        min_acceptance=lowest("min_acceptance"),
         preferred=r.target,
         targets=targets,
     )
