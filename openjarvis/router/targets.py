@@ -195,9 +195,9 @@ def load_router(config: Config, cwd: Path | None = None) -> Policy:
     A value the repository's ``.jarvis.toml`` set can only make the policy stricter than what
     the user file (or the default) says: ``cloud`` takes the stricter mode; the spend cap and
     the two confidence thresholds the lower value (fewer answers count as unsure); ``offline``
-    and ``never_leave`` stay on once on. Environment variables and
-    flags are the person's own and apply as given. A repository file that declares targets is
-    an error, not silently ignored, so nobody believes they are in use.
+    and ``never_leave`` stay on once on. Environment variables and flags are the person's own
+    and apply as given. A repository file that declares targets is an error, not silently
+    ignored, so nobody believes they are in use.
     """
     user_file = paths.user_config_file()
     user: Mapping[str, Any] = {}
