@@ -106,8 +106,10 @@ class JarvisApp(App[None]):
         socket_path: Path | None = None,
         autostart: bool = True,
         index_on_start: bool = True,
+        connect: bool = True,
     ) -> None:
         super().__init__()
+        self.connect_on_start = connect
         self.config = config
         self.workspace = workspace.resolve()
         self.conn = Connection(socket_path, autostart=autostart)
@@ -134,12 +136,17 @@ class JarvisApp(App[None]):
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def on_mount(self) -> None:
+    async def on_mount(self) -> None:
+        await self.query_one(Conversation).add_note(
+            f"Ask about **{self.workspace.name}**. Enter sends, Ctrl+J breaks the line, Esc cancels; "
+            "`/help` lists commands, Ctrl+P every action."
+        )
         self.query_one(ContextPanel).workspace = self.workspace
         self.query_one(StatusBar).workspace = str(self.workspace)
         self.query_one(PromptInput).focus()
-        self.connect()
-        self.set_interval(RECONNECT_S, self._reconnect)
+        if self.connect_on_start:
+            self.connect()
+            self.set_interval(RECONNECT_S, self._reconnect)
 
     async def on_unmount(self) -> None:
         await self.conn.close()
@@ -560,7 +567,13 @@ def make_app(
     socket_path: Path | None = None,
     autostart: bool = True,
     index_on_start: bool = True,
+    connect: bool = True,
 ) -> JarvisApp:
-    """The TUI for ``workspace`` (default: the repository around the current directory)."""
+    """The TUI for ``workspace`` (default: the repository around the current directory).
+
+    ``connect=False`` leaves the daemon alone (snapshot tests fill the screen themselves).
+    """
     root = workspace or paths.find_workspace_root() or Path.cwd()
-    return JarvisApp(config, root, socket_path=socket_path, autostart=autostart, index_on_start=index_on_start)
+    return JarvisApp(
+        config, root, socket_path=socket_path, autostart=autostart, index_on_start=index_on_start, connect=connect
+    )

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from textual.app import ComposeResult
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import ScrollableContainer, Vertical
 from textual.content import Content
 from textual.highlight import highlight
 from textual.widgets import Label, OptionList, Static
@@ -69,7 +69,7 @@ class ContextPanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Label("Sources", id="context-title")
         yield OptionList(id="context-list")
-        with VerticalScroll(id="context-preview-scroll"):
+        with ScrollableContainer(id="context-preview-scroll"):
             yield Static("", id="context-preview")
 
     def show(self, title: str, items: list[Item]) -> None:
