@@ -13,6 +13,7 @@ Tables:
   count and the lines as comma-separated text (one row per name keeps the table small);
 - ``chunks`` + ``chunks_fts``: searchable runs of lines; the FTS5 row with the same rowid holds
   the path, symbol, text and the ``words`` that split camelCase identifiers;
+- ``names_fts``: the symbol (qualified name and its split words) of each chunk that has one;
 - ``files_fts``: one full-text row per file (rowid = ``files.id``): path, text, split words;
 - ``meta``: key/value facts about the last run (skip counts, timings).
 """
@@ -104,10 +105,23 @@ def _m002_files_fts(conn: sqlite3.Connection) -> None:
     )
 
 
+def _m003_names_fts(conn: sqlite3.Connection) -> None:
+    # A small FTS table over the symbol of each chunk (rowid = chunks.id): the name signal
+    # no longer reads the big chunk index. Filled by the next run, as in migration 2.
+    _run(
+        conn,
+        """
+        CREATE VIRTUAL TABLE names_fts USING fts5(symbol, tokenize = 'porter unicode61 remove_diacritics 2');
+        UPDATE files SET hash = ''
+        """,
+    )
+
+
 #: (version, name, function); versions are 1, 2, 3, ... with no gaps.
 MIGRATIONS: list[tuple[int, str, Migration]] = [
     (1, "initial", _m001_initial),
     (2, "whole-file full text", _m002_files_fts),
+    (3, "symbol names full text", _m003_names_fts),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

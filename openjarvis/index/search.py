@@ -4,7 +4,7 @@
 
 - ``text``: BM25 over chunk text, path, symbol and the split identifier words (FTS5);
 - ``file``: BM25 over whole files (``files_fts``), each file contributing its best chunks;
-- ``name``: BM25 over the symbol column only (a fuzzy match on definition names), keeping
+- ``name``: BM25 over symbol names (``names_fts``), a fuzzy match on definition names, keeping
   symbols that share two query words;
 - ``exact``: definitions whose name or qualified name is a word of the query;
 - ``fuzzy``: definitions whose name is close to one (``parse_htpp_date``), by ``close_names``;
@@ -33,6 +33,8 @@ from openjarvis.index.tags import has_grammar, split_identifier
 
 #: Rows each ranked list contributes before fusion.
 CANDIDATES = 60
+#: Chunk hits read for the text and file signals.
+TEXT_POOL = 400
 #: Files the whole-file signal takes, and chunks it takes from each.
 FILE_CANDIDATES = 30
 CHUNKS_PER_FILE = 2
@@ -40,7 +42,7 @@ CHUNKS_PER_FILE = 2
 _CHUNK_BM25 = "bm25(chunks_fts, 2.0, 6.0, 1.0, 1.0)"
 #: The name signal keeps symbols sharing this many query words, from this many FTS rows.
 NAME_MIN_WORDS = 2
-NAME_POOL = 300
+NAME_POOL = 150
 #: difflib similarity a name needs to count as a fuzzy match of a query identifier.
 FUZZY_CUTOFF = 0.85
 #: (file id, path, symbol, kind, start, end, is code) of a chunk.
@@ -104,9 +106,8 @@ def query_terms(query: str) -> list[str]:
     return list(terms)
 
 
-def _fts_expr(terms: Sequence[str], column: str | None = None) -> str:
-    quoted = " OR ".join(f'"{t}"' for t in terms)
-    return f"{{{column}}} : ({quoted})" if column else quoted
+def _fts_expr(terms: Sequence[str]) -> str:
+    return " OR ".join(f'"{t}"' for t in terms)
 
 
 def search(
@@ -119,14 +120,13 @@ def search(
     conn = store.conn
     signals: dict[str, list[int]] = {}
     expr = _fts_expr(terms)
-    signals["text"] = [
-        row[0]
-        for row in conn.execute(
-            f"SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY {_CHUNK_BM25} LIMIT ?",
-            (expr, CANDIDATES),
-        )
-    ]
-    signals["file"] = _file_matches(store, expr)
+    text_rows = conn.execute(
+        f"SELECT c.id, c.file_id FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid "
+        f"WHERE chunks_fts MATCH ? ORDER BY {_CHUNK_BM25} LIMIT ?",
+        (expr, TEXT_POOL),
+    ).fetchall()
+    signals["text"] = [cid for cid, _ in text_rows[:CANDIDATES]]
+    signals["file"] = _file_matches(store, expr, text_rows)
     signals["name"] = _name_matches(store, terms)
     signals["exact"] = _exact_chunks(store, _identifier_words(query))
     signals["fuzzy"] = _exact_chunks(
@@ -160,12 +160,12 @@ def _name_matches(store: Store, terms: Sequence[str]) -> list[int]:
     wanted = set(terms)
     out: list[int] = []
     rows = store.conn.execute(
-        "SELECT rowid, symbol FROM chunks_fts WHERE chunks_fts MATCH ? ORDER BY rank LIMIT ?",
-        (_fts_expr(terms, "symbol"), NAME_POOL),
+        "SELECT rowid, symbol FROM names_fts WHERE names_fts MATCH ? ORDER BY rank LIMIT ?",
+        (_fts_expr(terms), NAME_POOL),
     )
+    stems = _stems(wanted)
     for cid, symbol in rows:
-        words = {w.lower() for w in _WORD.findall(symbol)}
-        if len(_stems(wanted) & _stems(words)) >= need:
+        if len(stems & _stems({w.lower() for w in _WORD.findall(symbol)})) >= need:
             out.append(cid)
     return out[:CANDIDATES]
 
@@ -175,11 +175,12 @@ def _stems(words: set[str]) -> set[str]:
     return {w[:-1] if len(w) > 3 and w.endswith("s") else w for w in words}
 
 
-def _file_matches(store: Store, expr: str) -> list[int]:
+def _file_matches(store: Store, expr: str, text_rows: Sequence[tuple[int, int]]) -> list[int]:
     """The best chunks of the files that match best as a whole (BM25 over ``files_fts``).
 
     A question's words are often spread over a file (a class docstring, a method, a helper);
-    this is the whole-file view, mapped back to the file's best-matching chunks.
+    this is the whole-file view, mapped back to each file's best chunks among ``text_rows``
+    (chunk hits, best first) or, for a file with none there, its first chunk.
     """
     files = [
         r[0]
@@ -188,18 +189,20 @@ def _file_matches(store: Store, expr: str) -> list[int]:
             (expr, FILE_CANDIDATES),
         )
     ]
-    if not files:
-        return []
+    wanted = set(files)
     best: dict[int, list[int]] = {}
-    rows = store.conn.execute(
-        f"SELECT c.id, c.file_id FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid "
-        f"WHERE chunks_fts MATCH ? AND c.file_id IN ({','.join('?' * len(files))}) ORDER BY {_CHUNK_BM25}",
-        (expr, *files),
-    )
-    for cid, fid in rows:
-        kept = best.setdefault(fid, [])
-        if len(kept) < CHUNKS_PER_FILE:
-            kept.append(cid)
+    for cid, fid in text_rows:
+        if fid in wanted:
+            kept = best.setdefault(fid, [])
+            if len(kept) < CHUNKS_PER_FILE:
+                kept.append(cid)
+    missing = [fid for fid in files if fid not in best]
+    if missing:
+        for fid, cid in store.conn.execute(
+            f"SELECT file_id, min(id) FROM chunks WHERE file_id IN ({','.join('?' * len(missing))}) GROUP BY file_id",
+            missing,
+        ):
+            best[fid] = [cid]
     return [cid for fid in files for cid in best.get(fid, [])]
 
 
@@ -257,8 +260,7 @@ def _exact_chunks(store: Store, names: Sequence[str]) -> list[int]:
 
 def _file_ranks(store: Store, focus: Sequence[str]) -> dict[int, float]:
     if not focus:
-        rows = store.conn.execute("SELECT id, rank FROM files WHERE rank > 0").fetchall()
-        return rank.normalise({fid: r for fid, r in rows})
+        return store.file_ranks()
     ids = {
         r[0]
         for r in store.conn.execute(

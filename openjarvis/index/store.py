@@ -92,6 +92,7 @@ class Store:
         self.conn = conn
         self.path = path
         self.db = sqlite_utils.Database(conn)
+        self._ranks: tuple[tuple[int, int], dict[int, float]] | None = None
 
     @classmethod
     def open(cls, path: Path, *, create: bool = True) -> Store:
@@ -192,6 +193,10 @@ class Store:
             "INSERT INTO chunks_fts (rowid, path, symbol, text, words) VALUES (?, ?, ?, ?, ?)",
             [(cid, path_words, _symbol_words(c[2]), c[4], c[5]) for cid, c in zip(ids, record.chunks, strict=True)],
         )
+        conn.executemany(
+            "INSERT INTO names_fts (rowid, symbol) VALUES (?, ?)",
+            [(cid, _symbol_words(c[2])) for cid, c in zip(ids, record.chunks, strict=True) if c[2]],
+        )
 
     def touch(self, updates: Iterable[tuple[str, int, int]]) -> None:
         """Record new (path, size, mtime_ns) for files whose content hash did not change."""
@@ -235,6 +240,16 @@ class Store:
 
     # --- reads ---------------------------------------------------------------------------------
 
+    def file_ranks(self) -> dict[int, float]:
+        """Every file's stored PageRank, normalised to [0, 1]; cached until the database changes."""
+        from openjarvis.index.rank import normalise
+
+        version = (self.conn.execute("PRAGMA data_version").fetchone()[0], self.conn.total_changes)
+        if self._ranks is None or self._ranks[0] != version:
+            rows = self.conn.execute("SELECT id, rank FROM files WHERE rank > 0").fetchall()
+            self._ranks = (version, normalise(dict(rows)))
+        return self._ranks[1]
+
     def counts(self) -> dict[str, int]:
         return {name: self.db[name].count for name in ("files", "symbols", "refs", "chunks")}
 
@@ -274,6 +289,7 @@ def _delete_rows(conn: sqlite3.Connection, file_ids: Sequence[int]) -> None:
             "DELETE FROM chunks_fts WHERE rowid IN (SELECT id FROM chunks WHERE file_id = ?)", (fid,)
         )
         conn.execute("DELETE FROM files_fts WHERE rowid = ?", (fid,))
+        conn.execute("DELETE FROM names_fts WHERE rowid IN (SELECT id FROM chunks WHERE file_id = ?)", (fid,))
         for table in ("chunks", "symbols", "refs"):
             conn.execute(f"DELETE FROM {table} WHERE file_id = ?", (fid,))
 

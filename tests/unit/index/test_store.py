@@ -79,7 +79,9 @@ def test_edit_delete_and_rename(store: Store, sample_repo: Path) -> None:
         "SELECT (SELECT count(*) FROM symbols WHERE file_id NOT IN (SELECT id FROM files)) + "
         "(SELECT count(*) FROM refs WHERE file_id NOT IN (SELECT id FROM files)) + "
         "(SELECT count(*) FROM chunks WHERE file_id NOT IN (SELECT id FROM files)) + "
-        "(SELECT count(*) FROM chunks_fts WHERE rowid NOT IN (SELECT id FROM chunks))"
+        "(SELECT count(*) FROM chunks_fts WHERE rowid NOT IN (SELECT id FROM chunks)) + "
+        "(SELECT count(*) FROM names_fts WHERE rowid NOT IN (SELECT id FROM chunks)) + "
+        "(SELECT count(*) FROM files_fts WHERE rowid NOT IN (SELECT id FROM files))"
     ).fetchone()[0]
     assert orphans == 0
 
