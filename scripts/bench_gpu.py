@@ -376,7 +376,8 @@ def correctness(a: ModelArgs, device: str, have_hf: bool) -> dict[str, Any]:
         if kern == "triton" and not on_cuda and "TRITON_INTERPRET" not in __import__("os").environ:
             continue
         run = Runner(Transformer(a, w16, n_pos=256), 128, kernels=kern)
-        run.pdl = run.pdl if PDL_OK else 0
+        if not PDL_OK:
+            run.pdl, run.pdl_by_t = 0, {}
         # 64-token prompt in two chunks, then one token at a time, then a k=7 verify
         rows = [run.logits(seq[:64], 0).clone()]
         rows += [run.logits(seq[i : i + 1], i).clone() for i in range(64, 72)]
@@ -415,7 +416,8 @@ def bench_model(name: str, a: ModelArgs, bw: float, positions: list[int], smoke:
     wbytes = w.nbytes()
     res["weight_bytes"] = wbytes
     fast = Runner(model, n_ctx, kernels="triton", graphs=True)
-    pdl_ok, fast.pdl = bool(fast.pdl) and PDL_OK, 0
+    pdl_ok = bool(fast.pdl_by_t) and PDL_OK
+    fast.pdl, fast.pdl_by_t = 0, {}
     res["pdl_supported"] = pdl_ok
     if not smoke and left() > 300:
         res["tuned"] = tune(fast, (1, 5, 9, 17), positions)
@@ -423,7 +425,7 @@ def bench_model(name: str, a: ModelArgs, bw: float, positions: list[int], smoke:
     for mode in (1, 2) if pdl_ok else ():
         r = Runner(model, n_ctx, kernels="triton", graphs=True)
         r.linear_configs = dict(fast.linear_configs)
-        r.nsplit, r.attn_block_s, r.pdl = fast.nsplit, fast.attn_block_s, mode
+        r.nsplit, r.attn_block_s, r.pdl, r.pdl_by_t = fast.nsplit, fast.attn_block_s, mode, {}
         variants[f"ours_triton_pdl{mode}"] = r
     for pos in positions:
         floor_ms = (wbytes + a.kv_bytes(pos + 1)) / bw * 1e3
@@ -491,7 +493,7 @@ def pdl_check() -> int:
     outs = []
     for pdl in (0, 1, 2):
         r = Runner(model, 512, kernels="triton", graphs=True)
-        r.pdl = pdl
+        r.pdl, r.pdl_by_t = pdl, {}
         seq = list(range(1000, 1100))
         rows = [r.logits(seq[:40], 0).clone()]
         rows += [r.logits(seq[i : i + 1], i).clone() for i in range(40, 50)]

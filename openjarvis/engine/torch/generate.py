@@ -29,8 +29,9 @@ Kernels = Literal["triton", "torch"]
 MAX_STEP = 32
 #: Sequence splits of the decode attention (grid = n_head_kv x NSPLIT programs).
 NSPLIT = 64
-#: PDL mode where supported (see ``Runner.pdl``), from docs/gpu-notes.md's measurements.
-DEFAULT_PDL = 1
+#: PDL mode per T where supported (see ``Runner.pdl``): measured (docs/gpu-notes.md) to help
+#: the one-token step (0.5B: -9 %) and to hurt verify steps, whose waiting CTAs crowd the SMs.
+DEFAULT_PDL_BY_T = {1: 1}
 
 
 @dataclass(slots=True)
@@ -92,8 +93,14 @@ class Runner:
         self.pdl_by_t: dict[int, int] = {}
         if self.kernels == "triton" and on_cuda:
             from openjarvis.engine.torch.kernels import pdl_supported
+            from openjarvis.engine.torch.tuning import ATTENTION, tuned_configs
 
-            self.pdl = DEFAULT_PDL if pdl_supported() else 0
+            if pdl_supported():
+                self.pdl_by_t = dict(DEFAULT_PDL_BY_T)
+            self.linear_configs = tuned_configs(self.args, MAX_STEP)
+            self.nsplit, self.attn_block_s = ATTENTION.get(
+                (self.args.n_embd, self.args.n_ff), (nsplit, self.attn_block_s)
+            )
 
     @property
     def n_ctx(self) -> int:

@@ -87,12 +87,13 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     for t in reader.tensors:
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # ne is fastest-first
         if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-            arr = np.asarray(t.data, dtype=np.float32)
+            arr = np.array(t.data, dtype=np.float32)  # a copy: the reader maps the file
         else:
             arr = dequantize(np.asarray(t.data), t.tensor_type)
         tensors[t.name] = arr.reshape(shape)
     meta["tied_embeddings"] = "output.weight" not in tensors
-    meta.setdefault("n_vocab", tensors["token_embd.weight"].shape[0])
+    if "token_embd.weight" in tensors:
+        meta.setdefault("n_vocab", tensors["token_embd.weight"].shape[0])
     return meta, tensors
 
 

@@ -1,0 +1,258 @@
+"""TorchEngine: the Engine Protocol over the torch backend, for the speculator to drive.
+
+Weights come from the same GGUF file llama.cpp loads (dequantized once, see ``weights.py``);
+tokenization is llama.cpp's own, loaded vocab-only (no weights), so token ids, the vocabulary
+fingerprint and detokenized bytes match the llama.cpp engine exactly and the two can pair.
+
+Extra capability beyond the Protocol: ``eval_argmax`` (greedy) returns the argmax of each row,
+computed on the device, without copying ``[T, 151936]`` float32 logits to the host.
+
+Example::
+
+    engine = TorchEngine.from_gguf(path)            # CUDA + bf16 if present, else CPU float32
+    logits = engine.eval(engine.tokenize("def f():"), last_only=True)   # [1, n_vocab]
+    engine.rollback(0)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import io
+import pickle
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from openjarvis.config import EngineConfig
+from openjarvis.engine.base import CostModel, Logits
+from openjarvis.engine.torch.config import ModelArgs
+from openjarvis.engine.torch.generate import Kernels, Runner
+from openjarvis.engine.torch.model import Transformer
+from openjarvis.engine.torch.weights import load_gguf
+from openjarvis.errors import ContextOverflow, EngineError
+
+
+class Vocab:
+    """llama.cpp's tokenizer of a GGUF file, loaded without weights."""
+
+    def __init__(self, path: Path) -> None:
+        import llama_cpp
+        from llama_cpp import _internals
+        from llama_cpp._logger import set_verbose
+
+        set_verbose(False)
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        try:
+            self._model = _internals.LlamaModel(path_model=str(path), params=params, verbose=False)
+        except ValueError as exc:
+            raise EngineError(f"llama.cpp cannot read the vocabulary of {path}") from exc
+        self.n_vocab = int(self._model.n_vocab())
+        vocab = self._model.vocab
+        self.eos = frozenset(
+            t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)
+        )
+        self._fingerprint: str | None = None
+
+    def fingerprint(self) -> str:
+        """sha256 over every token's text and attributes, as ``LlamaEngine`` computes it."""
+        if self._fingerprint is None:
+            import llama_cpp
+
+            vocab = self._model.vocab
+            h = hashlib.sha256()
+            for t in range(self.n_vocab):
+                h.update(llama_cpp.llama_vocab_get_text(vocab, t) or b"")
+                h.update(b"\0%d\0" % llama_cpp.llama_vocab_get_attr(vocab, t))
+            h.update(repr(sorted(self.eos)).encode())
+            self._fingerprint = h.hexdigest()
+        return self._fingerprint
+
+    def tokenize(self, text: str, special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        add_bos = bool(self._model.add_bos_token())
+        return [int(t) for t in self._model.tokenize(data, add_bos, special)] if data else []
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        import llama_cpp
+
+        vocab = self._model.vocab
+        out = bytearray()
+        buf = ctypes.create_string_buffer(256)
+        for t in tokens:
+            n = llama_cpp.llama_token_to_piece(vocab, llama_cpp.llama_token(int(t)), buf, 256, 0, True)
+            if n < 0:
+                raise EngineError(f"token {t} has a piece longer than 256 bytes")
+            out += buf.raw[:n]
+        return bytes(out)
+
+    def close(self) -> None:
+        self._model.close()
+
+
+class TorchEngine:
+    """An :class:`~openjarvis.engine.base.Engine` over one :class:`Runner` (one sequence)."""
+
+    def __init__(
+        self,
+        path: Path,
+        args: ModelArgs,
+        runner: Runner,
+        vocab: Vocab,
+    ) -> None:
+        self.path = Path(path)
+        self.args = args
+        self.runner = runner
+        self.vocab = vocab
+        self._n_past = 0
+        self._cost: CostModel | None = None
+        if vocab.n_vocab > args.n_vocab:
+            raise EngineError(
+                f"{self.path.name}: tokenizer has {vocab.n_vocab} tokens, the model {args.n_vocab}"
+            )
+
+    @classmethod
+    def from_gguf(
+        cls,
+        path: str | Path,
+        *,
+        device: str | None = None,
+        dtype: torch.dtype | None = None,
+        context: int = 8192,
+        kernels: Kernels | None = None,
+        graphs: bool | None = None,
+    ) -> TorchEngine:
+        """Load ``path``: CUDA and bfloat16 when a GPU is present, else the CPU in float32."""
+        path = Path(path)
+        if not path.is_file():
+            raise EngineError(f"model file not found: {path}; run `jarvis models list`")
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dt = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+        args, weights, _ = load_gguf(path, dt, dev)
+        n_ctx = min(context, args.n_ctx_train) if context > 0 else args.n_ctx_train
+        from openjarvis.engine.torch.cache import SLACK
+
+        model = Transformer(args, weights, n_pos=n_ctx + SLACK)
+        runner = Runner(model, n_ctx, kernels=kernels, graphs=graphs)
+        return cls(path, args, runner, Vocab(path))
+
+    @classmethod
+    def from_config(cls, path: Path, config: EngineConfig) -> TorchEngine:
+        return cls.from_gguf(path, context=config.context)
+
+    def close(self) -> None:
+        self.vocab.close()
+
+    def __enter__(self) -> TorchEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- Engine protocol ------------------------------------------------------------------
+
+    @property
+    def n_vocab(self) -> int:
+        return self.vocab.n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self.runner.n_ctx
+
+    @property
+    def n_past(self) -> int:
+        return self._n_past
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.vocab.eos
+
+    def vocab_fingerprint(self) -> str:
+        return self.vocab.fingerprint()
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        return self.vocab.tokenize(text, special)
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        return self.vocab.detokenize(tokens)
+
+    def _forward(self, tokens: Sequence[int]) -> torch.Tensor:
+        if not tokens:
+            raise EngineError("eval needs at least one token")
+        if self._n_past + len(tokens) > self.n_ctx:
+            raise ContextOverflow(
+                f"{self._n_past + len(tokens)} tokens exceed the {self.n_ctx}-token context of"
+                f" {self.path.name}; raise engine.context or shorten the prompt"
+            )
+        if min(tokens) < 0 or max(tokens) >= self.args.n_vocab:
+            raise EngineError(f"token id out of range 0..{self.args.n_vocab - 1}")
+        out = self.runner.logits(tokens, self._n_past)  # [T, V_model] on the device
+        self._n_past += len(tokens)
+        return out
+
+    def eval(self, tokens: Sequence[int], *, last_only: bool = False) -> Logits:
+        out = self._forward(tokens)
+        rows = out[-1:] if last_only else out
+        arr: Logits = rows[:, : self.n_vocab].float().cpu().numpy()
+        return arr
+
+    def eval_argmax(self, tokens: Sequence[int]) -> list[int]:
+        """Greedy shortcut: ``eval(tokens).argmax(-1)`` without copying the logits to the host."""
+        out = self._forward(tokens)
+        return [int(t) for t in out[:, : self.n_vocab].argmax(-1).tolist()]
+
+    def rollback(self, n: int) -> None:
+        if not 0 <= n <= self._n_past:
+            raise EngineError(f"cannot roll back to {n}: the cache holds {self._n_past} tokens")
+        self._n_past = n  # positions >= n are dead: masked by position, overwritten later
+
+    def save_state(self) -> bytes:
+        k, v = self.runner.cache.snapshot(self._n_past)
+        buf = io.BytesIO()
+        torch.save({"n_past": self._n_past, "k": k, "v": v, "model": self.path.name}, buf)
+        return buf.getvalue()
+
+    def load_state(self, state: bytes) -> None:
+        try:
+            data = torch.load(io.BytesIO(state), weights_only=True)
+            self.runner.cache.restore(data["k"], data["v"])
+            n = int(data["n_past"])
+        except (RuntimeError, KeyError, ValueError, TypeError, EOFError,
+                pickle.UnpicklingError) as exc:
+            self._n_past = 0
+            raise EngineError(f"a saved state does not fit {self.path.name}") from exc
+        self._n_past = n
+
+    def cost_key(self) -> str:
+        """(model, device, backend) identity the measured cost model is cached under."""
+        st = self.path.stat()
+        dev = self.runner.device
+        name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+        r = self.runner
+        return (
+            f"{self.path.name}:{st.st_size}|{dev.type}:{name}|torch-{r.kernels}"
+            f"-{'graphs' if r.graphs else 'eager'}-{self.runner.model.dtype}"
+        )
+
+    def cost_model(self) -> CostModel:
+        if self._cost is None:
+            from openjarvis.engine.costs import load_or_measure
+
+            self._cost = load_or_measure(self)
+        return self._cost
+
+    def set_cost_model(self, cost: CostModel) -> None:
+        self._cost = cost
+
+    def describe(self) -> dict[str, Any]:
+        r = self.runner
+        return {
+            "path": str(self.path), "device": str(r.device), "dtype": str(r.model.dtype),
+            "kernels": r.kernels, "graphs": r.graphs, "n_ctx": self.n_ctx,
+        }
+
+
+__all__ = ["TorchEngine", "Vocab"]

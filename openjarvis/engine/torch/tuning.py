@@ -1,0 +1,45 @@
+"""Tiles picked on the H200 for the default pair's shapes (scripts/bench_gpu.py, run 5 in
+docs/gpu-notes.md). Other shapes, or other GPUs, use ``kernels.default_linear_config``."""
+
+from __future__ import annotations
+
+from openjarvis.engine.torch.config import ModelArgs
+from openjarvis.engine.torch.kernels import LinearConfig
+
+L = LinearConfig
+_VERIFY_1_5B = {
+    "wo": L(32, 128, 4, 3, 4), "w2": L(64, 256, 8, 3, 8), "w13": L(64, 64, 4, 3), "out": L(256, 64, 8, 3),
+}
+_VERIFY_0_5B = {
+    "wo": L(16, 128, 4, 2, 8), "w2": L(64, 256, 8, 3, 8), "w13": L(64, 64, 4, 3), "out": L(256, 64, 8, 3),
+}
+
+#: (n_embd, n_ff) -> {(matrix, T): tiles}; T > 1 entries serve every verify size.
+TUNED: dict[tuple[int, int], dict[tuple[str, int], object]] = {
+    (1536, 8960): {
+        ("wo", 1): L(2, 2048, 8, 2), ("w2", 1): L(2, 1024, 4, 2, 2), ("w13", 1): L(8, 256, 4, 2),
+        ("out", 1): L(16, 256, 4, 2), ("qkv", 1): (1, 1024),
+        **{(k, 0): v for k, v in _VERIFY_1_5B.items()}, ("qkv", 0): (16, 256),
+    },
+    (896, 4864): {
+        ("wo", 1): L(2, 1024, 4, 2), ("w2", 1): L(8, 1024, 8, 2, 4), ("w13", 1): L(2, 1024, 4, 2),
+        ("out", 1): L(32, 128, 4, 2), ("qkv", 1): (1, 1024),
+        **{(k, 0): v for k, v in _VERIFY_0_5B.items()}, ("qkv", 0): (16, 64),
+    },
+}
+#: (n_embd, n_ff) -> (attention splits, keys per block).
+ATTENTION: dict[tuple[int, int], tuple[int, int]] = {(1536, 8960): (32, 64), (896, 4864): (64, 64)}
+
+
+def tuned_configs(args: ModelArgs, max_t: int) -> dict[tuple[str, int], object]:
+    """Per (matrix, T) tiles for T = 1..max_t, or {} for a shape without measurements."""
+    table = TUNED.get((args.n_embd, args.n_ff))
+    if table is None:
+        return {}
+    out: dict[tuple[str, int], object] = {}
+    for (name, t), cfg in table.items():
+        if t == 1:
+            out[(name, 1)] = cfg
+        else:
+            out.update({(name, tt): cfg for tt in range(2, max_t + 1)})
+    return out

@@ -1,0 +1,99 @@
+"""TorchEngine on the CPU (float32) over the tiny GGUF: the Engine Protocol, against llama.cpp
+on the same file and against an independent float64 Qwen2 of the same weights."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch_ref import qwen2_f64
+
+from openjarvis.engine.base import Engine
+from openjarvis.engine.torch.config import ModelArgs
+from openjarvis.engine.torch.engine import TorchEngine
+from openjarvis.engine.torch.weights import read_gguf
+from openjarvis.errors import ContextOverflow, EngineError
+
+TEXT = "def add(a, b):\n    return a + b\n\nclass Point:\n    x: int = 0\n"
+
+
+def rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
+
+
+@pytest.fixture
+def engine(tiny_verifier_path: Path) -> Iterator[TorchEngine]:
+    with TorchEngine.from_gguf(tiny_verifier_path, context=256) as e:
+        yield e
+
+
+def test_is_an_engine_on_the_cpu_in_float32(engine: TorchEngine) -> None:
+    assert isinstance(engine, Engine)
+    assert engine.describe()["dtype"] == "torch.float32" and engine.n_ctx == 256
+    assert engine.n_past == 0 and engine.eos_token_ids
+
+
+def test_logits_match_float64_reference_of_the_file(engine: TorchEngine, tiny_verifier_path: Path) -> None:
+    tokens = engine.tokenize(TEXT)
+    assert len(tokens) > 10
+    meta, arrays = read_gguf(tiny_verifier_path)
+    args = ModelArgs.from_metadata(meta)
+    ref = qwen2_f64(args, {k: torch.from_numpy(v) for k, v in arrays.items()}, tokens)
+    out = engine.eval(tokens)
+    assert out.dtype == np.float32 and out.shape == (len(tokens), engine.n_vocab)
+    assert rel(out, ref[:, : engine.n_vocab].numpy()) < 1e-4
+
+
+def test_agrees_with_llama_cpp_on_the_same_file(engine: TorchEngine, tiny_verifier_path: Path) -> None:
+    from openjarvis.engine.llama import LlamaEngine
+
+    with LlamaEngine(tiny_verifier_path, context=256, threads=1) as llama:
+        assert llama.vocab_fingerprint() == engine.vocab_fingerprint()
+        tokens = llama.tokenize(TEXT)
+        assert engine.tokenize(TEXT) == tokens
+        assert engine.detokenize(tokens) == llama.detokenize(tokens) == TEXT.encode()
+        ours, theirs = engine.eval(tokens), llama.eval(tokens)
+    assert rel(ours, theirs) < 1e-3  # float32 weights on both sides
+    assert (ours.argmax(-1) == theirs.argmax(-1)).all()
+
+
+def test_rollback_save_and_load_state(engine: TorchEngine) -> None:
+    tokens = engine.tokenize(TEXT)
+    full = engine.eval(tokens)
+    engine.rollback(5)
+    assert engine.n_past == 5
+    engine.eval([7, 8, 9])  # a rejected draft
+    engine.rollback(5)
+    again = engine.eval(tokens[5:], last_only=True)
+    assert again.shape == (1, engine.n_vocab)
+    np.testing.assert_allclose(again[0], full[-1], rtol=1e-5, atol=1e-5)
+    state = engine.save_state()
+    engine.eval([3, 4])  # then forget it by loading the state back
+    engine.load_state(state)
+    assert engine.n_past == len(tokens)
+    engine.rollback(len(tokens) - 1)
+    np.testing.assert_allclose(engine.eval(tokens[-1:])[0], full[-1], rtol=1e-5, atol=1e-5)
+
+
+def test_eval_argmax_is_the_argmax_of_eval(engine: TorchEngine) -> None:
+    tokens = engine.tokenize(TEXT)
+    greedy = engine.eval_argmax(tokens)
+    engine.rollback(0)
+    assert greedy == [int(x) for x in engine.eval(tokens).argmax(-1)]
+
+
+def test_errors(engine: TorchEngine) -> None:
+    with pytest.raises(EngineError, match="at least one token"):
+        engine.eval([])
+    with pytest.raises(ContextOverflow, match="256-token context"):
+        engine.eval([1] * 257)
+    assert engine.n_past == 0
+    with pytest.raises(EngineError, match="roll back to 3"):
+        engine.rollback(3)
+    with pytest.raises(EngineError, match="does not fit"):
+        engine.load_state(b"not a state")
+    with pytest.raises(EngineError, match="not found"):
+        TorchEngine.from_gguf(Path("/nonexistent.gguf"))
