@@ -59,7 +59,7 @@ def completions(text: str) -> list[SlashCommand]:
 
 
 def complete(text: str) -> str | None:
-    """The input after Tab: the single match, or the matches' longest common prefix."""
+    """The input after Tab: the single match, the matches' longer common prefix, else the first match."""
     matches = completions(text)
     if not matches:
         return None
@@ -70,7 +70,7 @@ def complete(text: str) -> str | None:
     for n in names[1:]:
         while not n.startswith(common):
             common = common[:-1]
-    return f"/{common}" if len(common) >= len(text) - 1 else None
+    return f"/{common}" if len(common) > len(text) - 1 else f"/{names[0]} "
 
 
 def help_markdown(keys: list[tuple[str, str]]) -> str:
