@@ -28,6 +28,8 @@ RETRIEVE_K = 8
 MAP_TOKENS_SHARE = 0.2
 #: Tokens kept free at the end of the context besides the answer itself.
 SAFETY_TOKENS = 32
+#: Characters per token assumed when no tokenizer is at hand (sizing a prompt for a cloud target).
+CHARS_PER_TOKEN = 4
 
 
 def fim_stops(suffix: str, multiline: bool) -> tuple[str, ...]:
@@ -97,6 +99,17 @@ class ChatRequest:
     max_tokens: int = 1024
     temperature: float = 0.0
     drafter: str = "auto"
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A prompt ready to answer: its messages and sources, and its tokens for the local pair."""
+
+    prompt: Prompt
+    #: None when the local models are unavailable (``local_error`` says why).
+    tokens: list[int] | None
+    local_context: int
+    local_error: str = ""
 
 
 @dataclass(slots=True)
@@ -196,23 +209,16 @@ class Assistant:
 
     # -- requests -----------------------------------------------------------------------------------
 
-    def build_prompt(self, req: ChatRequest, retriever: Retriever | None, spec: Any) -> tuple[Prompt, list[int]]:
-        from openjarvis.engine.templates import Message as ChatMessage
-        from openjarvis.engine.templates import render_chat
-
-        v = spec.verifier
-
-        def count(text: str) -> int:
-            return len(v.tokenize(text, special=False))
-
-        budget = min(v.n_ctx - req.max_tokens - SAFETY_TOKENS, self.config.generation.prompt_budget)
+    def _assemble(
+        self, req: ChatRequest, retriever: Retriever | None, count: Callable[[str], int], budget: int
+    ) -> Prompt:
         focus = [req.editor.path] if req.editor is not None else []
         sources: list[Source] = []
         repo_map = ""
         if retriever is not None:
             sources = retriever.sources(req.question, RETRIEVE_K, focus)
             repo_map = retriever.repo_map(int(budget * MAP_TOKENS_SHARE), focus)
-        prompt = assemble(
+        return assemble(
             req.question,
             budget=budget,
             count=count,
@@ -221,8 +227,69 @@ class Assistant:
             editor=req.editor,
             repo_map=repo_map,
         )
+
+    def prepare(self, req: ChatRequest, retriever: Retriever | None) -> Prepared:
+        """Context and prompt for ``req``, counted with the verifier's tokenizer.
+
+        When the local models cannot be loaded, the prompt is still built (sized by an estimate of
+        ``CHARS_PER_TOKEN``) and ``local_error`` says why, so the router may send it elsewhere.
+        """
+        from openjarvis.engine.templates import Message as ChatMessage
+        from openjarvis.engine.templates import render_chat
+        from openjarvis.errors import ModelError
+
+        try:
+            spec = self.speculator()
+        except ModelError as exc:
+            budget = self.config.generation.prompt_budget
+            prompt = self._assemble(req, retriever, lambda t: max(1, len(t) // CHARS_PER_TOKEN), budget)
+            return Prepared(prompt, None, 0, str(exc))
+        v = spec.verifier
+
+        def count(text: str) -> int:
+            return len(v.tokenize(text, special=False))
+
+        budget = min(v.n_ctx - req.max_tokens - SAFETY_TOKENS, self.config.generation.prompt_budget)
+        prompt = self._assemble(req, retriever, count, budget)
         text = render_chat(v.chat_template(), [ChatMessage(m.role, m.content) for m in prompt.messages])
-        return prompt, v.tokenize(text, special=True)
+        return Prepared(prompt, v.tokenize(text, special=True), v.n_ctx)
+
+    def answer(
+        self,
+        req: ChatRequest,
+        prepared: Prepared,
+        *,
+        on_text: Callable[[str], None] = lambda _t: None,
+        cancel: Callable[[], bool] = lambda: False,
+    ) -> ChatAnswer:
+        """Generate the answer to a prepared prompt on the local pair."""
+        from openjarvis.engine.sampling import SamplingParams
+        from openjarvis.engine.speculative import Request
+        from openjarvis.errors import ModelNotInstalled
+
+        if prepared.tokens is None:
+            raise ModelNotInstalled(prepared.local_error)
+        with self.gate.hold(CHAT) as slot:
+            spec = self.speculator()
+            corpus = tuple(spec.verifier.tokenize(s.text, special=False) for s in prepared.prompt.sources)
+            if req.editor is not None and req.editor.text:
+                corpus += (spec.verifier.tokenize(req.editor.text, special=False),)
+            request = Request(
+                prompt=prepared.tokens,
+                max_tokens=req.max_tokens,
+                sampling=SamplingParams(temperature=req.temperature),
+                drafter=req.drafter,  # type: ignore[arg-type]
+                corpus=corpus,
+            )
+            text, stats = self._run(slot, spec, request, on_text, cancel)
+        return ChatAnswer(
+            text=text,
+            sources=prepared.prompt.sources,
+            prompt_tokens=len(prepared.tokens),
+            stats=stats,
+            dropped=prepared.prompt.dropped,
+            cancelled=stats["finish_reason"] == "cancelled",
+        )
 
     def chat(
         self,
@@ -232,31 +299,8 @@ class Assistant:
         on_text: Callable[[str], None] = lambda _t: None,
         cancel: Callable[[], bool] = lambda: False,
     ) -> ChatAnswer:
-        from openjarvis.engine.sampling import SamplingParams
-        from openjarvis.engine.speculative import Request
-
-        with self.gate.hold(CHAT) as slot:
-            spec = self.speculator()
-            prompt, tokens = self.build_prompt(req, retriever, spec)
-            corpus = tuple(spec.verifier.tokenize(s.text, special=False) for s in prompt.sources)
-            if req.editor is not None and req.editor.text:
-                corpus += (spec.verifier.tokenize(req.editor.text, special=False),)
-            request = Request(
-                prompt=tokens,
-                max_tokens=req.max_tokens,
-                sampling=SamplingParams(temperature=req.temperature),
-                drafter=req.drafter,  # type: ignore[arg-type]
-                corpus=corpus,
-            )
-            text, stats = self._run(slot, spec, request, on_text, cancel)
-        return ChatAnswer(
-            text=text,
-            sources=prompt.sources,
-            prompt_tokens=len(tokens),
-            stats=stats,
-            dropped=prompt.dropped,
-            cancelled=stats["finish_reason"] == "cancelled",
-        )
+        """``prepare`` then ``answer`` locally (the daemon routes between the two)."""
+        return self.answer(req, self.prepare(req, retriever), on_text=on_text, cancel=cancel)
 
     def _run(
         self,

@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -213,17 +214,12 @@ def _editor(params: ChatParams, root: Path) -> Any:
 
 async def chat(params: ChatParams, call: Call) -> ChatResult:
     from openjarvis.assistant.prompt import Message
-    from openjarvis.assistant.service import ChatRequest, IndexRetriever
+    from openjarvis.assistant.service import ChatRequest
     from openjarvis.history import open_history
 
     st = _state(call.daemon)
     config = st["config"]
     ws = st["workspaces"].get(params.workspace)
-    if params.route == "cloud":
-        raise ProtocolError(
-            ErrorCode.POLICY_REFUSED,
-            "no cloud route is configured (router.cloud = 'never'); answer locally or configure a target",
-        )
 
     def work(cancelled: Callable[[], bool], notify: Callable[[str, dict[str, Any]], None]) -> ChatResult:
         started = time.time()
@@ -241,38 +237,151 @@ async def chat(params: ChatParams, call: Call) -> ChatResult:
                 temperature=params.temperature if params.temperature is not None else config.generation.temperature,
                 drafter=params.drafter or config.generation.drafter,
             )
-            assistant = st["assistant"]
-            try:
-                answer = assistant.chat(
-                    req, IndexRetriever(ws.root), on_text=lambda t: notify("chat/token", {"text": t}), cancel=cancelled
-                )
-            except JarvisError as exc:
-                raise _mapped(exc) from exc
+            routed = _answer_routed(st["assistant"], req, ws.root, params, cancelled, notify)
+            answer = routed.answer
             sources = [SourceRef(s.path, s.symbol, s.start_line, s.end_line, round(s.score, 4)) for s in answer.sources]
             if not answer.cancelled:  # a cancelled turn is not part of the conversation
                 if conv is None:
                     conv = db.new_conversation(str(ws.root), params.message)
                 db.add_message(conv, "user", params.message)
-                meta = {"sources": [s.path for s in sources], "stats": answer.stats}
+                meta = {"sources": [s.path for s in sources], "stats": answer.stats, "route": routed.route}
                 db.add_message(conv, "assistant", answer.text, meta)
             stats = answer.stats
             db.record_request(
-                workspace=str(ws.root), method="chat", route="local", model=assistant.model_ids[1],
-                prompt_tokens=answer.prompt_tokens, completion_tokens=stats["tokens"], ttft_s=stats["ttft_s"],
-                total_s=time.time() - started, tokens_per_s=stats["tokens_per_s"], acceptance=stats["acceptance"],
+                workspace=str(ws.root), method="chat", route=routed.route, model=routed.model,
+                prompt_tokens=answer.prompt_tokens, completion_tokens=stats["tokens"], ttft_s=stats.get("ttft_s"),
+                total_s=time.time() - started, tokens_per_s=stats.get("tokens_per_s"),
+                acceptance=stats.get("acceptance"), cost_usd=stats.get("cost_usd", 0.0),
                 outcome="cancelled" if answer.cancelled else "ok",
             )  # fmt: skip
         return ChatResult(
             answer=answer.text,
             conversation=conv or "",
             sources=sources,
-            route="local",
-            model=assistant.model_ids[1],
+            route=routed.route,
+            model=routed.model,
             stats=stats,
             dropped=list(answer.dropped),
+            route_reason=routed.reason,
+            left_machine=routed.left_machine,
         )
 
     return await in_thread(call, work)
+
+
+@dataclass
+class _Routed:
+    answer: Any
+    route: str
+    model: str
+    reason: str
+    left_machine: bool
+
+
+def _answer_routed(
+    assistant: Any,
+    req: Any,
+    root: Path,
+    params: ChatParams,
+    cancelled: Callable[[], bool],
+    notify: Callable[[str, dict[str, Any]], None],
+) -> _Routed:
+    """Decide local or elsewhere (the person's policy, a pure function), then answer there.
+
+    Local first whenever the policy allows; a target takes over when the person asked, the prompt
+    does not fit, the local engine failed, or (router.cloud = "auto") the local answer looked
+    unsure, in which case the client is told to replace what it showed (``chat/restart``).
+    """
+    from dataclasses import replace
+
+    from openjarvis.assistant.service import IndexRetriever
+    from openjarvis.errors import CloudError, EngineError
+    from openjarvis.router.policy import RouteRequest, Signals
+    from openjarvis.router.service import Router
+
+    try:
+        router = Router.for_workspace(root)
+    except JarvisError as exc:
+        raise ProtocolError(ErrorCode.POLICY_REFUSED, str(exc)) from exc
+    prepared = assistant.prepare(req, IndexRetriever(root))
+    prompt_tokens = len(prepared.tokens) if prepared.tokens is not None else prepared.prompt.tokens
+    rreq = RouteRequest(
+        str(root),
+        prompt_tokens,
+        req.max_tokens,
+        asked=params.route == "cloud",
+        asked_target=params.target or "",
+        confirmed=params.confirm_cloud,
+        local_only=params.route == "local",
+    )
+    signals = Signals(local_context=prepared.local_context, local_error=prepared.local_error)
+    decision = router.decide(rreq, signals)
+    local_model = assistant.model_ids[1]
+    if params.route == "cloud" and decision.local:
+        # They asked for a target; answering here instead would be a surprise. Say why not.
+        raise ProtocolError(ErrorCode.POLICY_REFUSED, decision.reason)
+    if decision.local:
+        if prepared.tokens is None:
+            raise ProtocolError(ErrorCode.MODEL_UNAVAILABLE, prepared.local_error)
+        try:
+            answer = assistant.answer(
+                req, prepared, on_text=lambda t: notify("chat/token", {"text": t}), cancel=cancelled
+            )
+        except EngineError as exc:
+            decision = router.decide(rreq, replace(signals, local_error=str(exc)))
+            if decision.local:
+                raise _mapped(exc) from exc
+        else:
+            if answer.cancelled:
+                return _Routed(answer, "local", local_model, "local", False)
+            after = router.decide(
+                rreq, replace(signals, acceptance=answer.stats.get("acceptance"), answer_tokens=answer.stats["tokens"])
+            )
+            if after.local or after.needs_confirmation:
+                return _Routed(answer, "local", local_model, after.reason if not after.local else "local", False)
+            notify("chat/restart", {"reason": after.reason})
+            decision = after
+    if decision.needs_confirmation:
+        raise ProtocolError(
+            ErrorCode.POLICY_REFUSED,
+            f"{decision.reason}: confirm to send (estimated ${decision.estimated_cost_usd:.4f})",
+            {"needs_confirmation": True, "target": decision.target.name if decision.target else None},
+        )
+    from openjarvis.router.cloud import Message as CloudMessage
+
+    messages = [CloudMessage(m.role, m.content) for m in prepared.prompt.messages]
+    try:
+        reply = router.send_blocking(
+            decision,
+            messages,
+            max_tokens=req.max_tokens,
+            temperature=req.temperature,
+            on_text=lambda t: notify("chat/token", {"text": t}),
+            cancel=cancelled,
+        )
+    except CloudError as exc:
+        raise ProtocolError(ErrorCode.CLOUD_ERROR, str(exc)) from exc
+    from openjarvis.assistant.service import ChatAnswer
+
+    stats = {
+        "prompt_tokens": reply.tokens_in,
+        "tokens": reply.tokens_out,
+        "cost_usd": reply.cost_usd,
+        "bytes_sent": reply.bytes_sent,
+        "finish_reason": reply.finish_reason,
+        "acceptance": None,
+        "tokens_per_s": None,
+        "ttft_s": None,
+    }
+    answer = ChatAnswer(
+        text=reply.text,
+        sources=prepared.prompt.sources,
+        prompt_tokens=reply.tokens_in,
+        stats=stats,
+        dropped=prepared.prompt.dropped,
+        cancelled=reply.finish_reason == "cancelled",
+    )
+    return _Routed(answer, reply.target, reply.model, decision.reason, True)
 
 
 async def complete(params: CompleteParams, call: Call) -> CompleteResult:

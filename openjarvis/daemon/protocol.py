@@ -299,6 +299,10 @@ class ChatParams:
     conversation: str | None = None
     editor: EditorParams | None = None
     route: Literal["auto", "local", "cloud"] = "auto"
+    #: With ``route = "cloud"``: the target's name (default: the policy's preferred one).
+    target: str | None = None
+    #: The person confirmed sending this request off the machine (router.cloud = "ask").
+    confirm_cloud: bool = False
     max_tokens: int | None = None
     temperature: float | None = None
     drafter: Literal["auto", "model", "ngram", "none"] | None = None
@@ -313,6 +317,10 @@ class ChatResult:
     model: str
     stats: dict[str, Any]
     dropped: list[str]
+    #: Why the request went where it did, in one line ("local", or the router's reason).
+    route_reason: str = "local"
+    #: True when the answer was produced off this machine (a cloud target).
+    left_machine: bool = False
 
 
 @dataclass(frozen=True, slots=True)

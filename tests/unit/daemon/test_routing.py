@@ -1,0 +1,87 @@
+"""Chat through the router: the policy decides, secrets are redacted, every departure is audited."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
+from router_fake_cloud import FakeCloud, stream  # noqa: E402
+
+from openjarvis import paths  # noqa: E402
+from openjarvis.cli import main  # noqa: E402
+from openjarvis.daemon.client import Client  # noqa: E402
+from openjarvis.daemon.lifecycle import ensure_running, stop  # noqa: E402
+from openjarvis.daemon.protocol import ErrorCode  # noqa: E402
+from openjarvis.errors import DaemonError  # noqa: E402
+
+SECRET = "sk-proj-" + "Q7fT2xLmN9pR4vW8yZ1bC6dE3gH5jK0a"
+
+
+@pytest.fixture
+def cloud() -> Iterator[FakeCloud]:
+    c = FakeCloud()
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def configure(tiny_setup: Path, url: str, mode: str) -> None:
+    cfg = paths.user_config_file()
+    cfg.write_text(
+        cfg.read_text() + f'[router]\ncloud = "{mode}"\n\n[[router.targets]]\nname = "fake"\n'
+        f'base_url = "{url}"\nmodel = "fake-model-v1"\ninput_usd_per_1k = 0.01\noutput_usd_per_1k = 0.02\n'
+    )
+    (tiny_setup / "app" / "settings.py").write_text(f'# settings for the http parser\nOPENAI_KEY = "{SECRET}"\n')
+
+
+def test_asked_cloud_answers_redacted_and_audited(
+    tiny_setup: Path, cloud: FakeCloud, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configure(tiny_setup, cloud.url, "ask")
+    cloud.script(stream("The parser ", "lives in app/http.py."))
+    ensure_running(paths.socket_path())
+    try:
+        tokens: list[str] = []
+        with Client(autostart=False) as c:
+            result = c.call(
+                "chat",
+                {"workspace": str(tiny_setup), "message": "where are http settings parsed?", "route": "cloud"},
+                on_notification=lambda m, p: tokens.append(p["text"]) if m == "chat/token" else None,
+            )
+        assert result["answer"] == "The parser lives in app/http.py." == "".join(tokens)
+        assert result["route"] == "fake" and result["left_machine"] is True
+        assert result["route_reason"].startswith("you asked")
+        sent = cloud.received[0].body.decode()
+        assert "parse_http_response" in sent  # the repository's code went as context
+        assert SECRET not in sent  # but not the key planted in it
+        assert main(["audit", "--json"]) == 0
+        audit = json.loads(capsys.readouterr().out)
+        rows = audit["requests"]
+        assert len(rows) == 1 and rows[0]["target"] == "fake" and rows[0]["model"] == "fake-model-v1"
+        assert sum(rows[0]["redactions"].values()) >= 1 and audit["spent_today_usd"] > 0
+    finally:
+        stop(paths.socket_path())
+
+
+def test_policy_never_refuses_to_send(tiny_setup: Path, cloud: FakeCloud) -> None:
+    # A target off this machine (a name that can never resolve: the policy refuses before any lookup).
+    configure(tiny_setup, "https://api.example.invalid/v1", "never")
+    ensure_running(paths.socket_path())
+    try:
+        with Client(autostart=False) as c:
+            with pytest.raises(DaemonError) as err:
+                c.call("chat", {"workspace": str(tiny_setup), "message": "hi", "route": "cloud"})
+            assert err.value.code == ErrorCode.POLICY_REFUSED
+            assert "staying local" in str(err.value)
+            # Without asking, the local pair answers and nothing leaves.
+            local = c.call("chat", {"workspace": str(tiny_setup), "message": "hi"})
+        assert local["route"] == "local" and local["left_machine"] is False
+    finally:
+        stop(paths.socket_path())
