@@ -51,6 +51,18 @@ class Weights:
 
 WEIGHTS = Weights()
 
+#: Names that link nothing in the graph: builtins and everyday methods whose calls almost never
+#: mean a definition of the same name in the project (``type(x)``, ``super()``, ``.lower()``).
+STOP_NAMES = frozenset(
+    (
+        "type super dict list str int len print lower upper object set get items keys values format "
+        "append extend join split strip replace update pop copy isinstance getattr setattr hasattr "
+        "range iter next open close read write call apply bind then push map filter reduce toString "
+        "String Object Array Number Boolean Error Promise Math JSON console require self this cls "
+        "value name data key id args kwargs"
+    ).split()
+)
+
 _TELLING = re.compile(r"^(?=.{8,})([a-z0-9]+(_[a-z0-9]+)+|[A-Za-z][a-z0-9]+([A-Z][a-z0-9]*)+)$")
 
 
@@ -92,9 +104,10 @@ def build_graph(
     for src, name, count in refs:
         graph.nodes.add(src)
         targets = definers.get(name)
-        if not targets or len(targets) > weights.max_definers:
+        if not targets or len(targets) > weights.max_definers or len(name) < 3 or name in STOP_NAMES:
             continue
-        w = name_weight(name, len(targets), name in mentioned, weights) * math.sqrt(count)
+        # One reference, one unit of weight: an ambiguous name shares it among its definers.
+        w = name_weight(name, len(targets), name in mentioned, weights) * math.sqrt(count) / len(targets)
         for dst in targets:
             if dst == src:
                 continue

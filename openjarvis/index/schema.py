@@ -9,8 +9,9 @@ Tables:
 - ``files``: one row per indexed file: path, language, size, mtime, content hash, lines, the
   parse error if any, and ``rank`` (its PageRank in the reference graph, refreshed after runs);
 - ``symbols``: definitions (name, qualified name, kind, lines, signature, doc);
-- ``refs``: references per (file, name): the strongest kind (call > import > type > use), the
-  count and the lines as comma-separated text (one row per name keeps the table small);
+- ``refs``: references per (file, name): the strongest kind (call > import > type > use >
+  module), the count of lines and ``lines`` as ``"12:call,40:use"`` (one row per name keeps the
+  table small);
 - ``chunks`` + ``chunks_fts``: searchable runs of lines; the FTS5 row with the same rowid holds
   the path, symbol, text and the ``words`` that split camelCase identifiers;
 - ``names_fts``: the symbol (qualified name and its split words) of each chunk that has one;

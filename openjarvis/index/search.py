@@ -329,7 +329,11 @@ def usages(store: Store, name: str, root: Path | None = None, limit: int = 1000)
         "WHERE r.name = ? ORDER BY f.path",
         (short,),
     ).fetchall()
-    rows = [(path, int(n), kind) for path, lines, kind in grouped for n in lines.split(",")]
+    rows = [
+        (path, int(line), kind)
+        for path, lines, _ in grouped
+        for line, _, kind in (item.partition(":") for item in lines.split(","))
+    ]
     rows = rows[:limit]
     cache: dict[str, list[str]] = {}
     out = []
@@ -363,8 +367,12 @@ def repo_map(
     defs, refs = store.graph_rows()
     graph = rank.build_graph(defs, refs, frozenset(mentioned))
     file_rank = rank.pagerank(graph, {fid: 1.0 for fid in focus_ids} or None)
-    ranked = [(fid, name) for fid, name, _ in rank.rank_definitions(graph, file_rank)
-              if fid not in focus_ids]  # fmt: skip
+    scored = [
+        (score * rank.path_prior(files[fid], True), fid, name)
+        for fid, name, score in rank.rank_definitions(graph, file_rank)
+        if fid not in focus_ids
+    ]
+    ranked = [(fid, name) for _, fid, name in sorted(scored, key=lambda t: -t[0])]
     # Files nothing references still deserve a line each, after the ranked definitions.
     entries: list[rank.MapEntry] = []
     seen: set[tuple[int, str]] = set()

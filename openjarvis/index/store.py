@@ -62,7 +62,7 @@ class FileRecord:
     error: str | None = None
     #: (name, qualname, kind, line, end_line, signature, doc)
     symbols: tuple[tuple[str, str, str, int, int, str, str], ...] = ()
-    #: (name, strongest kind, count, "line,line,...")
+    #: (name, strongest kind, count, "line:kind,line:kind,...")
     refs: tuple[tuple[str, str, int, str], ...] = ()
     #: (start_line, end_line, symbol, kind, text, split words)
     chunks: tuple[tuple[int, int, str, str, str, str], ...] = ()
@@ -259,28 +259,28 @@ class Store:
             "SELECT DISTINCT file_id, name FROM symbols WHERE kind NOT IN ('variable', 'field')"
         ).fetchall()
         refs = self.conn.execute(
-            "SELECT file_id, name, count FROM refs"
+            "SELECT file_id, name, count FROM refs WHERE kind != 'module'"
         ).fetchall()
         return defs, refs
 
 
-_REF_STRENGTH = {"call": 0, "import": 1, "type": 2, "use": 3}
+_REF_STRENGTH = {"call": 0, "import": 1, "type": 2, "use": 3, "module": 4}
 
 
 def _grouped_refs(ex: Extraction) -> tuple[tuple[str, str, int, str], ...]:
-    """One (name, strongest kind, count, "line,line,...") per referenced name."""
-    by_name: dict[str, tuple[str, list[int]]] = {}
+    """One (name, strongest kind, count, "line:kind,...") per referenced name, lines in order."""
+    by_name: dict[str, dict[int, str]] = {}
     for t in ex.tags:
         if t.role != "ref":
             continue
-        kind, lines = by_name.get(t.name, (t.kind, []))
-        if _REF_STRENGTH.get(t.kind, 9) < _REF_STRENGTH.get(kind, 9):
-            kind = t.kind
-        lines.append(t.line)
-        by_name[t.name] = (kind, lines)
-    return tuple(
-        (name, kind, len(lines), ",".join(map(str, sorted(set(lines))))) for name, (kind, lines) in by_name.items()
-    )
+        lines = by_name.setdefault(t.name, {})
+        if _REF_STRENGTH.get(t.kind, 9) < _REF_STRENGTH.get(lines.get(t.line, ""), 9):
+            lines[t.line] = t.kind
+    out = []
+    for name, lines in by_name.items():
+        kind = min(lines.values(), key=lambda k: _REF_STRENGTH.get(k, 9))
+        out.append((name, kind, len(lines), ",".join(f"{n}:{lines[n]}" for n in sorted(lines))))
+    return tuple(out)
 
 
 def _delete_rows(conn: sqlite3.Connection, file_ids: Sequence[int]) -> None:

@@ -23,8 +23,8 @@ def test_names_defined_everywhere_link_nothing() -> None:
 
 
 def test_mentioned_names_weigh_more() -> None:
-    plain = rank.build_graph([(1, "go")], [(2, "go", 1)])
-    mentioned = rank.build_graph([(1, "go")], [(2, "go", 1)], mentioned=frozenset({"go"}))
+    plain = rank.build_graph([(1, "launch")], [(2, "launch", 1)])
+    mentioned = rank.build_graph([(1, "launch")], [(2, "launch", 1)], mentioned=frozenset({"launch"}))
     assert mentioned.edges[2][1] == 10 * plain.edges[2][1]
 
 
@@ -98,3 +98,8 @@ def test_render_map_groups_files_and_indents_members() -> None:
         "  3: class Client:\n"
         "    9: def send(self, data):\n"
     )
+
+
+def test_ambiguous_names_share_their_weight_and_stop_names_link_nothing() -> None:
+    graph = rank.build_graph([(1, "render"), (2, "render"), (3, "super")], [(4, "render", 1), (4, "super", 5)])
+    assert graph.edges == {4: {1: 0.5, 2: 0.5}}
