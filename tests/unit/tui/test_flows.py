@@ -13,7 +13,7 @@ from tui_helpers import send, wait_for
 
 from openjarvis.config import load_config
 from openjarvis.tui.app import JarvisApp, make_app
-from openjarvis.tui.messages import AnswerGrew
+from openjarvis.tui.messages import AnswerGrew, IndexProgress
 from openjarvis.tui.screens.diff_review import DiffReviewScreen
 from openjarvis.tui.screens.history import HistoryScreen
 from openjarvis.tui.widgets.context import ContextPanel
@@ -37,6 +37,7 @@ def test_ask_streams_the_answer_with_sources_and_stats(tiny_daemon: Path) -> Non
             assert result is not None
             answer = app.query(Markdown).filter(".answer").last()
             assert answer.source == result["answer"]
+            assert any(isinstance(m, IndexProgress) for m in seen)  # the first start indexed, with progress
             grew = [m.text for m in seen if isinstance(m, AnswerGrew)]
             assert grew and grew[-1] == result["answer"]
             status = str(app.query_one(StatusBar).render())

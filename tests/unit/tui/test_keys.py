@@ -1,0 +1,60 @@
+"""Keyboard behaviour that needs no daemon: input history, multi-line input, completion, palette, help."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from textual.widgets import OptionList
+
+from openjarvis.config import Config
+from openjarvis.tui.app import ACTIONS, JarvisApp, make_app
+from openjarvis.tui.widgets.prompt import PromptInput
+
+
+def offline_app(tmp_path: Path) -> JarvisApp:
+    return make_app(Config(), tmp_path, connect=False, autostart=False)
+
+
+def test_history_multiline_and_completion(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        app = offline_app(tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            prompt = app.query_one(PromptInput)
+            for text in ("/local", "/auto"):
+                prompt.load_text(text)
+                await pilot.press("enter")
+            assert app.route_mode == "auto" and prompt.text == ""
+            await pilot.press("d", "r", "a", "f", "t", "up")
+            assert prompt.text == "/auto"
+            await pilot.press("up")
+            assert prompt.text == "/local"
+            await pilot.press("down", "down")
+            assert prompt.text == "draft"  # back to what was being typed
+            prompt.clear()
+            await pilot.press("a", "ctrl+j", "b")
+            assert prompt.text == "a\nb"  # Ctrl+J breaks the line, Enter would send
+            prompt.clear()
+            await pilot.press("/", "s", "e")
+            box = app.query_one("#completions", OptionList)
+            assert box.display and box.option_count == 1
+            await pilot.press("tab")
+            assert prompt.text == "/search " and not box.display
+            await pilot.press("escape")  # nothing streams: Esc is harmless
+
+    asyncio.run(scenario())
+
+
+def test_palette_lists_every_action_and_help_lists_every_command(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        app = offline_app(tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            titles = {c.title for c in app.get_system_commands(app.screen)}
+            assert {title for _, title, _ in ACTIONS} <= titles
+            await pilot.press("f1")
+            await pilot.pause()
+            note = app.query(".note").last()
+            source = getattr(note, "source", "")
+            assert "/search QUERY" in source and "/history" in source and "`escape`" in source
+
+    asyncio.run(scenario())
