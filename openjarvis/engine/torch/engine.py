@@ -90,7 +90,7 @@ class Vocab:
         return bytes(out)
 
     def close(self) -> None:
-        self._model.close()
+        self._model.close()  # type: ignore[no-untyped-call]
 
 
 class TorchEngine:

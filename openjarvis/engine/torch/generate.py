@@ -179,7 +179,7 @@ class Runner:
         positions with the same values), so the inputs must be filled first.
         """
         assert ws.run is not None
-        side = torch.cuda.Stream()
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
@@ -216,7 +216,7 @@ class Runner:
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
             K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
-                       kc, vc, a.rms_eps, *qkv_tiles, pdl=pdl)
+                       kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1], pdl=pdl)
             K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
                         block_s=self.attn_block_s, pdl=pdl)
             K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pdl)

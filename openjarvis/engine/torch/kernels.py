@@ -1,3 +1,4 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """Triton kernels for the batch-size-one path, and their launchers.
 
 At batch size one every weight is read once per step, so each kernel is a pass over a weight

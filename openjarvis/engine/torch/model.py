@@ -68,7 +68,7 @@ class Transformer:
         for i, lw in enumerate(w.layers):
             x = rms_norm(h, lw.attn_norm, a.rms_eps).to(dt)
             qkv = F.linear(x, lw.wqkv, lw.bqkv)  # [T, qkv_dim]
-            q, k, v = qkv.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
+            q, k, v = qkv[:, : a.q_dim], qkv[:, a.q_dim : -a.kv_dim], qkv[:, -a.kv_dim :]
             q = apply_rope(q.view(T, a.n_head, a.head_dim), cs)  # [T, H, hd]
             k = apply_rope(k.view(T, a.n_head_kv, a.head_dim), cs)  # [T, Hkv, hd]
             cache.write(i, pos, k, v.view(T, a.n_head_kv, a.head_dim))
@@ -82,7 +82,8 @@ class Transformer:
             o = o.transpose(0, 1).reshape(T, a.q_dim)
             h = h + F.linear(o, lw.wo).float()
             x = rms_norm(h, lw.ffn_norm, a.rms_eps).to(dt)
-            gate, up = F.linear(x, lw.w13).split(a.n_ff, dim=-1)  # [T, F] each
+            gu = F.linear(x, lw.w13)  # [T, 2F]: gate, then up
+            gate, up = gu[:, : a.n_ff], gu[:, a.n_ff :]
             h = h + F.linear(F.silu(gate) * up, lw.w2).float()
         x = rms_norm(h, w.out_norm, a.rms_eps).to(dt)
         return F.linear(x, w.out).float()  # [T, V]

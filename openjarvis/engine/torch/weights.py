@@ -227,13 +227,10 @@ def gguf_names(
         p = f"blk.{i}."
         out[p + "attn_norm.weight"] = lw.attn_norm
         out[p + "ffn_norm.weight"] = lw.ffn_norm
-        out[p + "attn_q.weight"], out[p + "attn_k.weight"], out[p + "attn_v.weight"] = (
-            lw.wqkv.split([q, kv, kv])
-        )
-        out[p + "attn_q.bias"], out[p + "attn_k.bias"], out[p + "attn_v.bias"] = lw.bqkv.split(
-            [q, kv, kv]
-        )
+        for x, lo, hi in (("q", 0, q), ("k", q, q + kv), ("v", q + kv, q + 2 * kv)):
+            out[p + f"attn_{x}.weight"] = lw.wqkv[lo:hi]
+            out[p + f"attn_{x}.bias"] = lw.bqkv[lo:hi]
         out[p + "attn_output.weight"] = lw.wo
-        out[p + "ffn_gate.weight"], out[p + "ffn_up.weight"] = lw.w13.split([f, f])
+        out[p + "ffn_gate.weight"], out[p + "ffn_up.weight"] = lw.w13[:f], lw.w13[f:]
         out[p + "ffn_down.weight"] = lw.w2
     return out
