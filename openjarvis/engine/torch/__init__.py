@@ -33,7 +33,10 @@ def torch_available() -> bool:
     """True when the ``gpu`` extra (torch) is importable; says nothing about CUDA."""
     import importlib.util
 
-    return importlib.util.find_spec("torch") is not None
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a broken or blocked install counts as absent
+        return False
 
 
 def load_engine(path: str | Path, **kwargs: object) -> TorchEngine:

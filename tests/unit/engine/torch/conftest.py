@@ -1,4 +1,4 @@
-"""Skip this directory cleanly where the gpu extra (torch) is not installed."""
+"""Skip the torch tests cleanly where the gpu extra (torch) is not installed; mark them ``gpu``."""
 
 from __future__ import annotations
 
@@ -6,11 +6,14 @@ import importlib.util
 
 import pytest
 
+NEEDS_TORCH = ["test_torch_model.py", "test_torch_kernels.py", "test_torch_weights.py",
+               "test_torch_engine.py"]
+
 if importlib.util.find_spec("torch") is None:
-    collect_ignore_glob = ["test_*.py"]
+    collect_ignore = NEEDS_TORCH
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "engine/torch" in str(item.fspath):
+        if item.path.name in NEEDS_TORCH:
             item.add_marker(pytest.mark.gpu)
