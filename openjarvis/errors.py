@@ -148,6 +148,8 @@ class DaemonError(JarvisError):
     ``openjarvis.daemon.protocol.ErrorCode``), else None.
     """
 
-    def __init__(self, message: str, code: int | None = None) -> None:
+    def __init__(self, message: str, code: int | None = None, data: object = None) -> None:
         super().__init__(message)
         self.code = code
+        #: The error object's ``data`` (e.g. ``{"needs_confirmation": true, ...}``), when any.
+        self.data = data

@@ -110,6 +110,9 @@ class Prepared:
     tokens: list[int] | None
     local_context: int
     local_error: str = ""
+    #: What the prompt was assembled from, to re-assemble it smaller without searching again.
+    sources: tuple[Source, ...] = ()
+    repo_map: str = ""
 
 
 @dataclass(slots=True)
@@ -209,15 +212,38 @@ class Assistant:
 
     # -- requests -----------------------------------------------------------------------------------
 
-    def _assemble(
-        self, req: ChatRequest, retriever: Retriever | None, count: Callable[[str], int], budget: int
-    ) -> Prompt:
+    def _context(self, req: ChatRequest, retriever: Retriever | None, budget: int) -> tuple[list[Source], str]:
         focus = [req.editor.path] if req.editor is not None else []
-        sources: list[Source] = []
-        repo_map = ""
-        if retriever is not None:
-            sources = retriever.sources(req.question, RETRIEVE_K, focus)
-            repo_map = retriever.repo_map(int(budget * MAP_TOKENS_SHARE), focus)
+        if retriever is None:
+            return [], ""
+        return retriever.sources(req.question, RETRIEVE_K, focus), retriever.repo_map(
+            int(budget * MAP_TOKENS_SHARE), focus
+        )
+
+    def prepare(self, req: ChatRequest, retriever: Retriever | None) -> Prepared:
+        """Context and prompt for ``req`` at the full ``generation.prompt_budget``.
+
+        The prompt may be larger than the local context allows; the router then decides whether a
+        target with room takes it, or ``answer`` trims it to fit here (``fit_local``). When the local
+        models cannot be loaded, the prompt is still built (sized by an estimate of
+        ``CHARS_PER_TOKEN``) and ``local_error`` says why.
+        """
+        from openjarvis.errors import ModelError
+
+        budget = self.config.generation.prompt_budget
+        sources, repo_map = self._context(req, retriever, budget)
+        try:
+            spec = self.speculator()
+        except ModelError as exc:
+            prompt = self._build(req, sources, repo_map, budget, lambda t: max(1, len(t) // CHARS_PER_TOKEN))
+            return Prepared(prompt, None, 0, str(exc), tuple(sources), repo_map)
+        v = spec.verifier
+        prompt = self._build(req, sources, repo_map, budget, lambda t: len(v.tokenize(t, special=False)))
+        return Prepared(prompt, self._tokens(v, prompt), v.n_ctx, "", tuple(sources), repo_map)
+
+    def _build(
+        self, req: ChatRequest, sources: Sequence[Source], repo_map: str, budget: int, count: Callable[[str], int]
+    ) -> Prompt:
         return assemble(
             req.question,
             budget=budget,
@@ -228,31 +254,26 @@ class Assistant:
             repo_map=repo_map,
         )
 
-    def prepare(self, req: ChatRequest, retriever: Retriever | None) -> Prepared:
-        """Context and prompt for ``req``, counted with the verifier's tokenizer.
-
-        When the local models cannot be loaded, the prompt is still built (sized by an estimate of
-        ``CHARS_PER_TOKEN``) and ``local_error`` says why, so the router may send it elsewhere.
-        """
+    @staticmethod
+    def _tokens(v: Any, prompt: Prompt) -> list[int]:
         from openjarvis.engine.templates import Message as ChatMessage
         from openjarvis.engine.templates import render_chat
-        from openjarvis.errors import ModelError
 
-        try:
-            spec = self.speculator()
-        except ModelError as exc:
-            budget = self.config.generation.prompt_budget
-            prompt = self._assemble(req, retriever, lambda t: max(1, len(t) // CHARS_PER_TOKEN), budget)
-            return Prepared(prompt, None, 0, str(exc))
-        v = spec.verifier
-
-        def count(text: str) -> int:
-            return len(v.tokenize(text, special=False))
-
-        budget = min(v.n_ctx - req.max_tokens - SAFETY_TOKENS, self.config.generation.prompt_budget)
-        prompt = self._assemble(req, retriever, count, budget)
         text = render_chat(v.chat_template(), [ChatMessage(m.role, m.content) for m in prompt.messages])
-        return Prepared(prompt, v.tokenize(text, special=True), v.n_ctx)
+        return list(v.tokenize(text, special=True))
+
+    def fit_local(self, req: ChatRequest, prepared: Prepared) -> Prepared:
+        """The same request re-assembled to leave room for the answer in the local context."""
+        if prepared.tokens is None or len(prepared.tokens) + req.max_tokens + SAFETY_TOKENS <= prepared.local_context:
+            return prepared
+        v = self.speculator().verifier
+        budget = prepared.local_context - req.max_tokens - SAFETY_TOKENS
+        prompt = self._build(
+            req, prepared.sources, prepared.repo_map, budget, lambda t: len(v.tokenize(t, special=False))
+        )
+        return Prepared(
+            prompt, self._tokens(v, prompt), prepared.local_context, "", prepared.sources, prepared.repo_map
+        )
 
     def answer(
         self,
@@ -269,6 +290,8 @@ class Assistant:
 
         if prepared.tokens is None:
             raise ModelNotInstalled(prepared.local_error)
+        prepared = self.fit_local(req, prepared)
+        assert prepared.tokens is not None
         with self.gate.hold(CHAT) as slot:
             spec = self.speculator()
             corpus = tuple(spec.verifier.tokenize(s.text, special=False) for s in prepared.prompt.sources)

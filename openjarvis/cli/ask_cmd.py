@@ -17,6 +17,12 @@ from openjarvis.cli.output import emit_json
 def footer(result: dict[str, Any]) -> str:
     """The one-line stats footer: route, speed, acceptance, time to first token."""
     s = result["stats"]
+    if result["route"] != "local":
+        where = "⇡ left this machine" if result.get("left_machine") else "another engine on this machine"
+        return (
+            f"{where}: {result['route']} · {result['model']} · {s['tokens']} tokens · "
+            f"${s.get('cost_usd', 0.0):.4f} · {result.get('route_reason', '')}"
+        )
     ttft = f"{s['ttft_s']:.2f} s" if s.get("ttft_s") is not None else "-"
     return (
         f"{result['route']} · {result['model']} · {s['tokens']} tokens · {s['tokens_per_s']:.1f} tok/s · "
@@ -34,6 +40,9 @@ def footer(result: dict[str, Any]) -> str:
 @click.option("--local", "route", flag_value="local", help="Answer on this machine only.")
 @click.option("--offline", "route", flag_value="local", help="Same as --local: no byte leaves the machine.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (answer, sources, stats) for scripts.")
+@click.option(
+    "--yes", "-y", is_flag=True, help="Confirm sending to a cloud target when the policy asks (router.cloud = ask)."
+)
 def ask(
     question: tuple[str, ...],
     workspace: Path | None,
@@ -42,6 +51,7 @@ def ask(
     max_tokens: int | None,
     route: str | None,
     as_json: bool,
+    yes: bool,
 ) -> None:
     """Answer QUESTION about the repository you are in, streaming the answer.
 
@@ -55,6 +65,7 @@ def ask(
       jarvis ask "where are HTTP responses parsed?"
     """
     from openjarvis.daemon.client import Client
+    from openjarvis.errors import DaemonError
 
     root = (workspace or paths.find_workspace_root() or Path.cwd()).resolve()
     params: dict[str, Any] = {"workspace": str(root), "message": " ".join(question)}
@@ -71,7 +82,15 @@ def ask(
             params["conversation"] = conversation
         view = _View(tty=tty, quiet=as_json)
         try:
-            result = client.call("chat", params, on_notification=view.on_event)
+            try:
+                result = client.call("chat", params, on_notification=view.on_event)
+            except DaemonError as exc:
+                if not (isinstance(exc.data, dict) and exc.data.get("needs_confirmation")):
+                    raise
+                view.close()
+                if not (yes or (sys.stdin.isatty() and click.confirm(f"{exc}. Send it?", err=True))):
+                    raise DaemonError(f"{exc}; not sent (pass --yes to confirm)") from None
+                result = client.call("chat", {**params, "confirm_cloud": True}, on_notification=view.on_event)
         finally:
             view.close()
     if as_json:
@@ -101,6 +120,9 @@ class _View:
             return
         if method == "index/progress":
             self._index(params["done"], params["total"])
+        elif method == "chat/restart":
+            self.text = ""
+            click.echo(f"\n[{params['reason']}: the answer follows]", err=True)
         elif method == "chat/token":
             self._close_progress()
             self.text += params["text"]

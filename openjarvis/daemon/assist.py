@@ -381,7 +381,8 @@ def _answer_routed(
         dropped=prepared.prompt.dropped,
         cancelled=reply.finish_reason == "cancelled",
     )
-    return _Routed(answer, reply.target, reply.model, decision.reason, True)
+    assert decision.target is not None
+    return _Routed(answer, reply.target, reply.model, decision.reason, not decision.target.on_this_machine)
 
 
 async def complete(params: CompleteParams, call: Call) -> CompleteResult:

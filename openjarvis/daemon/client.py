@@ -41,7 +41,9 @@ OnNotification = Callable[[str, dict[str, Any]], None]
 
 def _raise_for(resp: Response) -> Any:
     if resp.error is not None:
-        raise DaemonError(str(resp.error.get("message", "daemon error")), code=resp.error.get("code"))
+        raise DaemonError(
+            str(resp.error.get("message", "daemon error")), code=resp.error.get("code"), data=resp.error.get("data")
+        )
     return resp.result
 
 
@@ -207,7 +209,9 @@ class AsyncClient:
                     fut = self._pending.pop(msg.id, None)
                     if fut is not None and not fut.done():
                         if msg.error is not None:
-                            fut.set_exception(DaemonError(str(msg.error.get("message")), code=msg.error.get("code")))
+                            fut.set_exception(
+                                DaemonError(str(msg.error.get("message")), msg.error.get("code"), msg.error.get("data"))
+                            )
                         else:
                             fut.set_result(msg.result)
         except (ConnectionError, OSError, ValueError):

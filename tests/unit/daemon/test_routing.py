@@ -56,7 +56,7 @@ def test_asked_cloud_answers_redacted_and_audited(
                 on_notification=lambda m, p: tokens.append(p["text"]) if m == "chat/token" else None,
             )
         assert result["answer"] == "The parser lives in app/http.py." == "".join(tokens)
-        assert result["route"] == "fake" and result["left_machine"] is True
+        assert result["route"] == "fake" and result["left_machine"] is False  # 127.0.0.1 is this machine
         assert result["route_reason"].startswith("you asked")
         sent = cloud.received[0].body.decode()
         assert "parse_http_response" in sent  # the repository's code went as context
@@ -83,5 +83,51 @@ def test_policy_never_refuses_to_send(tiny_setup: Path, cloud: FakeCloud) -> Non
             # Without asking, the local pair answers and nothing leaves.
             local = c.call("chat", {"workspace": str(tiny_setup), "message": "hi"})
         assert local["route"] == "local" and local["left_machine"] is False
+    finally:
+        stop(paths.socket_path())
+
+
+def big_prompt_setup(tiny_setup: Path) -> None:
+    """A question whose best context is larger than the tiny models' 1024-token context."""
+    (tiny_setup / "README.md").write_text("# Tiny app\n" + "The parser handles every header.\n" * 400)
+    cfg = paths.user_config_file()
+    cfg.write_text(cfg.read_text().replace("[generation]\n", "[generation]\nprompt_budget = 4000\n"))
+
+
+def test_a_prompt_too_big_for_here_goes_to_the_target_with_room(
+    tiny_setup: Path, cloud: FakeCloud, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configure(tiny_setup, cloud.url, "auto")
+    big_prompt_setup(tiny_setup)
+    cloud.script(stream("Answered ", "by the big one."))
+    ensure_running(paths.socket_path())
+    try:
+        assert main(["ask", "-C", str(tiny_setup), "summarise", "the", "README", "parser", "header"]) == 0
+        out, err = capsys.readouterr()
+        assert out.startswith("Answered by the big one.")
+        footer = err.strip().splitlines()[-1]
+        # The fake target listens on 127.0.0.1: another engine on this machine, not a departure.
+        assert footer.startswith("another engine on this machine: fake · fake-model-v1")
+        assert "does not fit the local context" in footer
+        assert len(cloud.received) == 1 and len(cloud.received[0].body) > 4000
+    finally:
+        stop(paths.socket_path())
+
+
+def test_ask_mode_holds_a_departure_until_confirmed(tiny_setup: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A target off this machine; the name can never resolve, and nothing is sent without --yes.
+    configure(tiny_setup, "https://api.example.invalid/v1", "ask")
+    big_prompt_setup(tiny_setup)
+    ensure_running(paths.socket_path())
+    try:
+        assert main(["ask", "-C", str(tiny_setup), "summarise", "the", "README", "parser", "header"]) == 1
+        err = capsys.readouterr().err
+        assert "does not fit the local context" in err and "confirm to send (estimated $" in err
+        assert err.strip().endswith("not sent (pass --yes to confirm)")
+        with Client(autostart=False) as c:
+            with pytest.raises(DaemonError) as exc:
+                c.call("chat", {"workspace": str(tiny_setup), "message": "summarise the README parser header"})
+        assert exc.value.code == ErrorCode.POLICY_REFUSED
+        assert exc.value.data == {"needs_confirmation": True, "target": "fake"}
     finally:
         stop(paths.socket_path())
