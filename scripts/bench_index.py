@@ -12,8 +12,9 @@ here was written by us. Figures go in BENCHMARKS.md under ``## Index``.
 Parts:
 
 - full: a fresh index of Django's Python files (a tree of hard links to the sdist's ``*.py``)
-  and of the whole sdist tree; wall time, files/s, lines/s, peak RSS (this process and the
-  parser pool, the larger), database size;
+  and of the whole sdist tree; wall time, files/s, lines/s, database size, peak RSS and CPU
+  seconds of the whole process tree (writer, forkserver, parser pool), and the 1-minute load
+  average when the run ended (the machine is shared: CPU seconds are the steadier figure);
 - incremental: a watcher runs on the Python tree; 50 times, a random file gets a new function
   appended and the clock runs from the write until ``definition()`` on another connection finds
   it (p50/p95/max);
@@ -77,32 +78,53 @@ def python_tree(django: Path, dest: Path) -> Path:
     return dest
 
 
-class PeakRss:
-    """Peak of the summed RSS of this process and all its descendants (the parser pool lives
-    under a forkserver, so ``RUSAGE_CHILDREN`` would miss it), sampled every 20 ms."""
+class TreeMeter:
+    """Peak summed RSS and total CPU seconds of this process and all its descendants.
+
+    The parser pool lives under a forkserver, so ``RUSAGE_CHILDREN`` would miss it; the tree is
+    sampled every 20 ms instead (a worker's last few milliseconds of CPU may be missed).
+    """
 
     def __init__(self) -> None:
         import threading
 
+        import psutil
+
         self.peak = 0
+        self._me = psutil.Process()
+        self._cpu: dict[int, float] = {}
+        self._start = self._cpu_of(self._me)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
+    @staticmethod
+    def _cpu_of(proc: object) -> float:
+        times = proc.cpu_times()  # type: ignore[attr-defined]
+        return float(times.user + times.system)
+
+    def _sample(self) -> None:
         import psutil
 
-        me = psutil.Process()
+        total = 0
+        for proc in [self._me, *self._me.children(recursive=True)]:
+            try:
+                total += proc.memory_info().rss
+                self._cpu[proc.pid] = self._cpu_of(proc)
+            except psutil.Error:
+                pass
+        self.peak = max(self.peak, total)
+
+    def _run(self) -> None:
         while not self._stop.is_set():
-            total = 0
-            for proc in [me, *me.children(recursive=True)]:
-                try:
-                    total += proc.memory_info().rss
-                except psutil.Error:
-                    pass
-            self.peak = max(self.peak, total)
+            self._sample()
             self._stop.wait(0.02)
 
-    def __enter__(self) -> PeakRss:
+    @property
+    def cpu_s(self) -> float:
+        own = self._cpu_of(self._me) - self._start
+        return own + sum(v for pid, v in self._cpu.items() if pid != self._me.pid)
+
+    def __enter__(self) -> TreeMeter:
         self._thread.start()
         return self
 
@@ -122,16 +144,17 @@ def bench_full(root: Path, workers: int) -> dict[str, float]:
 
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "index.db"
-        with PeakRss() as rss:
+        with TreeMeter() as meter:
             started = time.perf_counter()
             with Store.open(db) as store:
                 summary = index_workspace(store, root, IndexConfig(workers=workers))
             wall = time.perf_counter() - started
         size = db_size(db)
     return {
+        "load_1m": os.getloadavg()[0],
         "files": summary.indexed, "lines": summary.lines, "wall_s": wall,
         "files_per_s": summary.indexed / wall, "lines_per_s": summary.lines / wall,
-        "db_mb": size / 1e6, "peak_rss_mb": rss.peak / 1e6,
+        "db_mb": size / 1e6, "peak_rss_mb": meter.peak / 1e6, "cpu_s": meter.cpu_s,
     }  # fmt: skip
 
 
@@ -180,6 +203,7 @@ def bench_incremental(root: Path, edits: int, workers: int, seed: int) -> dict[s
                 tmp_file.write_bytes(data)
                 os.replace(tmp_file, path)
     return {
+        "load_1m": os.getloadavg()[0],
         "edits": len(latencies), "p50_ms": statistics.median(latencies),
         "p95_ms": percentile(latencies, 95), "max_ms": max(latencies),
     }  # fmt: skip
@@ -209,6 +233,7 @@ def bench_queries(root: Path, workers: int) -> dict[str, float]:
                 search(store, q, k=10)
                 times.append((time.perf_counter() - started) * 1000)
     return {
+        "load_1m": os.getloadavg()[0],
         "queries": len(times), "p50_ms": statistics.median(times),
         "p95_ms": percentile(times, 95), "max_ms": max(times),
     }  # fmt: skip

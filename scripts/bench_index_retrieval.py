@@ -95,7 +95,10 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "openjarvis-bench")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--show-misses", action="store_true")
+    parser.add_argument("--ablate", action="store_true", help="also score hybrid with each signal removed")
     args = parser.parse_args()
+    variants = ablations() if args.ablate else {}
+    ablated: dict[str, list[int | None]] = defaultdict(list)
 
     queries = load_queries()
     by_repo: dict[str, list[dict[str, str]]] = defaultdict(list)
@@ -136,6 +139,9 @@ def main() -> None:
                     ):
                         ranks[name].append(rank)
                         per_repo[repo][name].append(rank)
+                    for label, weights in variants.items():
+                        got = search(store, q["question"], k=20, weights=weights)
+                        ablated[label].append(first_rank(list(dict.fromkeys(h.path for h in got))[:K], q["path"]))
                     if args.show_misses and first_rank(files, q["path"]) is None:
                         misses.append(f"{repo}: {q['question']!r} -> want {q['path']}; got {files[:3]}")
                 base.close()
@@ -158,8 +164,33 @@ def main() -> None:
     for repo, r in sorted(per_repo.items()):
         cells = [score(r[name])["recall@5"] for name in ("hybrid_file", "bm25_whole_file", "hybrid_symbol")]
         print(f"| {repo} | {len(r['hybrid_file'])} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+    if variants:
+        print("\n| hybrid variant (file level) | recall@1 | recall@5 | MRR |\n|---|---|---|---|")
+        for label in variants:
+            v = score(ablated[label])
+            print(f"| {label} | {v['recall@1']:.3f} | {v['recall@5']:.3f} | {v['mrr']:.3f} |")
     for line in misses:
         print("miss:", line)
+
+
+def ablations() -> dict[str, object]:
+    """The default weights, and the same with one signal or prior switched off."""
+    import dataclasses
+
+    from openjarvis.index.rank import WEIGHTS
+
+    def without(*names: str) -> dict[str, float]:
+        return {k: (0.0 if k in names else v) for k, v in WEIGHTS.signals.items()}
+
+    return {
+        "all signals (default)": WEIGHTS,
+        "without text (chunk BM25)": dataclasses.replace(WEIGHTS, signals=without("text")),
+        "without file (whole-file BM25)": dataclasses.replace(WEIGHTS, signals=without("file")),
+        "without name (symbol-name BM25)": dataclasses.replace(WEIGHTS, signals=without("name")),
+        "without exact and fuzzy names": dataclasses.replace(WEIGHTS, signals=without("exact", "fuzzy")),
+        "without graph prior (PageRank)": dataclasses.replace(WEIGHTS, graph_prior=0.0),
+        "without path prior (prose, tests)": dataclasses.replace(WEIGHTS, prose=1.0, tests=1.0),
+    }
 
 
 if __name__ == "__main__":
