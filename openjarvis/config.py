@@ -267,8 +267,14 @@ def load_config(
     cwd: Path | None = None,
     overrides: Mapping[str, str] | None = None,
     env: Mapping[str, str] | None = None,
+    *,
+    repo_file: bool = True,
 ) -> Config:
-    """Build the effective configuration for a run started in ``cwd``."""
+    """Build the effective configuration for a run started in ``cwd``.
+
+    ``repo_file=False`` leaves out every repository's ``.jarvis.toml``: what the daemon, which
+    serves many repositories, uses for its own process-wide settings.
+    """
     env = os.environ if env is None else env
     known = settings()
     values: dict[str, Any] = {k: s.default for k, s in known.items()}
@@ -279,7 +285,7 @@ def load_config(
     if user_file.is_file():
         _apply_file(values, sources, user_file, "user file")
         files.append(user_file)
-    root = paths.find_workspace_root(cwd)
+    root = paths.find_workspace_root(cwd) if repo_file else None
     if root is not None and (root / REPO_FILE).is_file():
         _apply_file(values, sources, root / REPO_FILE, "repo file")
         files.append(root / REPO_FILE)

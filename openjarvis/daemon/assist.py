@@ -64,7 +64,7 @@ def _state(daemon: Daemon) -> dict[str, Any]:
         from openjarvis.config import load_config
         from openjarvis.daemon.workspaces import Workspaces
 
-        config = load_config()
+        config = load_config(repo_file=False)  # per-repository settings apply per request
         st["config"] = config
         st["assistant"] = Assistant(config)
         st["workspaces"] = Workspaces(config)
@@ -111,6 +111,17 @@ async def in_thread(call: Call, fn: Callable[[Callable[[], bool], Callable[[str,
         except Exception:  # its own outcome no longer matters to anyone
             pass
         raise
+
+
+def _workspace_config(root: Path) -> Any:
+    """The settings as this repository sees them (its ``.jarvis.toml`` included)."""
+    from openjarvis.config import load_config
+    from openjarvis.errors import ConfigError
+
+    try:
+        return load_config(root)
+    except ConfigError as exc:
+        raise ProtocolError(ErrorCode.WORKSPACE_ERROR, str(exc)) from exc
 
 
 def _mapped(exc: JarvisError) -> ProtocolError:
@@ -218,11 +229,11 @@ async def chat(params: ChatParams, call: Call) -> ChatResult:
     from openjarvis.history import open_history
 
     st = _state(call.daemon)
-    config = st["config"]
     ws = st["workspaces"].get(params.workspace)
 
     def work(cancelled: Callable[[], bool], notify: Callable[[str, dict[str, Any]], None]) -> ChatResult:
         started = time.time()
+        config = _workspace_config(ws.root)
         st["workspaces"].ensure_indexed(ws, lambda d, t: notify("index/progress", {"done": d, "total": t}))
         with open_history() as db:
             conv = params.conversation

@@ -58,7 +58,8 @@ def run_foreground(socket_path: Path | None = None) -> int:
     from openjarvis.daemon.handlers import METHODS
     from openjarvis.daemon.server import Daemon, InstanceLock
 
-    socket_path = socket_path or paths.socket_path()
+    socket_path = (socket_path or paths.socket_path()).absolute()
+    os.chdir("/")  # hold no client's directory open (it may be unmounted or deleted)
     setup_logging()
     lock = InstanceLock(lock_file(socket_path))
     if not lock.acquire():

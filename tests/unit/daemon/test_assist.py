@@ -220,3 +220,19 @@ def test_jarvis_history_lists_and_shows(tiny_daemon: Path, capsys: pytest.Captur
     assert shown.startswith("# what is Router?") and result["answer"] in shown
     assert main(["history", "nope"]) == 1
     assert "no conversation 'nope'" in capsys.readouterr().err
+
+
+def test_repository_settings_apply_to_its_own_requests_only(tiny_daemon: Path, tmp_path: Path) -> None:
+    (tiny_daemon / ".jarvis.toml").write_text("[generation]\nmax_tokens = 3\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "main.py").write_text("print('hi')\n")
+    with Client(autostart=False) as c:
+        here = c.call("chat", {"workspace": str(tiny_daemon), "message": "explain Router", "drafter": "none"})
+        there = c.call("chat", {"workspace": str(other), "message": "explain main", "drafter": "none"})
+        assert here["stats"]["tokens"] <= 3  # this repository's .jarvis.toml
+        assert there["stats"]["tokens"] > 3 or there["stats"]["finish_reason"] == "stop"  # the user's 24
+        (tiny_daemon / ".jarvis.toml").write_text("[generation]\nmax_tokens = 'many'\n")
+        with pytest.raises(DaemonError) as err:
+            c.call("chat", {"workspace": str(tiny_daemon), "message": "again"})
+        assert err.value.code == ErrorCode.WORKSPACE_ERROR and "generation.max_tokens must be int" in str(err.value)
