@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from textual import events
 from textual.widgets import OptionList
 
 from openjarvis.config import Config
@@ -34,6 +35,10 @@ def test_history_multiline_and_completion(tmp_path: Path) -> None:
             prompt.clear()
             await pilot.press("a", "ctrl+j", "b")
             assert prompt.text == "a\nb"  # Ctrl+J breaks the line, Enter would send
+            prompt.clear()
+            app.post_message(events.Paste("def f():\n    return 1\n"))  # a terminal's bracketed paste
+            await pilot.pause()
+            assert prompt.text == "def f():\n    return 1\n"  # newlines kept, nothing sent
             prompt.clear()
             await pilot.press("/", "s", "e")
             box = app.query_one("#completions", OptionList)
