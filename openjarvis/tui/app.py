@@ -265,7 +265,10 @@ class JarvisApp(App[None]):
         if parsed is None:
             await self.ask(message.text[1:] if message.text.startswith("//") else message.text)
             return
-        await self.run_slash(parsed.name, parsed.arg)
+        name = parsed.name
+        if name not in commands.NAMES and (matches := commands.completions(message.text.strip())):
+            name = matches[0].name  # "/hel" + Enter runs /help, as the completion list showed
+        await self.run_slash(name, parsed.arg)
 
     async def run_slash(self, name: str, arg: str) -> None:
         if name == "search":

@@ -61,5 +61,10 @@ def test_palette_lists_every_action_and_help_lists_every_command(tmp_path: Path)
             note = app.query(".note").last()
             source = getattr(note, "source", "")
             assert "/search QUERY" in source and "/history" in source and "`escape`" in source
+            notes = len(app.query(".note"))
+            app.query_one(PromptInput).load_text("/hel")
+            await pilot.press("enter")  # a unique prefix runs its command
+            await pilot.pause()
+            assert len(app.query(".note")) == notes + 1
 
     asyncio.run(scenario())
