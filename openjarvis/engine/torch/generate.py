@@ -86,6 +86,10 @@ class Runner:
         #: block_k). Filled by tuning (scripts/bench_gpu.py); defaults where absent.
         self.linear_configs: dict[tuple[str, int], object] = {}
         self.attn_block_s = 64
+        #: T = 1: merge the attention splits inside the o-projection (one launch fewer per
+        #: layer; float atomics into the residual, so the last bits vary from run to run).
+        self.fuse_attn_out = False
+        self.attn_out_block_n = 128
         #: Programmatic dependent launch of the Triton kernels (Hopper), per T: 0 off, 1 each
         #: kernel launched while the previous one finishes, 2 also loading its first weight
         #: tile before waiting. ``pdl`` is the mode for any T not in ``pdl_by_t``.
@@ -217,9 +221,14 @@ class Runner:
             kc, vc = c.k[i], c.v[i]
             K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                        kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1], pdl=pdl)
-            K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
-                        block_s=self.attn_block_s, pdl=pdl)
-            K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pdl)
+            if t == 1 and self.fuse_attn_out:
+                K.attention_out(ws.q, kc, vc, ws.start, lw.wo, ws.h, ws.o_part, ws.ml_part,
+                                block_s=self.attn_block_s, block_n=self.attn_out_block_n,
+                                pdl=pdl)
+            else:
+                K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
+                            block_s=self.attn_block_s, pdl=pdl)
+                K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pdl)
             K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
                      cfg=lc("w13"), pdl=pdl)
             K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"), pdl=pdl)

@@ -45,8 +45,11 @@ def block_t(t: int) -> int:
     return 1 if t == 1 else max(16, triton.next_power_of_2(t))
 
 
-def default_linear_config(t: int, n: int, k: int) -> LinearConfig:
-    """A reasonable tile without tuning: enough programs to cover the SMs several times."""
+def default_linear_config(t: int, n: int, k: int, on_gpu: bool = True) -> LinearConfig:
+    """A reasonable tile without tuning: enough programs to cover the SMs several times (on the
+    CPU, in the interpreter, few large programs: each program costs Python time there)."""
+    if not on_gpu:
+        return LinearConfig(min(64, triton.next_power_of_2(n)), min(128, triton.next_power_of_2(k)))
     if t == 1:
         bn = 4 if n <= 2048 else 8 if n <= 16384 else 16
         return LinearConfig(bn, min(512, triton.next_power_of_2(k)))
@@ -297,6 +300,33 @@ def _attn_combine_kernel(
 
 
 @triton.jit
+def _attn_out_kernel(
+    o_ptr, ml_ptr, w_ptr, h_ptr, N, QD,
+    N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """T = 1: merge head ``h``'s splits and add its share of the o-projection into ``h``.
+
+    Program = (rows of Wo, head): the [BLOCK_N, HD] block of Wo that multiplies this head's
+    output, so one launch replaces the combine and the o-projection (partial sums over heads
+    land in the float32 residual with atomics)."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    head = tl.program_id(1)
+    d = tl.arange(0, HD)
+    nmask = rn < N
+    w = tl.load(w_ptr + rn[:, None] * QD + head * HD + d[None, :], mask=nmask[:, None], other=0.0)
+    _gdc(PDL)
+    idx = tl.arange(0, NSPLIT) * N_HEAD + head  # partials [NSPLIT, 1, H, ...]
+    m = tl.load(ml_ptr + idx * 2)
+    den = tl.load(ml_ptr + idx * 2 + 1)
+    wgt = tl.exp(m - tl.max(m, 0))  # empty splits carry m = -inf -> weight 0
+    o = tl.load(o_ptr + idx[:, None] * HD + d[None, :])  # [NSPLIT, HD]
+    ov = tl.sum(o * wgt[:, None], 0) / tl.sum(wgt * den, 0)  # [HD]
+    y = tl.sum(w.to(tl.float32) * ov[None, :], 1)  # [BLOCK_N]
+    tl.atomic_add(h_ptr + rn, y, mask=nmask)
+
+
+@triton.jit
 def _embed_kernel(tok_ptr, emb_ptr, h_ptr, D, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     _gdc(PDL)
     t = tl.program_id(0)
@@ -323,6 +353,11 @@ def pdl_supported() -> bool:
     return "launch_pdl" in fields and hasattr(tl_cuda, "gdc_wait")
 
 
+def _wait(pdl: int) -> int:
+    """The PDL flag of kernels without a weight prologue: wait first, or not at all."""
+    return 1 if pdl in (1, 2) else 0
+
+
 def _launch(pdl: int) -> dict[str, bool]:
     """PDL modes: 0 off; 1 launched early, waits first; 2 also loads its first weight tile
     before waiting (linear and qkv kernels); 3 the code of 2 without PDL (tests, interpreter)."""
@@ -343,7 +378,7 @@ def linear(
 ) -> torch.Tensor:
     t, k = x.shape
     n = w.shape[0] // 2 if mode == SWIGLU else w.shape[0]
-    cfg = cfg or default_linear_config(t, n, k)
+    cfg = cfg or default_linear_config(t, n, k, x.device.type == "cuda")
     if cfg.split_k > 1 and (mode != ADD or norm is not None or bias is not None
                             or out.dtype != torch.float32):
         raise ValueError("split_k > 1 needs mode=ADD into float32, without norm or bias")
@@ -377,7 +412,7 @@ def qkv_rope(
     t, k = x.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]
-    bp = block_p or (4 if t == 1 else 16)
+    bp = block_p or (4 if t == 1 and x.device.type == "cuda" else 16)
     bp = min(bp, hd // 2)
     grid = ((n_head + 2 * n_kv) * (hd // 2 // bp),)
     _qkv_rope_kernel[grid](
@@ -411,13 +446,48 @@ def attention(
         q, k_cache, v_cache, start, o_part, ml_part,
         t, k_cache.stride(0), k_cache.stride(1), hd**-0.5,
         N_HEAD=n_head, G=g, HD=hd, NSPLIT=nsplit,
-        BLOCK_R=block_r, BLOCK_S=block_s, PDL=1 if pdl in (1, 2) else 0, num_warps=num_warps, **_launch(pdl),
+        BLOCK_R=block_r, BLOCK_S=block_s, PDL=_wait(pdl), num_warps=num_warps, **_launch(pdl),
     )
     _attn_combine_kernel[(t * n_head,)](
-        o_part, ml_part, out, t, N_HEAD=n_head, HD=hd, NSPLIT=nsplit, PDL=1 if pdl in (1, 2) else 0, num_warps=1,
+        o_part, ml_part, out, t, N_HEAD=n_head, HD=hd, NSPLIT=nsplit, PDL=_wait(pdl), num_warps=1,
         **_launch(pdl),
     )
     return out
+
+
+def attention_out(
+    q: torch.Tensor,  # [1, H, hd] float32, RoPE applied
+    k_cache: torch.Tensor,  # [Hkv, S, hd]
+    v_cache: torch.Tensor,  # [Hkv, S, hd]
+    start: torch.Tensor,  # [1]
+    wo: torch.Tensor,  # [D, H * hd]
+    h: torch.Tensor,  # [1, D] float32 residual: h += attention(q) @ wo^T
+    o_part: torch.Tensor,  # [NSPLIT, 1, H, hd] float32 scratch
+    ml_part: torch.Tensor,  # [NSPLIT, 1, H, 2] float32 scratch
+    block_s: int = 64,
+    block_n: int = 128,
+    pdl: int = 0,
+) -> torch.Tensor:
+    """The one-token step's attention and o-projection in two launches instead of three."""
+    t, n_head, hd = q.shape
+    if t != 1 or h.dtype != torch.float32:
+        raise ValueError("attention_out serves the one-token step into a float32 residual")
+    n_kv = k_cache.shape[0]
+    nsplit = o_part.shape[0]
+    _attn_split_kernel[(n_kv, nsplit)](
+        q, k_cache, v_cache, start, o_part, ml_part,
+        1, k_cache.stride(0), k_cache.stride(1), hd**-0.5,
+        N_HEAD=n_head, G=n_head // n_kv, HD=hd, NSPLIT=nsplit,
+        BLOCK_R=max(16, triton.next_power_of_2(n_head // n_kv)), BLOCK_S=block_s,
+        PDL=_wait(pdl), num_warps=4, **_launch(pdl),
+    )
+    n = wo.shape[0]
+    _attn_out_kernel[(triton.cdiv(n, block_n), n_head)](
+        o_part, ml_part, wo, h, n, wo.shape[1],
+        N_HEAD=n_head, HD=hd, NSPLIT=nsplit, BLOCK_N=block_n, PDL=_wait(pdl), num_warps=4,
+        **_launch(pdl),
+    )
+    return h
 
 
 def embed(
@@ -426,7 +496,7 @@ def embed(
     """``h [T, D]`` float32 = ``emb [V, D]`` rows of ``tokens [T]``."""
     d = emb.shape[1]
     _embed_kernel[(tokens.shape[0],)](
-        tokens, emb, h, d, BLOCK_D=min(1024, triton.next_power_of_2(d)), PDL=1 if pdl in (1, 2) else 0,
+        tokens, emb, h, d, BLOCK_D=min(1024, triton.next_power_of_2(d)), PDL=_wait(pdl),
         **_launch(pdl),
     )
     return h

@@ -113,10 +113,31 @@ def test_split_attention(t: int, start: int) -> None:
     assert rel(out, ref) < 1e-5
 
 
-def test_triton_runner_matches_the_reference_path() -> None:
+@pytest.mark.parametrize("start", [0, 70])
+def test_attention_fused_with_the_output_projection(start: int) -> None:
+    h, hkv, hd, s, d = 6, 2, 32, 128, 80
+    q = g(1, h, hd, seed=1)
+    kc, vc = g(hkv, s, hd, seed=2), g(hkv, s, hd, seed=3)
+    kc[:, start + 1 :] = POISON
+    vc[:, start + 1 :] = POISON
+    wo, h0 = g(d, h * hd, seed=4), g(1, d, seed=5)
+    out = h0.clone()
+    nsplit = 8
+    K.attention_out(q, kc, vc, torch.tensor([start]), wo, out, torch.empty(nsplit, 1, h, hd),
+                    torch.empty(nsplit, 1, h, 2), block_s=16, block_n=32)
+    keys = kc.repeat_interleave(h // hkv, 0)[:, : start + 1]
+    vals = vc.repeat_interleave(h // hkv, 0)[:, : start + 1]
+    att = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), keys, vals)
+    ref = h0 + att.transpose(0, 1).reshape(1, h * hd) @ wo.T
+    assert rel(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_triton_runner_matches_the_reference_path(fuse: bool) -> None:
     w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
     model = Transformer(ARGS, w, n_pos=128)
     fast = Runner(model, 64, kernels="triton", nsplit=4)
+    fast.fuse_attn_out = fuse
     ref_cache = KVCache(ARGS, 64, torch.float32, "cpu")
     seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (12,), generator=torch.Generator().manual_seed(0))]
     ref = model.forward(torch.tensor(seq), torch.arange(12), ref_cache)
