@@ -330,6 +330,9 @@ def breakdown(runner: Runner, pos: int) -> dict[str, float]:
             if name == "qkv_rope":
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, runner.model.rope, ws.start,
                            ws.q, c.k[i], c.v[i], a.rms_eps, *qkv_t)
+            elif name == "attention_out":
+                K.attention_out(ws.q, c.k[i], c.v[i], ws.start, lw.wo, ws.h, ws.o_part,
+                                ws.ml_part, block_s=runner.attn_block_s)
             elif name == "attention":
                 K.attention(ws.q, c.k[i], c.v[i], ws.start, ws.attn, ws.o_part, ws.ml_part,
                             block_s=runner.attn_block_s)
@@ -342,7 +345,7 @@ def breakdown(runner: Runner, pos: int) -> dict[str, float]:
                 K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=cfg.get(("w2", 1)))
 
     out: dict[str, float] = {}
-    for name in ["embed", "qkv_rope", "attention", "wo", "w13", "w2", "out"]:
+    for name in ["embed", "qkv_rope", "attention", "wo", "attention_out", "w13", "w2", "out"]:
         try:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
@@ -372,10 +375,12 @@ def correctness(a: ModelArgs, device: str, have_hf: bool) -> dict[str, Any]:
         log(f"correctness {name}: rel err {err:.2e}, top-1 agreement {top1:.3f}")
 
     on_cuda = device == "cuda"
-    for kern in ("triton", "torch"):
-        if kern == "triton" and not on_cuda and "TRITON_INTERPRET" not in __import__("os").environ:
+    for kern in ("triton", "triton_fused", "torch"):
+        if kern != "torch" and not on_cuda and "TRITON_INTERPRET" not in __import__("os").environ:
             continue
-        run = Runner(Transformer(a, w16, n_pos=256), 128, kernels=kern)
+        run = Runner(Transformer(a, w16, n_pos=256), 128,
+                     kernels="torch" if kern == "torch" else "triton")
+        run.fuse_attn_out = kern == "triton_fused"
         if not PDL_OK:
             run.pdl, run.pdl_by_t = 0, {}
         # 64-token prompt in two chunks, then one token at a time, then a k=7 verify
@@ -427,12 +432,21 @@ def bench_model(name: str, a: ModelArgs, bw: float, positions: list[int], smoke:
         r.linear_configs = dict(fast.linear_configs)
         r.nsplit, r.attn_block_s, r.pdl, r.pdl_by_t = fast.nsplit, fast.attn_block_s, mode, {}
         variants[f"ours_triton_pdl{mode}"] = r
+    decode_only: dict[str, Runner] = {}  # variants that change only the one-token step
+    for fuse_n, mode in ((128, 0), (64, 0), (128, 1)):
+        if mode and not pdl_ok:
+            continue
+        r = Runner(model, n_ctx, kernels="triton", graphs=True)
+        r.linear_configs = dict(fast.linear_configs)
+        r.nsplit, r.attn_block_s, r.pdl, r.pdl_by_t = fast.nsplit, fast.attn_block_s, mode, {}
+        r.fuse_attn_out, r.attn_out_block_n = True, fuse_n
+        decode_only[f"ours_fused{fuse_n}_pdl{mode}"] = r
     for pos in positions:
         floor_ms = (wbytes + a.kv_bytes(pos + 1)) / bw * 1e3
         row: dict[str, Any] = {"floor_ms": floor_ms}
         for k in (0, 4, 8, 16):  # k = 0: the one-token decode step
             times: dict[str, float] = {}
-            for vname, r in variants.items():
+            for vname, r in (variants | decode_only if k == 0 else variants).items():
                 try:
                     times[vname] = ours_step_ms(r, k + 1, pos)
                 except Exception:
@@ -451,7 +465,7 @@ def bench_model(name: str, a: ModelArgs, bw: float, positions: list[int], smoke:
         if not smoke:
             row["breakdown_us"] = breakdown(fast, pos)
         log(name, pos, {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
-    del variants
+    del variants, decode_only
     del fast
     torch.cuda.empty_cache()
     ref = Runner(model, n_ctx, kernels="torch", graphs=True)
@@ -676,7 +690,8 @@ def table(r: dict[str, Any], positions: list[int]) -> None:
             fl = row["floor_ms"]
             parts = [f"{m} @{pos}: floor {fl:.3f} ms"]
             for key in ("hf_eager", "hf_compiled", "ours_torch_graph", "ours_triton_graph",
-                        "ours_triton_pdl1", "ours_triton_pdl2"):
+                        "ours_triton_pdl1", "ours_triton_pdl2", "ours_fused128_pdl0",
+                        "ours_fused64_pdl0", "ours_fused128_pdl1"):
                 if key in row:
                     parts.append(f"{key} {row[key]:.3f} ms ({100 * fl / row[key]:.0f}%)")
             one = row["ours_best"]
