@@ -105,8 +105,12 @@ def _results(jobs: list[_Job], workers: int) -> Iterator[_Result]:
     if workers <= 1 or len(jobs) < POOL_MIN_FILES:
         yield from map(process, jobs)
         return
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["openjarvis.index.indexer"])
+    # forkserver: workers start from a clean process with the parser preloaded, never a fork of
+    # this one (which may hold a watcher's threads and locks); spawn where there is no forkserver.
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["openjarvis.index.indexer"])
     pool = ctx.Pool(workers, initializer=_worker_init)
     try:
         yield from pool.imap_unordered(process, jobs, chunksize=4)

@@ -1,0 +1,44 @@
+"""The index end to end on a real repository no one here wrote, through the real entry point.
+
+Uses the sources that ``scripts/bench_index.py --fetch`` downloads (rxjs from npm: ~500 files,
+enough for the process pool); skipped when they are not on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+# Read at import, before the autouse fixture points HOME into a temporary folder.
+BENCH_CACHE = Path(os.environ.get("OPENJARVIS_BENCH_CACHE", str(Path.home() / ".cache" / "openjarvis-bench")))
+RXJS = BENCH_CACHE / "rxjs" / "package"
+
+
+def jarvis(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "openjarvis", *argv], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+@pytest.mark.skipif(not RXJS.is_dir(), reason="run `python scripts/bench_index.py --fetch` first")
+def test_index_and_search_rxjs_with_the_pool(scrubbed_env: Path) -> None:
+    env = {**os.environ, "JARVIS_INDEX_WORKERS": "2"}
+    built = jarvis("index", "--json", str(RXJS), env=env)
+    assert built.returncode == 0, built.stderr
+    summary = json.loads(built.stdout)
+    assert summary["indexed"] > 400 and summary["errors"] == 0
+    again = json.loads(jarvis("index", "--json", str(RXJS), env=env).stdout)
+    assert (again["indexed"], again["deleted"]) == (0, 0)
+
+    found = jarvis("search", "emit a value after a quiet period", "-k", "3", "--json", "-w", str(RXJS), env=env)
+    hits = [json.loads(line) for line in found.stdout.splitlines()]
+    assert "src/internal/operators/debounceTime.ts" in {h["path"] for h in hits}
+    where = jarvis("def", "switchMap", "-w", str(RXJS), env=env)
+    assert where.stdout.startswith("src/internal/operators/switchMap.ts:")
