@@ -36,9 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from openjarvis import paths  # noqa: E402
+from openjarvis.engine import costs  # noqa: E402
 from openjarvis.engine.base import CostModel  # noqa: E402
 from openjarvis.engine.drafters import ModelDrafter  # noqa: E402
-from openjarvis.engine.llama import LlamaEngine  # noqa: E402
+from openjarvis.engine.llama import LlamaEngine, cost_key_for  # noqa: E402
 from openjarvis.engine.planner import Option, choose  # noqa: E402
 from openjarvis.engine.speculative import Request, Speculator  # noqa: E402
 from openjarvis.engine.templates import Message, fim_prompt, render_chat  # noqa: E402
@@ -117,16 +118,36 @@ def cases(template: str) -> list[Case]:
     ]
 
 
+def _price(cost: CostModel, n: int) -> float:
+    """Seconds for one eval of n tokens; beyond the measured k, at the largest k's rate."""
+    top = max(cost.seconds)
+    return cost.verify(n) if n <= top else cost.seconds[top] * n / top
+
+
 def run_ours(
     spec: Speculator, prompt: list[int], mode: str, max_tokens: int
 ) -> dict[str, Any]:
-    if spec.model_drafter is not None:
-        spec.model_drafter.engine.rollback(0)
+    """One generation; also its decode time priced with the measured cost tables ("modelled"),
+    which the load of other processes on a shared machine does not disturb."""
+    v = spec.verifier
+    assert isinstance(v, LlamaEngine)
+    d = spec.model_drafter.engine if spec.model_drafter is not None else None
+    assert d is None or isinstance(d, LlamaEngine)
+    if spec.model_drafter is not None and d is not None:
+        d.rollback(0)
         spec.model_drafter.cached.clear()
+    v_before = v.eval_counts.copy()
+    d_before = d.eval_counts.copy() if d is not None else None
     gen = spec.generate(Request(prompt, max_tokens=max_tokens, drafter=mode)).run()  # type: ignore[arg-type]
     s = gen.stats
+    modelled = sum(
+        c * _price(v.cost_model(), n) for (n, last), c in (v.eval_counts - v_before).items() if not last
+    )
+    if d is not None and d_before is not None:
+        modelled += sum(c * _price(d.cost_model(), n) for (n, _), c in (d.eval_counts - d_before).items())
     return {
         "tokens": gen.tokens,
+        "modelled_tok_s": len(gen.tokens) / modelled if modelled else 0.0,
         "tok_s": s.tokens_per_second,
         "acceptance": s.acceptance,
         "drafted": s.drafted,
@@ -179,7 +200,7 @@ def server_runs(
             (
                 f"server draft {n}",
                 ["-md", str(models / DRAFTER), "--spec-type", "draft-simple",
-                 "--draft-max", str(n), "--draft-min", "0", "-td", str(threads)],
+                 "--spec-draft-n-max", str(n), "--spec-draft-n-min", "0", "-td", str(threads)],
             )
         )
     for label, extra in configs:
@@ -321,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", type=Path, default=paths.models_dir())
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--plan-threads", type=int, default=0,
+                    help="plan and price with the cached cost tables of this thread count")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--modes", default="none,ngram,model,auto")
     ap.add_argument("--cases", default="", help="comma-separated case names (default all)")
@@ -338,6 +361,14 @@ def main(argv: list[str] | None = None) -> int:
     case_list = [c for c in cases(template) if not args.cases or c.name in args.cases.split(",")]
     modes = args.modes.split(",")
     results: dict[str, Any] = {"ours": {}, "costs": {}}
+    if args.plan_threads:
+        # Plan (and price) with the tables measured for plan_threads on a quiet machine while
+        # executing with --threads: a shared machine's load then changes only the wall clock.
+        for engine in (v, d):
+            table = costs.cached(cost_key_for(engine.path, args.plan_threads))
+            if table is None:
+                raise SystemExit(f"no cost table for {engine.path.name} at {args.plan_threads} threads")
+            engine.set_cost_model(table)
     vc, dc = v.cost_model(), d.cost_model()
     results["costs"] = {"verifier": vc.seconds, "drafter": dc.seconds}
 
@@ -348,8 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             for mode in modes:  # interleaved, so load changes hit every mode alike
                 r = run_ours(spec, prompt, mode, case.max_tokens)
                 runs[mode].append(r)
-                print(f"{case.name} [{rep}] {mode}: {r['tok_s']:.1f} tok/s acc {r['acceptance']:.0%}",
-                      file=sys.stderr)
+                print(f"{case.name} [{rep}] {mode}: {r['tok_s']:.1f} tok/s (modelled"
+                      f" {r['modelled_tok_s']:.1f}) acc {r['acceptance']:.0%}", file=sys.stderr)
         results["ours"][case.name] = runs
     if "second turn" in args.cases or not args.cases:
         results["second turn"] = second_turn(spec, template, args.repeats)
@@ -368,22 +399,27 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     # -- report ------------------------------------------------------------------------
-    print("| prompt | mode | tok/s median (min-max) | ratio to verifier alone | acceptance | identical |")
-    print("|---|---|---|---|---|---|")
+    print("| prompt | mode | tok/s median (min-max) | ratio to verifier alone | modelled ratio |"
+          " acceptance | identical |")
+    print("|---|---|---|---|---|---|---|")
     ratios: dict[str, list[float]] = {m: [] for m in modes}
+    modelled: dict[str, list[float]] = {m: [] for m in modes}
     for name, runs in results["ours"].items():
         base = runs.get("none") or runs[modes[0]]
         ref = base[0]["tokens"]
         base_med = statistics.median(r["tok_s"] for r in base)
+        base_mod = statistics.median(r["modelled_tok_s"] for r in base)
         for mode, rs in runs.items():
             tps = [r["tok_s"] for r in rs]
             ratio = statistics.median(tps) / base_med
+            mod = statistics.median(r["modelled_tok_s"] for r in rs) / base_mod
             ratios[mode].append(ratio)
+            modelled[mode].append(mod)
             same = sum(r["tokens"] == ref for r in rs)
             acc = statistics.median(r["acceptance"] for r in rs)
             spread = f"{min(tps) / base_med:.2f}-{max(tps) / base_med:.2f}"
-            print(f"| {name} | ours {mode} | {summarize(tps)} | {ratio:.2f}x ({spread}) | {acc:.0%} |"
-                  f" {same}/{len(rs)} |")
+            print(f"| {name} | ours {mode} | {summarize(tps)} | {ratio:.2f}x ({spread}) | {mod:.2f}x |"
+                  f" {acc:.0%} | {same}/{len(rs)} |")
         for label, rs in results.get("server", {}).get(name, {}).items():
             tps = [r["tok_s"] for r in rs]
             ref_text = v.detokenize(ref).decode(errors="replace")
@@ -391,10 +427,11 @@ def main(argv: list[str] | None = None) -> int:
             acc = [r["draft_accepted"] / r["draft_n"] for r in rs if r["draft_n"]]
             acc_s = f"{statistics.median(acc):.0%}" if acc else "-"
             print(f"| {name} | {label} | {summarize(tps)} | {statistics.median(tps) / base_med:.2f}x |"
-                  f" {acc_s} | {same}/{len(rs)} |")
+                  f" - | {acc_s} | {same}/{len(rs)} |")
     for mode, rs in ratios.items():
         geo = math.exp(sum(math.log(x) for x in rs) / len(rs)) if rs else 0.0
-        print(f"geometric mean ratio, ours {mode}: {geo:.2f}x")
+        geo_m = math.exp(sum(math.log(x) for x in modelled[mode]) / len(rs)) if rs else 0.0
+        print(f"geometric mean ratio, ours {mode}: measured {geo:.2f}x, modelled {geo_m:.2f}x")
     if "second turn" in results:
         st = results["second turn"]
         w, c = statistics.median(st["warm"]), statistics.median(st["cold"])

@@ -20,6 +20,7 @@ import ctypes
 import hashlib
 import os
 import platform
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,9 @@ class LlamaEngine:
         self._metadata: dict[str, str] | None = None
         self._fingerprint: str | None = None
         self._cost: CostModel | None = None
+        #: (tokens, last_only) -> number of ``eval`` calls: what a benchmark prices with the
+        #: measured cost model, independent of the load on a shared machine.
+        self.eval_counts: Counter[tuple[int, bool]] = Counter()
         vocab = self._model.vocab
         self._eos = frozenset(
             t for t in range(self._n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)
@@ -266,6 +270,7 @@ class LlamaEngine:
                 f"{self._n_past + len(tokens)} tokens exceed the {self._n_ctx}-token context of"
                 f" {self.path.name}; raise engine.context or shorten the prompt"
             )
+        self.eval_counts[(len(tokens), last_only)] += 1
         rows: list[Logits] = []
         for start in range(0, len(tokens), self._n_batch):
             chunk = tokens[start : start + self._n_batch]

@@ -1,0 +1,48 @@
+"""Speculative decoding on the real default pair: greedy output equals the verifier alone's.
+
+Kept short (the machine may have 2 cores): one copy-heavy prompt, 48 tokens per drafter.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from openjarvis.engine.drafters import ModelDrafter
+from openjarvis.engine.llama import LlamaEngine
+from openjarvis.engine.speculative import Request, Speculator
+from openjarvis.engine.templates import Message, render_chat
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def engines(real_pair: tuple[Path, Path]) -> Iterator[tuple[LlamaEngine, LlamaEngine]]:
+    drafter_path, verifier_path = real_pair
+    with LlamaEngine(verifier_path, context=4096, threads=2) as v, LlamaEngine(
+        drafter_path, context=4096, threads=2
+    ) as d:
+        yield v, d
+
+
+def test_greedy_speculation_matches_verifier_alone(engines: tuple[LlamaEngine, LlamaEngine]) -> None:
+    import colorsys
+
+    v, d = engines
+    src = inspect.getsource(colorsys).split("# HLS:")[0]
+    text = render_chat(
+        v.chat_template(),
+        [Message("user", f"Return this code unchanged:\n```python\n{src}```")],
+    )
+    prompt = v.tokenize(text)
+    spec = Speculator(v, model_drafter=ModelDrafter(d, verifier=v))
+    expected = spec.generate(Request(prompt, max_tokens=48, drafter="none")).run().tokens
+    assert v.detokenize(expected).decode().startswith("```python")
+    for mode in ("ngram", "model", "auto"):
+        gen = spec.generate(Request(prompt, max_tokens=48, drafter=mode)).run()
+        assert gen.tokens == expected, mode
+        if mode == "ngram":
+            assert gen.stats.accepted > 24  # copying: most drafts accepted
