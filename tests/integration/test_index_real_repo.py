@@ -38,9 +38,11 @@ def test_index_and_search_rxjs_with_the_pool(scrubbed_env: Path) -> None:
     again = json.loads(jarvis("index", "--json", str(RXJS), env=env).stdout)
     assert (again["indexed"], again["deleted"]) == (0, 0)
 
-    question = "emit a value only after a quiet period with no other emissions"
-    found = jarvis("search", question, "-k", "5", "--json", "-w", str(RXJS), env=env)
+    question = "subject that replays a buffer of old values to late subscribers"
+    found = jarvis("search", question, "-k", "3", "--json", "-w", str(RXJS), env=env)
     hits = [json.loads(line) for line in found.stdout.splitlines()]
-    assert "src/internal/operators/debounceTime.ts" in {h["path"] for h in hits}
+    assert (hits[0]["path"], hits[0]["symbol"]) == ("src/internal/ReplaySubject.ts", "ReplaySubject")
+    found = jarvis("search", "debounceTime", "-k", "1", "--json", "-w", str(RXJS), env=env)
+    assert json.loads(found.stdout)["path"] == "src/internal/operators/debounceTime.ts"
     where = jarvis("def", "switchMap", "-w", str(RXJS), env=env)
     assert where.stdout.startswith("src/internal/operators/switchMap.ts:")
