@@ -61,6 +61,8 @@ EDIT_BLOCK = re.compile(r"^<{5,9} SEARCH\s*$", re.MULTILINE)
 RECONNECT_S = 3.0
 #: How long a cancelled chat may take to be answered before the app stops waiting for it.
 CANCEL_GRACE_S = 2.0
+#: Reconnect ticks between two index/status refreshes (the "updated … ago" in the status bar).
+INDEX_REFRESH_TICKS = 10
 #: What the palette and /help list, besides the slash commands: (action, title, help).
 ACTIONS: tuple[tuple[str, str, str], ...] = (
     ("cancel", "Cancel the answer", "Stop the answer being generated (Esc)"),
@@ -123,6 +125,7 @@ class JarvisApp(App[None]):
         self._chat_rid: tuple[Any, Any] | None = None  # (client, rid seen before the request)
         self._cancel_pending: int | None = None
         self._told_offline = False
+        self._ticks = 0
         self._chat_worker: Worker[None] | None = None
 
     def compose(self) -> ComposeResult:
@@ -152,10 +155,14 @@ class JarvisApp(App[None]):
         await self.conn.close()
 
     def _reconnect(self) -> None:
+        """Every few seconds: notice a lost daemon, dial again, keep the index state current."""
+        self._ticks += 1
         if self.connected and not self.conn.alive:
             self.post_message(Disconnected(describe(DaemonError("the daemon closed the connection"))))
         elif not self.connected:
             self.connect()
+        elif (self.index_status or {}).get("indexing") or self._ticks % INDEX_REFRESH_TICKS == 0:
+            self.refresh_index_status()
 
     @work(exclusive=True, group="connect", exit_on_error=False)
     async def connect(self) -> None:
@@ -218,7 +225,7 @@ class JarvisApp(App[None]):
             self.log.error(f"worker {event.worker.name} failed: {err!r}")
             self.notify(f"{type(err).__name__}: {err}", title="Something went wrong", severity="error", timeout=10)
             if event.worker.group == "chat":
-                self.busy = False
+                self.post_message(AnswerFailed(self._seq, None, f"{type(err).__name__}: {err}"))
 
     # -- reactives to widgets -----------------------------------------------------------------
 
@@ -437,6 +444,14 @@ class JarvisApp(App[None]):
         self.route_mode = mode
         what = {"local": "on this machine only", "cloud": "with the cloud target", "auto": "as the policy decides"}
         self.notify(f"Next answers: {what.get(mode, mode)}", timeout=3)
+        if mode == "cloud" and (self.config.router.cloud == "never" or self.config.router.offline):
+            self.notify(
+                "your policy keeps requests on this machine (router.cloud = never, or offline), so the daemon will "
+                "refuse; allow it with `jarvis config set router.cloud auto`",
+                title="Cloud not allowed",
+                severity="warning",
+                timeout=10,
+            )
 
     async def action_new(self) -> None:
         await self.action_clear()

@@ -210,3 +210,21 @@ def test_missing_model_is_a_notification_that_says_what_to_do(tiny_setup: Path) 
         asyncio.run(scenario())
     finally:
         stop(paths.socket_path())
+
+
+def test_cloud_refused_by_policy_says_what_to_do(tiny_daemon: Path) -> None:
+    async def scenario() -> None:
+        app = app_for(tiny_daemon)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: app.connected)
+            await send(pilot, "/cloud")
+            assert app.route_mode == "cloud"
+            await send(pilot, "What does Router do?")
+            await wait_for(pilot, lambda: not app.busy and len(app._notifications) >= 3)
+            notes = [n.message for n in app._notifications]
+            assert any("router.cloud" in n for n in notes), notes  # the warning on /cloud
+            assert any("/local" in n for n in notes), notes  # the refusal, with what to do
+            assert "no targets configured" in app.query(".note.error").last().source
+            assert app.last_result is None  # nothing was answered, nothing left the machine
+
+    asyncio.run(scenario())
