@@ -122,7 +122,7 @@ class JarvisApp(App[None]):
         self._search_seq = 0
         self._stream: MarkdownStream | None = None
         self._shown = 0
-        self._chat_rid: tuple[Any, Any] | None = None  # (client, rid seen before the request)
+        self._chat_rid: tuple[int, Any, Any] | None = None  # (seq, client, rid seen before the request)
         self._cancel_pending: int | None = None
         self._told_offline = False
         self._ticks = 0
@@ -317,7 +317,7 @@ class JarvisApp(App[None]):
         try:
             client = await self.conn.get()
             self.post_message(Connected(client.server_info))
-            self._chat_rid = (client, getattr(client, "last_request_id", None))
+            self._chat_rid = (seq, client, getattr(client, "last_request_id", None))
             text = ""
             async for method, p in client.stream("chat", params):
                 if self._cancel_pending == seq:
@@ -339,7 +339,8 @@ class JarvisApp(App[None]):
             await self.conn.drop()
             self.post_message(AnswerFailed(seq, None, describe(DaemonError(str(exc)))))
         finally:
-            self._chat_rid = None
+            if self._chat_rid is not None and self._chat_rid[0] == seq:
+                self._chat_rid = None
 
     async def on_answer_grew(self, message: AnswerGrew) -> None:
         if message.seq != self._seq or self._stream is None:
@@ -395,13 +396,15 @@ class JarvisApp(App[None]):
         self.busy = False
         self.index_progress = None
         await self._end_stream("\n\n*(cancelled)*")
-        if self._chat_rid is not None:
-            client, before = self._chat_rid
+        if self._chat_rid is not None and self._chat_rid[0] == seq:
+            _, client, before = self._chat_rid
             rid = getattr(client, "last_request_id", None)
             if rid is not None and rid != before:
                 self.send_cancel(client, rid, self._chat_worker)
             else:
-                self._cancel_pending = seq
+                self._cancel_pending = seq  # sent but its id not seen yet: the worker cancels it
+        elif self._chat_worker is not None:
+            self._chat_worker.cancel()  # still connecting: nothing reached the daemon
         self.notify("Answer cancelled", timeout=2)
 
     @work(group="cancel", exit_on_error=False)
