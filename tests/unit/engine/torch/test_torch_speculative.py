@@ -1,0 +1,54 @@
+"""The speculator drives TorchEngine like any Engine: greedy output equals the verifier alone,
+with both models in torch and with the drafter in llama.cpp (the heterogeneous case)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from openjarvis.engine.drafters import ModelDrafter
+from openjarvis.engine.llama import LlamaEngine
+from openjarvis.engine.speculative import Request, Speculator
+from openjarvis.engine.torch.engine import TorchEngine
+
+PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
+
+
+@pytest.fixture
+def verifier(tiny_verifier_path: Path) -> Iterator[TorchEngine]:
+    with TorchEngine.from_gguf(tiny_verifier_path, context=512) as e:
+        yield e
+
+
+@pytest.mark.parametrize("drafter_backend", ["torch", "llama"])
+def test_greedy_speculation_equals_the_verifier_alone(
+    drafter_backend: str, verifier: TorchEngine, tiny_drafter_path: Path
+) -> None:
+    drafter = (
+        TorchEngine.from_gguf(tiny_drafter_path, context=512)
+        if drafter_backend == "torch"
+        else LlamaEngine(tiny_drafter_path, context=512, threads=1)
+    )
+    with drafter:
+        prompt = verifier.tokenize(PROMPT)
+        expected = Speculator(verifier).generate(Request(prompt, max_tokens=80, drafter="none"))
+        expected_tokens = expected.run().tokens
+        spec = Speculator(verifier, model_drafter=ModelDrafter(drafter, verifier=verifier))
+        gen = spec.generate(Request(prompt, max_tokens=80, drafter="model")).run()
+    assert gen.tokens == expected_tokens and len(expected_tokens) > 10
+    model = gen.stats.per_drafter["model"]
+    assert 0 < model.accepted < model.drafted  # drafts were both accepted and rejected
+
+
+def test_torch_verifier_writes_what_llama_cpp_writes(
+    verifier: TorchEngine, tiny_verifier_path: Path
+) -> None:
+    """Same file, both in float32: the same greedy answer."""
+    with LlamaEngine(tiny_verifier_path, context=512, threads=1) as llama:
+        prompt = llama.tokenize(PROMPT)
+        theirs = Speculator(llama).generate(Request(prompt, max_tokens=40, drafter="none"))
+        theirs_tokens = theirs.run().tokens
+    ours = Speculator(verifier).generate(Request(prompt, max_tokens=40, drafter="none")).run()
+    assert ours.tokens == theirs_tokens
