@@ -8,6 +8,7 @@ Importing this package needs neither torch nor a GPU; the modules below it impor
     cache.py    the static KV cache; rollback is a position reset
     model.py    Qwen2 forward in plain torch ops (the reference path; float32 CPU tests)
     kernels.py  Triton kernels for the bs=1 path (GEMV+RMSNorm, RoPE+KV write, split attention)
+    tuning.py   tiles measured on the H200 for the default pair's shapes
     generate.py Runner: one forward per token count, captured once as a CUDA graph per count
     engine.py   TorchEngine, the Engine Protocol over a Runner
 

@@ -91,9 +91,11 @@ def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
     assert kc[:, :start].isnan().all() and kc[:, start + t :].isnan().all()  # nothing else
 
 
-@pytest.mark.parametrize(("t", "start"), [(1, 0), (1, 77), (4, 50)])
-def test_split_attention(t: int, start: int) -> None:
-    h, hkv, hd, s = 6, 2, 32, 160
+@pytest.mark.parametrize(
+    ("t", "start", "h", "hd"), [(1, 0, 6, 32), (1, 77, 6, 32), (4, 50, 6, 32), (2, 90, 14, 64)]
+)
+def test_split_attention(t: int, start: int, h: int, hd: int) -> None:
+    hkv, s = 2, 160
     q = g(t, h, hd, seed=1)
     kc, vc = g(hkv, s, hd, seed=2), g(hkv, s, hd, seed=3)
     kc[:, start + t :] = POISON  # beyond the live positions: must never be read into a result

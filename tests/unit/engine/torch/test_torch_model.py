@@ -53,3 +53,25 @@ def test_rollback_is_a_position_reset(tiny: tuple[Transformer, torch.Tensor]) ->
     model.forward(torch.tensor([50, 60, 70]), torch.arange(7, 10), cache)  # rejected drafts
     out = model.forward(torch.arange(10, 15), torch.arange(7, 12), cache)  # back to 7
     assert rel(out, ref[7:]) < 1e-4
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ModelArgs("qwen2", 1, 896, 4864, 14, 2, 500, rope_theta=1e6),  # a 0.5B layer
+        ModelArgs("qwen2", 1, 1536, 8960, 12, 2, 500, rope_theta=1e6),  # a 1.5B layer
+    ],
+    ids=["0.5B-layer", "1.5B-layer"],
+)
+def test_real_shapes_match_float64(args: ModelArgs) -> None:
+    """One layer of each default-pair model (head_dim 64 and 128, GQA groups of 7 and 6)."""
+    w = random_weights(args, torch.float32, "cpu", seed=2, scale=0.02)
+    tokens = [5, 17, 250, 3, 499, 42]
+    ref = qwen2_f64(args, gguf_names(w, args), tokens)
+    cache = KVCache(args, 16, torch.float32, "cpu")
+    model = Transformer(args, w, n_pos=64)
+    out = torch.cat([
+        model.forward(torch.tensor(tokens[:4]), torch.arange(4), cache, kv_len=4),
+        model.forward(torch.tensor(tokens[4:]), torch.arange(4, 6), cache),
+    ])
+    assert rel(out, ref) < 1e-4
