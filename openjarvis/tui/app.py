@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,8 @@ RECONNECT_S = 3.0
 CANCEL_GRACE_S = 2.0
 #: Reconnect ticks between two index/status refreshes (the "updated … ago" in the status bar).
 INDEX_REFRESH_TICKS = 10
+#: Shortest time between two paints of a streaming answer (30 a second is smooth to the eye).
+PAINT_INTERVAL_S = 1 / 30
 #: What the palette and /help list, besides the slash commands: (action, title, help).
 ACTIONS: tuple[tuple[str, str, str], ...] = (
     ("cancel", "Cancel the answer", "Stop the answer being generated (Esc)"),
@@ -314,21 +316,21 @@ class JarvisApp(App[None]):
 
     @work(group="chat", exit_on_error=False)
     async def chat(self, seq: int, params: dict[str, Any]) -> None:
+        painter = _Throttle(lambda text: self.post_message(AnswerGrew(seq, text)), PAINT_INTERVAL_S)
         try:
             client = await self.conn.get()
             self.post_message(Connected(client.server_info))
             self._chat_rid = (seq, client, getattr(client, "last_request_id", None))
-            text = ""
             async for method, p in client.stream("chat", params):
                 if self._cancel_pending == seq:
                     self._cancel_pending = None
                     self.send_cancel(client, client.last_request_id, self._chat_worker)
                 if method == "chat/token":
-                    text += str(p.get("text", ""))
-                    self.post_message(AnswerGrew(seq, text))
+                    painter.add(str(p.get("text", "")))
                 elif method == "index/progress":
                     self.post_message(IndexProgress(int(p["done"]), int(p["total"])))
                 elif method == "result":
+                    painter.close()
                     self.post_message(AnswerDone(seq, p))
         except DaemonError as exc:
             if exc.code is None:
@@ -339,6 +341,7 @@ class JarvisApp(App[None]):
             await self.conn.drop()
             self.post_message(AnswerFailed(seq, None, describe(DaemonError(str(exc)))))
         finally:
+            painter.close()
             if self._chat_rid is not None and self._chat_rid[0] == seq:
                 self._chat_rid = None
 
@@ -579,6 +582,43 @@ class JarvisApp(App[None]):
         yield from super().get_system_commands(screen)
         for action, title, help_text in ACTIONS:
             yield SystemCommand(title, help_text, lambda action=action: self.run_action(action))
+
+
+class _Throttle:
+    """Collects streamed text and hands the whole text on at most once per ``interval`` seconds.
+
+    Each paint re-renders the answer's last Markdown block, so at hundreds of tokens a second
+    painting every token would only queue work; a trailing timer makes sure the last piece is
+    painted even when no token follows it.
+    """
+
+    def __init__(self, emit: Callable[[str], object], interval: float) -> None:
+        self.emit, self.interval = emit, interval
+        self.text = ""
+        self._last = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, piece: str) -> None:
+        self.text += piece
+        loop = asyncio.get_running_loop()
+        wait = self._last + self.interval - loop.time()
+        if wait <= 0:
+            self._flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(wait, self._flush)
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._last = asyncio.get_running_loop().time()
+        self.emit(self.text)
+
+    def close(self) -> None:
+        """Stop the trailing timer; the final text comes with the result."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 def make_app(
