@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
+from openjarvis.engine.templates import Message
 from openjarvis.errors import ContextOverflow
 
 #: Share of the prompt budget that old conversation turns may take.
@@ -39,14 +39,7 @@ SYSTEM_PROMPT = (
     "path/to/file.py\n<<<<<<< SEARCH\nexact lines from the file\n=======\nnew lines\n>>>>>>> REPLACE"
 )
 
-Role = Literal["system", "user", "assistant"]
 Counter = Callable[[str], int]
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    role: Role
-    content: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from openjarvis.assistant.gate import BACKGROUND, CHAT, COMPLETE, PriorityGate, Slot
-from openjarvis.assistant.prompt import EditorContext, Message, Prompt, Source, assemble
+from openjarvis.assistant.prompt import EditorContext, Prompt, Source, assemble
 from openjarvis.config import Config
+from openjarvis.engine.templates import Message
 
 #: Retrieved chunks offered to the prompt (the budget decides how many fit).
 RETRIEVE_K = 8
@@ -256,10 +257,9 @@ class Assistant:
 
     @staticmethod
     def _tokens(v: Any, prompt: Prompt) -> list[int]:
-        from openjarvis.engine.templates import Message as ChatMessage
         from openjarvis.engine.templates import render_chat
 
-        text = render_chat(v.chat_template(), [ChatMessage(m.role, m.content) for m in prompt.messages])
+        text = render_chat(v.chat_template(), list(prompt.messages))
         return list(v.tokenize(text, special=True))
 
     def fit_local(self, req: ChatRequest, prepared: Prepared) -> Prepared:
@@ -393,13 +393,12 @@ class Assistant:
         """Answer the caller's own messages as they are (the OpenAI-compatible endpoint's path)."""
         from openjarvis.engine.sampling import SamplingParams
         from openjarvis.engine.speculative import Request
-        from openjarvis.engine.templates import Message as ChatMessage
         from openjarvis.engine.templates import render_chat
 
         with self.gate.hold(CHAT) as slot:
             spec = self.speculator()
             v = spec.verifier
-            text = render_chat(v.chat_template(), [ChatMessage(m.role, m.content) for m in messages])
+            text = render_chat(v.chat_template(), list(messages))
             tokens = v.tokenize(text, special=True)
             corpus = tuple(v.tokenize(m.content, special=False) for m in messages if m.content)
             request = Request(

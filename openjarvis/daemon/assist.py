@@ -224,8 +224,8 @@ def _editor(params: ChatParams, root: Path) -> Any:
 
 
 async def chat(params: ChatParams, call: Call) -> ChatResult:
-    from openjarvis.assistant.prompt import Message
     from openjarvis.assistant.service import ChatRequest
+    from openjarvis.engine.templates import Message
     from openjarvis.history import open_history
 
     st = _state(call.daemon)
@@ -358,9 +358,7 @@ def _answer_routed(
             f"{decision.reason}: confirm to send (estimated ${decision.estimated_cost_usd:.4f})",
             {"needs_confirmation": True, "target": decision.target.name if decision.target else None},
         )
-    from openjarvis.router.cloud import Message as CloudMessage
-
-    messages = [CloudMessage(m.role, m.content) for m in prepared.prompt.messages]
+    messages = list(prepared.prompt.messages)
     try:
         reply = router.send_blocking(
             decision,
@@ -417,7 +415,7 @@ async def complete(params: CompleteParams, call: Call) -> CompleteResult:
 
 
 async def generate(params: GenerateParams, call: Call) -> GenerateResult:
-    from openjarvis.assistant.prompt import Message
+    from openjarvis.engine.templates import Message
 
     st = _state(call.daemon)
     config = st["config"]

@@ -43,10 +43,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from email.utils import parsedate_to_datetime
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
+from openjarvis.engine.templates import Message
 from openjarvis.errors import (
     CloudAuthError,
     CloudError,
@@ -70,14 +71,6 @@ TextSink = Callable[[str], Awaitable[None] | None]
 CHARS_PER_TOKEN = 4
 #: Longest server error text quoted in our one-line errors.
 SERVER_MESSAGE_CHARS = 160
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One chat message as OpenAI's API takes it."""
-
-    role: Literal["system", "user", "assistant"]
-    content: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from openjarvis.config import Config, load_config
+from openjarvis.engine.templates import Message
 from openjarvis.router.audit import AuditLog
 from openjarvis.router.cloud import (
     CHARS_PER_TOKEN,
@@ -37,7 +38,6 @@ from openjarvis.router.cloud import (
     DEFAULT_TIMEOUTS,
     CloudClient,
     CloudReply,
-    Message,
     Retry,
     TextSink,
     Timeouts,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from openjarvis.assistant.prompt import EditorContext, Message, Source, assemble
+from openjarvis.assistant.prompt import EditorContext, Source, assemble
+from openjarvis.engine.templates import Message
 from openjarvis.errors import ContextOverflow
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from router_fake_cloud import FakeCloud, Reply, chunk, error, stream
 
+from openjarvis.engine.templates import Message
 from openjarvis.errors import (
     CloudAuthError,
     CloudError,
@@ -29,7 +30,7 @@ from openjarvis.errors import (
     CloudUnavailable,
 )
 from openjarvis.router.audit import AuditLog
-from openjarvis.router.cloud import CloudClient, CloudReply, Message, Retry, Timeouts
+from openjarvis.router.cloud import CloudClient, CloudReply, Retry, Timeouts
 from openjarvis.router.targets import Target
 
 KEY = "test-key-0123456789-abcdefghij"

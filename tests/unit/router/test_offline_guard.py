@@ -12,9 +12,10 @@ import asyncio
 import pytest
 from router_fake_cloud import FakeCloud, NetGuard, stream
 
+from openjarvis.engine.templates import Message
 from openjarvis.errors import CloudOffline, CloudUnavailable
 from openjarvis.router.audit import AuditLog
-from openjarvis.router.cloud import CloudClient, CloudReply, Message, Retry, Timeouts
+from openjarvis.router.cloud import CloudClient, CloudReply, Retry, Timeouts
 from openjarvis.router.targets import Target
 
 

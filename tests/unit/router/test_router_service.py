@@ -10,7 +10,8 @@ import pytest
 from router_fake_cloud import FakeCloud, stream
 
 from openjarvis import paths
-from openjarvis.router.cloud import CloudReply, Message, Retry, Timeouts
+from openjarvis.engine.templates import Message
+from openjarvis.router.cloud import CloudReply, Retry, Timeouts
 from openjarvis.router.policy import Decision, RouteRequest, Signals, Trigger
 from openjarvis.router.service import Router
 
