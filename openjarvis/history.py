@@ -73,6 +73,29 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         CREATE INDEX requests_by_time ON requests(time);
         """,
     ),
+    (
+        3,
+        "audit: every request that left the machine (openjarvis.router.audit)",
+        """
+    CREATE TABLE audit (
+        id INTEGER PRIMARY KEY,
+        time REAL NOT NULL,              -- unix seconds
+        workspace TEXT NOT NULL,
+        target TEXT NOT NULL,
+        model TEXT NOT NULL,
+        host TEXT NOT NULL,
+        trigger TEXT NOT NULL,           -- why it left: asked, context, low-confidence, local-failed
+        bytes_sent INTEGER NOT NULL,
+        redactions TEXT NOT NULL,        -- JSON object: kind -> count
+        tokens_in INTEGER NOT NULL,
+        tokens_out INTEGER NOT NULL,
+        tokens_estimated INTEGER NOT NULL,  -- 1 when the target reported no usage
+        cost_usd REAL NOT NULL,
+        status TEXT NOT NULL             -- "ok", "cancelled" or the one-line error
+    );
+    CREATE INDEX audit_time ON audit(time);
+        """,
+    ),
 ]
 
 
@@ -180,6 +203,8 @@ class History:
 def connect(path: Path | None = None) -> sqlite3.Connection:
     path = path or history_path()
     path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():  # conversations, workspaces and hosts are nobody else's business
+        path.touch(mode=0o600)
     try:
         conn = sqlite3.connect(path, timeout=10, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")

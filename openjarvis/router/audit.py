@@ -8,8 +8,7 @@ an answer, an error or a cancellation: what went where (workspace, target, model
 The database is ``$XDG_DATA_HOME/openjarvis/history.db`` (shared with conversation history and
 telemetry: one per-user database, as DESIGN.md says), opened through ``openjarvis.history.connect``
 (WAL mode, so a reader never blocks the daemon's writes and a crash loses at most the row in
-flight). The audit table has its own numbered migrations, recorded in ``schema_version``
-(component, version), so it evolves independently of the history module's tables.
+flight). Its table is created by the history database's numbered migrations (``history.MIGRATIONS``).
 
 Example::
 
@@ -23,7 +22,6 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from collections.abc import Mapping
 from contextlib import closing
@@ -32,31 +30,6 @@ from datetime import datetime
 from pathlib import Path
 
 from openjarvis import history
-
-COMPONENT = "router.audit"
-#: Numbered migrations of this component's tables; the list index + 1 is the schema version.
-MIGRATIONS: tuple[str, ...] = (
-    """
-    CREATE TABLE audit (
-        id INTEGER PRIMARY KEY,
-        time REAL NOT NULL,              -- unix seconds
-        workspace TEXT NOT NULL,
-        target TEXT NOT NULL,
-        model TEXT NOT NULL,
-        host TEXT NOT NULL,
-        trigger TEXT NOT NULL,           -- why it left: asked, context, low-confidence, local-failed
-        bytes_sent INTEGER NOT NULL,
-        redactions TEXT NOT NULL,        -- JSON object: kind -> count
-        tokens_in INTEGER NOT NULL,
-        tokens_out INTEGER NOT NULL,
-        tokens_estimated INTEGER NOT NULL,  -- 1 when the target reported no usage
-        cost_usd REAL NOT NULL,
-        status TEXT NOT NULL             -- "ok", "cancelled" or the one-line error
-    );
-    CREATE INDEX audit_time ON audit(time);
-    """,
-)
-
 
 #: Status of a row written before the request is sent; it stays if the process dies mid-request.
 IN_FLIGHT = "in flight"
@@ -152,29 +125,8 @@ class AuditLog:
         self.path = path or history_db_path()
 
     def _connect(self) -> sqlite3.Connection:
-        fresh = not self.path.exists()
-        conn = history.connect(self.path)  # WAL, pragmas and the shared tables, in one place
-        if fresh:
-            os.chmod(self.path, 0o600)  # workspace paths and hosts are nobody else's business
-        self._migrate(conn)
-        return conn
-
-    @staticmethod
-    def _migrate(conn: sqlite3.Connection) -> None:
-        with conn:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_version (component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
-            )
-            row = conn.execute("SELECT version FROM schema_version WHERE component = ?", (COMPONENT,)).fetchone()
-            version = row[0] if row else 0
-            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-                for statement in filter(str.strip, script.split(";")):
-                    conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO schema_version (component, version) VALUES (?, ?) "
-                    "ON CONFLICT(component) DO UPDATE SET version = excluded.version",
-                    (COMPONENT, number),
-                )
+        # WAL, 0600, pragmas and every table's migrations (the audit table's included), in one place.
+        return history.connect(self.path)
 
     def write(self, record: AuditRecord) -> int:
         """Append one row and return its id; committed before returning, so a crash keeps it."""

@@ -33,9 +33,9 @@ def test_wal_mode_and_migrations_are_recorded_once() -> None:
         assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     conn = sqlite3.connect(history_path())
     versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY version")]
-    assert versions == [1, 2]
-    assert migrate(conn) == 2  # idempotent
-    assert [r[0] for r in conn.execute("SELECT version FROM schema_migrations")] == [1, 2]
+    assert versions == [1, 2, 3]
+    assert migrate(conn) == 3  # idempotent
+    assert [r[0] for r in conn.execute("SELECT version FROM schema_migrations")] == [1, 2, 3]
     conn.close()
 
 
