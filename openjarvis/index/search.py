@@ -43,6 +43,8 @@ _CHUNK_BM25 = "bm25(chunks_fts, 2.0, 6.0, 1.0, 1.0)"
 #: The name signal keeps symbols sharing this many query words, from this many FTS rows.
 NAME_MIN_WORDS = 2
 NAME_POOL = 150
+#: Reference graphs kept in memory (one per workspace and set of mentioned names).
+GRAPH_CACHE_SIZE = 8
 #: difflib similarity a name needs to count as a fuzzy match of a query identifier.
 FUZZY_CUTOFF = 0.85
 #: (file id, path, symbol, kind, start, end, is code) of a chunk.
@@ -267,9 +269,27 @@ def _file_ranks(store: Store, focus: Sequence[str]) -> dict[int, float]:
             f"SELECT id FROM files WHERE path IN ({','.join('?' * len(focus))})", tuple(focus)
         )
     }
+    return rank.normalise(rank.pagerank(_graph(store), {fid: 1.0 for fid in ids}))
+
+
+#: Reference graphs by database path, with the files-table signature they were built from.
+_GRAPHS: dict[tuple[str, frozenset[str]], tuple[tuple[object, ...], rank.Graph]] = {}
+
+
+def _graph(store: Store, mentioned: frozenset[str] = frozenset()) -> rank.Graph:
+    """The store's reference graph, rebuilt only when its files changed (0.7 s on Django)."""
+    row = store.conn.execute("SELECT count(*), total(mtime_ns), total(size), max(id) FROM files").fetchone()
+    signature = tuple(row)
+    key = (str(store.path), mentioned)
+    cached = _GRAPHS.get(key)
+    if cached is not None and cached[0] == signature:
+        return cached[1]
     defs, refs = store.graph_rows()
-    graph = rank.build_graph(defs, refs)
-    return rank.normalise(rank.pagerank(graph, {fid: 1.0 for fid in ids}))
+    graph = rank.build_graph(defs, refs, mentioned)
+    if len(_GRAPHS) >= GRAPH_CACHE_SIZE:
+        _GRAPHS.pop(next(iter(_GRAPHS)))
+    _GRAPHS[key] = (signature, graph)
+    return graph
 
 
 def _chunk_info(store: Store, ids: Sequence[int]) -> dict[int, _Info]:
@@ -364,8 +384,7 @@ def repo_map(
     """
     files = dict(store.conn.execute("SELECT id, path FROM files").fetchall())
     focus_ids = {fid for fid, path in files.items() if path in set(focus)}
-    defs, refs = store.graph_rows()
-    graph = rank.build_graph(defs, refs, frozenset(mentioned))
+    graph = _graph(store, frozenset(mentioned))
     file_rank = rank.pagerank(graph, {fid: 1.0 for fid in focus_ids} or None)
     scored = [
         (score * rank.path_prior(files[fid], True), fid, name)
