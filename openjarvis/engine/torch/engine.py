@@ -179,7 +179,7 @@ class TorchEngine:
     def detokenize(self, tokens: Sequence[int]) -> bytes:
         return self.vocab.detokenize(tokens)
 
-    def _forward(self, tokens: Sequence[int]) -> torch.Tensor:
+    def _forward(self, tokens: Sequence[int], last_only: bool = False) -> torch.Tensor:
         if not tokens:
             raise EngineError("eval needs at least one token")
         if self._n_past + len(tokens) > self.n_ctx:
@@ -189,14 +189,13 @@ class TorchEngine:
             )
         if min(tokens) < 0 or max(tokens) >= self.args.n_vocab:
             raise EngineError(f"token id out of range 0..{self.args.n_vocab - 1}")
-        out = self.runner.logits(tokens, self._n_past)  # [T, V_model] on the device
+        out = self.runner.logits(tokens, self._n_past, last_only=last_only)  # [T, V] on device
         self._n_past += len(tokens)
         return out
 
     def eval(self, tokens: Sequence[int], *, last_only: bool = False) -> Logits:
-        out = self._forward(tokens)
-        rows = out[-1:] if last_only else out
-        arr: Logits = rows[:, : self.n_vocab].float().cpu().numpy()
+        out = self._forward(tokens, last_only)
+        arr: Logits = out[:, : self.n_vocab].float().cpu().numpy()
         return arr
 
     def eval_argmax(self, tokens: Sequence[int]) -> list[int]:

@@ -112,18 +112,25 @@ class Runner:
 
     # -- public ---------------------------------------------------------------------------
 
-    def logits(self, tokens: Sequence[int], start: int) -> torch.Tensor:
-        """Logits ``[T, V]`` float32 on the device (valid until the next call with that T)."""
+    def logits(
+        self, tokens: Sequence[int], start: int, *, last_only: bool = False
+    ) -> torch.Tensor:
+        """Logits ``[T, V]`` (``[1, V]`` if ``last_only``) float32 on the device; a view of a
+        workspace, valid until the next call with the same T, when one step holds them all."""
         n = len(tokens)
         if n == 0 or start < 0 or start + n > self.n_ctx:
             raise ValueError(f"cannot evaluate {n} tokens at {start} in a {self.n_ctx} window")
         if self.kernels == "torch" and not self.graphs:
-            return self._eager(tokens, start)
-        rows = []
+            return self._eager(tokens, start, last_only)
+        if n <= MAX_STEP:
+            out = self.step(tokens, start)
+            return out[-1:] if last_only else out
+        rows = []  # a long prompt: fixed-size steps; keep only the rows asked for
         for i in range(0, n, MAX_STEP):
-            chunk = tokens[i : i + MAX_STEP]
-            rows.append(self.step(chunk, start + i).clone() if n > MAX_STEP else self.step(chunk, start + i))
-        return rows[0] if len(rows) == 1 else torch.cat(rows)
+            out = self.step(tokens[i : i + MAX_STEP], start + i)
+            if not last_only or i + MAX_STEP >= n:
+                rows.append((out[-1:] if last_only else out).clone())
+        return torch.cat(rows)
 
     def step(self, tokens: Sequence[int], start: int) -> torch.Tensor:
         """One fixed-shape step of ``len(tokens) <= MAX_STEP``; returns the workspace's logits."""
@@ -148,10 +155,12 @@ class Runner:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _eager(self, tokens: Sequence[int], start: int) -> torch.Tensor:
+    def _eager(self, tokens: Sequence[int], start: int, last_only: bool) -> torch.Tensor:
         t = torch.tensor(list(tokens), dtype=torch.int64, device=self.device)
         pos = torch.arange(start, start + len(tokens), device=self.device)
-        return self.model.forward(t, pos, self.cache, kv_len=start + len(tokens))
+        return self.model.forward(
+            t, pos, self.cache, kv_len=start + len(tokens), last_only=last_only
+        )
 
     def _workspace(self, t: int) -> Workspace:
         ws = self._steps.get(t)

@@ -57,7 +57,8 @@ class Transformer:
         pos: torch.Tensor,  # [T] int64, increasing
         cache: KVCache,
         kv_len: int | None = None,
-    ) -> torch.Tensor:  # [T, V] float32
+        last_only: bool = False,
+    ) -> torch.Tensor:  # [T, V] float32 ([1, V] if last_only)
         a, w, dt = self.args, self.weights, self.dtype
         T = tokens.shape[0]
         h = w.tok_emb[tokens].float()  # [T, D]
@@ -85,5 +86,5 @@ class Transformer:
             gu = F.linear(x, lw.w13)  # [T, 2F]: gate, then up
             gate, up = gu[:, : a.n_ff], gu[:, a.n_ff :]
             h = h + F.linear(F.silu(gate) * up, lw.w2).float()
-        x = rms_norm(h, w.out_norm, a.rms_eps).to(dt)
+        x = rms_norm(h[-1:] if last_only else h, w.out_norm, a.rms_eps).to(dt)
         return F.linear(x, w.out).float()  # [T, V]

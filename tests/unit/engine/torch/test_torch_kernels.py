@@ -149,3 +149,16 @@ def test_triton_runner_matches_the_reference_path(fuse: bool) -> None:
     rows.append(fast.logits(seq[7:], 7))
     out = torch.cat(rows)
     assert rel(out, ref) < 1e-5
+
+
+def test_a_prompt_longer_than_one_step_runs_in_chunks() -> None:
+    w = random_weights(ARGS, torch.float32, "cpu", seed=4, scale=0.1)
+    model = Transformer(ARGS, w, n_pos=128)
+    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (40,), generator=torch.Generator())]
+    ref = model.forward(torch.tensor(seq), torch.arange(40), KVCache(ARGS, 64, torch.float32, "cpu"))
+    fast = Runner(model, 64, kernels="triton", nsplit=4)
+    last = fast.logits(seq, 0, last_only=True)
+    assert last.shape == (1, ARGS.n_vocab)
+    assert rel(last, ref[-1:]) < 1e-5
+    fast2 = Runner(model, 64, kernels="triton", nsplit=4)
+    assert rel(fast2.logits(seq, 0), ref) < 1e-5

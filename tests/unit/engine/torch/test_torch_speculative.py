@@ -8,17 +8,22 @@ from pathlib import Path
 
 import pytest
 
+from openjarvis.engine.base import CostModel
 from openjarvis.engine.drafters import ModelDrafter
 from openjarvis.engine.llama import LlamaEngine
 from openjarvis.engine.speculative import Request, Speculator
 from openjarvis.engine.torch.engine import TorchEngine
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
+#: GPU-like costs (a k-token verify barely dearer than a step), pinned so tests skip measuring.
+VERIFIER_COST = CostModel("v", {1: 1e-3, 2: 1.05e-3, 4: 1.1e-3, 8: 1.2e-3, 17: 1.5e-3})
+DRAFTER_COST = CostModel("d", {1: 2e-4, 2: 2.1e-4, 4: 2.2e-4, 8: 2.4e-4, 17: 3e-4})
 
 
 @pytest.fixture
 def verifier(tiny_verifier_path: Path) -> Iterator[TorchEngine]:
     with TorchEngine.from_gguf(tiny_verifier_path, context=512) as e:
+        e.set_cost_model(VERIFIER_COST)
         yield e
 
 
@@ -31,6 +36,7 @@ def test_greedy_speculation_equals_the_verifier_alone(
         if drafter_backend == "torch"
         else LlamaEngine(tiny_drafter_path, context=512, threads=1)
     )
+    drafter.set_cost_model(DRAFTER_COST)
     with drafter:
         prompt = verifier.tokenize(PROMPT)
         expected = Speculator(verifier).generate(Request(prompt, max_tokens=80, drafter="none"))
