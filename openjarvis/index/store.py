@@ -306,7 +306,10 @@ def _path_words(path: str) -> str:
 
 def open_readonly(root: Path) -> Store:
     """Open the index of ``root`` for queries; raises ``IndexNotBuilt`` when there is none."""
-    return Store.open(db_path_for(root), create=False)
+    path = db_path_for(root)
+    if not path.is_file():
+        raise IndexNotBuilt(f"{root} has no index yet; run `jarvis index {root}` first")
+    return Store.open(path, create=False)
 
 
 __all__ = ["FileRecord", "FileState", "Store", "db_path_for", "open_readonly", "IndexStoreError"]

@@ -70,7 +70,7 @@ def test_index_status_reports_skips_and_errors(workspace: Path, capsys: pytest.C
 def test_errors_are_one_line(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "search", "anything")
     assert code == 1
-    assert err.startswith("error: no index at ") and err.endswith("run `jarvis index` in the workspace first\n")
+    assert err == f"error: {workspace} has no index yet; run `jarvis index {workspace}` first\n"
     code, _, err = run(capsys, "index", str(workspace / "missing"))
     assert (code, err) == (2, f"error: {workspace / 'missing'} does not exist; pass a folder to index\n")
     (workspace / "file.txt").write_text("x")

@@ -167,7 +167,7 @@ def test_corrupt_database_names_the_fix(workspace: Path) -> None:
 
 
 def test_reading_a_workspace_never_indexed(workspace: Path) -> None:
-    with pytest.raises(IndexNotBuilt, match="run `jarvis index`"):
+    with pytest.raises(IndexNotBuilt, match="has no index yet; run `jarvis index "):
         open_readonly(workspace)
 
 
@@ -196,3 +196,19 @@ def _write_v1(self: Store, conn: sqlite3.Connection, record: object) -> None:
         "INSERT INTO files (language, size, mtime_ns, hash, path) VALUES (?, ?, ?, ?, ?)",
         (record.language, record.size, record.mtime_ns, record.hash, record.path),
     )
+
+
+def test_interrupt_with_the_pool_running(sample_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(indexer, "POOL_MIN_FILES", 1)
+    monkeypatch.setattr(indexer, "WRITE_BATCH", 4)
+
+    def interrupt(p: Progress) -> None:
+        if p.done == 6:
+            raise KeyboardInterrupt
+
+    db = db_path_for(sample_repo)
+    with Store.open(db) as s, pytest.raises(KeyboardInterrupt):
+        index_workspace(s, sample_repo, IndexConfig(workers=2), on_progress=interrupt)
+    with Store.open(db) as s:
+        assert s.conn.execute("SELECT count(*) FROM files").fetchone()[0] == 4
+        assert index_workspace(s, sample_repo, IndexConfig(workers=2)).indexed == 11
