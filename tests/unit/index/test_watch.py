@@ -76,13 +76,21 @@ def test_delete_and_move(watched: tuple[Path, Store]) -> None:
     eventually(lambda: paths(store) == {"lib/mod.py"})
 
 
-def test_checkout_touching_many_files(watched: tuple[Path, Store]) -> None:
+def test_checkout_touching_a_thousand_files(watched: tuple[Path, Store]) -> None:
     root, store = watched
     (root / "gen").mkdir()
-    for i in range(300):
+    for i in range(1000):
         (root / "gen" / f"m{i}.py").write_text(f"def generated_{i}():\n    return {i}\n")
-    eventually(lambda: len(paths(store)) == 301)
-    assert defined(store, "generated_299") == {"gen/m299.py"}
+    eventually(lambda: len(paths(store)) == 1001)
+    # A second "checkout": half the files go, a quarter change, the rest stay.
+    for i in range(500):
+        (root / "gen" / f"m{i}.py").unlink()
+    for i in range(500, 750):
+        (root / "gen" / f"m{i}.py").write_text(f"def switched_{i}():\n    return {i}\n")
+    eventually(lambda: len(paths(store)) == 501 and defined(store, "switched_749") == {"gen/m749.py"})
+    assert defined(store, "generated_0") == set()
+    assert defined(store, "generated_600") == set()
+    assert defined(store, "generated_999") == {"gen/m999.py"}
 
 
 def test_ignored_and_secret_files_stay_out(watched: tuple[Path, Store]) -> None:
