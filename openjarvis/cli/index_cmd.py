@@ -39,6 +39,15 @@ def _root(workspace: Path | None) -> Path:
 class _IndexGroup(click.Group):
     """``jarvis index [PATH]`` builds; ``jarvis index status`` reports. A PATH is not a command."""
 
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_usage(ctx.command_path, "[OPTIONS] [PATH]  |  status [OPTIONS]")
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # The options shown are those of building (the hidden default command), then `status`.
+        build_cmd = self.commands["build"]
+        build_cmd.format_options(click.Context(build_cmd, info_name=ctx.info_name, parent=ctx.parent), formatter)
+        self.format_commands(ctx, formatter)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [name for name, cmd in sorted(self.commands.items()) if not cmd.hidden]
 
@@ -131,9 +140,7 @@ def _watch(root: Path, config: IndexConfig) -> None:
 
     def report(summary: RunSummary) -> None:
         if summary.changed:
-            click.echo(
-                f"{time.strftime('%H:%M:%S')} updated {summary.indexed}, removed {summary.deleted}"
-            )
+            click.echo(f"{time.strftime('%H:%M:%S')} updated {summary.indexed}, removed {summary.deleted}")
 
     click.echo(f"watching {root}; Ctrl-C to stop")
     with Watcher(root, config, on_update=report):
@@ -177,9 +184,7 @@ def status(workspace: Path | None, as_json: bool) -> None:
                 "SELECT language, count(*) FROM files GROUP BY language ORDER BY count(*) DESC"
             ).fetchall()
         )
-        errors = store.conn.execute(
-            "SELECT path, error FROM files WHERE error IS NOT NULL ORDER BY path"
-        ).fetchall()
+        errors = store.conn.execute("SELECT path, error FROM files WHERE error IS NOT NULL ORDER BY path").fetchall()
         skipped: dict[str, int] = store.get_meta("skipped", {})
         last = store.get_meta("last_run")
         info: dict[str, Any] = {
