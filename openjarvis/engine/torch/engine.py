@@ -29,10 +29,13 @@ import torch
 from openjarvis.config import EngineConfig
 from openjarvis.engine.base import CostModel, Logits
 from openjarvis.engine.torch.config import ModelArgs
-from openjarvis.engine.torch.generate import Kernels, Runner
+from openjarvis.engine.torch.generate import MAX_STEP, Kernels, Runner
 from openjarvis.engine.torch.model import Transformer
 from openjarvis.engine.torch.weights import load_gguf
 from openjarvis.errors import ContextOverflow, EngineError
+
+#: Token counts captured at load on the GPU: one step, verify of up to 16 drafts, prompt chunks.
+WARM_STEPS = (*range(1, 18), MAX_STEP)
 
 
 class Vocab:
@@ -124,8 +127,12 @@ class TorchEngine:
         context: int = 8192,
         kernels: Kernels | None = None,
         graphs: bool | None = None,
+        warmup: bool | None = None,
     ) -> TorchEngine:
-        """Load ``path``: CUDA and bfloat16 when a GPU is present, else the CPU in float32."""
+        """Load ``path``: CUDA and bfloat16 when a GPU is present, else the CPU in float32.
+
+        ``warmup`` (default: on the GPU) captures the steps of every draft length and the prompt
+        chunk at load, so no request pays Triton compilation or graph capture."""
         path = Path(path)
         if not path.is_file():
             raise EngineError(f"model file not found: {path}; run `jarvis models list`")
@@ -137,6 +144,8 @@ class TorchEngine:
 
         model = Transformer(args, weights, n_pos=n_ctx + SLACK)
         runner = Runner(model, n_ctx, kernels=kernels, graphs=graphs)
+        if warmup if warmup is not None else runner.graphs:
+            runner.warmup(WARM_STEPS)
         return cls(path, args, runner, Vocab(path))
 
     @classmethod

@@ -145,6 +145,12 @@ class Runner:
         assert ws.run is not None
         return ws.run()
 
+    def warmup(self, ts: Sequence[int]) -> None:
+        """Build (and on the GPU compile and capture) the steps of each T now rather than on
+        first use. Writes K/V only at positions 0..T-1: call it on an empty cache."""
+        for t in ts:
+            self.step([0] * t, 0)
+
     def replay(self, t: int) -> None:
         """Re-run the captured step of ``t`` tokens on whatever inputs it holds (benchmarks)."""
         ws = self._steps[t]

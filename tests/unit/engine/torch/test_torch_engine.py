@@ -85,6 +85,14 @@ def test_eval_argmax_is_the_argmax_of_eval(engine: TorchEngine) -> None:
     assert greedy == [int(x) for x in engine.eval(tokens).argmax(-1)]
 
 
+def test_warmup_leaves_an_empty_cache_that_computes_the_same(tiny_verifier_path: Path) -> None:
+    with TorchEngine.from_gguf(tiny_verifier_path, context=256, warmup=True) as warm, \
+            TorchEngine.from_gguf(tiny_verifier_path, context=256) as cold:
+        assert warm.n_past == 0
+        tokens = warm.tokenize(TEXT)
+        np.testing.assert_allclose(warm.eval(tokens), cold.eval(tokens), rtol=1e-5, atol=1e-5)
+
+
 def test_errors(engine: TorchEngine) -> None:
     with pytest.raises(EngineError, match="at least one token"):
         engine.eval([])
