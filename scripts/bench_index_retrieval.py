@@ -5,7 +5,9 @@ Usage::
     python scripts/bench_index.py --fetch                  # once: the three repositories
     python scripts/bench_index_retrieval.py [--show-misses]
 
-The query set is ``scripts/data/index_queries.jsonl``: one JSON object per line with ``repo``
+The query set is ``scripts/data/index_queries.jsonl`` (``--queries`` picks another, such as the
+held-out ``index_queries_holdout.jsonl``, written after the weights were fixed and never tuned
+on): one JSON object per line with ``repo``
 (django, express or rxjs), a natural-language ``question``, and the known answer: the ``path``
 and qualified ``symbol`` of the definition that answers it. Every answer is checked to exist in
 the index before scoring (a missing one fails the run), so the set stays honest as it grows.
@@ -43,8 +45,8 @@ from bench_index import QUERIES, repo_roots  # noqa: E402
 K = 5
 
 
-def load_queries() -> list[dict[str, str]]:
-    return [json.loads(line) for line in QUERIES.read_text().splitlines() if line.strip()]
+def load_queries(path: Path = QUERIES) -> list[dict[str, str]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def baseline_db(root: Path, paths: list[str]) -> sqlite3.Connection:
@@ -94,13 +96,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "openjarvis-bench")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--queries", type=Path, default=QUERIES, help="a query set (JSON lines)")
     parser.add_argument("--show-misses", action="store_true")
     parser.add_argument("--ablate", action="store_true", help="also score hybrid with each signal removed")
     args = parser.parse_args()
     variants = ablations() if args.ablate else {}
     ablated: dict[str, list[int | None]] = defaultdict(list)
 
-    queries = load_queries()
+    queries = load_queries(args.queries)
     by_repo: dict[str, list[dict[str, str]]] = defaultdict(list)
     for q in queries:
         by_repo[q["repo"]].append(q)
@@ -148,7 +151,7 @@ def main() -> None:
     if missing:
         print("answers not found in the index (fix the query set):", *missing, sep="\n  ")
         raise SystemExit(1)
-    print(f"# bench_index_retrieval {time.strftime('%Y-%m-%d %H:%M')}: {len(queries)} questions, "
+    print(f"# bench_index_retrieval {time.strftime('%Y-%m-%d %H:%M')} {args.queries.name}: {len(queries)} questions, "
           + ", ".join(f"{r} {len(v)}" for r, v in sorted(by_repo.items())) + "\n")  # fmt: skip
     print("| system | recall@1 | recall@5 | MRR |\n|---|---|---|---|")
     labels = {
