@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import Any
 
 from openjarvis.config import IndexConfig
-from openjarvis.index.files import CACHE_DIRS, VCS_DIRS
+from openjarvis.index.files import BUILD_DIRS, CACHE_DIRS, DEPENDENCY_DIRS, VCS_DIRS, VENV_DIRS
 from openjarvis.index.indexer import RunSummary, index_workspace, refresh_ranks
 from openjarvis.index.store import Store, db_path_for
 
@@ -34,6 +34,7 @@ RANK_IDLE_S = 2.0
 #: A batch with more paths than this runs a whole-tree incremental pass instead.
 FULL_PASS_PATHS = 500
 _IGNORE_FILES = (".gitignore", ".jarvisignore")
+_SKIPPED_DIRS = VCS_DIRS | CACHE_DIRS | DEPENDENCY_DIRS | VENV_DIRS | BUILD_DIRS
 
 
 class Watcher:
@@ -74,8 +75,9 @@ class Watcher:
             rel = Path(path).relative_to(self.root).as_posix()
         except ValueError:
             return None
-        parts = rel.split("/")
-        if rel == "." or any(p in VCS_DIRS or p in CACHE_DIRS for p in parts):
+        # Built-in skips are dropped here already: an `npm install` or a build must not turn
+        # into thousands of paths to judge one by one.
+        if rel == "." or any(part in _SKIPPED_DIRS for part in rel.split("/")[:-1]):
             return None
         return rel
 

@@ -98,6 +98,8 @@ def test_ignored_and_secret_files_stay_out(watched: tuple[Path, Store]) -> None:
     (root / ".env").write_text("TOKEN=secret\n")
     (root / ".gitignore").write_text("*.log\n")
     (root / "debug.log").write_text("noise\n")
+    (root / "node_modules" / "lib").mkdir(parents=True)
+    (root / "node_modules" / "lib" / "index.js").write_text("function dep() {}\n")
     (root / "kept.py").write_text("def kept():\n    pass\n")
     eventually(lambda: "kept.py" in paths(store))
     assert paths(store) == {"app.py", "kept.py", ".gitignore"}
