@@ -27,6 +27,7 @@ callers catch ours, never llama.cpp's or httpx's.
     │   └── CloudProtocolError   invalid JSON, an unexpected shape, a stream cut off
     ├── IndexStoreError          the workspace index cannot be opened or written
     │   ├── IndexNotBuilt        no index yet for this workspace (run `jarvis index`)
+    │   ├── IndexCorrupt         the database file cannot be read (`jarvis index` rebuilds it)
     │   └── IndexPathError       a path given to the indexer is missing or not a directory
     ├── EditError                a proposed edit is malformed, ambiguous or unsafe (nothing changed)
     └── DaemonError              the daemon cannot start, be reached, or answered with an error
@@ -129,6 +130,10 @@ class IndexStoreError(JarvisError):
 
 class IndexNotBuilt(IndexStoreError):
     """A query asked for the index of a workspace that has never been indexed."""
+
+
+class IndexCorrupt(IndexStoreError):
+    """The index database exists but SQLite cannot read it; ``jarvis index`` rebuilds it."""
 
 
 class IndexPathError(IndexStoreError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import click
 from openjarvis import paths
 from openjarvis.cli import flag_overrides
 from openjarvis.config import IndexConfig, load_config
-from openjarvis.errors import IndexPathError
+from openjarvis.errors import IndexCorrupt, IndexPathError
 
 _WORKSPACE = click.option(
     "-w",
@@ -98,8 +99,13 @@ def build(ctx: click.Context, path: Path | None, rebuild: bool, as_json: bool, w
     config = load_config(cwd=root, overrides=flag_overrides(ctx))
     db_path = db_path_for(root)
     if rebuild:
-        for suffix in ("", "-wal", "-shm"):
-            db_path.with_name(db_path.name + suffix).unlink(missing_ok=True)
+        Store.remove(db_path)
+    try:
+        Store.open(db_path).close()
+    except IndexCorrupt as exc:
+        # The index is a cache: a broken one is rebuilt, with a warning (never silently).
+        click.echo(f"warning: {exc}; rebuilding it now", err=True)
+        Store.remove(db_path)
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
@@ -110,7 +116,7 @@ def build(ctx: click.Context, path: Path | None, rebuild: bool, as_json: bool, w
         bar = Bar(
             TextColumn("indexing"), BarColumn(), MofNCompleteColumn(),
             TextColumn("files"), _rate_column(), TimeRemainingColumn(),
-            console=Console(stderr=True), disable=not show, transient=True,
+            console=Console(stderr=True), disable=not show or not sys.stderr.isatty(), transient=True,
         )  # fmt: skip
         with bar:
             task = bar.add_task("index", total=None)

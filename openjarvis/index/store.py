@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from openjarvis import paths
-from openjarvis.errors import IndexNotBuilt, IndexStoreError
+from openjarvis.errors import IndexCorrupt, IndexNotBuilt, IndexStoreError
 from openjarvis.index import schema
 from openjarvis.index.tags import Extraction, search_words, split_identifier
 
@@ -99,6 +99,7 @@ class Store:
         """Open (and migrate) the database at ``path``; without ``create`` it must exist."""
         if not create and not path.is_file():
             raise IndexNotBuilt(f"no index at {path.parent}; run `jarvis index` in the workspace first")
+        conn: sqlite3.Connection | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
@@ -106,13 +107,22 @@ class Store:
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = OFF")
             schema.migrate(conn, str(path))
-        except sqlite3.DatabaseError as exc:
-            raise IndexStoreError(
-                f"cannot open index {path}: {exc}; rebuild it with `jarvis index --rebuild`"
-            ) from exc
-        except OSError as exc:
-            raise IndexStoreError(f"cannot create index at {path}: {exc.strerror}") from exc
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()
+            if isinstance(exc, sqlite3.DatabaseError):
+                fix = "rebuild it with `jarvis index --rebuild`"
+                raise IndexCorrupt(f"cannot open index {path}: {exc}; {fix}") from exc
+            if isinstance(exc, OSError):
+                raise IndexStoreError(f"cannot create index at {path}: {exc.strerror}") from exc
+            raise
         return cls(conn, path)
+
+    @staticmethod
+    def remove(path: Path) -> None:
+        """Delete the database at ``path`` with its WAL and shared-memory files."""
+        for suffix in ("", "-wal", "-shm"):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
 
     def close(self) -> None:
         self.conn.close()
@@ -312,4 +322,4 @@ def open_readonly(root: Path) -> Store:
     return Store.open(path, create=False)
 
 
-__all__ = ["FileRecord", "FileState", "Store", "db_path_for", "open_readonly", "IndexStoreError"]
+__all__ = ["FileRecord", "FileState", "Store", "db_path_for", "open_readonly"]

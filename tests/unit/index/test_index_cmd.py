@@ -105,3 +105,16 @@ def test_help_ends_with_an_example(argv: list[str], capsys: pytest.CaptureFixtur
     code, out, _ = run(capsys, *argv, "--help")
     assert code == 0
     assert "jarvis " in out.split("Example")[-1]
+
+
+def test_a_corrupt_index_is_rebuilt_with_a_warning(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from openjarvis.index.store import db_path_for
+
+    (workspace / "a.py").write_text("def a():\n    pass\n")
+    db = db_path_for(workspace)
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"garbage" * 1000)
+    code, out, err = run(capsys, "index")
+    assert code == 0 and out.startswith("indexed 1 files")
+    assert err.startswith(f"warning: cannot open index {db}: file is not a database; ")
+    assert err.endswith("; rebuilding it now\n")
