@@ -15,9 +15,11 @@ def run_tui(ctx: click.Context, workspace: Path | None = None) -> None:
     from openjarvis.config import load_config
     from openjarvis.tui.app import make_app
 
-    root = (workspace or paths.find_workspace_root() or Path.cwd()).resolve()
+    found = workspace or paths.find_workspace_root()
+    root = (found or Path.cwd()).resolve()
     config = load_config(cwd=root, overrides=flag_overrides(ctx))
-    make_app(config, root).run()
+    # Outside a repository (say, in ~) nothing is indexed until the person asks something.
+    make_app(config, root, index_on_start=found is not None).run()
 
 
 @click.command(context_settings=CONTEXT_SETTINGS, short_help="Open the terminal UI (also bare `jarvis`).")
