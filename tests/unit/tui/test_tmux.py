@@ -65,6 +65,7 @@ class Terminal:
 def terminal(tiny_daemon: Path) -> Iterator[Terminal]:
     # Bare `jarvis` (python -m openjarvis) with a terminal on stdin and stdout opens the TUI;
     # "; sleep" keeps the pane (and what is printed on exit) readable after the app quits.
+    (tiny_daemon / ".git").mkdir()  # a repository, as where a person runs `jarvis`
     term = Terminal(f"{sys.executable} -m openjarvis; echo JARVIS-EXIT=$?; sleep 30", tiny_daemon)
     try:
         yield term
