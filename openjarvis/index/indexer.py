@@ -21,10 +21,13 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from openjarvis.config import IndexConfig
+from openjarvis.errors import IndexStoreError
 from openjarvis.index import rank
 from openjarvis.index.files import FileEntry, scan_workspace
 from openjarvis.index.store import FileRecord, FileState, Store
@@ -111,15 +114,18 @@ def _results(jobs: list[_Job], workers: int) -> Iterator[_Result]:
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(["openjarvis.index.indexer"])
-    pool = ctx.Pool(workers, initializer=_worker_init)
+    # concurrent.futures rather than multiprocessing.Pool: a worker that dies (a crash in a
+    # grammar) fails the run with BrokenProcessPool instead of hanging it.
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init)
     try:
-        yield from pool.imap_unordered(process, jobs, chunksize=4)
-        pool.close()
-    except BaseException:
-        pool.terminate()
-        raise
+        yield from pool.map(process, jobs, chunksize=4)
+    except BrokenProcessPool as exc:
+        raise IndexStoreError(
+            "a parser process died (a crash while parsing one file); the files written so far are "
+            "kept: run again with `-c index.workers=1` to see which file it is"
+        ) from exc
     finally:
-        pool.join()
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def worker_count(config: IndexConfig) -> int:
