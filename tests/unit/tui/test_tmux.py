@@ -90,3 +90,14 @@ def test_a_person_asks_searches_and_quits_in_a_real_terminal(terminal: Terminal)
     terminal.keys("C-q")
     screen = terminal.wait_for(lambda s: "JARVIS-EXIT=" in s)
     assert "JARVIS-EXIT=0" in screen and "Traceback" not in screen
+
+
+def test_outside_a_repository_nothing_is_indexed_until_asked(tiny_daemon: Path) -> None:
+    term = Terminal(f"{sys.executable} -m openjarvis", tiny_daemon)  # no .git: not a repository
+    try:
+        screen = term.wait_for(lambda s: "not indexed" in s)
+        time.sleep(1.0)
+        assert "not indexed" in term.screen() and "index: 2 files" not in screen
+        term.keys("C-q")
+    finally:
+        term.close()
