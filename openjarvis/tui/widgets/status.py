@@ -38,7 +38,8 @@ class StatusBar(Static):
             parts.append(format.answer_stats(self.last_result))
         if self.index_progress is not None:
             done, total = self.index_progress
-            parts.append(f"indexing {done}/{total}")
+            filled = round(10 * done / total) if total else 0
+            parts.append(f"indexing [$accent]{'█' * filled}[/][$text-muted]{'░' * (10 - filled)}[/] {done}/{total}")
         else:
             parts.append(escape(format.index_state(self.index_status)))
         return " · ".join(parts)
