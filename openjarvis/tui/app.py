@@ -48,6 +48,7 @@ from openjarvis.tui.messages import (
     Disconnected,
     IndexProgress,
     IndexState,
+    PromptSubmitted,
     SearchDone,
 )
 from openjarvis.tui.screens.diff_review import DiffReviewScreen
@@ -269,7 +270,7 @@ class JarvisApp(App[None]):
         prompt.move_cursor(prompt.document.end)
         prompt.focus()
 
-    async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
+    async def on_prompt_submitted(self, message: PromptSubmitted) -> None:
         parsed = commands.parse(message.text)
         if parsed is None:
             await self.ask(message.text[1:] if message.text.startswith("//") else message.text)

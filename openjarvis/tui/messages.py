@@ -17,6 +17,13 @@ from textual.message import Message
 
 
 @dataclass
+class PromptSubmitted(Message):
+    """The person sent the input (Enter): a question or a slash command."""
+
+    text: str
+
+
+@dataclass
 class AnswerGrew(Message):
     """The answer so far (whole text, not a delta), so a newer one may replace an older one."""
 

@@ -6,22 +6,16 @@ first line recalls older entries, Down on the last line newer ones, back to what
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from textual import events
-from textual.message import Message
 from textual.widgets import TextArea
 
 from openjarvis.tui import commands
+from openjarvis.tui.messages import PromptSubmitted
 
 NEWLINE_KEYS = frozenset({"ctrl+j", "shift+enter", "alt+enter", "ctrl+enter"})
 
 
 class PromptInput(TextArea):
-    @dataclass
-    class Submitted(Message):
-        text: str
-
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, soft_wrap=True, tab_behavior="focus", show_line_numbers=False)
         self.input_history: list[str] = []
@@ -67,7 +61,7 @@ class PromptInput(TextArea):
         self._history_pos = None
         self._draft = ""
         self.clear()
-        self.post_message(self.Submitted(text))
+        self.post_message(PromptSubmitted(text))
 
     def recall(self, step: int) -> None:
         """Move through the history: -1 older, +1 newer; past the newest returns to the draft."""
