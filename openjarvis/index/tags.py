@@ -59,6 +59,8 @@ DOC_MAX_CHARS = 300
 BLOCK_KINDS = frozenset(
     {"function", "method", "class", "struct", "interface", "enum", "impl", "module", "type"}
 )
+#: Receivers are not references to anything: ``self`` alone is 70,000 of Django's 440,000 uses.
+_RECEIVERS = frozenset({"self", "cls", "this"})
 _CONTAINER_KINDS = frozenset({"class", "struct", "interface", "impl", "enum"})
 _COMMENT_PREFIXES = ("#", "//", "/*", "*", "--", "///", "%")
 
@@ -237,7 +239,7 @@ def _tags_from_tree(
                 name = text if text.isidentifier() else _ref_name(text)
                 line = node.start_point[0] + 1
                 ref_key = (name, kind, line)
-                if name and ref_key not in refs:
+                if name and ref_key not in refs and name not in _RECEIVERS:
                     refs[ref_key] = Tag("ref", name, kind, line, line)
     roots = _nest(sorted(found.values(), key=lambda d: (d.start_byte, -d.end_byte)))
     return roots, list(refs.values())
