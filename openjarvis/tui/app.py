@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ from openjarvis.tui.messages import (
 )
 from openjarvis.tui.screens.diff_review import DiffReviewScreen
 from openjarvis.tui.screens.history import HistoryScreen
+from openjarvis.tui.throttle import Throttle
 from openjarvis.tui.widgets.context import ContextPanel
 from openjarvis.tui.widgets.conversation import Conversation
 from openjarvis.tui.widgets.prompt import PromptInput
@@ -317,7 +318,7 @@ class JarvisApp(App[None]):
 
     @work(group="chat", exit_on_error=False)
     async def chat(self, seq: int, params: dict[str, Any]) -> None:
-        painter = _Throttle(lambda text: self.post_message(AnswerGrew(seq, text)), PAINT_INTERVAL_S)
+        painter = Throttle(lambda text: self.post_message(AnswerGrew(seq, text)), PAINT_INTERVAL_S)
         try:
             client = await self.conn.get()
             self.post_message(Connected(client.server_info))
@@ -583,43 +584,6 @@ class JarvisApp(App[None]):
         yield from super().get_system_commands(screen)
         for action, title, help_text in ACTIONS:
             yield SystemCommand(title, help_text, lambda action=action: self.run_action(action))
-
-
-class _Throttle:
-    """Collects streamed text and hands the whole text on at most once per ``interval`` seconds.
-
-    Each paint re-renders the answer's last Markdown block, so at hundreds of tokens a second
-    painting every token would only queue work; a trailing timer makes sure the last piece is
-    painted even when no token follows it.
-    """
-
-    def __init__(self, emit: Callable[[str], object], interval: float) -> None:
-        self.emit, self.interval = emit, interval
-        self.text = ""
-        self._last = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-
-    def add(self, piece: str) -> None:
-        self.text += piece
-        loop = asyncio.get_running_loop()
-        wait = self._last + self.interval - loop.time()
-        if wait <= 0:
-            self._flush()
-        elif self._timer is None:
-            self._timer = loop.call_later(wait, self._flush)
-
-    def _flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._last = asyncio.get_running_loop().time()
-        self.emit(self.text)
-
-    def close(self) -> None:
-        """Stop the trailing timer; the final text comes with the result."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
 
 def make_app(
