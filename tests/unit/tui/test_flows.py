@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 from textual.message import Message
-from textual.widgets import Label, Markdown, Static
+from textual.widgets import Label, Markdown, OptionList, Static
 from tui_helpers import send, wait_for
 
 from openjarvis.config import load_config
@@ -110,6 +110,13 @@ def test_search_shows_hits_and_previews_the_code(tiny_daemon: Path) -> None:
             await pilot.pause(0.1)
             preview = str(panel.query_one("#context-preview", Static).render())
             assert "def parse_http_response(raw: str) -> dict:" in preview
+            assert len(panel.items) > 1
+            panel.query_one("#context-list", OptionList).focus()
+            await pilot.press("down")  # the next hit: its own lines in the preview
+            await pilot.pause(0.1)
+            second = panel.items[1]
+            preview = str(panel.query_one("#context-preview", Static).render())
+            assert f"{second.start_line} ▌" in preview
 
     asyncio.run(scenario())
 
