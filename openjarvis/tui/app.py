@@ -100,6 +100,7 @@ class JarvisApp(App[None]):
     route_mode: reactive[str] = reactive("auto")
     busy: reactive[bool] = reactive(False)
     connected: reactive[bool] = reactive(False)
+    connecting: reactive[bool] = reactive(False)
     last_result: reactive[dict[str, Any] | None] = reactive(None)
     index_status: reactive[dict[str, Any] | None] = reactive(None)
     index_progress: reactive[tuple[int, int] | None] = reactive(None)
@@ -152,6 +153,7 @@ class JarvisApp(App[None]):
         self.query_one(StatusBar).workspace = str(self.workspace)
         self.query_one(PromptInput).focus()
         if self.connect_on_start:
+            self.connecting = True
             self.connect()
             self.set_interval(RECONNECT_S, self._reconnect)
 
@@ -206,10 +208,12 @@ class JarvisApp(App[None]):
             pass  # the status bar keeps the last state; a lost daemon is reported by the request that hit it
 
     def on_connected(self, message: Connected) -> None:
+        self.connecting = False
         self.connected = True
         self._told_offline = False
 
     def on_disconnected(self, message: Disconnected) -> None:
+        self.connecting = False
         if not self._told_offline:
             self.notify(message.error, title="Daemon unreachable", severity="error", timeout=10)
             self._told_offline = True
@@ -244,6 +248,9 @@ class JarvisApp(App[None]):
 
     def watch_connected(self, value: bool) -> None:
         self._status().connected = value
+
+    def watch_connecting(self, value: bool) -> None:
+        self._status().connecting = value
 
     def watch_last_result(self, value: dict[str, Any] | None) -> None:
         self._status().last_result = value

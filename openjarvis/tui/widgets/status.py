@@ -20,11 +20,15 @@ class StatusBar(Static):
     index_status: reactive[dict[str, Any] | None] = reactive(None)
     index_progress: reactive[tuple[int, int] | None] = reactive(None)
     connected: reactive[bool] = reactive(False)
+    #: True until the first connection attempt has an outcome (starting the daemon takes a moment).
+    connecting: reactive[bool] = reactive(False)
     busy: reactive[bool] = reactive(False)
 
     def render(self) -> str:
         parts = [f"[b]{escape(format.short_workspace(self.workspace))}[/b]"]
-        if not self.connected:
+        if self.connecting:
+            parts.append("[i]connecting…[/i]")
+        elif not self.connected:
             parts.append("[reverse $error] daemon offline [/]")
         parts.append(f"route {self.route_mode}" if self.route_mode != "auto" else "auto")
         if self.busy:
