@@ -2,7 +2,7 @@
 
 1. Start-up: time from running bare `jarvis` to the first painted screen (the footer) and to an
    interactive one (connected to the daemon: the status bar shows the index state), with the
-   daemon already running, which is the everyday case.
+   daemon already running (the everyday case), then with it stopped (the TUI starts it).
 2. Keystroke-to-paint: time from a key sent to tmux until the typed character is on the screen,
    while idle (the floor, including tmux's own capture cost) and while an answer streams.
 
@@ -182,6 +182,11 @@ def main() -> int:
             readies.append(ready)
         report["startup_first_paint"] = summarize(paints)
         report["startup_interactive"] = summarize(readies)
+        cold = []
+        for _ in range(args.runs):  # no daemon running: the TUI starts it (models load on first question)
+            subprocess.run([sys.executable, "-m", "openjarvis", "daemon", "stop"], env=env, capture_output=True)
+            cold.append(startup(env, ws)[1])
+        report["startup_interactive_daemon_stopped"] = summarize(cold)
         idle: list[float] = []
         streaming: list[float] = []
         rates: list[float] = []
