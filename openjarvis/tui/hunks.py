@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 NO_NEWLINE = "\\ No newline at end of file"
+#: Lines the edit parser reads as SEARCH / divider / REPLACE markers (openjarvis.assistant.edits).
+MARKER = re.compile(r"^(<{5,9} SEARCH|={5,9}|>{5,9} REPLACE)\s*$", re.MULTILINE)
 
 
 class HunkError(ValueError):
@@ -147,6 +149,11 @@ def subset_edit_text(
             raise HunkError(f"{fd.path}: the file is gone since the preview; preview the edit again")
         after = apply_hunks(before or "", chosen)
         search = before or ""
+        if MARKER.search(search) or MARKER.search(after):
+            raise HunkError(
+                f"{fd.path}: has lines that read as edit markers (like '======='), so only all or none of "
+                "its hunks can be applied; accept all of them or reject all"
+            )
         blocks.append(f"{fd.path}\n<<<<<<< SEARCH\n{_block_body(search)}=======\n{_block_body(after)}>>>>>>> REPLACE\n")
     return "\n".join(blocks)
 

@@ -61,3 +61,12 @@ def test_all_hunks_round_trip_any_diff(before: list[str], after: list[str]) -> N
     b, a = "".join(before), "".join(after)
     files = parse_unified_diff(unified_diff(FileChange("f", b, a)))
     assert apply_hunks(b, files[0].hunks if files else ()) == a
+
+
+def test_part_of_a_file_with_marker_like_lines_is_refused_clearly() -> None:
+    before = "Title\n=======\n\n" + BEFORE
+    after = before.replace("line 2\n", "line two\n").replace("line 29\n", "line 29\nnew\n")
+    files = parse_unified_diff(unified_diff(FileChange("README.rst", before, after)))
+    assert len(files[0].hunks) == 2
+    with pytest.raises(HunkError, match="all or none"):
+        subset_edit_text(files, {(0, 1)}, lambda p: before)
