@@ -137,7 +137,8 @@ def subset_edit_text(
     """Search/replace text that makes exactly the accepted hunks, as (file index, hunk index) pairs.
 
     Each touched file becomes one block whose SEARCH is the whole current file and whose REPLACE
-    is that file with the accepted hunks applied, so the block always matches exactly once.
+    is that file with the accepted hunks applied, so the block always matches exactly once. The
+    block format cannot say "no newline at the end", so such a file ends with one afterwards.
     """
     blocks: list[str] = []
     for fi, fd in enumerate(files):
