@@ -117,6 +117,9 @@ def test_search_shows_hits_and_previews_the_code(tiny_daemon: Path) -> None:
             second = panel.items[1]
             preview = str(panel.query_one("#context-preview", Static).render())
             assert f"{second.start_line} ▌" in preview
+            await send(pilot, "/model")  # models/list, as a note in the conversation
+            await wait_for(pilot, lambda: "tiny-v" in getattr(app.query(".note").last(), "source", ""))
+            assert "Pair in use: **tiny**" in app.query(".note").last().source
 
     asyncio.run(scenario())
 

@@ -66,5 +66,9 @@ def test_palette_lists_every_action_and_help_lists_every_command(tmp_path: Path)
             await pilot.press("enter")  # a unique prefix runs its command
             await pilot.pause()
             assert len(app.query(".note")) == notes + 1
+            app.query_one(PromptInput).load_text("/clear")
+            await pilot.press("enter")
+            await pilot.pause()
+            assert not app.query(".note")  # the screen is cleared
 
     asyncio.run(scenario())
