@@ -126,19 +126,34 @@ def history_path() -> Path:
 
 
 def migrate(conn: sqlite3.Connection) -> int:
-    """Apply pending migrations, each in its own transaction; returns the schema version."""
+    """Apply pending migrations under the database's write lock; returns the schema version.
+
+    ``BEGIN IMMEDIATE`` takes the write lock before reading what is applied, so two processes
+    opening a fresh database at once (two daemon requests, the CLI beside the daemon) cannot both
+    try to create the same tables: the second waits, then finds nothing left to do.
+    """
     conn.execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, description TEXT, applied REAL)"
     )
+    conn.commit()
+    latest = max(v for v, _, _ in MIGRATIONS)
     done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
-    for version, description, sql in MIGRATIONS:
-        if version in done:
-            continue
-        with conn:
+    if latest in done and all(v in done for v, _, _ in MIGRATIONS):
+        return latest
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+        for version, description, sql in MIGRATIONS:
+            if version in done:
+                continue
             for statement in filter(str.strip, sql.split(";")):
                 conn.execute(statement)
             conn.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, description, time.time()))
-    return int(max([v for v, _, _ in MIGRATIONS] + list(done)))
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    return latest
 
 
 class History:
