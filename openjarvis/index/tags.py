@@ -398,6 +398,8 @@ def _plain_chunks(lines: list[str], language: str) -> list[Chunk]:
     bounds.append(len(lines))
     out: list[Chunk] = []
     for lo, hi in zip(bounds, bounds[1:], strict=False):
+        if lo >= hi:
+            continue
         heading = lines[lo].lstrip("# ").strip() if language == "markdown" else ""
         for s, e, text in _windows(lines, lo, hi, lines[lo] if heading else ""):
             if text.strip():

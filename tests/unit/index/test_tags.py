@@ -204,3 +204,10 @@ def test_parsing_needs_no_network(monkeypatch: pytest.MonkeyPatch) -> None:
     for lang in EXPECTED:
         path = next((LANGUAGES / lang).glob("sample.*"))
         assert extract(path.name, path.read_bytes()).definitions
+
+
+@pytest.mark.parametrize("name", ["empty.py", "empty.md", "empty.json", "empty.ts", "empty.txt", "blank.go"])
+def test_empty_and_blank_files(name: str) -> None:
+    data = b"\n\n" if name.startswith("blank") else b""
+    ex = extract(name, data)
+    assert (ex.tags, ex.chunks) == ((), ())
