@@ -180,6 +180,8 @@ async def index_status(params: IndexParams, call: Call) -> IndexStatusResult:
             chunks=counts.get("chunks", 0),
             last_run=last_run,
             skipped=skipped,
+            progress_done=ws.progress[0],
+            progress_total=ws.progress[1],
         )
 
     return await in_thread(call, work)

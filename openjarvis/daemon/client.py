@@ -218,9 +218,24 @@ class AsyncClient:
             pass
         self._fail_all(DaemonError("the daemon closed the connection; see `jarvis daemon logs`"))
 
-    async def _send(self, method: str, params: dict[str, Any] | None) -> tuple[int, asyncio.Future[Any]]:
+    @property
+    def closed(self) -> bool:
+        """True once the connection is gone (closed by us, or the daemon went away)."""
+        return self._writer is None or self._reader_task is None or self._reader_task.done()
+
+    def reserve_id(self) -> int:
+        """An id for the next ``stream`` call, known before it starts (so a cancel never misses)."""
+        return next(self._ids)
+
+    def _check_open(self) -> None:
         if self._writer is None:
             raise DaemonError("not connected; call connect() first")
+        if self.closed:
+            raise DaemonError("the connection to the daemon is closed; connect again")
+
+    async def _send(self, method: str, params: dict[str, Any] | None) -> tuple[int, asyncio.Future[Any]]:
+        self._check_open()
+        assert self._writer is not None
         rid = next(self._ids)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
@@ -233,11 +248,15 @@ class AsyncClient:
         return await fut
 
     async def stream(
-        self, method: str, params: dict[str, Any] | None = None
+        self, method: str, params: dict[str, Any] | None = None, *, request_id: int | None = None
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """Yield (notification method, params) as they arrive, then ("result", result)."""
+        """Yield (notification method, params) as they arrive, then ("result", result).
+
+        ``request_id`` (from ``reserve_id``) lets the caller cancel before the first item arrives.
+        """
+        self._check_open()
         queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
-        rid = next(self._ids)
+        rid = request_id if request_id is not None else next(self._ids)
         self._streams[rid] = queue
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut

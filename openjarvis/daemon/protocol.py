@@ -378,6 +378,9 @@ class IndexStatusResult:
     chunks: int
     last_run: float | None
     skipped: dict[str, int]
+    #: While ``indexing``: files done and files to do in the run in progress.
+    progress_done: int = 0
+    progress_total: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import functools
 import logging
 import os
 import signal
@@ -254,7 +255,18 @@ class Daemon:
             # Answered inline: it must never queue behind the work it is cancelling.
             await self._run(conn, msg)
             return
-        conn.tasks[msg.id] = asyncio.create_task(self._run(conn, msg), name=f"{conn.id}:{msg.method}:{msg.id}")
+        task = asyncio.create_task(self._run(conn, msg), name=f"{conn.id}:{msg.method}:{msg.id}")
+        conn.tasks[msg.id] = task
+        task.add_done_callback(functools.partial(self._cancelled_before_start, conn, msg))
+
+    def _cancelled_before_start(self, conn: Connection, req: Request, task: asyncio.Task[None]) -> None:
+        """A task cancelled before its first step never ran ``_run``: answer CANCELLED for it."""
+        if not task.cancelled():
+            return  # _run answered (a cancellation inside it is answered there)
+        conn.tasks.pop(req.id, None)
+        err = ProtocolError(ErrorCode.CANCELLED, f"request {req.id!r} ({req.method}) was cancelled")
+        if not conn.closed:
+            asyncio.get_running_loop().create_task(conn.send(encode(Response(req.id, error=err.to_json()))))
 
     async def _run(self, conn: Connection, req: Request) -> None:
         try:

@@ -25,6 +25,8 @@ class Workspace:
     root: Path
     lock: threading.Lock = field(default_factory=threading.Lock)
     indexing: bool = False
+    #: (files done, files to do) of the run in progress, for clients that did not start it.
+    progress: tuple[int, int] = (0, 0)
     watcher: Any = None
     last_summary: Any = None
 
@@ -77,15 +79,17 @@ class Workspaces:
         with ws.lock:
             ws.indexing = True
             try:
+
+                def progress(p: Any) -> None:
+                    ws.progress = (p.done, p.total)
+                    if on_progress is not None:
+                        on_progress(p.done, p.total)
+
                 with Store.open(db_path_for(ws.root)) as store:
-                    ws.last_summary = index_workspace(
-                        store,
-                        ws.root,
-                        self.config.index,
-                        on_progress=(lambda p: on_progress(p.done, p.total)) if on_progress else None,
-                    )
+                    ws.last_summary = index_workspace(store, ws.root, self.config.index, on_progress=progress)
             finally:
                 ws.indexing = False
+                ws.progress = (0, 0)
             self._watch(ws)
             return ws.last_summary
 

@@ -236,3 +236,25 @@ def test_repository_settings_apply_to_its_own_requests_only(tiny_daemon: Path, t
         with pytest.raises(DaemonError) as err:
             c.call("chat", {"workspace": str(tiny_daemon), "message": "again"})
         assert err.value.code == ErrorCode.WORKSPACE_ERROR and "generation.max_tokens must be int" in str(err.value)
+
+
+def test_a_request_cancelled_before_it_starts_is_still_answered(tiny_daemon: Path) -> None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(20)
+    s.connect(str(paths.socket_path()))
+    rfile = s.makefile("rb")
+    try:
+        s.sendall(b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocol_version":1,"client_name":"x"}}\n')
+        rfile.readline()
+        chat = {"jsonrpc": "2.0", "id": 1, "method": "chat", "params": {"workspace": str(tiny_daemon), "message": "hi"}}
+        cancel = {"jsonrpc": "2.0", "id": 2, "method": "cancel", "params": {"id": 1}}
+        s.sendall(json.dumps(chat).encode() + b"\n" + json.dumps(cancel).encode() + b"\n")  # one write: no gap
+        replies = {}
+        while len(replies) < 2:
+            msg = json.loads(rfile.readline())
+            if "id" in msg:
+                replies[msg["id"]] = msg
+        assert replies[2]["result"] == {"cancelled": True}
+        assert replies[1]["error"]["code"] == ErrorCode.CANCELLED
+    finally:
+        s.close()

@@ -201,8 +201,7 @@ def _connect_as_nobody(daemon: Path) -> bytes:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.settimeout(5)
             s.connect(str(daemon))
-            s.sendall(b'{"jsonrpc": "2.0", "id": 1, "method": "stats"}\n')
-            data = s.makefile("rb").readline()
+            data = s.makefile("rb").readline()  # the refusal comes at connect; nothing to send
             os.write(w, data or b"<closed>")
         except BaseException as exc:  # report anything to the parent, then leave without cleanup
             os.write(w, repr(exc).encode())
@@ -235,3 +234,27 @@ def test_cli_daemon_commands(scrubbed_env: Path, capsys: pytest.CaptureFixture[s
 def test_client_without_daemon_says_how_to_start_it(scrubbed_env: Path) -> None:
     with pytest.raises(DaemonError, match="start it with `jarvis daemon start`"):
         Client(autostart=False).connect()
+
+
+def test_async_client_knows_when_the_daemon_is_gone(daemon: Path) -> None:
+    import asyncio
+
+    from openjarvis.daemon.client import AsyncClient
+
+    async def scenario() -> None:
+        c = await AsyncClient(daemon, autostart=False).connect()
+        assert not c.closed
+        rid = c.reserve_id()
+        got = [item async for item in c.stream("stats", request_id=rid)]
+        assert got[-1][0] == "result"
+        stop(daemon)
+        for _ in range(100):
+            if c.closed:
+                break
+            await asyncio.sleep(0.05)
+        assert c.closed
+        with pytest.raises(DaemonError, match="connection to the daemon is closed"):
+            await c.call("stats")
+        await c.close()
+
+    asyncio.run(scenario())
