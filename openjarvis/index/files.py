@@ -10,7 +10,8 @@ Rules, checked in this order (the first that applies names the skip in ``jarvis 
 - ``symlink``: links (a link's target inside the workspace is indexed under its own path; one
   pointing outside is never followed);
 - ``binary``: known binary suffixes (a NUL byte in the content is caught when the file is read);
-- ``too-large``: over ``index.max_file_kb``.
+- ``too-large``: over ``index.max_file_kb``;
+- ``bad-name``: names that are not valid UTF-8 (they cannot be stored or shown as text).
 
 Example::
 
@@ -149,6 +150,9 @@ def _walk(root: Path, rel_dir: str, ignores: _Ignores, max_bytes: int, scan: Sca
         entries = []
     for entry in entries:
         rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+        if not _encodable(entry.name):
+            scan.skipped["bad-name"] += 1
+            continue
         if entry.is_symlink():
             scan.skipped["symlink"] += 1
             continue
@@ -174,6 +178,15 @@ def _walk(root: Path, rel_dir: str, ignores: _Ignores, max_bytes: int, scan: Sca
         ignores.layers.pop()
 
 
+def _encodable(name: str) -> bool:
+    """Names that are not valid UTF-8 (undecodable bytes on Linux) cannot be stored as text."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _file_rule(name: str) -> str | None:
     if is_secret(name):
         return "secret"
@@ -186,6 +199,9 @@ def _file_rule(name: str) -> str | None:
 def _judge_path(root: Path, rel: str, max_bytes: int, skipped: Counter[str]) -> FileEntry | None:
     """Apply every rule to one path (for the watcher); None if it is gone or skipped."""
     parts = rel.split("/")
+    if not _encodable(rel):
+        skipped["bad-name"] += 1
+        return None
     ignores = _Ignores()
     ignores.load(root, ".git/info", "exclude", "gitignore")
     for i, name in enumerate(parts[:-1]):

@@ -71,3 +71,12 @@ def test_secret_names() -> None:
     secrets = [".env", ".env.local", "prod.env", "id_ed25519.pub", "cert.PEM", "credentials.json", ".netrc"]
     assert all(is_secret(n) for n in secrets)
     assert not any(is_secret(n) for n in ["environment.py", "keys.py", "README.md", "envelope.txt"])
+
+
+def test_names_that_are_not_utf8_are_skipped(workspace: Path) -> None:
+    write(workspace, "good.py")
+    with open(os.path.join(os.fsencode(workspace), b"bad-\xff.py"), "wb") as fh:
+        fh.write(b"x = 1\n")
+    scan = scan_workspace(workspace, 4096)
+    assert [f.path for f in scan.files] == ["good.py"]
+    assert scan.skipped["bad-name"] == 1
