@@ -127,7 +127,7 @@ class JarvisApp(App[None]):
         self._search_seq = 0
         self._stream: MarkdownStream | None = None
         self._shown = 0
-        self._chat_rid: tuple[int, Any, Any] | None = None  # (seq, client, rid seen before the request)
+        self._chat_rid: tuple[int, Any, Any] | None = None  # (seq, client, the request id reserved for it)
         self._cancel_pending: int | None = None
         self._told_offline = False
         self._ticks = 0
@@ -329,11 +329,12 @@ class JarvisApp(App[None]):
         try:
             client = await self.conn.get()
             self.post_message(Connected(client.server_info))
-            self._chat_rid = (seq, client, getattr(client, "last_request_id", None))
-            async for method, p in client.stream("chat", params):
+            rid = client.reserve_id()
+            self._chat_rid = (seq, client, rid)
+            async for method, p in client.stream("chat", params, request_id=rid):
                 if self._cancel_pending == seq:
                     self._cancel_pending = None
-                    self.send_cancel(client, client.last_request_id, self._chat_worker)
+                    self.send_cancel(client, rid, self._chat_worker)
                 if method == "chat/token":
                     painter.add(str(p.get("text", "")))
                 elif method == "index/progress":
@@ -409,12 +410,11 @@ class JarvisApp(App[None]):
         self.index_progress = None
         await self._end_stream("\n\n*(cancelled)*")
         if self._chat_rid is not None and self._chat_rid[0] == seq:
-            _, client, before = self._chat_rid
-            rid = getattr(client, "last_request_id", None)
-            if rid is not None and rid != before:
-                self.send_cancel(client, rid, self._chat_worker)
-            else:
-                self._cancel_pending = seq  # sent but its id not seen yet: the worker cancels it
+            _, client, rid = self._chat_rid
+            self.send_cancel(client, rid, self._chat_worker)
+            # If the request had not reached the daemon yet, that cancel found nothing: the
+            # worker sends it again as soon as the stream shows the request is in flight.
+            self._cancel_pending = seq
         elif self._chat_worker is not None:
             self._chat_worker.cancel()  # still connecting: nothing reached the daemon
         self.notify("Answer cancelled", timeout=2)

@@ -47,9 +47,7 @@ class Connection:
     @property
     def alive(self) -> bool:
         """Whether the current client still has its connection (its reader has not seen EOF)."""
-        # AsyncClient has no public "closed" yet; a request on a dead one would wait forever.
-        task = getattr(self.client, "_reader_task", None)
-        return task is not None and not task.done()
+        return self.client is not None and not self.client.closed
 
     async def get(self) -> AsyncClient:
         async with self._lock:
