@@ -29,7 +29,7 @@ from pathlib import Path
 
 from openjarvis.index import rank
 from openjarvis.index.store import Store
-from openjarvis.index.tags import has_grammar, split_identifier
+from openjarvis.index.tags import has_grammar, split_identifier, split_lines
 
 #: Rows each ranked list contributes before fusion.
 CANDIDATES = 60
@@ -362,7 +362,7 @@ def usages(store: Store, name: str, root: Path | None = None, limit: int = 1000)
         if root is not None:
             if path not in cache:
                 try:
-                    cache[path] = (root / path).read_text(encoding="utf-8", errors="replace").splitlines()
+                    cache[path] = split_lines((root / path).read_text(encoding="utf-8", errors="replace"))
                 except OSError:
                     cache[path] = []
             lines = cache[path]

@@ -109,6 +109,15 @@ class Extraction:
         return [t for t in self.tags if t.role == "ref"]
 
 
+def split_lines(text: str) -> list[str]:
+    """Lines as tree-sitter counts them: split at ``\n`` only (``str.splitlines`` also splits at
+    form feeds and other separators, which would shift every line number after one)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 def language_for(path: str) -> str:
     """The language of a path by its suffix: a grammar name, a text format, or ``"text"``."""
     dot = path.rfind(".")
@@ -189,7 +198,7 @@ def extract(path: str, data: bytes, language: str | None = None) -> Extraction:
     except UnicodeDecodeError as exc:
         text = data.decode("utf-8", errors="replace")
         error = f"not UTF-8 (byte {exc.start}); indexed as plain text"
-    lines = text.splitlines()
+    lines = split_lines(text)
     if error is None and has_grammar(language):
         parser, query = _parser_and_query(language)
         tree = parser.parse(data)

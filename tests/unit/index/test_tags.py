@@ -211,3 +211,11 @@ def test_empty_and_blank_files(name: str) -> None:
     data = b"\n\n" if name.startswith("blank") else b""
     ex = extract(name, data)
     assert (ex.tags, ex.chunks) == ((), ())
+
+
+def test_line_numbers_survive_form_feeds_and_crlf() -> None:
+    source = b"import os\r\n\x0c\r\n# helper\r\ndef after_form_feed():\r\n    return 1\r\n"
+    ex = extract("ff.py", source)
+    [d] = ex.definitions
+    assert (d.qualname, d.line, d.end_line, d.doc) == ("after_form_feed", 4, 5, "helper")
+    assert ex.chunks[-1].text == "# helper\ndef after_form_feed():\n    return 1"
