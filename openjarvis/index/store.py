@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,14 +95,20 @@ class Store:
         self._ranks: tuple[tuple[int, int], dict[int, float]] | None = None
 
     @classmethod
-    def open(cls, path: Path, *, create: bool = True) -> Store:
-        """Open (and migrate) the database at ``path``; without ``create`` it must exist."""
+    def open(cls, path: Path, *, create: bool = True, tracer: Callable[[str], None] | None = None) -> Store:
+        """Open (and migrate) the database at ``path``; without ``create`` it must exist.
+
+        ``tracer`` receives every SQL statement run on the connection (``sqlite3``'s trace
+        callback, so the hot paths that bypass sqlite-utils are seen too): for debugging and tests.
+        """
         if not create and not path.is_file():
             raise IndexNotBuilt(f"no index at {path.parent}; run `jarvis index` in the workspace first")
         conn: sqlite3.Connection | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+            if tracer is not None:
+                conn.set_trace_callback(tracer)
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = OFF")

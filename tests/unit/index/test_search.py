@@ -122,3 +122,13 @@ def test_repo_map_golden(store: Store) -> None:
     expected = GOLDEN.read_text()
     diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), "golden", "actual"))
     assert text == expected, diff
+
+
+def test_tracer_sees_the_queries_of_a_search(sample_repo: Path, store: Store) -> None:
+    from openjarvis.index.store import db_path_for
+
+    seen: list[str] = []
+    with Store.open(db_path_for(sample_repo), tracer=seen.append) as traced:
+        search(traced, "split lines", k=3)
+    matches = [sql for sql in seen if "MATCH" in sql]
+    assert [sql.split(" FROM ")[1].split()[0] for sql in matches] == ["chunks_fts", "files_fts", "names_fts"]
