@@ -63,6 +63,7 @@ class IndexRetriever:
 
     def sources(self, query: str, k: int, focus: Sequence[str]) -> list[Source]:
         from openjarvis.index.search import search
+        from openjarvis.index.tags import split_lines
 
         store = self._store()
         try:
@@ -74,7 +75,8 @@ class IndexRetriever:
         for h in hits:
             if h.path not in cache:
                 try:
-                    cache[h.path] = (self.root / h.path).read_text(encoding="utf-8", errors="replace").splitlines()
+                    text = (self.root / h.path).read_text(encoding="utf-8", errors="replace")
+                    cache[h.path] = split_lines(text)  # the index's own line numbering
                 except OSError:
                     cache[h.path] = []
             lines = cache[h.path][h.start_line - 1 : h.end_line]

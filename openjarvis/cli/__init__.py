@@ -110,7 +110,7 @@ def flag_overrides(ctx: click.Context) -> dict[str, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code; tests call this with an argv list."""
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name="jarvis", standalone_mode=False)
+        rc = cli.main(args=list(argv) if argv is not None else None, prog_name="jarvis", standalone_mode=False)
     except JarvisError as exc:
         click.echo(f"error: {exc}", err=True)
         return exc.exit_code
@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return 130
-    return 0
+    return rc if isinstance(rc, int) else 0  # ctx.exit(N) inside a command
 
 
 if __name__ == "__main__":  # pragma: no cover
