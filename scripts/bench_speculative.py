@@ -257,7 +257,9 @@ def _complete(port: int, prompt: str, n: int) -> dict[str, Any]:
     }
 
 
-def exactness(spec: Speculator, case_list: list[Case], n_tokens: int) -> dict[str, Any]:
+def exactness(
+    spec: Speculator, case_list: list[Case], n_tokens: int, margins: tuple[float, ...]
+) -> dict[str, Any]:
     """How batched and single-token evaluation differ, and what that does to greedy output.
 
     For each prompt: decode ``n_tokens`` greedily one token at a time (the reference), then
@@ -305,7 +307,7 @@ def exactness(spec: Speculator, case_list: list[Case], n_tokens: int) -> dict[st
         v.rollback(0)
         spec.cached.clear()
         expected = seq[1:]
-        for margin in (0.0, spec.tie_margin):
+        for margin in margins:
             spec_m = Speculator(v, model_drafter=spec.model_drafter, tie_margin=margin)
             r = run_ours(spec_m, prompt, "model", n_tokens)
             got = r["tokens"]
@@ -350,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server", type=Path, help="llama-server binary for llama.cpp's speculation")
     ap.add_argument("--draft-max", default="3,5,8")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--tie-margins", default="0,0.25,1.0",
+                    help="near-tie re-check margins compared by --exactness")
     ap.add_argument("--exactness", type=int, default=0, metavar="N",
                     help="also measure batched vs single-token greedy agreement over N tokens")
     args = ap.parse_args(argv)
@@ -385,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     if "second turn" in args.cases or not args.cases:
         results["second turn"] = second_turn(spec, template, args.repeats)
     if args.exactness:
-        results["exactness"] = exactness(spec, case_list, args.exactness)
+        margins = tuple(float(x) for x in args.tie_margins.split(","))
+        results["exactness"] = exactness(spec, case_list, args.exactness, margins)
         ex = dict(results["exactness"])
         shifts = sorted(ex.pop("gap_shifts", []))
         if shifts:

@@ -149,3 +149,15 @@ def test_sampling_first_token_follows_the_verifier_distribution(
         seen[gen.tokens[0] if gen.tokens else gen.stop_token] += 1
     assert spec.acceptance.accepted or spec.acceptance.rejected  # drafts were really verified
     assert chi_square_p(seen, p, n) > 0.001
+
+
+def test_near_tie_recheck_keeps_output_and_counts(
+    verifier: LlamaEngine, drafter: LlamaEngine
+) -> None:
+    prompt = verifier.tokenize(PROMPTS[0])
+    expected = plain(verifier, prompt, max_tokens=40)
+    # A huge margin treats every batched row as a near-tie: each is re-decided single-token.
+    spec = Speculator(verifier, model_drafter=ModelDrafter(drafter), tie_margin=100.0)
+    gen = spec.generate(Request(prompt, max_tokens=40, drafter="model")).run()
+    assert gen.tokens == expected
+    assert gen.stats.tie_rechecks > 0
