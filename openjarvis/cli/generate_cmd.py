@@ -21,9 +21,7 @@ def _resolve(value: str, default_id: str, catalog: Catalog) -> Path:
     return catalog.installed_path(value or default_id)
 
 
-@click.command(context_settings=CONTEXT_SETTINGS, 
-    short_help="Generate an answer with the local models."
-)
+@click.command(context_settings=CONTEXT_SETTINGS, short_help="Generate an answer with the local models.")
 @click.argument("prompt", required=False)
 @click.option("--raw", is_flag=True, help="Send PROMPT as-is, without the chat template.")
 @click.option("--system", default="", help="System message for the chat template.")
@@ -109,7 +107,10 @@ def generate(
     if mode in ("auto", "model"):
         drafter_path = _resolve(drafter_model or config.models.drafter, pair.drafter, catalog)
     spec = open_speculator(
-        config, verifier_path=verifier_path, drafter_path=drafter_path, drafter=mode  # type: ignore[arg-type]
+        config,
+        verifier_path=verifier_path,
+        drafter_path=drafter_path,
+        drafter=mode,  # type: ignore[arg-type]
     )
     try:
         v = spec.verifier
@@ -127,8 +128,7 @@ def generate(
             template = getattr(v, "chat_template", lambda: None)()
             text = render_chat(template, messages)
         corpus = tuple(
-            v.tokenize(f.read_text(encoding="utf-8", errors="replace"), special=False)
-            for f in context_files
+            v.tokenize(f.read_text(encoding="utf-8", errors="replace"), special=False) for f in context_files
         )
         request = Request(
             prompt=v.tokenize(text, special=True),
