@@ -8,6 +8,7 @@ holds the event loop; two requests for the same workspace share one indexing run
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +49,16 @@ class Workspace:
             store.close()
 
 
+def _lower_thread_priority() -> None:
+    """Make this worker thread (Linux: niceness is per thread) yield to generation; best effort."""
+    from openjarvis.index.indexer import WORKER_NICE
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICE)
+    except (OSError, AttributeError):
+        pass
+
+
 class Workspaces:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -78,18 +89,36 @@ class Workspaces:
 
         with ws.lock:
             ws.indexing = True
-            try:
 
-                def progress(p: Any) -> None:
-                    ws.progress = (p.done, p.total)
-                    if on_progress is not None:
-                        on_progress(p.done, p.total)
+            def progress(p: Any) -> None:
+                ws.progress = (p.done, p.total)
+                if on_progress is not None:
+                    on_progress(p.done, p.total)
 
+            def run() -> None:
+                # A thread of its own: niceness is per thread on Linux and cannot be raised back
+                # without privileges, so a shared worker thread must never be made nicer.
+                _lower_thread_priority()
                 with Store.open(db_path_for(ws.root)) as store:
                     ws.last_summary = index_workspace(store, ws.root, self.config.index, on_progress=progress)
+
+            failure: list[BaseException] = []
+
+            def guarded() -> None:
+                try:
+                    run()
+                except BaseException as exc:  # handed to the calling thread below
+                    failure.append(exc)
+
+            try:
+                worker = threading.Thread(target=guarded, name=f"index {ws.root.name}")
+                worker.start()
+                worker.join()
             finally:
                 ws.indexing = False
                 ws.progress = (0, 0)
+            if failure:
+                raise failure[0]
             self._watch(ws)
             return ws.last_summary
 
