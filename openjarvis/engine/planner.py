@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 from openjarvis.engine.base import CostModel
 
-#: Relative gain a draft must promise over plain decoding before it is used.
-MIN_GAIN = 0.03
+#: Relative gain a draft must promise over plain decoding before it is used: a margin for what
+#: the cost model misses (per-step overhead, cost growth at long positions).
+MIN_GAIN = 0.06
 #: Python bookkeeping per verification step, seconds (logits copy, argmax, stop checks).
 STEP_OVERHEAD_S = 0.0003
 #: Acceptance prior per drafter kind: (acceptance, pseudo-count).
