@@ -142,6 +142,7 @@ def stats_dict(stats: Any) -> dict[str, Any]:
         "ttft_s": round(stats.ttft, 4) if stats.ttft is not None else None,
         "total_s": round(stats.time_total, 4),
         "finish_reason": stats.finish_reason,
+        "mean_logprob": round(stats.mean_logprob, 4) if stats.mean_logprob is not None else None,
         "per_drafter": {k: {"drafted": v.drafted, "accepted": v.accepted} for k, v in stats.per_drafter.items()},
     }
 
@@ -165,6 +166,8 @@ def merged_stats(parts: Sequence[Any], *, pauses: int = 0) -> dict[str, Any]:
             ttft_s=round(first.ttft, 4) if first.ttft is not None else None,
             total_s=round(sum(p.time_total for p in parts), 4),
         )
+        count = sum(p.logprob_count for p in parts)
+        out["mean_logprob"] = round(sum(p.logprob_sum for p in parts) / count, 4) if count else None
     out["pauses"] = pauses
     return out
 

@@ -347,9 +347,13 @@ def _answer_routed(
         else:
             if answer.cancelled:
                 return _Routed(answer, "local", local_model, "local", False)
-            after = router.decide(
-                rreq, replace(signals, acceptance=answer.stats.get("acceptance"), answer_tokens=answer.stats["tokens"])
+            measured = replace(
+                signals,
+                mean_logprob=answer.stats.get("mean_logprob"),
+                acceptance=answer.stats.get("acceptance"),
+                answer_tokens=answer.stats["tokens"],
             )
+            after = router.decide(rreq, measured)
             if after.local or after.needs_confirmation:
                 return _Routed(answer, "local", local_model, after.reason if not after.local else "local", False)
             notify("chat/restart", {"reason": after.reason})

@@ -285,7 +285,8 @@ class Speculator:
             self.acceptance.decay()
 
             done = False
-            for tok in decided:
+            for j, tok in enumerate(decided):
+                stats.add_logprob(_logprob(rows[min(j, len(rows) - 1)], tok))
                 if tok in v.eos_token_ids:
                     finish, done = "stop", True
                     gen.stop_token = tok
@@ -366,6 +367,12 @@ class Speculator:
                 break
             n_acc += 1
         return decided, n_acc, base + 1 + n_acc
+
+
+def _logprob(row: np.ndarray, tok: int) -> float:
+    """Natural-log probability of ``tok`` under the verifier's raw logits (the router's confidence)."""
+    m = float(row.max())
+    return float(row[tok]) - (m + float(np.log(np.exp(row - m).sum())))
 
 
 def _sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:

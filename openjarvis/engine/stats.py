@@ -35,12 +35,24 @@ class Stats:
     #: Seconds from the request to the first emitted text (None until then).
     ttft: float | None = None
     finish_reason: str = ""
+    #: Sum and count of the emitted tokens' log-probabilities under the verifier.
+    logprob_sum: float = 0.0
+    logprob_count: int = 0
 
     def record(self, drafter: str, drafted: int, accepted: int) -> None:
         s = self.per_drafter.setdefault(drafter, DrafterStats())
         s.drafted += drafted
         s.accepted += accepted
         s.drafts += 1
+
+    def add_logprob(self, logprob: float) -> None:
+        self.logprob_sum += logprob
+        self.logprob_count += 1
+
+    @property
+    def mean_logprob(self) -> float | None:
+        """Mean natural-log probability of the emitted tokens under the verifier (None if none)."""
+        return self.logprob_sum / self.logprob_count if self.logprob_count else None
 
     def mark_first_token(self, seconds: float) -> None:
         if self.ttft is None:

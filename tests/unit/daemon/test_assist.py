@@ -34,6 +34,7 @@ def test_chat_streams_tokens_and_remembers_the_conversation(tiny_daemon: Path) -
         assert result["route"] == "local" and result["model"] == "tiny-v"
         assert "app/http.py" in {s["path"] for s in result["sources"]}
         assert result["stats"]["tokens"] >= 1 and result["stats"]["ttft_s"] is not None
+        assert result["stats"]["mean_logprob"] < 0  # the router's confidence signal
         # A second turn in the same conversation sees the first and reuses the cached prefix.
         again = c.call("chat", {"workspace": ws, "message": "And Router?", "conversation": result["conversation"]})
         assert again["conversation"] == result["conversation"]

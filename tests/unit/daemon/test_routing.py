@@ -131,3 +131,28 @@ def test_ask_mode_holds_a_departure_until_confirmed(tiny_setup: Path, capsys: py
         assert exc.value.data == {"needs_confirmation": True, "target": "fake"}
     finally:
         stop(paths.socket_path())
+
+
+def test_an_unsure_local_answer_is_replaced_by_the_target_in_auto_mode(tiny_setup: Path, cloud: FakeCloud) -> None:
+    configure(tiny_setup, cloud.url, "auto")
+    cfg = paths.user_config_file()
+    # Every answer of the random tiny verifier is "unsure" against this threshold.
+    cfg.write_text(cfg.read_text().replace('cloud = "auto"\n', 'cloud = "auto"\nlow_confidence_logprob = -0.001\n'))
+    cloud.script(stream("A surer ", "answer."))
+    ensure_running(paths.socket_path())
+    try:
+        events: list[tuple[str, dict[str, object]]] = []
+        with Client(autostart=False) as c:
+            result = c.call(
+                "chat",
+                {"workspace": str(tiny_setup), "message": "explain Router", "max_tokens": 20, "drafter": "none"},
+                on_notification=lambda m, p: events.append((m, p)),
+            )
+        methods = [m for m, _ in events]
+        restart = methods.index("chat/restart")
+        assert "chat/token" in methods[:restart] and "chat/token" in methods[restart + 1 :]  # local, then target
+        assert "local answer unsure (mean log-prob" in str(events[restart][1]["reason"])
+        after = "".join(str(p["text"]) for m, p in events[restart + 1 :] if m == "chat/token")
+        assert result["answer"] == after == "A surer answer." and result["route"] == "fake"
+    finally:
+        stop(paths.socket_path())
