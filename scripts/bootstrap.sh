@@ -31,7 +31,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
                "$venv/bin/python" -m pip install -q "torch==2.13.0" >&2 || true
              fi ;;
   esac
-  echo "==> installing openjarvis${extras:+[$extras]} (first time: builds llama-cpp-python, ~5 min)" >&2
+  echo "==> installing openjarvis${extras:+[$extras]} (on a new machine this builds llama-cpp-python: ~5 min)" >&2
   "$venv/bin/python" -m pip install -q -e "$spec" >&2
   echo "$want" > "$stamp"
 fi
