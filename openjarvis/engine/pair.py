@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from openjarvis.config import Config
 from openjarvis.engine import costs
@@ -47,17 +48,18 @@ def open_speculator(
     """Load the engines for one generation setup; the caller closes ``spec.verifier`` etc."""
     ec = config.engine
     load_drafter = drafter_path is not None and drafter in ("auto", "model")
-    if load_drafter and drafter == "auto" and drafter_path is not None:
+    # The cached costs are llama.cpp's; a GPU backend is measured once loaded, where verifying is cheap.
+    if load_drafter and drafter == "auto" and drafter_path is not None and ec.backend == "llama":
         pays = drafter_can_pay(
             cost_key_for(verifier_path, ec.threads, ec.flash_attn),
             cost_key_for(drafter_path, ec.threads, ec.flash_attn),
         )
         load_drafter = pays is not False
-    verifier = LlamaEngine.from_config(verifier_path, ec)
+    verifier = open_engine(verifier_path, config)
     model_drafter = None
     if load_drafter and drafter_path is not None:
         try:
-            model_drafter = ModelDrafter(LlamaEngine.from_config(drafter_path, ec), verifier=verifier)
+            model_drafter = ModelDrafter(open_engine(drafter_path, config), verifier=verifier)
         except BaseException:
             verifier.close()
             raise
@@ -68,10 +70,18 @@ def open_speculator(
     )
 
 
+def open_engine(path: Path, config: Config) -> Any:
+    """The engine ``engine.backend`` names: llama.cpp, or the torch backend (the ``gpu`` extra)."""
+    if config.engine.backend == "torch":
+        from openjarvis.engine.torch.engine import TorchEngine
+
+        return TorchEngine.from_config(path, config.engine)
+    return LlamaEngine.from_config(path, config.engine)
+
+
 def close_speculator(spec: Speculator) -> None:
-    if spec.model_drafter is not None:
-        engine = spec.model_drafter.engine
-        if isinstance(engine, LlamaEngine):
-            engine.close()
-    if isinstance(spec.verifier, LlamaEngine):
-        spec.verifier.close()
+    engines = [spec.verifier] + ([spec.model_drafter.engine] if spec.model_drafter is not None else [])
+    for engine in engines:
+        close = getattr(engine, "close", None)  # every engine we build has one
+        if close is not None:
+            close()

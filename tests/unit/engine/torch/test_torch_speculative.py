@@ -58,3 +58,21 @@ def test_torch_verifier_writes_what_llama_cpp_writes(
         theirs_tokens = theirs.run().tokens
     ours = Speculator(verifier).generate(Request(prompt, max_tokens=40, drafter="none")).run()
     assert ours.tokens == theirs_tokens
+
+
+def test_engine_backend_torch_opens_the_pair_on_the_torch_backend(
+    tiny_drafter_path: Path, tiny_verifier_path: Path
+) -> None:
+    from openjarvis.config import load_config
+    from openjarvis.engine.pair import close_speculator, open_speculator
+
+    config = load_config(overrides={"engine.backend": "torch", "engine.context": "256"})
+    spec = open_speculator(config, verifier_path=tiny_verifier_path, drafter_path=tiny_drafter_path, drafter="model")
+    try:
+        assert isinstance(spec.verifier, TorchEngine)
+        assert spec.model_drafter is not None and isinstance(spec.model_drafter.engine, TorchEngine)
+        prompt = spec.verifier.tokenize("def add(a, b):")
+        gen = spec.generate(Request(prompt=prompt, max_tokens=6, drafter="none")).run()
+        assert 1 <= len(gen.tokens) <= 6
+    finally:
+        close_speculator(spec)
