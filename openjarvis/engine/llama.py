@@ -21,7 +21,7 @@ import hashlib
 import os
 import platform
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -229,34 +229,14 @@ class LlamaEngine:
     def vocab_fingerprint(self) -> str:
         """sha256 over every token's text and attributes: equal means the ids mean the same text."""
         if self._fingerprint is None:
-            import llama_cpp
-
-            vocab = self._model.vocab
-            h = hashlib.sha256()
-            for t in range(self._n_vocab):
-                h.update(llama_cpp.llama_vocab_get_text(vocab, t) or b"")
-                h.update(b"\0%d\0" % llama_cpp.llama_vocab_get_attr(vocab, t))
-            h.update(repr(sorted(self._eos)).encode())
-            self._fingerprint = h.hexdigest()
+            self._fingerprint = vocab_fingerprint(self._model, self._n_vocab, self._eos)
         return self._fingerprint
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        add_bos = bool(self._model.add_bos_token())
-        return [int(t) for t in self._model.tokenize(data, add_bos, special)] if data else []
+        return tokenize(self._model, text, special)
 
     def detokenize(self, tokens: Sequence[int]) -> bytes:
-        import llama_cpp
-
-        vocab = self._model.vocab
-        out = bytearray()
-        buf = ctypes.create_string_buffer(256)
-        for t in tokens:
-            n = llama_cpp.llama_token_to_piece(vocab, llama_cpp.llama_token(int(t)), buf, 256, 0, True)
-            if n < 0:
-                raise EngineError(f"token {t} has a piece longer than 256 bytes")
-            out += buf.raw[:n]
-        return bytes(out)
+        return detokenize(self._model, tokens)
 
     def eval(self, tokens: Sequence[int], *, last_only: bool = False) -> Logits:
         """Append ``tokens`` and return logits ``[len(tokens), n_vocab]`` (``[1, n_vocab]`` if
@@ -348,3 +328,40 @@ class LlamaEngine:
 
     def describe(self) -> dict[str, Any]:
         return {"path": str(self.path), "threads": self.threads, "n_ctx": self._n_ctx}
+
+
+# -- vocabulary operations on a llama.cpp model, shared with the torch backend's tokenizer ----------
+
+
+def vocab_fingerprint(model: Any, n_vocab: int, eos: Iterable[int]) -> str:
+    """sha256 over every token's text and attributes and the end tokens of a loaded model."""
+    import llama_cpp
+
+    vocab = model.vocab
+    h = hashlib.sha256()
+    for t in range(n_vocab):
+        h.update(llama_cpp.llama_vocab_get_text(vocab, t) or b"")
+        h.update(b"\0%d\0" % llama_cpp.llama_vocab_get_attr(vocab, t))
+    h.update(repr(sorted(eos)).encode())
+    return h.hexdigest()
+
+
+def tokenize(model: Any, text: str, special: bool) -> list[int]:
+    data = text.encode("utf-8")
+    add_bos = bool(model.add_bos_token())
+    return [int(t) for t in model.tokenize(data, add_bos, special)] if data else []
+
+
+def detokenize(model: Any, tokens: Sequence[int]) -> bytes:
+    """Bytes, not str: a token can end inside a UTF-8 character."""
+    import llama_cpp
+
+    vocab = model.vocab
+    out = bytearray()
+    buf = ctypes.create_string_buffer(256)
+    for t in tokens:
+        n = llama_cpp.llama_token_to_piece(vocab, llama_cpp.llama_token(int(t)), buf, 256, 0, True)
+        if n < 0:
+            raise EngineError(f"token {t} has a piece longer than 256 bytes")
+        out += buf.raw[:n]
+    return bytes(out)

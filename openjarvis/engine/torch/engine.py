@@ -16,8 +16,6 @@ Example::
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import io
 import pickle
 from collections.abc import Sequence
@@ -28,6 +26,7 @@ import torch
 
 from openjarvis.config import EngineConfig
 from openjarvis.engine.base import CostModel, Logits
+from openjarvis.engine.llama import detokenize, tokenize, vocab_fingerprint
 from openjarvis.engine.torch.config import ModelArgs
 from openjarvis.engine.torch.generate import MAX_STEP, Kernels, Runner
 from openjarvis.engine.torch.model import Transformer
@@ -63,34 +62,14 @@ class Vocab:
     def fingerprint(self) -> str:
         """sha256 over every token's text and attributes, as ``LlamaEngine`` computes it."""
         if self._fingerprint is None:
-            import llama_cpp
-
-            vocab = self._model.vocab
-            h = hashlib.sha256()
-            for t in range(self.n_vocab):
-                h.update(llama_cpp.llama_vocab_get_text(vocab, t) or b"")
-                h.update(b"\0%d\0" % llama_cpp.llama_vocab_get_attr(vocab, t))
-            h.update(repr(sorted(self.eos)).encode())
-            self._fingerprint = h.hexdigest()
+            self._fingerprint = vocab_fingerprint(self._model, self.n_vocab, self.eos)
         return self._fingerprint
 
     def tokenize(self, text: str, special: bool) -> list[int]:
-        data = text.encode("utf-8")
-        add_bos = bool(self._model.add_bos_token())
-        return [int(t) for t in self._model.tokenize(data, add_bos, special)] if data else []
+        return tokenize(self._model, text, special)
 
     def detokenize(self, tokens: Sequence[int]) -> bytes:
-        import llama_cpp
-
-        vocab = self._model.vocab
-        out = bytearray()
-        buf = ctypes.create_string_buffer(256)
-        for t in tokens:
-            n = llama_cpp.llama_token_to_piece(vocab, llama_cpp.llama_token(int(t)), buf, 256, 0, True)
-            if n < 0:
-                raise EngineError(f"token {t} has a piece longer than 256 bytes")
-            out += buf.raw[:n]
-        return bytes(out)
+        return detokenize(self._model, tokens)
 
     def close(self) -> None:
         self._model.close()  # type: ignore[no-untyped-call]
