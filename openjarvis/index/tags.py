@@ -163,13 +163,18 @@ def search_words(text: str) -> str:
 # --- tree-sitter -------------------------------------------------------------------------------
 
 
+#: Grammars whose node names are the same as another's, so they share its query file.
+QUERY_SHARED_WITH = {"tsx": "typescript"}
+
+
 @cache
 def _parser_and_query(language: str) -> tuple[Any, Any]:
     import tree_sitter
     import tree_sitter_language_pack as pack
 
     lang = pack.get_language(language)  # type: ignore[arg-type]
-    source = resources.files("openjarvis.index").joinpath("queries", f"{language}.scm").read_text()
+    query_file = QUERY_SHARED_WITH.get(language, language)
+    source = resources.files("openjarvis.index").joinpath("queries", f"{query_file}.scm").read_text()
     return tree_sitter.Parser(lang), tree_sitter.Query(lang, source)
 
 
