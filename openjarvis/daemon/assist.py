@@ -250,7 +250,7 @@ async def chat(params: ChatParams, call: Call) -> ChatResult:
                 temperature=params.temperature if params.temperature is not None else config.generation.temperature,
                 drafter=params.drafter or config.generation.drafter,
             )
-            routed = _answer_routed(st["assistant"], req, ws.root, params, cancelled, notify)
+            routed = _answer_routed(st["assistant"], req, ws.root, config, params, cancelled, notify)
             answer = routed.answer
             sources = [SourceRef(s.path, s.symbol, s.start_line, s.end_line, round(s.score, 4)) for s in answer.sources]
             if not answer.cancelled:  # a cancelled turn is not part of the conversation
@@ -295,6 +295,7 @@ def _answer_routed(
     assistant: Any,
     req: Any,
     root: Path,
+    config: Any,
     params: ChatParams,
     cancelled: Callable[[], bool],
     notify: Callable[[str, dict[str, Any]], None],
@@ -313,7 +314,7 @@ def _answer_routed(
     from openjarvis.router.service import Router
 
     try:
-        router = Router.for_workspace(root)
+        router = Router.for_workspace(root, config)  # the repository's settings, read once per request
     except JarvisError as exc:
         raise ProtocolError(ErrorCode.POLICY_REFUSED, str(exc)) from exc
     prepared = assistant.prepare(req, IndexRetriever(root))
