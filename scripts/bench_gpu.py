@@ -526,6 +526,103 @@ def pdl_check() -> int:
     return 0 if max(errs) < 2e-2 and all(stable) else 3
 
 
+def barrier_check(n: int = 2000) -> dict[str, Any]:
+    """The single-launch step's grid barrier alone: ``n`` barriers in one launch of one
+    program per SM; microseconds per barrier, and the counter must end at n x programs."""
+    import triton
+    import triton.language as tl
+
+    from openjarvis.engine.torch.megakernel import _sync
+
+    @triton.jit
+    def spin(bar_ptr, out_ptr, n, NPROG: tl.constexpr):
+        for i in range(n):
+            _sync(bar_ptr, i + 1, NPROG)
+        tl.store(out_ptr + tl.program_id(0), tl.atomic_add(bar_ptr, 0))
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    bar = torch.zeros(1, dtype=torch.int32, device="cuda")
+    out = torch.zeros(sms, dtype=torch.int32, device="cuda")
+    res: dict[str, Any] = {"programs": sms}
+    for warps in (4, 8):
+        def run(warps: int = warps) -> None:
+            bar.zero_()
+            spin[(sms,)](bar, out, n, NPROG=sms, num_warps=warps)
+        run()
+        sync()
+        ok = bool((out == n * sms).all())
+        ms = time_ms(run, iters=5, reps=5)
+        res[f"warps{warps}"] = {"us_per_barrier": 1e3 * ms / n, "counter_ok": ok}
+    log("barrier:", res)
+    return res
+
+
+def mega_explore(name: str, positions: list[int]) -> dict[str, Any]:
+    """The single-launch step against the per-kernel step, in the same process: correctness
+    against a float32 reference (0.5B only), then ms per token for a few configurations."""
+    from dataclasses import replace
+
+    from openjarvis.engine.torch.megakernel import MegaConfig
+
+    a = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}[name]
+    dev = "cuda"
+    res: dict[str, Any] = {}
+    bw = copy_bandwidth()
+    res["bw"] = bw
+    n_ctx = max(positions) + 64
+    w = random_weights(a, torch.bfloat16, dev, seed=0)
+    model = Transformer(a, w, n_pos=n_ctx + 64)
+    wbytes = w.nbytes()
+    base = Runner(model, n_ctx, kernels="triton", graphs=True)
+    if not PDL_OK:
+        base.pdl_by_t = {}
+    base_cfg = MegaConfig()
+    cfgs = {
+        "mega": base_cfg,
+        "mega_pf0": replace(base_cfg, prefetch=0),
+        "mega_pf256": replace(base_cfg, prefetch=256),
+        "mega_w4": replace(base_cfg, num_warps=4),
+        "mega_k1024": replace(base_cfg, block_k=1024, bn_gu=8, bn_down=2),
+    }
+    runners: dict[str, Runner] = {}
+    for cname, cfg in cfgs.items():
+        r = Runner(model, n_ctx, kernels="triton", graphs=True)
+        r.use_megakernel(cfg, max_t=32 if cname == "mega" else 1)
+        runners[cname] = r
+    if name == "0.5B":  # correctness of the single launch on real shapes
+        w32 = cast(w, torch.float32)
+        seq = torch.randint(0, a.n_vocab, (80,), generator=torch.Generator().manual_seed(1)).tolist()
+        ref = Runner(Transformer(a, w32, n_pos=256), 128, kernels="torch", graphs=False).logits(seq, 0)
+        for rname, r in (("per_kernel", base), ("mega", runners["mega"])):
+            rows = [r.logits(seq[:32], 0).clone(), r.logits(seq[32:64], 32).clone()]
+            rows += [r.logits(seq[i : i + 1], i).clone() for i in range(64, 72)]
+            rows.append(r.logits(seq[72:80], 72).clone())
+            out = torch.cat(rows)
+            err = float((out.double() - ref.double()).norm() / ref.double().norm())
+            top1 = float((out.argmax(-1) == ref.argmax(-1)).float().mean())
+            reps = [r.logits(seq[79:80], 79).clone() for _ in range(20)]
+            stable = all(bool((x == reps[0]).all()) for x in reps)
+            res[f"correct_{rname}"] = {"rel_err": err, "top1": top1, "replays_identical": stable}
+            log(name, rname, res[f"correct_{rname}"])
+    for pos in positions:
+        floor_ms = (wbytes + a.kv_bytes(pos + 1)) / bw * 1e3
+        row: dict[str, Any] = {"floor_ms": floor_ms}
+        for t in (1, 9):
+            for rname, r in [("per_kernel", base), *runners.items()]:
+                if t > 1 and rname not in ("per_kernel", "mega"):
+                    continue
+                if left() < 30:
+                    break
+                try:
+                    row[f"{rname}_t{t}"] = ours_step_ms(r, t, pos)
+                except Exception:
+                    log(rname, t, "failed:", traceback.format_exc(limit=3))
+        res[f"pos{pos}"] = row
+        log(name, pos, {k: (round(v, 4), f"{100 * floor_ms / v:.0f}%") if k.endswith("_t1") else round(v, 4)
+                        for k, v in row.items()})
+    return res
+
+
 def measure_acceptance(models: Path, n_gen: int = 160) -> dict[str, Any]:
     """Greedy acceptance of the real pair on the CPU (llama.cpp): the verifier (1.5B) writes
     ``n_gen`` tokens after each prompt (cuts of this repository's code); the drafter (0.5B),
@@ -586,7 +683,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hf-worker", choices=["1.5B", "0.5B"], help=argparse.SUPPRESS)
     ap.add_argument("--positions", default="512,4096", help=argparse.SUPPRESS)
     ap.add_argument("--pdl-check", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mega", choices=["1.5B", "0.5B"],
+                    help="only: the single-launch step against the per-kernel step")
+    ap.add_argument("--barrier", action="store_true", help="only: the grid barrier's cost")
     args = ap.parse_args(argv)
+    if args.barrier:
+        print(json.dumps(barrier_check()))
+        return 0
+    if args.mega:
+        args.out.mkdir(parents=True, exist_ok=True)
+        r = mega_explore(args.mega, [int(x) for x in args.positions.split(",")])
+        (args.out / f"mega_{args.mega}.json").write_text(json.dumps(r, indent=1))
+        return 0
     if args.pdl_check:
         return pdl_check()
     if args.hf_worker:

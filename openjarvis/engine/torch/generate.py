@@ -21,6 +21,7 @@ from typing import Literal
 import torch
 
 from openjarvis.engine.torch.cache import SLACK, KVCache
+from openjarvis.engine.torch.megakernel import MegaConfig, Scratch
 from openjarvis.engine.torch.model import Transformer
 
 Kernels = Literal["triton", "torch"]
@@ -48,6 +49,8 @@ class Workspace:
     logits: torch.Tensor  # [T, V] float32
     graph: torch.cuda.CUDAGraph | None = None
     run: Callable[[], torch.Tensor] | None = field(default=None)
+    #: The single-launch step's buffers (``megakernel.py``), when that path runs this T.
+    mega: Scratch | None = None
 
     @property
     def start(self) -> torch.Tensor:
@@ -95,6 +98,11 @@ class Runner:
         #: tile before waiting. ``pdl`` is the mode for any T not in ``pdl_by_t``.
         self.pdl = 0
         self.pdl_by_t: dict[int, int] = {}
+        #: The single-launch step (``megakernel.py``) and the largest T it runs; larger T use
+        #: the per-kernel step. ``None``: not used. Set with ``use_megakernel``.
+        self.mega: MegaConfig | None = None
+        self.mega_max_t = 0
+        self._stacked: object | None = None
         if self.kernels == "triton" and on_cuda:
             from openjarvis.engine.torch.kernels import pdl_supported
             from openjarvis.engine.torch.tuning import ATTENTION, tuned_configs
@@ -105,6 +113,20 @@ class Runner:
             self.nsplit, self.attn_block_s = ATTENTION.get(
                 (self.args.n_embd, self.args.n_ff), (nsplit, self.attn_block_s)
             )
+
+    def use_megakernel(self, cfg: MegaConfig | None = None, max_t: int = 1) -> None:
+        """Run steps of up to ``max_t`` tokens as one persistent launch (Triton kernels only).
+
+        Stacks each kind of layer matrix into one tensor (the layers become views of it), and
+        drops workspaces already built so that the next call of each T builds the new path."""
+        from openjarvis.engine.torch.megakernel import stack_layers
+
+        if self.kernels != "triton":
+            raise ValueError("the single-launch step needs the Triton kernels")
+        self._stacked = stack_layers(self.model.weights)
+        self.mega = cfg or MegaConfig()
+        self.mega_max_t = max_t
+        self._steps.clear()
 
     @property
     def n_ctx(self) -> int:
@@ -184,7 +206,13 @@ class Runner:
             act=torch.empty(t, a.n_ff, dtype=dt, device=dev),
             logits=torch.empty(t, a.n_vocab, dtype=f32, device=dev),
         )
-        if self.kernels == "triton":
+        if self.mega is not None and t <= self.mega_max_t:
+            from openjarvis.engine.torch.megakernel import scratch
+
+            ws.mega = scratch(a, t, self.mega.for_t(t).nsplit, dev)
+            ws.logits = ws.mega.logits
+            ws.run = lambda: self._mega_forward(ws)
+        elif self.kernels == "triton":
             ws.run = lambda: self._triton_forward(ws)
         else:
             ws.run = lambda: self._torch_forward(ws)
@@ -216,6 +244,15 @@ class Runner:
         out = self.model.forward(ws.tokens, pos, self.cache)
         ws.logits.copy_(out)
         return ws.logits
+
+    def _mega_forward(self, ws: Workspace) -> torch.Tensor:
+        from openjarvis.engine.torch import megakernel
+
+        assert ws.mega is not None and self.mega is not None
+        stacked = self._stacked
+        assert isinstance(stacked, megakernel.Stacked)
+        return megakernel.step(self.args, self.model.weights, stacked, self.model.rope,
+                               self.cache.k, self.cache.v, ws.inputs, ws.mega, self.mega)
 
     def _triton_forward(self, ws: Workspace) -> torch.Tensor:
         from openjarvis.engine.torch import kernels as K

@@ -151,6 +151,31 @@ def test_triton_runner_matches_the_reference_path(fuse: bool) -> None:
     assert rel(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize("max_t", [1, 32])
+def test_single_launch_step_matches_the_reference_path(max_t: int) -> None:
+    """The persistent kernel (one program here: every grid barrier passes at once) computes
+    what the reference forward does, for one-token steps and (max_t 32) verify-sized steps."""
+    from openjarvis.engine.torch.megakernel import MegaConfig
+
+    w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
+    model = Transformer(ARGS, w, n_pos=128)
+    ref_cache = KVCache(ARGS, 64, torch.float32, "cpu")
+    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (12,), generator=torch.Generator().manual_seed(0))]
+    ref = model.forward(torch.tensor(seq), torch.arange(12), ref_cache)
+    fast = Runner(model, 64, kernels="triton")
+    fast.use_megakernel(MegaConfig(block_k=64, nsplit=4, block_s=16), max_t=max_t)
+    assert w.layers[1].wqkv.data_ptr() != w.layers[0].wqkv.data_ptr()  # views of one stack
+    assert w.layers[1].wqkv._base is w.layers[0].wqkv._base
+    rows = [fast.logits(seq[:5], 0).clone()]
+    rows += [fast.logits(seq[i : i + 1], i).clone() for i in (5, 6)]
+    fast.logits([7, 8, 9], 7)  # a rejected draft, rolled back by position
+    rows.append(fast.logits(seq[7:], 7))
+    out = torch.cat(rows)
+    assert not out.isnan().any()
+    assert rel(out, ref) < 1e-5
+    assert (fast._steps[1].mega is not None) and ((fast._steps[5].mega is not None) == (max_t > 1))
+
+
 def test_a_prompt_longer_than_one_step_runs_in_chunks() -> None:
     w = random_weights(ARGS, torch.float32, "cpu", seed=4, scale=0.1)
     model = Transformer(ARGS, w, n_pos=128)

@@ -1,0 +1,486 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+"""The whole forward step in one persistent launch: every layer, chained by grid barriers.
+
+Why: at batch size one the separate kernels of ``kernels.py`` stream the big matrices at 70-99 %
+of copy bandwidth, yet the step reaches only about half the bandwidth floor, because each of its
+170 launches pays 2.5-3 µs of fixed cost (launch, ramp-up, the dependent DRAM round trips of a
+short kernel). Here one program per SM runs the step's phases in order:
+
+    embed | per layer: qkv+RoPE+KV write | attention splits | combine | o-proj + residual
+          | RMSNorm + gate/up + SiLU·up | down-proj + residual | final norm + output projection
+
+separated by a grid-wide barrier (an atomic counter; every program is resident, the grid is at
+most one program per SM, so spinning cannot deadlock). Before it waits at a barrier a program
+asks L2 for the first weights of its share of the next phase, so DRAM keeps streaming through
+the barrier instead of idling for a launch.
+
+Work inside a phase is split into items (row blocks of a matrix, (kv head, split) pairs of the
+attention) dealt round-robin to the programs; each item is computed by one program start to
+finish, so results do not depend on the grid size (no atomics in the arithmetic: greedy decoding
+is reproducible run to run).
+
+The same kernel serves T = 1 (GEMV reductions) and T up to 32 (``tl.dot`` tiles; a verify step
+reads every weight once for all T tokens). On the CPU, under ``TRITON_INTERPRET=1``, it runs
+with a grid of one program, where every barrier passes at once: the tests check the arithmetic
+against the reference forward that way; the barriers themselves are exercised on the GPU by
+scripts/bench_gpu.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from openjarvis.engine.torch.kernels import _tile_dot, block_t
+from openjarvis.engine.torch.weights import Weights
+
+# GEMV modes (as kernels.py)
+STORE, ADD, SWIGLU = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class MegaConfig:
+    """Rows per item of each matrix phase, the K tile, attention splits, and the launch shape.
+
+    ``prefetch`` is how many 128-byte lines of its next phase's weights a program asks L2 for
+    before it waits at a barrier (0: none; the CPU interpreter cannot run the PTX)."""
+
+    bn_qkv: int = 4  # NeoX pairs per qkv item (2 * bn_qkv rows)
+    bn_o: int = 4
+    bn_gu: int = 4
+    bn_down: int = 4
+    bn_out: int = 16
+    block_k: int = 512
+    nsplit: int = 32
+    block_s: int = 64
+    num_warps: int = 8
+    programs: int = 0  # 0: one per SM (the GPU), 1 on the CPU
+    prefetch: int = 64
+
+    def for_t(self, t: int) -> MegaConfig:
+        """A verify step (T > 1) multiplies with ``tl.dot``, whose tiles need 16 rows."""
+        if t == 1:
+            return self
+        return MegaConfig(16, 16, 16, 16, 64, min(self.block_k, 128), self.nsplit, self.block_s,
+                          self.num_warps, self.programs, self.prefetch)
+
+
+@dataclass(slots=True)
+class Stacked:
+    """Every layer's matrix of one kind in one tensor ``[L, ...]``, so the kernel reaches layer
+    ``i`` by pointer arithmetic. The per-layer tensors of ``Weights`` become views into these
+    (no second copy of the weights)."""
+
+    attn_norm: torch.Tensor  # [L, D]
+    wqkv: torch.Tensor  # [L, QKV, D]
+    bqkv: torch.Tensor  # [L, QKV]
+    wo: torch.Tensor  # [L, D, QD]
+    ffn_norm: torch.Tensor  # [L, D]
+    w13: torch.Tensor  # [L, 2F, D]
+    w2: torch.Tensor  # [L, D, F]
+
+
+def stack_layers(w: Weights) -> Stacked:
+    """Stack each kind of layer tensor once (idempotent: already-stacked weights are reused)."""
+    names = ("attn_norm", "wqkv", "bqkv", "wo", "ffn_norm", "w13", "w2")
+    out: dict[str, torch.Tensor] = {}
+    for name in names:
+        parts = [getattr(lw, name) for lw in w.layers]
+        base = parts[0]._base if parts[0]._base is not None else None
+        n = len(parts)
+        if (base is not None and base.dim() == parts[0].dim() + 1 and base.shape[0] == n
+                and all(p.data_ptr() == base[i].data_ptr() for i, p in enumerate(parts))):
+            out[name] = base
+            continue
+        big = torch.stack(parts)
+        for i, lw in enumerate(w.layers):
+            setattr(lw, name, big[i])  # the old per-layer tensor is freed with its last user
+        out[name] = big
+    return Stacked(**out)
+
+
+# --- device helpers --------------------------------------------------------------------------
+
+
+@triton.jit
+def _sync(bar_ptr, n, NPROG: tl.constexpr):
+    """Grid barrier number ``n`` (1, 2, ...) of this launch: the counter starts at 0 each step
+    and every program adds 1 per barrier, so barrier n is passed when it reaches n * NPROG.
+    Release on arrival publishes this program's stores; acquire while spinning makes every
+    other program's stores visible to the loads after it."""
+    tl.debug_barrier()
+    tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+    target = n * NPROG
+    seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+    while seen < target:
+        seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _prefetch(base, n_elems, LINES: tl.constexpr):
+    """Ask L2 for the first ``LINES`` 128-byte lines of ``n_elems`` bf16/f16 weights at
+    ``base`` (no registers wait on them: the loads after the barrier find them in L2)."""
+    if LINES > 0:
+        offs = tl.arange(0, LINES) * 64
+        ptrs = tl.where(offs < n_elems, base + offs, base)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _inv_rms(x_ptr, stride_x, T, K, eps, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / RMS of each of the T rows of x [T, K] (float32)."""
+    rt = tl.arange(0, BLOCK_T)
+    tmask = rt < T
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                    mask=tmask[:, None] & (rk < K)[None, :], other=0.0).to(tl.float32)
+        ss += tl.sum(x * x, axis=1)
+    return tl.rsqrt(ss / K + eps)
+
+
+@triton.jit
+def _rows(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, inv, row0, T, N, K,
+          MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
+          BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[:, row0:row0+BN] (=, +=, SwiGLU) (x · g · inv) @ W[rows]^T (+ b); W [N or 2N, K]."""
+    rn = row0 + tl.arange(0, BLOCK_N)
+    rt = tl.arange(0, BLOCK_T)
+    nmask = rn < N
+    tmask = rt < T
+    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        wmask = nmask[:, None] & kmask[None, :]
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0)
+        if MODE == 2:
+            w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
+        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        if NORM:
+            x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+        acc = _tile_dot(x, w, acc, BLOCK_T)
+        if MODE == 2:
+            acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
+    if NORM:
+        acc = acc * inv[:, None]
+        acc2 = acc2 * inv[:, None]
+    if BIAS:
+        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    omask = tmask[:, None] & nmask[None, :]
+    optr = out_ptr + rt[:, None] * stride_out + rn[None, :]
+    if MODE == 1:
+        acc += tl.load(optr, mask=omask, other=0.0)
+    if MODE == 2:
+        acc = acc * tl.sigmoid(acc) * acc2
+    tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def _gemv_phase(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, T, N, K, eps, pid,
+                MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
+                BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                NPROG: tl.constexpr):
+    inv = tl.zeros([BLOCK_T], dtype=tl.float32)
+    if NORM:
+        inv = _inv_rms(x_ptr, stride_x, T, K, eps, BLOCK_T, BLOCK_K)
+    for blk in range(pid, tl.cdiv(N, BLOCK_N), NPROG):
+        _rows(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, inv, blk * BLOCK_N, T,
+              N, K, MODE, NORM, BIAS, BLOCK_T, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _prefetch_rows(w_ptr, N, K, pid, MODE: tl.constexpr, BLOCK_N: tl.constexpr,
+                   LINES: tl.constexpr):
+    """L2 prefetch of this program's first row block of W (both halves for SwiGLU)."""
+    if pid * BLOCK_N < N:
+        _prefetch(w_ptr + pid * BLOCK_N * K, BLOCK_N * K, LINES)
+        if MODE == 2:
+            _prefetch(w_ptr + (N + pid * BLOCK_N) * K, BLOCK_N * K, LINES)
+
+
+@triton.jit
+def _prefetch_qkv(w_ptr, D, pid, N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
+                  BLOCK_P: tl.constexpr, LINES: tl.constexpr):
+    """L2 prefetch of this program's first qkv item: rows j.. and j + HD/2.. of one head."""
+    HALF: tl.constexpr = HD // 2
+    PER_HEAD: tl.constexpr = HALF // BLOCK_P
+    if pid < (N_HEAD + 2 * N_KV) * PER_HEAD:
+        row = (pid // PER_HEAD) * HD + (pid % PER_HEAD) * BLOCK_P
+        _prefetch(w_ptr + row * D, BLOCK_P * D, LINES)
+        _prefetch(w_ptr + (row + HALF) * D, BLOCK_P * D, LINES)
+
+
+@triton.jit
+def _qkv_phase(h_ptr, D, w_ptr, g_ptr, b_ptr, rope_ptr, start, q_ptr, kc_ptr, vc_ptr,
+               stride_ch, stride_cs, T, eps, pid,
+               N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
+               BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+               NPROG: tl.constexpr):
+    """Item = BLOCK_P NeoX pairs (rows j, j + HD/2) of one head of q, k or v: RMSNorm(h) @ W^T
+    + b, RoPE on q and k, q to scratch, k and v into the cache at their positions."""
+    HALF: tl.constexpr = HD // 2
+    PER_HEAD: tl.constexpr = HALF // BLOCK_P
+    inv = _inv_rms(h_ptr, D, T, D, eps, BLOCK_T, BLOCK_K)
+    rt = tl.arange(0, BLOCK_T)
+    tmask = rt < T
+    pos = start + rt
+    for item in range(pid, (N_HEAD + 2 * N_KV) * PER_HEAD, NPROG):
+        head = item // PER_HEAD
+        j = (item % PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)
+        r1 = head * HD + j
+        r2 = r1 + HALF
+        acc1 = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
+        for k0 in range(0, D, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            kmask = rk < D
+            w1 = tl.load(w_ptr + r1[:, None] * D + rk[None, :], mask=kmask[None, :], other=0.0)
+            w2 = tl.load(w_ptr + r2[:, None] * D + rk[None, :], mask=kmask[None, :], other=0.0)
+            x = tl.load(h_ptr + rt[:, None] * D + rk[None, :],
+                        mask=tmask[:, None] & kmask[None, :], other=0.0)
+            x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+            acc1 = _tile_dot(x, w1, acc1, BLOCK_T)
+            acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
+        acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
+        acc2 = acc2 * inv[:, None] + tl.load(b_ptr + r2).to(tl.float32)[None, :]
+        cs = rope_ptr + pos[:, None] * HD + 2 * j[None, :]  # table [n_pos, HD/2, (cos, sin)]
+        cos = tl.load(cs, mask=tmask[:, None], other=1.0)
+        sin = tl.load(cs + 1, mask=tmask[:, None], other=0.0)
+        is_rope = head < N_HEAD + N_KV
+        o1 = tl.where(is_rope, acc1 * cos - acc2 * sin, acc1)
+        o2 = tl.where(is_rope, acc2 * cos + acc1 * sin, acc2)
+        m = tmask[:, None]
+        if head < N_HEAD:
+            qp = q_ptr + rt[:, None] * (N_HEAD * HD) + head * HD + j[None, :]  # q [T, H, HD]
+            tl.store(qp, o1, mask=m)
+            tl.store(qp + HALF, o2, mask=m)
+        elif head < N_HEAD + N_KV:
+            kp = kc_ptr + (head - N_HEAD) * stride_ch + pos[:, None] * stride_cs + j[None, :]
+            tl.store(kp, o1.to(kc_ptr.dtype.element_ty), mask=m)
+            tl.store(kp + HALF, o2.to(kc_ptr.dtype.element_ty), mask=m)
+        else:
+            vp = vc_ptr + (head - N_HEAD - N_KV) * stride_ch + pos[:, None] * stride_cs + j[None, :]
+            tl.store(vp, o1.to(vc_ptr.dtype.element_ty), mask=m)
+            tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _attn_phase(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, stride_ch, stride_cs, scale, pid,
+                N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
+                NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+                NPROG: tl.constexpr):
+    """Item = (kv head, split of the sequence): flash-decoding partials for the group's query
+    heads and all T tokens (rows r = t * G + g), K/V read once per group."""
+    G: tl.constexpr = N_HEAD // N_KV
+    r = tl.arange(0, BLOCK_R)
+    t = r // G
+    rmask = t < T
+    d = tl.arange(0, HD)
+    total = start + T
+    chunk = tl.cdiv(tl.cdiv(total, NSPLIT), BLOCK_S) * BLOCK_S
+    qpos = start + t
+    for item in range(pid, N_KV * NSPLIT, NPROG):
+        kvh = item // NSPLIT
+        sp = item % NSPLIT
+        head = kvh * G + r % G
+        q = tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
+                    mask=rmask[:, None], other=0.0) * scale  # [R, HD] float32
+        s_lo = sp * chunk
+        s_hi = tl.minimum(s_lo + chunk, total)
+        m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+        den = tl.zeros([BLOCK_R], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
+        kbase = kc_ptr + kvh * stride_ch
+        vbase = vc_ptr + kvh * stride_ch
+        for s0 in range(s_lo, s_hi, BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)
+            smask = s < s_hi
+            kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None],
+                         other=0.0)
+            sc = tl.dot(q.to(kt.dtype), tl.trans(kt))  # [R, S]
+            valid = smask[None, :] & (s[None, :] <= qpos[:, None])
+            sc = tl.where(valid, sc, float("-inf"))
+            m_new = tl.maximum(m, tl.max(sc, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(sc - m_safe[:, None])
+            alpha = tl.exp(m - m_safe)
+            den = den * alpha + tl.sum(p, 1)
+            vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None],
+                         other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+            m = m_new
+        idx = (sp * T + t) * N_HEAD + head  # partials [NSPLIT, T, H, ...]
+        tl.store(o_ptr + idx[:, None] * HD + d[None, :], acc, mask=rmask[:, None])
+        tl.store(ml_ptr + idx * 2, m, mask=rmask)
+        tl.store(ml_ptr + idx * 2 + 1, den, mask=rmask)
+
+
+@triton.jit
+def _combine_phase(o_ptr, ml_ptr, out_ptr, T, pid,
+                   N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
+                   NPROG: tl.constexpr):
+    """Item = (token, head): merge the splits' (max, sum, partial output)."""
+    sp = tl.arange(0, NSPLIT)
+    d = tl.arange(0, HD)
+    for item in range(pid, T * N_HEAD, NPROG):
+        idx = sp * T * N_HEAD + item
+        m = tl.load(ml_ptr + idx * 2)
+        den = tl.load(ml_ptr + idx * 2 + 1)
+        wgt = tl.exp(m - tl.max(m, 0))  # empty splits carry m = -inf -> weight 0
+        o = tl.load(o_ptr + idx[:, None] * HD + d[None, :])  # [NSPLIT, HD]
+        res = tl.sum(o * wgt[:, None], 0) / tl.sum(wgt * den, 0)
+        tl.store(out_ptr + item * HD + d, res)
+
+
+@triton.jit
+def _step_kernel(
+    inp_ptr, emb_ptr, n1_ptr, wqkv_ptr, bqkv_ptr, wo_ptr, n2_ptr, w13_ptr, w2_ptr, nf_ptr,
+    wout_ptr, rope_ptr, kc_ptr, vc_ptr,
+    h_ptr, q_ptr, op_ptr, ml_ptr, attn_ptr, act_ptr, logits_ptr, bar_ptr,
+    T, n_layer, V, stride_cl, stride_ch, stride_cs, eps, scale,
+    D: tl.constexpr, F: tl.constexpr, N_HEAD: tl.constexpr, N_KV: tl.constexpr,
+    HD: tl.constexpr, BLOCK_T: tl.constexpr,
+    BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr,
+    BN_OUT: tl.constexpr, BLOCK_K: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_R: tl.constexpr, NPROG: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    QD: tl.constexpr = N_HEAD * HD
+    QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
+    pid = tl.program_id(0)
+    start = tl.load(inp_ptr)
+    nb = 0
+    # embed: h [T, D] float32 = rows of the embedding table
+    for item in range(pid, T * tl.cdiv(D, BLOCK_K), NPROG):
+        t = item // tl.cdiv(D, BLOCK_K)
+        d = (item % tl.cdiv(D, BLOCK_K)) * BLOCK_K + tl.arange(0, BLOCK_K)
+        tok = tl.load(inp_ptr + 1 + t)
+        row = tl.load(emb_ptr + tok * D + d, mask=d < D, other=0.0)
+        tl.store(h_ptr + t * D + d, row.to(tl.float32), mask=d < D)
+    _prefetch_qkv(wqkv_ptr, D, pid, N_HEAD, N_KV, HD, BN_QKV, PREFETCH)
+    nb += 1
+    _sync(bar_ptr, nb, NPROG)
+    for layer32 in range(n_layer):
+        layer = tl.cast(layer32, tl.int64)  # offsets into [L, ...] tensors pass 2**31 on big models
+        kc = kc_ptr + layer * stride_cl
+        vc = vc_ptr + layer * stride_cl
+        wqkv = wqkv_ptr + layer * QKV * D
+        wo = wo_ptr + layer * D * QD
+        w13 = w13_ptr + layer * 2 * F * D
+        w2 = w2_ptr + layer * D * F
+        _qkv_phase(h_ptr, D, wqkv, n1_ptr + layer * D, bqkv_ptr + layer * QKV, rope_ptr, start,
+                   q_ptr, kc, vc, stride_ch, stride_cs, T, eps, pid,
+                   N_HEAD, N_KV, HD, BLOCK_T, BN_QKV, BLOCK_K, NPROG)
+        nb += 1
+        _sync(bar_ptr, nb, NPROG)
+        _attn_phase(q_ptr, kc, vc, start, op_ptr, ml_ptr, T, stride_ch, stride_cs, scale, pid,
+                    N_HEAD, N_KV, HD, NSPLIT, BLOCK_R, BLOCK_S, NPROG)
+        _prefetch_rows(wo, D, QD, pid, 0, BN_O, PREFETCH)
+        nb += 1
+        _sync(bar_ptr, nb, NPROG)
+        _combine_phase(op_ptr, ml_ptr, attn_ptr, T, pid, N_HEAD, HD, NSPLIT, NPROG)
+        nb += 1
+        _sync(bar_ptr, nb, NPROG)
+        _gemv_phase(attn_ptr, QD, wo, wo, wo, h_ptr, D, T, D, QD, eps, pid,
+                    1, False, False, BLOCK_T, BN_O, BLOCK_K, NPROG)
+        _prefetch_rows(w13, F, D, pid, 2, BN_GU, PREFETCH)
+        nb += 1
+        _sync(bar_ptr, nb, NPROG)
+        _gemv_phase(h_ptr, D, w13, n2_ptr + layer * D, w13, act_ptr, F, T, F, D, eps, pid,
+                    2, True, False, BLOCK_T, BN_GU, BLOCK_K, NPROG)
+        _prefetch_rows(w2, D, F, pid, 0, BN_DOWN, PREFETCH)
+        nb += 1
+        _sync(bar_ptr, nb, NPROG)
+        _gemv_phase(act_ptr, F, w2, w2, w2, h_ptr, D, T, D, F, eps, pid,
+                    1, False, False, BLOCK_T, BN_DOWN, BLOCK_K, NPROG)
+        if layer32 + 1 < n_layer:
+            _prefetch_qkv(wqkv + QKV * D, D, pid, N_HEAD, N_KV, HD, BN_QKV, PREFETCH)
+        else:
+            _prefetch_rows(wout_ptr, V, D, pid, 0, BN_OUT, PREFETCH)
+        nb += 1
+        _sync(bar_ptr, nb, NPROG)
+    _gemv_phase(h_ptr, D, wout_ptr, nf_ptr, wout_ptr, logits_ptr, V, T, V, D, eps, pid,
+                0, True, False, BLOCK_T, BN_OUT, BLOCK_K, NPROG)
+
+
+@dataclass(slots=True)
+class Scratch:
+    """Per-T buffers the step writes; ``logits`` is what it leaves behind."""
+
+    h: torch.Tensor  # [T, D] float32
+    q: torch.Tensor  # [T, H, hd] float32
+    o_part: torch.Tensor  # [NSPLIT, T, H, hd] float32
+    ml_part: torch.Tensor  # [NSPLIT, T, H, 2] float32
+    attn: torch.Tensor  # [T, q_dim] float32
+    act: torch.Tensor  # [T, F] float32
+    logits: torch.Tensor  # [T, V] float32
+    bar: torch.Tensor  # [1] int32 barrier counter, zeroed before each launch
+
+
+def scratch(args, t: int, nsplit: int, device: torch.device | str) -> Scratch:  # noqa: ANN001
+    f32 = torch.float32
+    a = args
+    return Scratch(
+        h=torch.empty(t, a.n_embd, dtype=f32, device=device),
+        q=torch.empty(t, a.n_head, a.head_dim, dtype=f32, device=device),
+        o_part=torch.empty(nsplit, t, a.n_head, a.head_dim, dtype=f32, device=device),
+        ml_part=torch.empty(nsplit, t, a.n_head, 2, dtype=f32, device=device),
+        attn=torch.empty(t, a.q_dim, dtype=f32, device=device),
+        act=torch.empty(t, a.n_ff, dtype=f32, device=device),
+        logits=torch.empty(t, a.n_vocab, dtype=f32, device=device),
+        bar=torch.zeros(1, dtype=torch.int32, device=device),
+    )
+
+
+def programs_for(device: torch.device, cfg: MegaConfig) -> int:
+    """One program per SM: every program must be resident at once for the barriers."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return min(cfg.programs, sms) if cfg.programs > 0 else sms
+
+
+def step(
+    args,  # noqa: ANN001  ModelArgs
+    weights: Weights,
+    stacked: Stacked,
+    rope: torch.Tensor,  # [n_pos, hd/2, 2]
+    k_cache: torch.Tensor,  # [L, Hkv, S, hd]
+    v_cache: torch.Tensor,
+    inputs: torch.Tensor,  # [1 + T] int64: start, tokens
+    s: Scratch,
+    cfg: MegaConfig,
+) -> torch.Tensor:
+    """Run one step of ``T = inputs.numel() - 1`` tokens; returns ``s.logits [T, V]``."""
+    t = inputs.numel() - 1
+    c = cfg.for_t(t)
+    on_gpu = inputs.device.type == "cuda"
+    nprog = programs_for(inputs.device, c)
+    a = args
+    if a.head_dim // 2 % c.bn_qkv:
+        raise ValueError(f"bn_qkv {c.bn_qkv} must divide head_dim/2 = {a.head_dim // 2}")
+    if s.o_part.shape[0] != c.nsplit:
+        raise ValueError("scratch was made for another number of attention splits")
+    s.bar.zero_()
+    _step_kernel[(nprog,)](
+        inputs, weights.tok_emb, stacked.attn_norm, stacked.wqkv, stacked.bqkv, stacked.wo,
+        stacked.ffn_norm, stacked.w13, stacked.w2, weights.out_norm, weights.out, rope,
+        k_cache, v_cache,
+        s.h, s.q, s.o_part, s.ml_part, s.attn, s.act, s.logits, s.bar,
+        t, a.n_layer, a.n_vocab, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        a.rms_eps, a.head_dim**-0.5,
+        D=a.n_embd, F=a.n_ff, N_HEAD=a.n_head, N_KV=a.n_head_kv, HD=a.head_dim,
+        BLOCK_T=block_t(t), BN_QKV=c.bn_qkv, BN_O=c.bn_o, BN_GU=c.bn_gu, BN_DOWN=c.bn_down,
+        BN_OUT=c.bn_out, BLOCK_K=c.block_k, NSPLIT=c.nsplit, BLOCK_S=c.block_s,
+        BLOCK_R=max(16, triton.next_power_of_2(t * a.group)), NPROG=nprog,
+        PREFETCH=c.prefetch if on_gpu else 0, num_warps=c.num_warps,
+    )
+    return s.logits
