@@ -58,6 +58,9 @@ class EngineConfig:
     batch: int = _doc("Tokens evaluated per llama.cpp batch during prefill.", 512)
     gpu_layers: int = _doc("Layers offloaded to a GPU by llama.cpp (0 = CPU only, -1 = all).", 0)
     flash_attn: bool = _doc("Use llama.cpp flash attention (changes results slightly).", False)
+    prefix_cache: bool = _doc(
+        "Keep the KV state of the prompt's stable head (system prompt + repository map) on disk.", True
+    )
 
 
 @dataclass(frozen=True, slots=True)

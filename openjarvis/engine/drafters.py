@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from openjarvis.engine.base import CostModel, Engine, Logits
+from openjarvis.engine.prefix_cache import PrefixCache
 from openjarvis.engine.sampling import Probs, SamplingParams, distribution, greedy, sample
 from openjarvis.errors import IncompatiblePair
 
@@ -58,6 +59,11 @@ class ModelDrafter:
 
     Its cache mirrors ``cached`` (the tokens it has evaluated); each proposal first rolls back to
     the longest prefix it shares with the committed context, then evaluates only what is new.
+
+    The request's stable head (``use_head``) gets the verifier's treatment, in this model's own
+    file of the persistent prefix cache: loaded when a saved state exists, else evaluated as a run
+    of its own from position 0 the first time the drafter catches up, and saved. Catching up is
+    lazy (a drafter the planner never picks costs nothing), so the save happens then, not at prefill.
     """
 
     name = "model"
@@ -70,6 +76,9 @@ class ModelDrafter:
             )
         self.engine = engine
         self.cached: list[int] = []
+        #: The current request's stable head, and where to save its state once evaluated.
+        self._head: list[int] = []
+        self._prefix_cache: PrefixCache | None = None
 
     def keys(self) -> list[str]:
         return ["model"]
@@ -81,6 +90,25 @@ class ModelDrafter:
         """Tokens of ``context`` this drafter would have to evaluate before drafting."""
         return len(context) - common_prefix(self.cached, context)
 
+    def use_head(self, head: Sequence[int], prefix_cache: PrefixCache | None) -> int:
+        """Take ``head`` as the stable prefix of the coming contexts; tokens loaded from disk.
+
+        Loads the head's saved state only if the cache does not already hold it (an earlier turn
+        of the conversation); otherwise ``sync`` evaluates and saves it when it first needs it.
+        """
+        self._head = list(head)
+        self._prefix_cache = prefix_cache
+        if not head or prefix_cache is None or common_prefix(self.cached, head) >= len(head):
+            return 0
+        if len(self.cached) != self.engine.n_past:  # an interrupted step: trust nothing cached
+            self.engine.rollback(0)
+            self.cached.clear()
+        if prefix_cache.load(self.engine, self._head):
+            self.cached = list(self._head)
+            return len(head)
+        del self.cached[self.engine.n_past :]  # a state the engine rejected emptied its cache
+        return 0
+
     def sync(self, context: Sequence[int]) -> Logits:
         """Bring the cache to ``context`` and return the logits row for the next token."""
         if len(self.cached) != self.engine.n_past:  # an interrupted step: start over
@@ -89,6 +117,14 @@ class ModelDrafter:
         keep = min(common_prefix(self.cached, context), len(context) - 1)
         self.engine.rollback(keep)
         del self.cached[keep:]
+        h = len(self._head)
+        if keep < h < len(context) and list(context[:h]) == self._head:
+            # The head as a run of its own, as the verifier does: the saved state is canonical.
+            self.engine.eval(context[keep:h], last_only=True)
+            self.cached.extend(context[keep:h])
+            if self._prefix_cache is not None:
+                self._prefix_cache.save(self.engine, self._head)
+            keep = h
         rows = self.engine.eval(context[keep:], last_only=True)
         self.cached.extend(context[keep:])
         return np.asarray(rows[-1], dtype=np.float32)

@@ -43,9 +43,15 @@ def open_speculator(
     verifier_path: Path,
     drafter_path: Path | None,
     drafter: DrafterChoice = "auto",
-    prefix_cache: bool = True,
+    prefix_cache: bool | None = None,
 ) -> Speculator:
-    """Load the engines for one generation setup; the caller closes ``spec.verifier`` etc."""
+    """Load the engines for one generation setup; the caller closes ``spec.verifier`` etc.
+
+    ``prefix_cache`` (default ``engine.prefix_cache``) attaches the persistent prefix cache,
+    shared by the verifier and the model drafter (each in files keyed by its own model).
+    """
+    if prefix_cache is None:
+        prefix_cache = config.engine.prefix_cache
     ec = config.engine
     load_drafter = drafter_path is not None and drafter in ("auto", "model")
     # The cached costs are llama.cpp's; a GPU backend is measured once loaded, where verifying is cheap.

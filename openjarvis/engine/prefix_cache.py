@@ -89,7 +89,11 @@ class PrefixCache:
         return path
 
     def load(self, engine: Engine, tokens: Sequence[int]) -> bool:
-        """Load the state for exactly ``tokens`` into the engine; False (cache empty) on a miss."""
+        """Load the state for exactly ``tokens`` into the engine (replacing its cache); False on a miss.
+
+        A file that is absent or fails a check leaves the engine's cache as it was, so the caller
+        can still reuse what it holds; a state the engine itself rejects leaves the cache empty.
+        """
         path = self.path_for(engine, tokens)
         try:
             data = path.read_bytes()
@@ -102,7 +106,7 @@ class PrefixCache:
             try:
                 engine.load_state(data[offset:])
             except EngineError:
-                reason = "rejected by llama.cpp"
+                reason = "rejected by the engine"
             else:
                 if engine.n_past == len(tokens):
                     with contextlib.suppress(OSError):
@@ -110,7 +114,7 @@ class PrefixCache:
                     self.last_miss = ""
                     return True
                 reason = f"state holds {engine.n_past} tokens, expected {len(tokens)}"
-        engine.rollback(0)
+            engine.rollback(0)
         self.last_miss = reason
         with contextlib.suppress(OSError):
             path.unlink()

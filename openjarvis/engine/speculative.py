@@ -134,29 +134,44 @@ class Speculator:
     # -- prefill --------------------------------------------------------------------------
 
     def _prefill(self, prompt: list[int], cache_prefix: int, stats: Stats) -> None:
-        """Leave ``prompt[:-1]`` in the verifier cache, evaluating only what is not there."""
+        """Leave ``prompt[:-1]`` in the verifier cache, evaluating only what is not there.
+
+        The stable head ``prompt[:cache_prefix]`` is always evaluated as a run of its own from
+        position 0 (when not reused), whether or not a disk cache is attached: so its KV state is
+        the same bytes whether computed here or loaded from a file saved by an earlier process,
+        and the disk cache never changes an answer.
+        """
         v = self.verifier
         target = prompt[:-1]
+        head = cache_prefix if 0 < cache_prefix <= len(target) else 0
         common = common_prefix(self.cached, target)
-        use_disk = self.prefix_cache is not None and common < cache_prefix <= len(target)
-        if use_disk and self.prefix_cache is not None:
-            stable = prompt[:cache_prefix]
-            if self.prefix_cache.load(v, stable):
-                self.cached = list(stable)
-                common = cache_prefix
-                stats.prefix_loaded = cache_prefix
-                use_disk = False
+        if common < head and self.prefix_cache is not None:
+            if self.prefix_cache.load(v, target[:head]):
+                self.cached = list(target[:head])
+                stats.prefix_loaded = head
+                common = head
+            else:
+                common = min(common, v.n_past)  # a state the engine rejected emptied its cache
         v.rollback(common)
         del self.cached[common:]
-        stats.reused_tokens = common
-        if use_disk and self.prefix_cache is not None:
-            v.eval(target[common:cache_prefix], last_only=True)
-            self.cached.extend(target[common:cache_prefix])
-            self.prefix_cache.save(v, prompt[:cache_prefix])
-            common = cache_prefix
+        stats.reused_tokens = common - stats.prefix_loaded
+        if common < head:
+            v.eval(target[common:head], last_only=True)
+            self.cached.extend(target[common:head])
+            if self.prefix_cache is not None:
+                self.prefix_cache.save(v, target[:head])
+            common = head
         if common < len(target):
             v.eval(target[common:], last_only=True)
             self.cached.extend(target[common:])
+
+    def _prefill_drafter(self, prompt: list[int], cache_prefix: int, stats: Stats) -> None:
+        """Give the model drafter the stable head too: loaded from disk now, or saved once computed."""
+        md = self.model_drafter
+        if md is None:
+            return
+        head = prompt[:cache_prefix] if 0 < cache_prefix < len(prompt) else []
+        stats.drafter_prefix_loaded = md.use_head(head, self.prefix_cache)
 
     # -- planning -------------------------------------------------------------------------
 
@@ -215,6 +230,8 @@ class Speculator:
         t_start = time.perf_counter()
         rng = np.random.default_rng(req.seed)
         self._prefill(prompt, req.cache_prefix, stats)
+        if req.drafter in ("auto", "model"):
+            self._prefill_drafter(prompt, req.cache_prefix, stats)
         stats.time_prefill = time.perf_counter() - t_start
         ngram = NgramDrafter(req.corpus) if req.drafter in ("auto", "ngram") else None
         if ngram is not None:

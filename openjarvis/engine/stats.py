@@ -21,8 +21,10 @@ class Stats:
     prompt_tokens: int = 0
     #: Prompt tokens already in the verifier's cache (earlier turn of the conversation).
     reused_tokens: int = 0
-    #: Prompt tokens loaded from the persistent prefix cache on disk.
+    #: Prompt tokens loaded from the persistent prefix cache on disk (not in ``reused_tokens``).
     prefix_loaded: int = 0
+    #: Prompt tokens the model drafter loaded from its own file of the prefix cache.
+    drafter_prefix_loaded: int = 0
     tokens: int = 0
     steps: int = 0
     #: Greedy near-ties re-decided with a single-token evaluation.

@@ -95,3 +95,50 @@ def test_corrupt_or_foreign_cache_files_are_ignored(
         foreign.write_bytes(path.read_bytes())
         assert not cache.load(drafter, tokens)
         assert cache.last_miss == "mismatch: other model"
+
+
+def test_the_model_drafter_saves_and_loads_its_own_head(
+    tiny_verifier_path: Path, tiny_drafter_path: Path, tmp_path: Path
+) -> None:
+    cache = PrefixCache(tmp_path / "kv")
+
+    def run(prefix_cache: PrefixCache | None) -> tuple[list[int], int, int]:
+        with (
+            LlamaEngine(tiny_verifier_path, context=1024, threads=1) as v,
+            LlamaEngine(tiny_drafter_path, context=1024, threads=1) as d,
+        ):
+            spec = Speculator(v, model_drafter=ModelDrafter(d, verifier=v), prefix_cache=prefix_cache)
+            head = v.tokenize(SYSTEM)
+            prompt = head + v.tokenize(turn("Explain this code."))
+            gen = spec.generate(Request(prompt, max_tokens=20, drafter="model", cache_prefix=len(head))).run()
+            assert gen.stats.drafted > 0
+            return gen.tokens, gen.stats.prefix_loaded, gen.stats.drafter_prefix_loaded
+
+    plain, _, _ = run(None)
+    first, loaded, drafter_loaded = run(cache)
+    assert (loaded, drafter_loaded) == (0, 0)
+    assert len(list((tmp_path / "kv").glob("*.kv"))) == 2  # one file per model
+    second, loaded, drafter_loaded = run(cache)
+    assert loaded == drafter_loaded > 64
+    # The head is always evaluated as a run of its own, so loading it changes nothing.
+    assert plain == first == second
+
+
+def test_a_rejected_load_keeps_the_conversation_cache_consistent(verifier: LlamaEngine, tmp_path: Path) -> None:
+    """A corrupt head file on a later turn: the in-memory prefix is still reused, never trusted wrongly."""
+    cache = PrefixCache(tmp_path / "kv")
+    spec = Speculator(verifier, prefix_cache=cache)
+    stable = verifier.tokenize(SYSTEM)
+    other = verifier.tokenize(SYSTEM.replace("helpful", "careful"))
+    spec.generate(Request(stable + verifier.tokenize(turn("Hi.")), max_tokens=4, cache_prefix=len(stable))).run()
+    path = cache.path_for(verifier, other)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"garbage")
+    prompt = other + verifier.tokenize(turn("Hi."))
+    gen = spec.generate(Request(prompt, max_tokens=8, cache_prefix=len(other))).run()
+    assert gen.stats.prefix_loaded == 0 and cache.last_miss == "corrupt: bad magic"
+    assert 0 < gen.stats.reused_tokens < len(other)  # the shared start of the system turn
+    with LlamaEngine(verifier.path, context=1024, batch=64, threads=1) as cold:
+        expected = Speculator(cold).generate(Request(prompt, max_tokens=8, cache_prefix=len(other))).run()
+    assert gen.tokens == expected.tokens
+    assert cache.load(verifier, other)  # the bad file was replaced by a sound one
