@@ -8,11 +8,20 @@ What goes in, by priority (a lower part only gets what the higher ones left):
 
 1. the system prompt and the question: always; if they alone overflow, ``ContextOverflow``
    (the router may then send the request to a target with a larger context);
-2. the editor's selection;
-3. the most recent conversation turns, whole turns only, up to ``HISTORY_SHARE`` of the budget;
-4. retrieved chunks, best score first, each whole or not at all;
-5. the open file, a window of lines around the cursor;
-6. the repository map, cut at line boundaries, up to ``MAP_SHARE`` of the budget.
+2. the repository map, cut at line boundaries to ``map_budget`` tokens (``MAP_SHARE`` of the
+   budget unless the caller fixes it), reserved before anything that depends on the question;
+3. the editor's selection;
+4. the most recent conversation turns, whole turns only, up to ``HISTORY_SHARE`` of the budget;
+5. retrieved chunks, best score first, each whole or not at all;
+6. the open file, a window of lines around the cursor.
+
+Layout: the system turn holds only the system prompt and the repository map, the *stable head*
+that does not depend on the question, the retrieved code or the editor; earlier turns follow, and
+the last user turn carries the question with its context (selection, open file, retrieved code).
+So consecutive questions about one repository share the head token for token, and its KV state
+is computed once and reused (in memory, and from the persistent prefix cache after a restart).
+The map is reserved first for the same reason: were it cut to whatever the question's chunks
+left, every question would have a different head.
 
 The answer lists the sources it was given, so a person can see what it drew on.
 """
@@ -34,7 +43,8 @@ MESSAGE_OVERHEAD = 8
 
 SYSTEM_PROMPT = (
     "You are Open Jarvis, a coding assistant running locally on the user's machine. Answer questions "
-    "about the user's codebase using the context below; cite files as path:line. Be concise and exact. "
+    "about the user's codebase using the repository map below and the code given with each question; "
+    "cite files as path:line. Be concise and exact. "
     "When asked to change code, answer with edits in this format, one block per change:\n"
     "path/to/file.py\n<<<<<<< SEARCH\nexact lines from the file\n=======\nnew lines\n>>>>>>> REPLACE"
 )
@@ -73,6 +83,9 @@ class Prompt:
     tokens: int
     #: Human-readable notes on what did not fit ("3 of 8 chunks dropped").
     dropped: tuple[str, ...] = field(default_factory=tuple)
+    #: Leading messages that do not depend on the question (the system turn: system prompt and
+    #: repository map): the stable head whose KV state the engine may cache.
+    stable: int = 1
 
 
 def _cost(count: Counter, text: str) -> int:
@@ -125,8 +138,14 @@ def assemble(
     sources: Sequence[Source] = (),
     editor: EditorContext | None = None,
     repo_map: str = "",
+    map_budget: int | None = None,
 ) -> Prompt:
-    """Build the chat messages for ``question`` within ``budget`` prompt tokens."""
+    """Build the chat messages for ``question`` within ``budget`` prompt tokens.
+
+    ``map_budget`` (default ``MAP_SHARE`` of ``budget``) caps the repository map; a caller that
+    re-assembles one request at a smaller budget passes the same value both times, so the head
+    stays the same. Only a question too long to leave the map its room shrinks it.
+    """
     used = _cost(count, system) + _cost(count, question)
     if used > budget:
         raise ContextOverflow(
@@ -135,6 +154,17 @@ def assemble(
         )
     dropped: list[str] = []
     context_parts: list[str] = []
+    system_text = system
+
+    if repo_map:
+        room = min(int(budget * MAP_SHARE) if map_budget is None else map_budget, budget - used - 16)
+        cut = _cut_lines(repo_map, room, count) if room > 0 else ""
+        if cut:
+            part = f"Repository map (the most relevant definitions):\n{cut}"
+            system_text = f"{system}\n\n{part}"
+            used += count(part) + 1
+        if cut != repo_map.rstrip("\n"):
+            dropped.append("part of the repository map")
 
     if editor is not None and editor.selection:
         sel = f"Selected in {editor.path}:\n```\n{editor.selection}\n```"
@@ -178,18 +208,8 @@ def assemble(
         else:
             dropped.append("the open file")
 
-    if repo_map:
-        room = min(int(budget * MAP_SHARE), budget - used - 16)
-        cut = _cut_lines(repo_map, room, count) if room > 0 else ""
-        if cut:
-            part = f"Repository map (the most relevant definitions):\n{cut}"
-            context_parts.insert(0, part)
-            used += count(part) + 1
-        if cut != repo_map.rstrip("\n"):
-            dropped.append("part of the repository map")
-
     if kept_sources:
         context_parts.append("Relevant code:\n\n" + "\n\n".join(s.render() for s in kept_sources))
-    system_text = system + ("\n\n" + "\n\n".join(context_parts) if context_parts else "")
-    messages = (Message("system", system_text), *kept_history, Message("user", question))
-    return Prompt(messages, tuple(kept_sources), used, tuple(dropped))
+    user_text = "\n\n".join([*context_parts, question])
+    messages = (Message("system", system_text), *kept_history, Message("user", user_text))
+    return Prompt(messages, tuple(kept_sources), used, tuple(dropped), stable=1)

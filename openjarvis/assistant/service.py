@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from openjarvis.assistant.gate import BACKGROUND, CHAT, COMPLETE, PriorityGate, Slot
-from openjarvis.assistant.prompt import EditorContext, Prompt, Source, assemble
+from openjarvis.assistant.prompt import MAP_SHARE, EditorContext, Prompt, Source, assemble
 from openjarvis.config import Config
 from openjarvis.engine.templates import Message
 
@@ -116,6 +116,9 @@ class Prepared:
     #: What the prompt was assembled from, to re-assemble it smaller without searching again.
     sources: tuple[Source, ...] = ()
     repo_map: str = ""
+    #: Leading ``tokens`` that are the stable head (system prompt + repository map), token-exact;
+    #: passed as ``cache_prefix`` so its KV state is reused across questions and restarts.
+    head: int = 0
 
 
 @dataclass(slots=True)
@@ -133,6 +136,8 @@ def stats_dict(stats: Any) -> dict[str, Any]:
     return {
         "prompt_tokens": stats.prompt_tokens,
         "reused_tokens": stats.reused_tokens,
+        "prefix_loaded": stats.prefix_loaded,
+        "drafter_prefix_loaded": stats.drafter_prefix_loaded,
         "tokens": stats.tokens,
         "tokens_per_s": round(stats.tokens_per_second, 2),
         "acceptance": round(stats.acceptance, 3),
@@ -245,7 +250,8 @@ class Assistant:
             return Prepared(prompt, None, 0, str(exc), tuple(sources), repo_map)
         v = spec.verifier
         prompt = self._build(req, sources, repo_map, budget, lambda t: len(v.tokenize(t, special=False)))
-        return Prepared(prompt, self._tokens(v, prompt), v.n_ctx, "", tuple(sources), repo_map)
+        tokens, head = self._tokens(v, prompt)
+        return Prepared(prompt, tokens, v.n_ctx, "", tuple(sources), repo_map, head)
 
     def _build(
         self, req: ChatRequest, sources: Sequence[Source], repo_map: str, budget: int, count: Callable[[str], int]
@@ -258,14 +264,20 @@ class Assistant:
             sources=sources,
             editor=req.editor,
             repo_map=repo_map,
+            # One map size for every request of this configuration, also when ``fit_local``
+            # re-assembles at a smaller budget: the head must not depend on the question.
+            map_budget=int(self.config.generation.prompt_budget * MAP_SHARE),
         )
 
     @staticmethod
-    def _tokens(v: Any, prompt: Prompt) -> list[int]:
-        from openjarvis.engine.templates import render_chat
+    def _tokens(v: Any, prompt: Prompt) -> tuple[list[int], int]:
+        """The prompt's tokens for the local pair, and how many of them are its stable head."""
+        from openjarvis.engine.templates import head_length, render_chat
 
-        text = render_chat(v.chat_template(), list(prompt.messages))
-        return list(v.tokenize(text, special=True))
+        template = v.chat_template()
+        tokens = list(v.tokenize(render_chat(template, list(prompt.messages)), special=True))
+        head = head_length(template, prompt.messages, prompt.stable, tokens, lambda t: v.tokenize(t, special=True))
+        return tokens, head
 
     def fit_local(self, req: ChatRequest, prepared: Prepared) -> Prepared:
         """The same request re-assembled to leave room for the answer in the local context."""
@@ -276,9 +288,8 @@ class Assistant:
         prompt = self._build(
             req, prepared.sources, prepared.repo_map, budget, lambda t: len(v.tokenize(t, special=False))
         )
-        return Prepared(
-            prompt, self._tokens(v, prompt), prepared.local_context, "", prepared.sources, prepared.repo_map
-        )
+        tokens, head = self._tokens(v, prompt)
+        return Prepared(prompt, tokens, prepared.local_context, "", prepared.sources, prepared.repo_map, head)
 
     def answer(
         self,
@@ -308,6 +319,7 @@ class Assistant:
                 sampling=SamplingParams(temperature=req.temperature),
                 drafter=req.drafter,  # type: ignore[arg-type]
                 corpus=corpus,
+                cache_prefix=prepared.head,
             )
             text, stats = self._run(slot, spec, request, on_text, cancel)
         return ChatAnswer(

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -53,6 +54,28 @@ def render_chat(
     except jinja2.TemplateError as exc:
         raise EngineError(f"the model's chat template does not render: {exc}") from exc
     return str(rendered)
+
+
+def head_length(
+    template: str | None,
+    messages: Sequence[Message],
+    n_messages: int,
+    tokens: Sequence[int],
+    tokenize: Callable[[str], list[int]],
+) -> int:
+    """Tokens of ``tokens`` (the rendered, tokenized ``messages``) that are its first
+    ``n_messages`` turns, complete with their end-of-turn markup; 0 if that is not token-exact.
+
+    The stable head of a prompt (system prompt + repository map) is cached by its tokens, so the
+    head must tokenize the same alone as inside the whole prompt. Ending it on a turn boundary
+    (Qwen's ``<|im_end|>\n`` before the next ``<|im_start|>``, both special tokens) makes that
+    so for the templates we ship; it is checked here rather than assumed, because a template may
+    render a conversation of only those turns differently (a default system turn, a BOS).
+    """
+    if n_messages <= 0 or n_messages >= len(messages):
+        return 0
+    head = tokenize(render_chat(template, list(messages[:n_messages]), add_generation_prompt=False))
+    return len(head) if head and list(tokens[: len(head)]) == head else 0
 
 
 def fim_prompt(prefix: str, suffix: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from openjarvis.assistant.prompt import EditorContext, Source, assemble
+from openjarvis.assistant.prompt import SYSTEM_PROMPT, EditorContext, Source, assemble
 from openjarvis.engine.templates import Message
 from openjarvis.errors import ContextOverflow
 
@@ -28,19 +28,41 @@ def test_everything_fits_in_a_large_budget() -> None:
         repo_map="foo.py:\n  def foo()\nbar.py:\n  def bar()",
     )
     assert [m.role for m in p.messages] == ["system", "user", "assistant", "user"]
-    system = p.messages[0].content
-    assert "Repository map" in system and "Selected in app.py" in system and "Open in the editor: app.py" in system
-    assert system.index("foo.py:1-20 (foo)") < system.index("bar.py:1-20 (bar)")  # best first
+    # The system turn is the stable head: the system prompt and the map, nothing question-bound.
+    assert p.messages[0].content == f"{SYSTEM_PROMPT}\n\nRepository map (the most relevant definitions):\n" + (
+        "foo.py:\n  def foo()\nbar.py:\n  def bar()"
+    )
+    assert p.stable == 1
+    user = p.messages[-1].content
+    assert user.index("Selected in app.py") < user.index("Open in the editor: app.py") < user.index("Relevant code")
+    assert user.index("foo.py:1-20 (foo)") < user.index("bar.py:1-20 (bar)")  # best first
+    assert user.endswith("\n\nwhat does foo do?")  # the question comes last
     assert [s.path for s in p.sources] == ["foo.py", "bar.py"]
     assert p.dropped == ()
-    assert p.messages[-1] == Message("user", "what does foo do?")
     assert p.tokens <= 10_000
+
+
+def test_the_head_does_not_depend_on_the_question() -> None:
+    """Whatever the question brings (chunks, history, an editor), the map keeps its size and place."""
+    repo_map = "\n".join(f"f{i}.py: def f{i}()" for i in range(100))
+    heads = {
+        assemble(q, budget=300, count=words, repo_map=repo_map, map_budget=60, sources=srcs, history=hist).messages[0]
+        for q, srcs, hist in [
+            ("q", [], []),
+            ("a much longer question " * 5, [src("big", 1.0, 60)], []),
+            ("why?", [src("a", 2.0), src("b", 1.0)], [Message("user", "x " * 50), Message("assistant", "y " * 50)]),
+        ]
+    }
+    assert len(heads) == 1
+    # ...also when one request is re-assembled at a smaller budget (room for the answer locally).
+    small = assemble("q", budget=200, count=words, repo_map=repo_map, map_budget=60, sources=[src("a", 1.0)])
+    assert small.messages[0] in heads
 
 
 def test_lower_priorities_are_dropped_first_and_reported() -> None:
     p = assemble(
         "q",
-        budget=200,
+        budget=250,
         count=words,
         sources=[src("best", 3.0, 10), src("good", 2.0, 10), src("meh", 1.0, 60)],
         repo_map="\n".join(f"f{i}.py: def f{i}()" for i in range(100)),
@@ -48,7 +70,9 @@ def test_lower_priorities_are_dropped_first_and_reported() -> None:
     assert [s.path for s in p.sources] == ["best.py", "good.py"]
     assert "1 of 3 retrieved chunks" in p.dropped
     assert "part of the repository map" in p.dropped
-    assert p.tokens <= 200
+    # The map got its reserved share (MAP_SHARE: 50 of 250) before the chunks: 12 lines of 3 words + 1.
+    assert p.messages[0].content.count(".py: def ") == 12
+    assert p.tokens <= 250
 
 
 def test_history_keeps_whole_recent_turns() -> None:
@@ -63,8 +87,8 @@ def test_history_keeps_whole_recent_turns() -> None:
 def test_open_file_window_is_around_the_cursor() -> None:
     text = "\n".join(f"line{i}" for i in range(1, 1001))
     p = assemble("q", budget=120, count=words, editor=EditorContext("big.py", text, cursor_line=500))
-    system = p.messages[0].content
-    assert "line500" in system and "line1\n" not in system and "line1000" not in system
+    window = p.messages[-1].content
+    assert "line500" in window and "line1\n" not in window and "line1000" not in window
 
 
 def test_question_that_cannot_fit_is_an_overflow() -> None:

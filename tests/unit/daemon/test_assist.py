@@ -259,3 +259,37 @@ def test_a_request_cancelled_before_it_starts_is_still_answered(tiny_daemon: Pat
         assert replies[1]["error"]["code"] == ErrorCode.CANCELLED
     finally:
         s.close()
+
+
+def test_a_restarted_daemon_loads_the_prompt_head_from_disk(tiny_daemon: Path) -> None:
+    """After a restart only the disk can help: the head's KV state is loaded, the answer unchanged."""
+    import shutil
+
+    from openjarvis.engine.prefix_cache import default_dir
+
+    ws = tiny_daemon
+    (ws / "app" / "main.py").write_text(  # a caller, so the repository map is not empty
+        "from app.http import Router\n\n\ndef serve(raw: str) -> str:\n    return Router().route(raw)\n"
+    )
+    sock = paths.socket_path()
+
+    def ask(question: str) -> dict[str, object]:
+        with Client(autostart=False) as c:
+            result: dict[str, object] = c.call("chat", {"workspace": str(ws), "message": question, "max_tokens": 12})
+        return result
+
+    def restart() -> None:
+        stop(sock)
+        assert ensure_running(sock) is True
+
+    first = ask("How is parse_http_response used?")
+    assert first["stats"]["prefix_loaded"] == 0  # type: ignore[index]
+    assert list(default_dir().glob("*.kv"))
+    restart()
+    loaded = ask("What does Router.route return?")
+    assert loaded["stats"]["prefix_loaded"] > 64  # type: ignore[index]
+    restart()
+    shutil.rmtree(default_dir())
+    computed = ask("What does Router.route return?")
+    assert computed["stats"]["prefix_loaded"] == 0  # type: ignore[index]
+    assert loaded["answer"] == computed["answer"]
