@@ -579,10 +579,11 @@ def mega_explore(name: str, positions: list[int]) -> dict[str, Any]:
     base_cfg = MegaConfig()
     cfgs = {
         "mega": base_cfg,
-        "mega_pf0": replace(base_cfg, prefetch=0),
-        "mega_pf256": replace(base_cfg, prefetch=256),
-        "mega_w4": replace(base_cfg, num_warps=4),
-        "mega_k1024": replace(base_cfg, block_k=1024, bn_gu=8, bn_down=2),
+        "mega_nopf": replace(base_cfg, lines=0),
+        "mega_ahead1": replace(base_cfg, ahead=1),
+        "mega_ahead4": replace(base_cfg, ahead=4),
+        "mega_w8": replace(base_cfg, num_warps=8, lines=256),
+        "mega_bk1024": replace(base_cfg, bk=1024, bn_o=16, bn_gu=8, bn_down=8, bn_out=16),
     }
     runners: dict[str, Runner] = {}
     for cname, cfg in cfgs.items():

@@ -28,7 +28,7 @@ scripts/bench_gpu.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -43,29 +43,34 @@ STORE, ADD, SWIGLU = 0, 1, 2
 
 @dataclass(frozen=True, slots=True)
 class MegaConfig:
-    """Rows per item of each matrix phase, the K tile, attention splits, and the launch shape.
+    """Tiles of each phase, attention splits, the launch shape and the L2 prefetch.
 
-    ``prefetch`` is how many 128-byte lines of its next phase's weights a program asks L2 for
-    before it waits at a barrier (0: none; the CPU interpreter cannot run the PTX)."""
+    A program walks its share of a matrix ``bn_*`` rows at a time, ``bk`` (``bk_down`` for the
+    down-projection, whose K is n_ff) columns per load. ``lines`` is how many 128-byte lines
+    one prefetch instruction batch covers (0: no prefetch; the CPU interpreter cannot run the
+    PTX); ``ahead`` how many row blocks ahead of its loads a program asks L2 for."""
 
-    bn_qkv: int = 4  # NeoX pairs per qkv item (2 * bn_qkv rows)
-    bn_o: int = 4
-    bn_gu: int = 4
+    bn_qkv: int = 8  # NeoX pairs per block (2 * bn_qkv rows)
+    bn_o: int = 8
+    bn_gu: int = 4  # rows of gate and of up
     bn_down: int = 4
-    bn_out: int = 16
-    block_k: int = 512
+    bn_out: int = 8
+    bk: int = 2048
+    bk_down: int = 2048
     nsplit: int = 32
     block_s: int = 64
-    num_warps: int = 8
+    num_warps: int = 16
     programs: int = 0  # 0: one per SM (the GPU), 1 on the CPU
-    prefetch: int = 64
+    lines: int = 512
+    ahead: int = 2
 
     def for_t(self, t: int) -> MegaConfig:
         """A verify step (T > 1) multiplies with ``tl.dot``, whose tiles need 16 rows."""
         if t == 1:
             return self
-        return MegaConfig(16, 16, 16, 16, 64, min(self.block_k, 128), self.nsplit, self.block_s,
-                          self.num_warps, self.programs, self.prefetch)
+        return replace(self, bn_qkv=16, bn_o=32, bn_gu=32, bn_down=32, bn_out=64,
+                       bk=min(self.bk, 128), bk_down=min(self.bk_down, 128),
+                       num_warps=min(self.num_warps, 8))
 
 
 @dataclass(slots=True)
@@ -122,13 +127,22 @@ def _sync(bar_ptr, n, NPROG: tl.constexpr):
 
 @triton.jit
 def _prefetch(base, n_elems, LINES: tl.constexpr):
-    """Ask L2 for the first ``LINES`` 128-byte lines of ``n_elems`` bf16/f16 weights at
-    ``base`` (no registers wait on them: the loads after the barrier find them in L2)."""
+    """Ask L2 for the 128-byte lines of ``n_elems`` bf16/f16 weights at ``base``, ``LINES`` at
+    a time (0: do nothing). Nothing waits on them: later loads find the lines in L2."""
     if LINES > 0:
-        offs = tl.arange(0, LINES) * 64
-        ptrs = tl.where(offs < n_elems, base + offs, base)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+        for off in range(0, n_elems, LINES * 64):
+            offs = off + tl.arange(0, LINES) * 64
+            ptrs = tl.where(offs < n_elems, base + offs, base)
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _share(n, pid, NPROG: tl.constexpr):
+    """This program's contiguous share [lo, hi) of n rows: balanced within one row."""
+    per = tl.cdiv(n, NPROG)
+    lo = tl.minimum(pid * per, n)
+    return lo, tl.minimum(lo + per, n)
 
 
 @triton.jit
@@ -146,13 +160,14 @@ def _inv_rms(x_ptr, stride_x, T, K, eps, BLOCK_T: tl.constexpr, BLOCK_K: tl.cons
 
 
 @triton.jit
-def _rows(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, inv, row0, T, N, K,
+def _rows(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, inv, row0, row_hi, T, N, K,
           MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
           BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[:, row0:row0+BN] (=, +=, SwiGLU) (x · g · inv) @ W[rows]^T (+ b); W [N or 2N, K]."""
+    """out[:, rows] (=, +=, SwiGLU) (x · g · inv) @ W[rows]^T (+ b) for rows row0.. below
+    row_hi; W [N or 2N, K]."""
     rn = row0 + tl.arange(0, BLOCK_N)
     rt = tl.arange(0, BLOCK_T)
-    nmask = rn < N
+    nmask = rn < row_hi
     tmask = rt < T
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
@@ -188,35 +203,50 @@ def _rows(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, inv, row0, 
 def _gemv_phase(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, T, N, K, eps, pid,
                 MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
                 BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                NPROG: tl.constexpr):
+                NPROG: tl.constexpr, LINES: tl.constexpr, AHEAD: tl.constexpr):
+    """This program's share of rows, BLOCK_N at a time; while it multiplies one block it asks
+    L2 for the block AHEAD blocks later, so its loads wait on L2 rather than on DRAM."""
     inv = tl.zeros([BLOCK_T], dtype=tl.float32)
     if NORM:
         inv = _inv_rms(x_ptr, stride_x, T, K, eps, BLOCK_T, BLOCK_K)
-    for blk in range(pid, tl.cdiv(N, BLOCK_N), NPROG):
-        _rows(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, inv, blk * BLOCK_N, T,
-              N, K, MODE, NORM, BIAS, BLOCK_T, BLOCK_N, BLOCK_K)
+    lo, hi = _share(N, pid, NPROG)
+    for r0 in range(lo, hi, BLOCK_N):
+        nxt = r0 + AHEAD * BLOCK_N
+        if nxt < hi:
+            n_el = tl.minimum(BLOCK_N, hi - nxt) * K
+            _prefetch(w_ptr + nxt * K, n_el, LINES)
+            if MODE == 2:
+                _prefetch(w_ptr + (N + nxt) * K, n_el, LINES)
+        _rows(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, inv, r0, hi, T, N, K,
+              MODE, NORM, BIAS, BLOCK_T, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
 def _prefetch_rows(w_ptr, N, K, pid, MODE: tl.constexpr, BLOCK_N: tl.constexpr,
-                   LINES: tl.constexpr):
-    """L2 prefetch of this program's first row block of W (both halves for SwiGLU)."""
-    if pid * BLOCK_N < N:
-        _prefetch(w_ptr + pid * BLOCK_N * K, BLOCK_N * K, LINES)
-        if MODE == 2:
-            _prefetch(w_ptr + (N + pid * BLOCK_N) * K, BLOCK_N * K, LINES)
+                   NPROG: tl.constexpr, LINES: tl.constexpr, AHEAD: tl.constexpr):
+    """Before a barrier: L2 prefetch of the first AHEAD blocks of this program's share of the
+    next phase's W (both halves for SwiGLU)."""
+    lo, hi = _share(N, pid, NPROG)
+    n_el = (tl.minimum(lo + AHEAD * BLOCK_N, hi) - lo) * K
+    _prefetch(w_ptr + lo * K, n_el, LINES)
+    if MODE == 2:
+        _prefetch(w_ptr + (N + lo) * K, n_el, LINES)
 
 
 @triton.jit
 def _prefetch_qkv(w_ptr, D, pid, N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
-                  BLOCK_P: tl.constexpr, LINES: tl.constexpr):
-    """L2 prefetch of this program's first qkv item: rows j.. and j + HD/2.. of one head."""
+                  NPROG: tl.constexpr, LINES: tl.constexpr):
+    """L2 prefetch of this program's whole qkv share (it is small): the rows of its pairs."""
     HALF: tl.constexpr = HD // 2
-    PER_HEAD: tl.constexpr = HALF // BLOCK_P
-    if pid < (N_HEAD + 2 * N_KV) * PER_HEAD:
-        row = (pid // PER_HEAD) * HD + (pid % PER_HEAD) * BLOCK_P
-        _prefetch(w_ptr + row * D, BLOCK_P * D, LINES)
-        _prefetch(w_ptr + (row + HALF) * D, BLOCK_P * D, LINES)
+    lo, hi = _share((N_HEAD + 2 * N_KV) * HALF, pid, NPROG)
+    h_lo = lo // HALF
+    h_hi = (hi + HALF - 1) // HALF
+    for head in range(h_lo, h_hi):
+        j_lo = tl.maximum(lo - head * HALF, 0)
+        j_hi = tl.minimum(hi - head * HALF, HALF)
+        if j_hi > j_lo:
+            _prefetch(w_ptr + (head * HD + j_lo) * D, (j_hi - j_lo) * D, LINES)
+            _prefetch(w_ptr + (head * HD + HALF + j_lo) * D, (j_hi - j_lo) * D, LINES)
 
 
 @triton.jit
@@ -225,17 +255,20 @@ def _qkv_phase(h_ptr, D, w_ptr, g_ptr, b_ptr, rope_ptr, start, q_ptr, kc_ptr, vc
                N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
                BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
                NPROG: tl.constexpr):
-    """Item = BLOCK_P NeoX pairs (rows j, j + HD/2) of one head of q, k or v: RMSNorm(h) @ W^T
-    + b, RoPE on q and k, q to scratch, k and v into the cache at their positions."""
+    """This program's share of the NeoX pairs (rows j and j + HD/2 of a head of q, k or v),
+    BLOCK_P at a time: RMSNorm(h) @ W^T + b, RoPE on q and k, q to scratch, k and v into the
+    cache at their positions."""
     HALF: tl.constexpr = HD // 2
-    PER_HEAD: tl.constexpr = HALF // BLOCK_P
     inv = _inv_rms(h_ptr, D, T, D, eps, BLOCK_T, BLOCK_K)
     rt = tl.arange(0, BLOCK_T)
     tmask = rt < T
     pos = start + rt
-    for item in range(pid, (N_HEAD + 2 * N_KV) * PER_HEAD, NPROG):
-        head = item // PER_HEAD
-        j = (item % PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)
+    lo, hi = _share((N_HEAD + 2 * N_KV) * HALF, pid, NPROG)
+    for p0 in range(lo, hi, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)  # global pair index
+        pmask = p < hi
+        head = p // HALF
+        j = p % HALF
         r1 = head * HD + j
         r2 = r1 + HALF
         acc1 = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
@@ -243,34 +276,36 @@ def _qkv_phase(h_ptr, D, w_ptr, g_ptr, b_ptr, rope_ptr, start, q_ptr, kc_ptr, vc
         for k0 in range(0, D, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             kmask = rk < D
-            w1 = tl.load(w_ptr + r1[:, None] * D + rk[None, :], mask=kmask[None, :], other=0.0)
-            w2 = tl.load(w_ptr + r2[:, None] * D + rk[None, :], mask=kmask[None, :], other=0.0)
+            wm = pmask[:, None] & kmask[None, :]
+            w1 = tl.load(w_ptr + r1[:, None] * D + rk[None, :], mask=wm, other=0.0)
+            w2 = tl.load(w_ptr + r2[:, None] * D + rk[None, :], mask=wm, other=0.0)
             x = tl.load(h_ptr + rt[:, None] * D + rk[None, :],
                         mask=tmask[:, None] & kmask[None, :], other=0.0)
             x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
             acc1 = _tile_dot(x, w1, acc1, BLOCK_T)
             acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
-        acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
-        acc2 = acc2 * inv[:, None] + tl.load(b_ptr + r2).to(tl.float32)[None, :]
+        acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1, mask=pmask, other=0.0).to(tl.float32)[None, :]
+        acc2 = acc2 * inv[:, None] + tl.load(b_ptr + r2, mask=pmask, other=0.0).to(tl.float32)[None, :]
         cs = rope_ptr + pos[:, None] * HD + 2 * j[None, :]  # table [n_pos, HD/2, (cos, sin)]
-        cos = tl.load(cs, mask=tmask[:, None], other=1.0)
-        sin = tl.load(cs + 1, mask=tmask[:, None], other=0.0)
-        is_rope = head < N_HEAD + N_KV
+        m = tmask[:, None] & pmask[None, :]
+        cos = tl.load(cs, mask=m, other=1.0)
+        sin = tl.load(cs + 1, mask=m, other=0.0)
+        is_rope = (head < N_HEAD + N_KV)[None, :]
         o1 = tl.where(is_rope, acc1 * cos - acc2 * sin, acc1)
         o2 = tl.where(is_rope, acc2 * cos + acc1 * sin, acc2)
-        m = tmask[:, None]
-        if head < N_HEAD:
-            qp = q_ptr + rt[:, None] * (N_HEAD * HD) + head * HD + j[None, :]  # q [T, H, HD]
-            tl.store(qp, o1, mask=m)
-            tl.store(qp + HALF, o2, mask=m)
-        elif head < N_HEAD + N_KV:
-            kp = kc_ptr + (head - N_HEAD) * stride_ch + pos[:, None] * stride_cs + j[None, :]
-            tl.store(kp, o1.to(kc_ptr.dtype.element_ty), mask=m)
-            tl.store(kp + HALF, o2.to(kc_ptr.dtype.element_ty), mask=m)
-        else:
-            vp = vc_ptr + (head - N_HEAD - N_KV) * stride_ch + pos[:, None] * stride_cs + j[None, :]
-            tl.store(vp, o1.to(vc_ptr.dtype.element_ty), mask=m)
-            tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty), mask=m)
+        is_q = (head < N_HEAD)[None, :]
+        is_k = ((head >= N_HEAD) & (head < N_HEAD + N_KV))[None, :]
+        is_v = (head >= N_HEAD + N_KV)[None, :]
+        qp = q_ptr + rt[:, None] * (N_HEAD * HD) + (head * HD + j)[None, :]  # q [T, H, HD]
+        tl.store(qp, o1, mask=m & is_q)
+        tl.store(qp + HALF, o2, mask=m & is_q)
+        kvh = tl.where(head >= N_HEAD + N_KV, head - N_HEAD - N_KV, head - N_HEAD)
+        kvh = tl.where(head < N_HEAD, 0, kvh)[None, :]
+        off = kvh * stride_ch + pos[:, None] * stride_cs + j[None, :]
+        tl.store(kc_ptr + off, o1.to(kc_ptr.dtype.element_ty), mask=m & is_k)
+        tl.store(kc_ptr + off + HALF, o2.to(kc_ptr.dtype.element_ty), mask=m & is_k)
+        tl.store(vc_ptr + off, o1.to(vc_ptr.dtype.element_ty), mask=m & is_v)
+        tl.store(vc_ptr + off + HALF, o2.to(vc_ptr.dtype.element_ty), mask=m & is_v)
 
 
 @triton.jit
@@ -350,8 +385,9 @@ def _step_kernel(
     D: tl.constexpr, F: tl.constexpr, N_HEAD: tl.constexpr, N_KV: tl.constexpr,
     HD: tl.constexpr, BLOCK_T: tl.constexpr,
     BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr,
-    BN_OUT: tl.constexpr, BLOCK_K: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_R: tl.constexpr, NPROG: tl.constexpr, PREFETCH: tl.constexpr,
+    BN_OUT: tl.constexpr, BK: tl.constexpr, BK_DOWN: tl.constexpr, NSPLIT: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, NPROG: tl.constexpr, LINES: tl.constexpr,
+    AHEAD: tl.constexpr,
 ):
     QD: tl.constexpr = N_HEAD * HD
     QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
@@ -359,13 +395,13 @@ def _step_kernel(
     start = tl.load(inp_ptr)
     nb = 0
     # embed: h [T, D] float32 = rows of the embedding table
-    for item in range(pid, T * tl.cdiv(D, BLOCK_K), NPROG):
-        t = item // tl.cdiv(D, BLOCK_K)
-        d = (item % tl.cdiv(D, BLOCK_K)) * BLOCK_K + tl.arange(0, BLOCK_K)
+    for item in range(pid, T * tl.cdiv(D, BK), NPROG):
+        t = item // tl.cdiv(D, BK)
+        d = (item % tl.cdiv(D, BK)) * BK + tl.arange(0, BK)
         tok = tl.load(inp_ptr + 1 + t)
         row = tl.load(emb_ptr + tok * D + d, mask=d < D, other=0.0)
         tl.store(h_ptr + t * D + d, row.to(tl.float32), mask=d < D)
-    _prefetch_qkv(wqkv_ptr, D, pid, N_HEAD, N_KV, HD, BN_QKV, PREFETCH)
+    _prefetch_qkv(wqkv_ptr, D, pid, N_HEAD, N_KV, HD, NPROG, LINES)
     nb += 1
     _sync(bar_ptr, nb, NPROG)
     for layer32 in range(n_layer):
@@ -378,37 +414,37 @@ def _step_kernel(
         w2 = w2_ptr + layer * D * F
         _qkv_phase(h_ptr, D, wqkv, n1_ptr + layer * D, bqkv_ptr + layer * QKV, rope_ptr, start,
                    q_ptr, kc, vc, stride_ch, stride_cs, T, eps, pid,
-                   N_HEAD, N_KV, HD, BLOCK_T, BN_QKV, BLOCK_K, NPROG)
+                   N_HEAD, N_KV, HD, BLOCK_T, BN_QKV, BK, NPROG)
         nb += 1
         _sync(bar_ptr, nb, NPROG)
         _attn_phase(q_ptr, kc, vc, start, op_ptr, ml_ptr, T, stride_ch, stride_cs, scale, pid,
                     N_HEAD, N_KV, HD, NSPLIT, BLOCK_R, BLOCK_S, NPROG)
-        _prefetch_rows(wo, D, QD, pid, 0, BN_O, PREFETCH)
+        _prefetch_rows(wo, D, QD, pid, 0, BN_O, NPROG, LINES, AHEAD)
         nb += 1
         _sync(bar_ptr, nb, NPROG)
         _combine_phase(op_ptr, ml_ptr, attn_ptr, T, pid, N_HEAD, HD, NSPLIT, NPROG)
         nb += 1
         _sync(bar_ptr, nb, NPROG)
         _gemv_phase(attn_ptr, QD, wo, wo, wo, h_ptr, D, T, D, QD, eps, pid,
-                    1, False, False, BLOCK_T, BN_O, BLOCK_K, NPROG)
-        _prefetch_rows(w13, F, D, pid, 2, BN_GU, PREFETCH)
+                    1, False, False, BLOCK_T, BN_O, BK, NPROG, LINES, AHEAD)
+        _prefetch_rows(w13, F, D, pid, 2, BN_GU, NPROG, LINES, AHEAD)
         nb += 1
         _sync(bar_ptr, nb, NPROG)
         _gemv_phase(h_ptr, D, w13, n2_ptr + layer * D, w13, act_ptr, F, T, F, D, eps, pid,
-                    2, True, False, BLOCK_T, BN_GU, BLOCK_K, NPROG)
-        _prefetch_rows(w2, D, F, pid, 0, BN_DOWN, PREFETCH)
+                    2, True, False, BLOCK_T, BN_GU, BK, NPROG, LINES, AHEAD)
+        _prefetch_rows(w2, D, F, pid, 0, BN_DOWN, NPROG, LINES, AHEAD)
         nb += 1
         _sync(bar_ptr, nb, NPROG)
         _gemv_phase(act_ptr, F, w2, w2, w2, h_ptr, D, T, D, F, eps, pid,
-                    1, False, False, BLOCK_T, BN_DOWN, BLOCK_K, NPROG)
+                    1, False, False, BLOCK_T, BN_DOWN, BK_DOWN, NPROG, LINES, AHEAD)
         if layer32 + 1 < n_layer:
-            _prefetch_qkv(wqkv + QKV * D, D, pid, N_HEAD, N_KV, HD, BN_QKV, PREFETCH)
+            _prefetch_qkv(wqkv + QKV * D, D, pid, N_HEAD, N_KV, HD, NPROG, LINES)
         else:
-            _prefetch_rows(wout_ptr, V, D, pid, 0, BN_OUT, PREFETCH)
+            _prefetch_rows(wout_ptr, V, D, pid, 0, BN_OUT, NPROG, LINES, AHEAD)
         nb += 1
         _sync(bar_ptr, nb, NPROG)
     _gemv_phase(h_ptr, D, wout_ptr, nf_ptr, wout_ptr, logits_ptr, V, T, V, D, eps, pid,
-                0, True, False, BLOCK_T, BN_OUT, BLOCK_K, NPROG)
+                0, True, False, BLOCK_T, BN_OUT, BK, NPROG, LINES, AHEAD)
 
 
 @dataclass(slots=True)
@@ -465,8 +501,6 @@ def step(
     on_gpu = inputs.device.type == "cuda"
     nprog = programs_for(inputs.device, c)
     a = args
-    if a.head_dim // 2 % c.bn_qkv:
-        raise ValueError(f"bn_qkv {c.bn_qkv} must divide head_dim/2 = {a.head_dim // 2}")
     if s.o_part.shape[0] != c.nsplit:
         raise ValueError("scratch was made for another number of attention splits")
     s.bar.zero_()
@@ -479,8 +513,9 @@ def step(
         a.rms_eps, a.head_dim**-0.5,
         D=a.n_embd, F=a.n_ff, N_HEAD=a.n_head, N_KV=a.n_head_kv, HD=a.head_dim,
         BLOCK_T=block_t(t), BN_QKV=c.bn_qkv, BN_O=c.bn_o, BN_GU=c.bn_gu, BN_DOWN=c.bn_down,
-        BN_OUT=c.bn_out, BLOCK_K=c.block_k, NSPLIT=c.nsplit, BLOCK_S=c.block_s,
-        BLOCK_R=max(16, triton.next_power_of_2(t * a.group)), NPROG=nprog,
-        PREFETCH=c.prefetch if on_gpu else 0, num_warps=c.num_warps,
+        BN_OUT=c.bn_out, BK=min(c.bk, triton.next_power_of_2(max(a.n_embd, a.q_dim))),
+        BK_DOWN=min(c.bk_down, triton.next_power_of_2(a.n_ff)), NSPLIT=c.nsplit,
+        BLOCK_S=c.block_s, BLOCK_R=max(16, triton.next_power_of_2(t * a.group)), NPROG=nprog,
+        LINES=c.lines if on_gpu else 0, AHEAD=c.ahead, num_warps=c.num_warps,
     )
     return s.logits
