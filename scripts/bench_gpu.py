@@ -557,6 +557,47 @@ def barrier_check(n: int = 2000) -> dict[str, Any]:
     return res
 
 
+PHASES = ("qkv", "attn", "combine", "o", "gate_up", "down")
+
+
+def mega_trace(r: Runner, t: int, pos: int) -> dict[str, Any]:
+    """Where the single-launch step's time goes: every program stamps the GPU timer when it
+    reaches and leaves each barrier. Per phase kind (mean over layers, microseconds): the
+    slowest program's work, the mean program's work, and the barrier's own latency (last
+    arrival to first exit)."""
+    from openjarvis.engine.torch import megakernel
+
+    ws = r._workspace(t)
+    ws.inputs.copy_(torch.tensor([pos, *range(100, 100 + t)], dtype=torch.int64))
+    nprog = megakernel.programs_for(ws.inputs.device, r.mega)  # type: ignore[arg-type]
+    trace = torch.zeros(nprog, 256, 2, dtype=torch.int64, device="cuda")
+    run = lambda: megakernel.step(r.args, r.model.weights, r._stacked, r.model.rope,  # noqa: E731
+                                  r.cache.k, r.cache.v, ws.inputs, ws.mega, r.mega, trace)
+    for _ in range(3):
+        run()
+    sync()
+    tr = trace.cpu().double() / 1e3  # us
+    n_layer = r.args.n_layer
+    arr, ext = tr[:, :, 0], tr[:, :, 1]
+    t0 = ext[:, 0].min()
+    out: dict[str, Any] = {"total_us": float(arr[:, 2 + 6 * n_layer].max() - t0)}
+    work: dict[str, list[tuple[float, float]]] = {k: [] for k in PHASES}
+    bars = []
+    for n in range(2, 2 + 6 * n_layer):
+        w = arr[:, n] - ext[:, n - 1]
+        work[PHASES[(n - 2) % 6]].append((float(w.max()), float(w.mean())))
+        bars.append(float(ext[:, n].min() - arr[:, n].max()))
+    last = 1 + 6 * n_layer
+    wout = arr[:, last + 1] - ext[:, last]
+    out["out_proj"] = {"max": float(wout.max()), "mean": float(wout.mean())}
+    out["embed"] = {"max": float((arr[:, 1] - ext[:, 0]).max())}
+    for k, v in work.items():
+        out[k] = {"max": statistics.mean(x for x, _ in v), "mean": statistics.mean(y for _, y in v)}
+    out["barrier_latency"] = statistics.mean(bars)
+    out["sum_slowest_us"] = n_layer * sum(out[k]["max"] for k in PHASES) + out["out_proj"]["max"]
+    return out
+
+
 def mega_explore(name: str, positions: list[int]) -> dict[str, Any]:
     """The single-launch step against the per-kernel step, in the same process: correctness
     against a float32 reference (0.5B only), then ms per token for a few configurations."""
@@ -577,13 +618,13 @@ def mega_explore(name: str, positions: list[int]) -> dict[str, Any]:
     if not PDL_OK:
         base.pdl_by_t = {}
     base_cfg = MegaConfig()
+    w8 = replace(base_cfg, num_warps=8, lines=256)
     cfgs = {
         "mega": base_cfg,
-        "mega_nopf": replace(base_cfg, lines=0),
-        "mega_ahead1": replace(base_cfg, ahead=1),
-        "mega_ahead4": replace(base_cfg, ahead=4),
-        "mega_w8": replace(base_cfg, num_warps=8, lines=256),
-        "mega_bk1024": replace(base_cfg, bk=1024, bn_o=16, bn_gu=8, bn_down=8, bn_out=16),
+        "mega_w8": w8,
+        "mega_w8_big": replace(w8, bn_o=16, bn_gu=8, bn_down=8, bn_out=16),
+        "mega_w4": replace(base_cfg, num_warps=4, lines=128),
+        "mega_w8_nopf": replace(w8, lines=0),
     }
     runners: dict[str, Runner] = {}
     for cname, cfg in cfgs.items():
@@ -619,8 +660,16 @@ def mega_explore(name: str, positions: list[int]) -> dict[str, Any]:
                 except Exception:
                     log(rname, t, "failed:", traceback.format_exc(limit=3))
         res[f"pos{pos}"] = row
+        for rname in ("mega", "mega_w8"):
+            try:
+                row[f"trace_{rname}"] = mega_trace(runners[rname], 1, pos)
+                log(name, pos, rname, "trace", {k: round(v, 2) if isinstance(v, float) else
+                                                {a: round(b, 2) for a, b in v.items()}
+                                                for k, v in row[f"trace_{rname}"].items()})
+            except Exception:
+                log("trace failed:", traceback.format_exc(limit=3))
         log(name, pos, {k: (round(v, 4), f"{100 * floor_ms / v:.0f}%") if k.endswith("_t1") else round(v, 4)
-                        for k, v in row.items()})
+                        for k, v in row.items() if isinstance(v, float)})
     return res
 
 

@@ -126,6 +126,24 @@ def _sync(bar_ptr, n, NPROG: tl.constexpr):
 
 
 @triton.jit
+def _now():
+    """Nanoseconds of the GPU's global timer (tracing only)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _bar(bar_ptr, n, trace_ptr, pid, NPROG: tl.constexpr, TRACE: tl.constexpr):
+    """``_sync``, recording (with TRACE) when this program arrived and when it left:
+    trace [NPROG, barriers, 2] int64 nanoseconds."""
+    if TRACE:
+        tl.store(trace_ptr + (pid * 256 + n) * 2, _now())
+    _sync(bar_ptr, n, NPROG)
+    if TRACE:
+        tl.store(trace_ptr + (pid * 256 + n) * 2 + 1, _now())
+
+
+@triton.jit
 def _prefetch(base, n_elems, LINES: tl.constexpr):
     """Ask L2 for the 128-byte lines of ``n_elems`` bf16/f16 weights at ``base``, ``LINES`` at
     a time (0: do nothing). Nothing waits on them: later loads find the lines in L2."""
@@ -380,20 +398,22 @@ def _combine_phase(o_ptr, ml_ptr, out_ptr, T, pid,
 def _step_kernel(
     inp_ptr, emb_ptr, n1_ptr, wqkv_ptr, bqkv_ptr, wo_ptr, n2_ptr, w13_ptr, w2_ptr, nf_ptr,
     wout_ptr, rope_ptr, kc_ptr, vc_ptr,
-    h_ptr, q_ptr, op_ptr, ml_ptr, attn_ptr, act_ptr, logits_ptr, bar_ptr,
+    h_ptr, q_ptr, op_ptr, ml_ptr, attn_ptr, act_ptr, logits_ptr, bar_ptr, trace_ptr,
     T, n_layer, V, stride_cl, stride_ch, stride_cs, eps, scale,
     D: tl.constexpr, F: tl.constexpr, N_HEAD: tl.constexpr, N_KV: tl.constexpr,
     HD: tl.constexpr, BLOCK_T: tl.constexpr,
     BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr,
     BN_OUT: tl.constexpr, BK: tl.constexpr, BK_DOWN: tl.constexpr, NSPLIT: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, NPROG: tl.constexpr, LINES: tl.constexpr,
-    AHEAD: tl.constexpr,
+    AHEAD: tl.constexpr, TRACE: tl.constexpr,
 ):
     QD: tl.constexpr = N_HEAD * HD
     QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
     pid = tl.program_id(0)
     start = tl.load(inp_ptr)
     nb = 0
+    if TRACE:
+        tl.store(trace_ptr + pid * 512 + 1, _now())
     # embed: h [T, D] float32 = rows of the embedding table
     for item in range(pid, T * tl.cdiv(D, BK), NPROG):
         t = item // tl.cdiv(D, BK)
@@ -403,7 +423,7 @@ def _step_kernel(
         tl.store(h_ptr + t * D + d, row.to(tl.float32), mask=d < D)
     _prefetch_qkv(wqkv_ptr, D, pid, N_HEAD, N_KV, HD, NPROG, LINES)
     nb += 1
-    _sync(bar_ptr, nb, NPROG)
+    _bar(bar_ptr, nb, trace_ptr, pid, NPROG, TRACE)
     for layer32 in range(n_layer):
         layer = tl.cast(layer32, tl.int64)  # offsets into [L, ...] tensors pass 2**31 on big models
         kc = kc_ptr + layer * stride_cl
@@ -416,25 +436,25 @@ def _step_kernel(
                    q_ptr, kc, vc, stride_ch, stride_cs, T, eps, pid,
                    N_HEAD, N_KV, HD, BLOCK_T, BN_QKV, BK, NPROG)
         nb += 1
-        _sync(bar_ptr, nb, NPROG)
+        _bar(bar_ptr, nb, trace_ptr, pid, NPROG, TRACE)
         _attn_phase(q_ptr, kc, vc, start, op_ptr, ml_ptr, T, stride_ch, stride_cs, scale, pid,
                     N_HEAD, N_KV, HD, NSPLIT, BLOCK_R, BLOCK_S, NPROG)
         _prefetch_rows(wo, D, QD, pid, 0, BN_O, NPROG, LINES, AHEAD)
         nb += 1
-        _sync(bar_ptr, nb, NPROG)
+        _bar(bar_ptr, nb, trace_ptr, pid, NPROG, TRACE)
         _combine_phase(op_ptr, ml_ptr, attn_ptr, T, pid, N_HEAD, HD, NSPLIT, NPROG)
         nb += 1
-        _sync(bar_ptr, nb, NPROG)
+        _bar(bar_ptr, nb, trace_ptr, pid, NPROG, TRACE)
         _gemv_phase(attn_ptr, QD, wo, wo, wo, h_ptr, D, T, D, QD, eps, pid,
                     1, False, False, BLOCK_T, BN_O, BK, NPROG, LINES, AHEAD)
         _prefetch_rows(w13, F, D, pid, 2, BN_GU, NPROG, LINES, AHEAD)
         nb += 1
-        _sync(bar_ptr, nb, NPROG)
+        _bar(bar_ptr, nb, trace_ptr, pid, NPROG, TRACE)
         _gemv_phase(h_ptr, D, w13, n2_ptr + layer * D, w13, act_ptr, F, T, F, D, eps, pid,
                     2, True, False, BLOCK_T, BN_GU, BK, NPROG, LINES, AHEAD)
         _prefetch_rows(w2, D, F, pid, 0, BN_DOWN, NPROG, LINES, AHEAD)
         nb += 1
-        _sync(bar_ptr, nb, NPROG)
+        _bar(bar_ptr, nb, trace_ptr, pid, NPROG, TRACE)
         _gemv_phase(act_ptr, F, w2, w2, w2, h_ptr, D, T, D, F, eps, pid,
                     1, False, False, BLOCK_T, BN_DOWN, BK_DOWN, NPROG, LINES, AHEAD)
         if layer32 + 1 < n_layer:
@@ -442,9 +462,11 @@ def _step_kernel(
         else:
             _prefetch_rows(wout_ptr, V, D, pid, 0, BN_OUT, NPROG, LINES, AHEAD)
         nb += 1
-        _sync(bar_ptr, nb, NPROG)
+        _bar(bar_ptr, nb, trace_ptr, pid, NPROG, TRACE)
     _gemv_phase(h_ptr, D, wout_ptr, nf_ptr, wout_ptr, logits_ptr, V, T, V, D, eps, pid,
                 0, True, False, BLOCK_T, BN_OUT, BK, NPROG, LINES, AHEAD)
+    if TRACE:
+        tl.store(trace_ptr + (pid * 256 + nb + 1) * 2, _now())
 
 
 @dataclass(slots=True)
@@ -494,6 +516,7 @@ def step(
     inputs: torch.Tensor,  # [1 + T] int64: start, tokens
     s: Scratch,
     cfg: MegaConfig,
+    trace: torch.Tensor | None = None,  # [programs, 256, 2] int64: barrier arrival/exit ns
 ) -> torch.Tensor:
     """Run one step of ``T = inputs.numel() - 1`` tokens; returns ``s.logits [T, V]``."""
     t = inputs.numel() - 1
@@ -501,6 +524,8 @@ def step(
     on_gpu = inputs.device.type == "cuda"
     nprog = programs_for(inputs.device, c)
     a = args
+    if trace is not None and (trace.shape[1] < 1 + 6 * a.n_layer + 2 or not on_gpu):
+        raise ValueError("a trace needs the GPU and room for every barrier")
     if s.o_part.shape[0] != c.nsplit:
         raise ValueError("scratch was made for another number of attention splits")
     s.bar.zero_()
@@ -509,6 +534,7 @@ def step(
         stacked.ffn_norm, stacked.w13, stacked.w2, weights.out_norm, weights.out, rope,
         k_cache, v_cache,
         s.h, s.q, s.o_part, s.ml_part, s.attn, s.act, s.logits, s.bar,
+        trace if trace is not None else s.bar,
         t, a.n_layer, a.n_vocab, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         a.rms_eps, a.head_dim**-0.5,
         D=a.n_embd, F=a.n_ff, N_HEAD=a.n_head, N_KV=a.n_head_kv, HD=a.head_dim,
@@ -516,6 +542,7 @@ def step(
         BN_OUT=c.bn_out, BK=min(c.bk, triton.next_power_of_2(max(a.n_embd, a.q_dim))),
         BK_DOWN=min(c.bk_down, triton.next_power_of_2(a.n_ff)), NSPLIT=c.nsplit,
         BLOCK_S=c.block_s, BLOCK_R=max(16, triton.next_power_of_2(t * a.group)), NPROG=nprog,
-        LINES=c.lines if on_gpu else 0, AHEAD=c.ahead, num_warps=c.num_warps,
+        LINES=c.lines if on_gpu else 0, AHEAD=c.ahead, TRACE=trace is not None,
+        num_warps=c.num_warps,
     )
     return s.logits
