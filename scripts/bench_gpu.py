@@ -567,10 +567,10 @@ def mega_trace(r: Runner, t: int, pos: int) -> dict[str, Any]:
     arrival to first exit)."""
     from openjarvis.engine.torch import megakernel
 
+    r.step(list(range(100, 100 + t)), pos)  # fixes the grid
     ws = r._workspace(t)
-    ws.inputs.copy_(torch.tensor([pos, *range(100, 100 + t)], dtype=torch.int64))
-    nprog = megakernel.programs_for(ws.inputs.device, r.mega)  # type: ignore[arg-type]
-    trace = torch.zeros(nprog, 256, 2, dtype=torch.int64, device="cuda")
+    assert ws.mega is not None
+    trace = torch.zeros(ws.mega.programs, 256, 2, dtype=torch.int64, device="cuda")
     run = lambda: megakernel.step(r.args, r.model.weights, r._stacked, r.model.rope,  # noqa: E731
                                   r.cache.k, r.cache.v, ws.inputs, ws.mega, r.mega, trace)
     for _ in range(3):
@@ -580,7 +580,8 @@ def mega_trace(r: Runner, t: int, pos: int) -> dict[str, Any]:
     n_layer = r.args.n_layer
     arr, ext = tr[:, :, 0], tr[:, :, 1]
     t0 = ext[:, 0].min()
-    out: dict[str, Any] = {"total_us": float(arr[:, 2 + 6 * n_layer].max() - t0)}
+    out: dict[str, Any] = {"total_us": float(arr[:, 2 + 6 * n_layer].max() - t0),
+                           "programs": ws.mega.programs}
     work: dict[str, list[tuple[float, float]]] = {k: [] for k in PHASES}
     bars = []
     for n in range(2, 2 + 6 * n_layer):
@@ -618,13 +619,14 @@ def mega_explore(name: str, positions: list[int]) -> dict[str, Any]:
     if not PDL_OK:
         base.pdl_by_t = {}
     base_cfg = MegaConfig()
-    w8 = replace(base_cfg, num_warps=8, lines=256)
     cfgs = {
         "mega": base_cfg,
-        "mega_w8": w8,
-        "mega_w8_big": replace(w8, bn_o=16, bn_gu=8, bn_down=8, bn_out=16),
-        "mega_w4": replace(base_cfg, num_warps=4, lines=128),
-        "mega_w8_nopf": replace(w8, lines=0),
+        "mega_w4x2": replace(base_cfg, num_warps=4, per_sm=2, lines=128),
+        "mega_w4x3": replace(base_cfg, num_warps=4, per_sm=3, lines=128),
+        "mega_w8x2": replace(base_cfg, num_warps=8, per_sm=2, lines=256),
+        "mega_big": replace(base_cfg, bn_o=16, bn_gu=8, bn_down=8, bn_out=16, bk_down=1024),
+        "mega_w4x3_small": replace(base_cfg, num_warps=4, per_sm=3, lines=128, bn_o=4,
+                                   bn_gu=2, bn_down=2, bn_out=4),
     }
     runners: dict[str, Runner] = {}
     for cname, cfg in cfgs.items():
@@ -660,7 +662,7 @@ def mega_explore(name: str, positions: list[int]) -> dict[str, Any]:
                 except Exception:
                     log(rname, t, "failed:", traceback.format_exc(limit=3))
         res[f"pos{pos}"] = row
-        for rname in ("mega", "mega_w8"):
+        for rname in ("mega", "mega_w4x3"):
             try:
                 row[f"trace_{rname}"] = mega_trace(runners[rname], 1, pos)
                 log(name, pos, rname, "trace", {k: round(v, 2) if isinstance(v, float) else

@@ -59,9 +59,10 @@ class MegaConfig:
     bk_down: int = 2048
     nsplit: int = 32
     block_s: int = 64
-    num_warps: int = 16
-    programs: int = 0  # 0: one per SM (the GPU), 1 on the CPU
-    lines: int = 512
+    num_warps: int = 8
+    programs: int = 0  # 0: per_sm per SM, as many as fit resident (the GPU); 1 on the CPU
+    per_sm: int = 1
+    lines: int = 256
     ahead: int = 2
 
     def for_t(self, t: int) -> MegaConfig:
@@ -228,15 +229,88 @@ def _gemv_phase(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, T, N,
     if NORM:
         inv = _inv_rms(x_ptr, stride_x, T, K, eps, BLOCK_T, BLOCK_K)
     lo, hi = _share(N, pid, NPROG)
-    for r0 in range(lo, hi, BLOCK_N):
-        nxt = r0 + AHEAD * BLOCK_N
-        if nxt < hi:
-            n_el = tl.minimum(BLOCK_N, hi - nxt) * K
-            _prefetch(w_ptr + nxt * K, n_el, LINES)
+    if BLOCK_T == 1:
+        _gemv_t1(x_ptr, w_ptr, g_ptr, b_ptr, out_ptr, inv, lo, hi, N, K, MODE, NORM, BIAS,
+                 BLOCK_N, BLOCK_K, LINES, AHEAD)
+    else:
+        for r0 in range(lo, hi, BLOCK_N):
+            nxt = r0 + AHEAD * BLOCK_N
+            if nxt < hi:
+                n_el = tl.minimum(BLOCK_N, hi - nxt) * K
+                _prefetch(w_ptr + nxt * K, n_el, LINES)
+                if MODE == 2:
+                    _prefetch(w_ptr + (N + nxt) * K, n_el, LINES)
+            _rows(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, inv, r0, hi, T, N,
+                  K, MODE, NORM, BIAS, BLOCK_T, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _gemv_t1(x_ptr, w_ptr, g_ptr, b_ptr, out_ptr, inv, lo, hi, N, K,
+             MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LINES: tl.constexpr,
+             AHEAD: tl.constexpr):
+    """One token: the share as a flat sequence of [BLOCK_N, BLOCK_K] weight tiles, each
+    loaded one tile ahead of its use (a single resident program per SM has nothing else to
+    hide a load behind), products accumulated element-wise and reduced once per row block."""
+    n_kc = tl.cdiv(K, BLOCK_K)
+    n_tiles = tl.cdiv(hi - lo, BLOCK_N) * n_kc
+    ar_n = tl.arange(0, BLOCK_N)
+    ar_k = tl.arange(0, BLOCK_K)
+    # tile 0
+    rn = lo + ar_n
+    wm = (rn < hi)[:, None] & (ar_k < K)[None, :]  # an empty share masks everything
+    w_nxt = tl.load(w_ptr + rn[:, None] * K + ar_k[None, :], mask=wm, other=0.0)
+    w2_nxt = w_nxt
+    if MODE == 2:
+        w2_nxt = tl.load(w_ptr + (rn[:, None] + N) * K + ar_k[None, :], mask=wm, other=0.0)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for i in range(0, n_tiles):
+        w = w_nxt
+        w2 = w2_nxt
+        rb = i // n_kc
+        kc = i % n_kc
+        # the next tile's loads go out before this tile is used
+        j = i + 1
+        rn_j = lo + (j // n_kc) * BLOCK_N + ar_n
+        rk_j = (j % n_kc) * BLOCK_K + ar_k
+        wm_j = (rn_j < hi)[:, None] & (rk_j < K)[None, :]  # past the last tile: rn_j >= hi
+        w_nxt = tl.load(w_ptr + rn_j[:, None] * K + rk_j[None, :], mask=wm_j, other=0.0)
+        if MODE == 2:
+            w2_nxt = tl.load(w_ptr + (rn_j[:, None] + N) * K + rk_j[None, :], mask=wm_j,
+                             other=0.0)
+        if kc == 0:  # a new row block: ask L2 for the one AHEAD blocks later
+            nxt = lo + (rb + AHEAD) * BLOCK_N
+            if nxt < hi:
+                n_el = tl.minimum(BLOCK_N, hi - nxt) * K
+                _prefetch(w_ptr + nxt * K, n_el, LINES)
+                if MODE == 2:
+                    _prefetch(w_ptr + (N + nxt) * K, n_el, LINES)
+        rk = kc * BLOCK_K + ar_k
+        kmask = rk < K
+        x = tl.load(x_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+        if NORM:
+            x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+        acc += x[None, :] * w.to(tl.float32)
+        if MODE == 2:
+            acc2 += x[None, :] * w2.to(tl.float32)
+        if kc == n_kc - 1:
+            rn = lo + rb * BLOCK_N + ar_n
+            nmask = rn < hi
+            y = tl.sum(acc, axis=1)
+            y2 = tl.sum(acc2, axis=1)
+            if NORM:
+                y = y * inv
+                y2 = y2 * inv
+            if BIAS:
+                y += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+            if MODE == 1:
+                y += tl.load(out_ptr + rn, mask=nmask, other=0.0)
             if MODE == 2:
-                _prefetch(w_ptr + (N + nxt) * K, n_el, LINES)
-        _rows(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, inv, r0, hi, T, N, K,
-              MODE, NORM, BIAS, BLOCK_T, BLOCK_N, BLOCK_K)
+                y = y * tl.sigmoid(y) * y2
+            tl.store(out_ptr + rn, y.to(out_ptr.dtype.element_ty), mask=nmask)
+            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
 
 
 @triton.jit
@@ -481,6 +555,7 @@ class Scratch:
     act: torch.Tensor  # [T, F] float32
     logits: torch.Tensor  # [T, V] float32
     bar: torch.Tensor  # [1] int32 barrier counter, zeroed before each launch
+    programs: int = 0  # the launch's grid, fixed at the first step (0: not yet)
 
 
 def scratch(args, t: int, nsplit: int, device: torch.device | str) -> Scratch:  # noqa: ANN001
@@ -499,11 +574,28 @@ def scratch(args, t: int, nsplit: int, device: torch.device | str) -> Scratch:  
 
 
 def programs_for(device: torch.device, cfg: MegaConfig) -> int:
-    """One program per SM: every program must be resident at once for the barriers."""
+    """Programs of the launch before occupancy is known: ``per_sm`` per SM (1 on the CPU)."""
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return min(cfg.programs, sms) if cfg.programs > 0 else sms
+    return cfg.programs if cfg.programs > 0 else sms * cfg.per_sm
+
+
+def resident_per_sm(compiled: object, device: torch.device) -> int:
+    """How many programs of a compiled kernel one SM holds at once (registers, shared memory,
+    warps): the grid barrier spins forever unless every program is resident."""
+    props = torch.cuda.get_device_properties(device)
+    regs_sm = int(getattr(props, "regs_per_multiprocessor", 65536))
+    threads_sm = int(getattr(props, "max_threads_per_multi_processor", 2048))
+    smem_sm = int(getattr(props, "shared_memory_per_multiprocessor", 233472))
+    md = compiled.metadata  # type: ignore[attr-defined]
+    warps = int(md.num_warps)
+    n_regs = max(1, int(compiled.n_regs))  # type: ignore[attr-defined]
+    per_warp = -(-n_regs * 32 // 256) * 256
+    by_regs = regs_sm // (per_warp * warps)
+    by_threads = threads_sm // (32 * warps)
+    by_smem = smem_sm // (int(md.shared) + 1024)
+    return max(0, min(by_regs, by_threads, by_smem, 32))
 
 
 def step(
@@ -528,8 +620,16 @@ def step(
         raise ValueError("a trace needs the GPU and room for every barrier")
     if s.o_part.shape[0] != c.nsplit:
         raise ValueError("scratch was made for another number of attention splits")
-    s.bar.zero_()
-    _step_kernel[(nprog,)](
+    kwargs = dict(
+        D=a.n_embd, F=a.n_ff, N_HEAD=a.n_head, N_KV=a.n_head_kv, HD=a.head_dim,
+        BLOCK_T=block_t(t), BN_QKV=c.bn_qkv, BN_O=c.bn_o, BN_GU=c.bn_gu, BN_DOWN=c.bn_down,
+        BN_OUT=c.bn_out, BK=min(c.bk, triton.next_power_of_2(max(a.n_embd, a.q_dim))),
+        BK_DOWN=min(c.bk_down, triton.next_power_of_2(a.n_ff)), NSPLIT=c.nsplit,
+        BLOCK_S=c.block_s, BLOCK_R=max(16, triton.next_power_of_2(t * a.group)),
+        LINES=c.lines if on_gpu else 0, AHEAD=c.ahead, TRACE=trace is not None,
+        num_warps=c.num_warps,
+    )
+    args_ = (
         inputs, weights.tok_emb, stacked.attn_norm, stacked.wqkv, stacked.bqkv, stacked.wo,
         stacked.ffn_norm, stacked.w13, stacked.w2, weights.out_norm, weights.out, rope,
         k_cache, v_cache,
@@ -537,12 +637,20 @@ def step(
         trace if trace is not None else s.bar,
         t, a.n_layer, a.n_vocab, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         a.rms_eps, a.head_dim**-0.5,
-        D=a.n_embd, F=a.n_ff, N_HEAD=a.n_head, N_KV=a.n_head_kv, HD=a.head_dim,
-        BLOCK_T=block_t(t), BN_QKV=c.bn_qkv, BN_O=c.bn_o, BN_GU=c.bn_gu, BN_DOWN=c.bn_down,
-        BN_OUT=c.bn_out, BK=min(c.bk, triton.next_power_of_2(max(a.n_embd, a.q_dim))),
-        BK_DOWN=min(c.bk_down, triton.next_power_of_2(a.n_ff)), NSPLIT=c.nsplit,
-        BLOCK_S=c.block_s, BLOCK_R=max(16, triton.next_power_of_2(t * a.group)), NPROG=nprog,
-        LINES=c.lines if on_gpu else 0, AHEAD=c.ahead, TRACE=trace is not None,
-        num_warps=c.num_warps,
     )
+    if s.programs == 0:
+        s.programs = nprog
+        if on_gpu and c.programs == 0:  # the most programs per SM that stay resident
+            sms = nprog // c.per_sm
+            for m in range(c.per_sm, 0, -1):
+                compiled = _step_kernel.warmup(*args_, NPROG=sms * m, grid=(sms * m,), **kwargs)
+                if resident_per_sm(compiled, inputs.device) >= m:
+                    s.programs = sms * m
+                    break
+            else:
+                raise RuntimeError("the single-launch step does not fit one program per SM")
+    if trace is not None and trace.shape[0] < s.programs:
+        raise ValueError("the trace needs a row per program")
+    s.bar.zero_()
+    _step_kernel[(s.programs,)](*args_, NPROG=s.programs, **kwargs)
     return s.logits
