@@ -50,7 +50,9 @@ def device_name() -> str:
     return f"cpu:{model}"
 
 
-_LOG_ERROR = 3  # ggml_log_level: 1 info, 2 warn, 3 error, 4 debug, 5 continuation
+#: ggml.h's ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation (llama-cpp-python's
+#: _logger.py still has an older order, in which 3 was error: that let warnings through and no errors).
+_LOG_ERROR = 4
 _log_state = {"last": 0}
 #: Errors llama.cpp logs, and then repairs itself, for models we ship (Qwen's ``</s>`` token).
 _HARMLESS = (b"control-looking token",)
