@@ -188,6 +188,20 @@ def read_info(path: Path) -> GGUFInfo:
     )
 
 
+def tensor_types(path: Path) -> dict[str, int]:
+    """Bytes per tensor type among the weight tensors (2-D and up), e.g. ``{"Q5_0": ..., "Q8_0": ...}``.
+
+    What a file is labelled (``general.file_type``) need not be what it holds: the default
+    drafter says Q4_K_M but is mostly Q5_0 and Q8_0, and what a step costs follows the bytes.
+    """
+    out: dict[str, int] = {}
+    for t in _reader(path).tensors:
+        if len(t.shape) >= 2 and int(t.shape[1]) > 1:
+            name = t.tensor_type.name
+            out[name] = out.get(name, 0) + int(t.n_bytes)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def check_pairable(drafter: Path, verifier: Path) -> None:
     """Raise ``IncompatiblePair`` unless both files carry the identical tokenizer."""
     if tokenizer_fingerprint(drafter) == tokenizer_fingerprint(verifier):

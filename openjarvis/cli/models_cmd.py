@@ -234,7 +234,8 @@ def model_path(ctx: click.Context, model_id: str) -> None:
 def remove_model(ctx: click.Context, model_id: str, yes: bool) -> None:
     """Delete an installed model file; for a model added with `add`, unregister it instead.
 
-    A model registered from your own file is never deleted from disk: only its manifest goes.
+    A model registered from your own file is never deleted from disk: only its manifest goes. A
+    model made by `quantize` is ours: its file and its manifest both go.
 
     \b
     Example:
@@ -244,6 +245,13 @@ def remove_model(ctx: click.Context, model_id: str, yes: bool) -> None:
     m = catalog.model(model_id)
     own_file = any(s.kind == "path" for s in m.sources)
     path = catalog.local_path(m)
+    derived = own_file and m.is_user and bool(m.derived_from) and path.parent == catalog.models_dir
+    if derived:
+        if yes or click.confirm(f"delete {path} ({human_bytes(m.size)}) and unregister {model_id}?"):
+            path.unlink(missing_ok=True)
+            m.origin.unlink()
+            click.echo(f"deleted {path} and unregistered {model_id}")
+        return
     if own_file:
         if not m.is_user:
             raise CatalogError(f"{model_id} is a built-in manifest; edit {m.origin} instead")
@@ -348,24 +356,31 @@ def _write_user_manifest(ctx: click.Context, fields: dict[str, object], path: Pa
 @models.command("quantize")
 @click.argument("model_id", metavar="ID")
 @click.option("--type", "qtype", required=True, help="llama.cpp quantization type, e.g. Q4_0, Q4_K_M, Q3_K_M, Q8_0.")
-@click.option("--id", "new_id", help="Id of the derived model (default: ID-TYPE).")
+@click.option(
+    "--output-type",
+    help="Type of the output tensor (read every step; llama.cpp keeps it at Q8_0/Q6_K otherwise), e.g. Q4_0.",
+)
+@click.option("--id", "new_id", help="Id of the derived model (default: ID-TYPE, plus -out-TYPE with --output-type).")
 @click.option("--force", is_flag=True, help="Replace a derived model with the same id.")
 @click.pass_context
-def quantize_model(ctx: click.Context, model_id: str, qtype: str, new_id: str | None, force: bool) -> None:
+def quantize_model(
+    ctx: click.Context, model_id: str, qtype: str, output_type: str | None, new_id: str | None, force: bool
+) -> None:
     """Derive a cheaper model with llama.cpp's quantizer and add it to the catalog.
 
     A coarser drafter makes each draft step cheaper; whether it pays depends on the acceptance it
-    loses (measure with scripts/bench_speculative.py). The derived manifest records its own
-    sha256 and what it was derived from. Requantizing an already quantized file costs quality
-    beyond quantizing from F16.
+    loses (measure with scripts/bench_drafters.py). The derived manifest records its own sha256
+    and what it was derived from. Requantizing an already quantized file costs quality beyond
+    quantizing from F16. The summary shows which tensor types were written: K-quants need rows
+    of 256 values, and llama.cpp stores other rows in a fallback type.
 
-    
+    \b
     Example:
-      jarvis models quantize qwen2.5-coder-0.5b --type Q4_0
+      jarvis models quantize qwen2.5-coder-0.5b --type Q4_0 --output-type Q4_0
     """
     import llama_cpp
 
-    from openjarvis.engine.quantize import TYPES, quantize
+    from openjarvis.engine.quantize import OUTPUT_TYPES, TYPES, base_type, quantize
 
     config = load_config(overrides=flag_overrides(ctx))
     catalog = Catalog.load(config)
@@ -374,14 +389,21 @@ def quantize_model(ctx: click.Context, model_id: str, qtype: str, new_id: str | 
     name = qtype.upper()
     if name not in TYPES:
         raise click.BadParameter(f"{qtype!r} is not one of {', '.join(TYPES)}", param_hint="--type")
-    mid = new_id or f"{model_id}-{name.lower()}"
+    out_name = output_type.upper() if output_type else None
+    if out_name is not None and out_name not in OUTPUT_TYPES:
+        raise click.BadParameter(
+            f"{output_type!r} is not one of {', '.join(OUTPUT_TYPES)}", param_hint="--output-type"
+        )
+    suffix = f"-out-{out_name.lower()}" if out_name else ""
+    mid = new_id or f"{model_id}-{name.lower()}{suffix}"
     _check_new_id(catalog, mid, force)
     dst = catalog.models_dir / f"{mid}.gguf"
-    click.echo(f"quantizing {model_id} ({source.quantization}) to {name}...", err=True)
-    result = quantize(src, dst, name, threads=config.engine.threads)
+    also = f", output tensor {out_name}" if out_name else ""
+    click.echo(f"quantizing {model_id} ({source.quantization}) to {name}{also}...", err=True)
+    result = quantize(src, dst, name, threads=config.engine.threads, output_type=out_name)
     fields = {
         "id": mid,
-        "name": f"{source.name} ({name})",
+        "name": f"{source.name} ({name}{also})",
         "family": source.family,
         "parameters": source.parameters,
         "quantization": name,
@@ -394,13 +416,23 @@ def quantize_model(ctx: click.Context, model_id: str, qtype: str, new_id: str | 
         "fim": source.fim,
         "license": source.license,
         "derived_from": (
-            f"{model_id} ({source.quantization}, sha256 {result.source_sha256}) requantized to {name} "
+            f"{model_id} ({source.quantization}, sha256 {result.source_sha256}) requantized to {name}{also} "
             f"by llama.cpp (llama-cpp-python {llama_cpp.__version__})"
         ),
     }
-    target = _write_user_manifest(ctx, fields, dst, f"Derived by `jarvis models quantize {model_id} --type {name}`.")
+    command = f"jarvis models quantize {model_id} --type {name}" + (f" --output-type {out_name}" if out_name else "")
+    target = _write_user_manifest(ctx, fields, dst, f"Derived by `{command}`.")
     ratio = result.size / max(1, src.stat().st_size)
     click.echo(f"{mid}: {human_bytes(result.size)} ({ratio:.0%} of {model_id}) at {dst}; manifest {target}")
+    mix = ", ".join(f"{t} {result.share(t):.0%}" for t in result.tensor_bytes)
+    click.echo(f"{mid}: weights by type: {mix}")
+    wanted = base_type(name)
+    if result.share(wanted) < 0.5:
+        click.echo(
+            f"{mid}: note: only {result.share(wanted):.0%} of the weights are {wanted}: llama.cpp stores rows it"
+            f" cannot split into {wanted} blocks in another type, so this file is not much cheaper than a"
+            f" {wanted} file would suggest"
+        )
 
 
 @models.command("pair-check")

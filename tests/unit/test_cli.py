@@ -203,3 +203,32 @@ def test_models_quantize_derives_a_catalog_model(
     assert "'Q9_Z' is not one of Q4_0" in capsys.readouterr().err
     assert main(["models", "quantize", "tiny-d", "--type", "Q8_0"]) == 1
     assert "already exists" in capsys.readouterr().err
+
+
+def test_models_quantize_output_type_fallback_note_and_rm(
+    tiny_drafter_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["models", "add", str(tiny_drafter_path), "--id", "tiny-d"]) == 0
+    capfd.readouterr()
+    # Rows of 64 values hold no K-quant block: the summary says so; llama.cpp's log stays quiet.
+    assert main(["models", "quantize", "tiny-d", "--type", "Q2_K"]) == 0
+    out, err = capfd.readouterr()
+    lines = out.splitlines()
+    assert lines[1].startswith("tiny-d-q2_k: weights by type: ")
+    assert lines[2].startswith("tiny-d-q2_k: note: only 0% of the weights are Q2_K: llama.cpp stores rows")
+    assert err == "quantizing tiny-d (F32) to Q2_K...\n"
+    # The output tensor's type, in the id, the summary and the manifest.
+    assert main(["models", "quantize", "tiny-d", "--type", "Q8_0", "--output-type", "q4_0"]) == 0
+    out = capfd.readouterr().out
+    assert out.splitlines()[1].startswith("tiny-d-q8_0-out-q4_0: weights by type: Q8_0 ")
+    assert "Q4_0 " in out.splitlines()[1] and "note:" not in out
+    derived = Catalog.load().model("tiny-d-q8_0-out-q4_0")
+    assert "requantized to Q8_0, output tensor Q4_0 by llama.cpp" in derived.derived_from
+    path = Catalog.load().installed_path("tiny-d-q8_0-out-q4_0", verify=True)
+    assert main(["models", "quantize", "tiny-d", "--type", "Q4_0", "--output-type", "Q3_K"]) == 2
+    assert "'Q3_K' is not one of Q4_0" in capfd.readouterr().err
+    # rm deletes a derived model's file as well as its manifest (it is ours, not the person's).
+    assert main(["models", "rm", "tiny-d-q8_0-out-q4_0", "--yes"]) == 0
+    assert capfd.readouterr().out == f"deleted {path} and unregistered tiny-d-q8_0-out-q4_0\n"
+    assert not path.exists() and "tiny-d-q8_0-out-q4_0" not in Catalog.load().models
+    assert tiny_drafter_path.exists() and "tiny-d" in Catalog.load().models
