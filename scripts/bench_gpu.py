@@ -624,9 +624,6 @@ def mega_explore(name: str, positions: list[int]) -> dict[str, Any]:
         "mega_w4x2": replace(base_cfg, num_warps=4, per_sm=2, lines=128),
         "mega_w4x3": replace(base_cfg, num_warps=4, per_sm=3, lines=128),
         "mega_w8x2": replace(base_cfg, num_warps=8, per_sm=2, lines=256),
-        "mega_big": replace(base_cfg, bn_o=16, bn_gu=8, bn_down=8, bn_out=16, bk_down=1024),
-        "mega_w4x3_small": replace(base_cfg, num_warps=4, per_sm=3, lines=128, bn_o=4,
-                                   bn_gu=2, bn_down=2, bn_out=4),
     }
     runners: dict[str, Runner] = {}
     for cname, cfg in cfgs.items():
@@ -665,8 +662,8 @@ def mega_explore(name: str, positions: list[int]) -> dict[str, Any]:
         for rname in ("mega", "mega_w4x3"):
             try:
                 row[f"trace_{rname}"] = mega_trace(runners[rname], 1, pos)
-                log(name, pos, rname, "trace", {k: round(v, 2) if isinstance(v, float) else
-                                                {a: round(b, 2) for a, b in v.items()}
+                log(name, pos, rname, "trace", {k: {a: round(b, 2) for a, b in v.items()}
+                                                if isinstance(v, dict) else round(v, 2)
                                                 for k, v in row[f"trace_{rname}"].items()})
             except Exception:
                 log("trace failed:", traceback.format_exc(limit=3))

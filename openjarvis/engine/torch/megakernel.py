@@ -588,6 +588,7 @@ def resident_per_sm(compiled: object, device: torch.device) -> int:
     regs_sm = int(getattr(props, "regs_per_multiprocessor", 65536))
     threads_sm = int(getattr(props, "max_threads_per_multi_processor", 2048))
     smem_sm = int(getattr(props, "shared_memory_per_multiprocessor", 233472))
+    compiled._init_handles()  # type: ignore[attr-defined]  # loads the binary: n_regs is set
     md = compiled.metadata  # type: ignore[attr-defined]
     warps = int(md.num_warps)
     n_regs = max(1, int(compiled.n_regs))  # type: ignore[attr-defined]
@@ -639,16 +640,17 @@ def step(
         a.rms_eps, a.head_dim**-0.5,
     )
     if s.programs == 0:
-        s.programs = nprog
+        programs = nprog
         if on_gpu and c.programs == 0:  # the most programs per SM that stay resident
             sms = nprog // c.per_sm
             for m in range(c.per_sm, 0, -1):
                 compiled = _step_kernel.warmup(*args_, NPROG=sms * m, grid=(sms * m,), **kwargs)
                 if resident_per_sm(compiled, inputs.device) >= m:
-                    s.programs = sms * m
+                    programs = sms * m
                     break
             else:
                 raise RuntimeError("the single-launch step does not fit one program per SM")
+        s.programs = programs  # only once known to be resident: a partial grid never returns
     if trace is not None and trace.shape[0] < s.programs:
         raise ValueError("the trace needs a row per program")
     s.bar.zero_()
