@@ -7,7 +7,14 @@ warm-up run that is not counted), and the same questions in the same order, so t
 the daemon's warm state alone. Times are seen from the client: first byte of the answer on stdout,
 and process exit.
 
+``--prefix-cache`` measures the persistent prefix cache instead: every run is a cold one-shot
+(the daemon stopped first, so nothing is left in memory) asking a question other than the
+warm-up's, once with ``engine.prefix_cache`` on (the prompt's head, saved by the warm-up, is
+loaded from disk) and once off (the head is prefilled), in alternating order. The answer's
+statistics are read back from the history database to confirm what was loaded.
+
     python scripts/bench_ask.py --repo /path/to/repo --repeats 3
+    python scripts/bench_ask.py --repo /path/to/repo --repeats 4 --prefix-cache
 
 Isolated from the person's own setup: XDG folders live in a temporary directory; only the
 installed model files are read from their usual place (`models.dir`).
@@ -16,7 +23,9 @@ installed model files are read from their usual place (`models.dir`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -58,12 +67,62 @@ def ask(env: dict[str, str], repo: Path, question: str, max_tokens: int) -> tupl
     return ttft, total, err.decode().strip().splitlines()[-1]
 
 
+def last_stats(home: Path) -> dict[str, object]:
+    """The statistics the daemon stored with the newest answer (history database, read-only)."""
+    (db,) = (home / "data").glob("openjarvis/history*.db")
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        (meta,) = conn.execute("SELECT meta FROM messages WHERE role = 'assistant' ORDER BY id DESC LIMIT 1").fetchone()
+    finally:
+        conn.close()
+    stats: dict[str, object] = json.loads(meta)["stats"]
+    return stats
+
+
+def prefix_cache_runs(env: dict[str, str], home: Path, repo: Path, repeats: int, max_tokens: int) -> None:
+    """A different question right after a daemon restart, with and without the disk cache."""
+    runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    for i in range(repeats):
+        question = QUESTIONS[i % len(QUESTIONS)]
+        for cached in (True, False) if i % 2 == 0 else (False, True):
+            jarvis(env, "daemon", "stop")
+            run_env = {**env, "JARVIS_ENGINE_PREFIX_CACHE": "true" if cached else "false"}
+            ttft, total, footer = ask(run_env, repo, question, max_tokens)
+            s = last_stats(home)
+            if cached and not s.get("prefix_loaded"):
+                raise SystemExit(f"run {i + 1}: the head was not loaded from disk ({s})")
+            runs[cached].append((ttft, total))
+            print(f"{'cache on ' if cached else 'cache off'} {i + 1}: first token {ttft:.2f} s, total {total:.2f} s,"
+                  f" prompt {s['prompt_tokens']} tokens, head loaded {s.get('prefix_loaded')}"
+                  f" (drafter {s.get('drafter_prefix_loaded')})  [{footer}]", file=sys.stderr)  # fmt: skip
+    jarvis(env, "daemon", "stop")
+    print(f"repository: {repo}; max_tokens {max_tokens}; {repeats} runs each (median, min–max);"
+          " each run: daemon stopped, then `jarvis ask` (starts it, loads the pair, answers)")  # fmt: skip
+    print("| run | time to first token, s | total, s |\n|---|---|---|")
+    print(row("prefix cache off: the head is prefilled", runs[False]))
+    print(row("prefix cache on: the head is loaded from disk", runs[True]))
+    off = statistics.median(x[0] for x in runs[False])
+    on = statistics.median(x[0] for x in runs[True])
+    print(f"time to first token, off / on: {off / on:.2f}x ({off - on:.2f} s saved)")
+    saved = [a[0] - b[0] for a, b in zip(runs[False], runs[True], strict=True)]  # same question, paired
+    print(f"saved per question (paired): {statistics.median(saved):.2f} s ({min(saved):.2f}–{max(saved):.2f})")
+
+
+def row(name: str, xs: list[tuple[float, float]]) -> str:
+    t = [x[0] for x in xs]
+    s = [x[1] for x in xs]
+    return (f"| {name} | {statistics.median(t):.2f} ({min(t):.2f}–{max(t):.2f}) | "
+            f"{statistics.median(s):.2f} ({min(s):.2f}–{max(s):.2f}) |")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repo", type=Path, required=True, help="a real repository to ask about")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--models-dir", type=Path, default=Path.home() / ".local/share/openjarvis/models")
+    ap.add_argument("--threads", type=int, default=0, help="engine.threads (0: physical cores)")
+    ap.add_argument("--prefix-cache", action="store_true", help="measure the persistent prefix cache (see above)")
     args = ap.parse_args()
     repo = args.repo.resolve()
     with tempfile.TemporaryDirectory(prefix="jarvis-bench-ask-") as tmp:
@@ -74,10 +133,15 @@ def main() -> None:
             (home / sub).mkdir()
             env[var] = str(home / sub)
         (home / "config" / "openjarvis").mkdir()
-        (home / "config" / "openjarvis" / "config.toml").write_text(f'[models]\ndir = "{args.models_dir}"\n')
+        (home / "config" / "openjarvis" / "config.toml").write_text(
+            f'[models]\ndir = "{args.models_dir}"\n[engine]\nthreads = {args.threads}\n'
+        )
         print(f"warm-up: indexing {repo} and asking once (not counted)", file=sys.stderr)
         jarvis(env, "index", str(repo))
         ask(env, repo, "What is this repository?", args.max_tokens)
+        if args.prefix_cache:
+            prefix_cache_runs(env, home, repo, args.repeats, args.max_tokens)
+            return
         cold: list[tuple[float, float]] = []
         warm: list[tuple[float, float]] = []
         questions = iter(QUESTIONS * args.repeats)
@@ -90,12 +154,6 @@ def main() -> None:
             warm.append((ttft, total))
             print(f"warm {i + 1}: first token {ttft:.2f} s, total {total:.2f} s  [{footer}]", file=sys.stderr)
         jarvis(env, "daemon", "stop")
-
-    def row(name: str, xs: list[tuple[float, float]]) -> str:
-        t = [x[0] for x in xs]
-        s = [x[1] for x in xs]
-        return (f"| {name} | {statistics.median(t):.2f} ({min(t):.2f}–{max(t):.2f}) | "
-                f"{statistics.median(s):.2f} ({min(s):.2f}–{max(s):.2f}) |")  # fmt: skip
 
     print(f"repository: {repo}; max_tokens {args.max_tokens}; {args.repeats} runs each (median, min–max)")
     print("| run | time to first token, s | total, s |\n|---|---|---|")

@@ -76,7 +76,8 @@ class Request:
     seed: int | None = None
     #: Extra token sequences the n-gram drafter may copy from (file being edited, chunks).
     corpus: tuple[Sequence[int], ...] = ()
-    #: Leading prompt tokens forming a stable prefix to load from / save to the disk cache.
+    #: Leading prompt tokens forming a stable head (system prompt + repository map): prefilled as
+    #: a run of its own, and loaded from / saved to the disk cache when one is attached.
     cache_prefix: int = 0
     max_draft: int = MAX_DRAFT
 
