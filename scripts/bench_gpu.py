@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
 from openjarvis.engine.torch.generate import Runner  # noqa: E402
+from openjarvis.engine.torch.megakernel import stack_layers  # noqa: E402
 from openjarvis.engine.torch.model import Transformer  # noqa: E402
 from openjarvis.engine.torch.weights import Weights, cast, random_weights  # noqa: E402
 
@@ -417,6 +418,7 @@ def bench_model(name: str, a: ModelArgs, bw: float, positions: list[int], smoke:
     max_pos = max(positions)
     n_ctx = max_pos + 64
     w = random_weights(a, torch.bfloat16, dev, seed=0)
+    stack_layers(w)  # before any graph is captured: stacking moves the layer tensors
     model = Transformer(a, w, n_pos=n_ctx + 64)
     wbytes = w.nbytes()
     res["weight_bytes"] = wbytes
@@ -441,6 +443,14 @@ def bench_model(name: str, a: ModelArgs, bw: float, positions: list[int], smoke:
         r.nsplit, r.attn_block_s, r.pdl, r.pdl_by_t = fast.nsplit, fast.attn_block_s, mode, {}
         r.fuse_attn_out, r.attn_out_block_n = True, fuse_n
         decode_only[f"ours_fused{fuse_n}_pdl{mode}"] = r
+    try:  # the single-launch step (megakernel.py), one-token steps only
+        from openjarvis.engine.torch.megakernel import MegaConfig
+
+        r = Runner(model, n_ctx, kernels="triton", graphs=True)
+        r.use_megakernel(MegaConfig(), max_t=1)
+        decode_only["ours_mega"] = r
+    except Exception:
+        log("single-launch step unavailable:", traceback.format_exc(limit=3))
     for pos in positions:
         floor_ms = (wbytes + a.kv_bytes(pos + 1)) / bw * 1e3
         row: dict[str, Any] = {"floor_ms": floor_ms}
@@ -613,6 +623,7 @@ def mega_explore(name: str, positions: list[int]) -> dict[str, Any]:
     res["bw"] = bw
     n_ctx = max(positions) + 64
     w = random_weights(a, torch.bfloat16, dev, seed=0)
+    stack_layers(w)  # before any graph is captured: stacking moves the layer tensors
     model = Transformer(a, w, n_pos=n_ctx + 64)
     wbytes = w.nbytes()
     base = Runner(model, n_ctx, kernels="triton", graphs=True)
@@ -622,8 +633,8 @@ def mega_explore(name: str, positions: list[int]) -> dict[str, Any]:
     cfgs = {
         "mega": base_cfg,
         "mega_w4x2": replace(base_cfg, num_warps=4, per_sm=2, lines=128),
-        "mega_w4x3": replace(base_cfg, num_warps=4, per_sm=3, lines=128),
-        "mega_w8x2": replace(base_cfg, num_warps=8, per_sm=2, lines=256),
+        "mega_w16_big": replace(base_cfg, num_warps=16, lines=512, bn_o=16, bn_gu=8, bn_out=16),
+        "mega_w8_big": replace(base_cfg, bn_o=16, bn_gu=8, bn_out=16),
     }
     runners: dict[str, Runner] = {}
     for cname, cfg in cfgs.items():
@@ -659,7 +670,7 @@ def mega_explore(name: str, positions: list[int]) -> dict[str, Any]:
                 except Exception:
                     log(rname, t, "failed:", traceback.format_exc(limit=3))
         res[f"pos{pos}"] = row
-        for rname in ("mega", "mega_w4x3"):
+        for rname in ("mega", "mega_w16_big"):
             try:
                 row[f"trace_{rname}"] = mega_trace(runners[rname], 1, pos)
                 log(name, pos, rname, "trace", {k: {a: round(b, 2) for a, b in v.items()}
@@ -849,7 +860,7 @@ def table(r: dict[str, Any], positions: list[int]) -> None:
             parts = [f"{m} @{pos}: floor {fl:.3f} ms"]
             for key in ("hf_eager", "hf_compiled", "ours_torch_graph", "ours_triton_graph",
                         "ours_triton_pdl1", "ours_triton_pdl2", "ours_fused128_pdl0",
-                        "ours_fused64_pdl0", "ours_fused128_pdl1"):
+                        "ours_fused64_pdl0", "ours_fused128_pdl1", "ours_mega"):
                 if key in row:
                     parts.append(f"{key} {row[key]:.3f} ms ({100 * fl / row[key]:.0f}%)")
             one = row["ours_best"]

@@ -118,7 +118,10 @@ class Runner:
         """Run steps of up to ``max_t`` tokens as one persistent launch (Triton kernels only).
 
         Stacks each kind of layer matrix into one tensor (the layers become views of it), and
-        drops workspaces already built so that the next call of each T builds the new path."""
+        drops workspaces already built so that the next call of each T builds the new path.
+        Stacking moves the weights: graphs captured earlier by any Runner of the same weights
+        would read freed memory, so stack first (``megakernel.stack_layers``) where several
+        Runners share a model."""
         from openjarvis.engine.torch.megakernel import stack_layers
 
         if self.kernels != "triton":

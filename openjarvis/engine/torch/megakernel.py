@@ -231,7 +231,7 @@ def _gemv_phase(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, T, N,
     lo, hi = _share(N, pid, NPROG)
     if BLOCK_T == 1:
         _gemv_t1(x_ptr, w_ptr, g_ptr, b_ptr, out_ptr, inv, lo, hi, N, K, MODE, NORM, BIAS,
-                 BLOCK_N, BLOCK_K, LINES, AHEAD)
+                 BLOCK_N, BLOCK_K, LINES, AHEAD, K <= BLOCK_K)
     else:
         for r0 in range(lo, hi, BLOCK_N):
             nxt = r0 + AHEAD * BLOCK_N
@@ -245,13 +245,64 @@ def _gemv_phase(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, T, N,
 
 
 @triton.jit
+def _gemv_t1_one(x_ptr, w_ptr, g_ptr, b_ptr, out_ptr, inv, lo, hi, N, K,
+                 MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LINES: tl.constexpr,
+                 AHEAD: tl.constexpr):
+    """``_gemv_t1`` where K <= BLOCK_K: no element-wise accumulator (registers go to the
+    tiles in flight instead), x and the norm weight loaded once for the whole share."""
+    ar_n = tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    kmask = rk < K
+    x = tl.load(x_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+    if NORM:
+        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32) * inv
+    rn = lo + ar_n
+    wm = (rn < hi)[:, None] & kmask[None, :]
+    w_nxt = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wm, other=0.0)
+    w2_nxt = w_nxt
+    if MODE == 2:
+        w2_nxt = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wm, other=0.0)
+    for r0 in range(lo, hi, BLOCK_N):
+        w = w_nxt
+        w2 = w2_nxt
+        rn_j = r0 + BLOCK_N + ar_n
+        wm_j = (rn_j < hi)[:, None] & kmask[None, :]
+        w_nxt = tl.load(w_ptr + rn_j[:, None] * K + rk[None, :], mask=wm_j, other=0.0)
+        if MODE == 2:
+            w2_nxt = tl.load(w_ptr + (rn_j[:, None] + N) * K + rk[None, :], mask=wm_j,
+                             other=0.0)
+        nxt = r0 + AHEAD * BLOCK_N
+        if nxt < hi:
+            n_el = tl.minimum(BLOCK_N, hi - nxt) * K
+            _prefetch(w_ptr + nxt * K, n_el, LINES)
+            if MODE == 2:
+                _prefetch(w_ptr + (N + nxt) * K, n_el, LINES)
+        rn = r0 + ar_n
+        nmask = rn < hi
+        y = tl.sum(x[None, :] * w.to(tl.float32), axis=1)
+        if BIAS:
+            y += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+        if MODE == 1:
+            y += tl.load(out_ptr + rn, mask=nmask, other=0.0)
+        if MODE == 2:
+            y2 = tl.sum(x[None, :] * w2.to(tl.float32), axis=1)
+            y = y * tl.sigmoid(y) * y2
+        tl.store(out_ptr + rn, y.to(out_ptr.dtype.element_ty), mask=nmask)
+
+
+@triton.jit
 def _gemv_t1(x_ptr, w_ptr, g_ptr, b_ptr, out_ptr, inv, lo, hi, N, K,
              MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LINES: tl.constexpr,
-             AHEAD: tl.constexpr):
+             AHEAD: tl.constexpr, ONE_K: tl.constexpr):
     """One token: the share as a flat sequence of [BLOCK_N, BLOCK_K] weight tiles, each
     loaded one tile ahead of its use (a single resident program per SM has nothing else to
     hide a load behind), products accumulated element-wise and reduced once per row block."""
+    if ONE_K:  # K fits one tile: x is loaded once, each row block is one tile and one sum
+        _gemv_t1_one(x_ptr, w_ptr, g_ptr, b_ptr, out_ptr, inv, lo, hi, N, K, MODE, NORM, BIAS,
+                     BLOCK_N, BLOCK_K, LINES, AHEAD)
+        return
     n_kc = tl.cdiv(K, BLOCK_K)
     n_tiles = tl.cdiv(hi - lo, BLOCK_N) * n_kc
     ar_n = tl.arange(0, BLOCK_N)

@@ -151,8 +151,8 @@ def test_triton_runner_matches_the_reference_path(fuse: bool) -> None:
     assert rel(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("max_t", [1, 32])
-def test_single_launch_step_matches_the_reference_path(max_t: int) -> None:
+@pytest.mark.parametrize(("max_t", "bk"), [(1, 64), (32, 64), (1, 256)])  # 256: K in one tile
+def test_single_launch_step_matches_the_reference_path(max_t: int, bk: int) -> None:
     """The persistent kernel (one program here: every grid barrier passes at once) computes
     what the reference forward does, for one-token steps and (max_t 32) verify-sized steps."""
     from openjarvis.engine.torch.megakernel import MegaConfig
@@ -163,7 +163,7 @@ def test_single_launch_step_matches_the_reference_path(max_t: int) -> None:
     seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (12,), generator=torch.Generator().manual_seed(0))]
     ref = model.forward(torch.tensor(seq), torch.arange(12), ref_cache)
     fast = Runner(model, 64, kernels="triton")
-    fast.use_megakernel(MegaConfig(bk=64, bk_down=64, nsplit=4, block_s=16, num_warps=4), max_t=max_t)
+    fast.use_megakernel(MegaConfig(bk=bk, bk_down=bk, nsplit=4, block_s=16, num_warps=4), max_t=max_t)
     assert w.layers[1].wqkv.data_ptr() != w.layers[0].wqkv.data_ptr()  # views of one stack
     assert w.layers[1].wqkv._base is w.layers[0].wqkv._base
     rows = [fast.logits(seq[:5], 0).clone()]
