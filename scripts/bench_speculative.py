@@ -125,17 +125,24 @@ def _price(cost: CostModel, n: int) -> float:
 
 
 def run_ours(
-    spec: Speculator, prompt: list[int], mode: str, max_tokens: int
+    spec: Speculator, prompt: list[int], mode: str, max_tokens: int, *, warm_drafter: bool = False
 ) -> dict[str, Any]:
     """One generation; also its decode time priced with the measured cost tables ("modelled"),
-    which the load of other processes on a shared machine does not disturb."""
+    which the load of other processes on a shared machine does not disturb.
+
+    The model drafter starts cold (its catch-up on the prompt counts as draft time) unless
+    ``warm_drafter``: then it has seen the prompt before the clock starts, as the verifier has
+    (its prefill is excluded from decode tokens/s), which isolates the per-step cost of drafting."""
     v = spec.verifier
     assert isinstance(v, LlamaEngine)
     d = spec.model_drafter.engine if spec.model_drafter is not None else None
     assert d is None or isinstance(d, LlamaEngine)
     if spec.model_drafter is not None and d is not None:
-        d.rollback(0)
-        spec.model_drafter.cached.clear()
+        if warm_drafter:
+            spec.model_drafter.sync(prompt[:-1])
+        else:
+            d.rollback(0)
+            spec.model_drafter.cached.clear()
     v_before = v.eval_counts.copy()
     d_before = d.eval_counts.copy() if d is not None else None
     gen = spec.generate(Request(prompt, max_tokens=max_tokens, drafter=mode)).run()  # type: ignore[arg-type]
