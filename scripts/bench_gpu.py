@@ -217,12 +217,18 @@ CANDS: dict[tuple[str, bool], list[LC]] = {  # (matrix kind, T == 1) -> tiles to
     ("add", False): [(16, 256, 4, 2, 1), (64, 128, 8, 3, 1), (32, 128, 4, 3, 4), (64, 128, 8, 3, 4),
                      (64, 64, 4, 3, 8), (32, 256, 4, 2, 4), (16, 128, 4, 2, 8), (64, 256, 8, 3, 8)],
     ("w13", False): [(64, 64, 4, 3, 1), (32, 64, 4, 3, 1), (64, 128, 8, 3, 1), (32, 128, 4, 3, 1),
-                     (128, 64, 8, 3, 1)],
+                     (128, 64, 8, 3, 1), (16, 64, 4, 3, 1), (16, 128, 4, 3, 1), (16, 256, 4, 2, 1),
+                     (32, 256, 4, 2, 1), (16, 128, 2, 3, 1)],
     ("out", False): [(64, 64, 4, 3, 1), (128, 64, 8, 3, 1), (64, 128, 8, 3, 1), (128, 128, 8, 3, 1),
-                     (256, 64, 8, 3, 1)],
+                     (256, 64, 8, 3, 1), (32, 128, 4, 3, 1), (32, 256, 4, 2, 1)],
+}
+#: Extra verify-step (T > 1) tiles tried by ``--tune-verify`` (session 2): more, smaller programs.
+VERIFY_EXTRA: dict[str, list[LC]] = {
+    "add": [(16, 64, 4, 3, 4), (16, 128, 4, 3, 8), (32, 64, 4, 3, 8), (16, 256, 4, 2, 4),
+            (16, 128, 2, 3, 4)],
 }
 QKV_CANDS = {True: [(1, 1024), (2, 512), (2, 1024), (4, 512), (8, 256), (1, 512)],
-             False: [(16, 128), (16, 256), (16, 64)]}
+             False: [(16, 128), (16, 256), (16, 64), (16, 512), (16, 32)]}
 ATTN_CANDS = [(16, 64), (32, 64), (64, 64), (32, 32), (64, 32), (128, 32)]  # nsplit, block_s
 
 
@@ -536,6 +542,34 @@ def pdl_check() -> int:
     return 0 if max(errs) < 2e-2 and all(stable) else 3
 
 
+def tune_verify(name: str, positions: list[int]) -> dict[str, Any]:
+    """The k = 8 verify step (T = 9) before and after re-tuning its tiles with more candidates
+    (smaller row blocks: more programs per SM), in one process; T = 1 for the ratio."""
+    a = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}[name]
+    CANDS[("add", False)] = CANDS[("add", False)] + VERIFY_EXTRA["add"]
+    n_ctx = max(positions) + 64
+    w = random_weights(a, torch.bfloat16, "cuda", seed=0)
+    model = Transformer(a, w, n_pos=n_ctx + 64)
+    r = Runner(model, n_ctx, kernels="triton", graphs=True)
+    if not PDL_OK:
+        r.pdl_by_t = {}
+    res: dict[str, Any] = {"before": {}, "after": {}}
+    for pos in positions:
+        res["before"][pos] = {"t1": ours_step_ms(r, 1, pos), "t9": ours_step_ms(r, 9, pos)}
+    log(name, "before", res["before"])
+    before = dict(r.linear_configs)
+    res["picked"] = tune(r, (9,), positions)
+    res["changed"] = {f"{k[0]}": str(v) for k, v in r.linear_configs.items()
+                      if k[1] == 9 and before.get(k) != v}
+    r._steps.pop(9, None)  # recapture T = 9 with the new tiles
+    for pos in positions:
+        t9 = ours_step_ms(r, 9, pos)
+        res["after"][pos] = {"t9": t9, "ratio": t9 / res["before"][pos]["t1"],
+                             "ratio_before": res["before"][pos]["t9"] / res["before"][pos]["t1"]}
+    log(name, "after", res["after"], "changed", res["changed"])
+    return res
+
+
 def barrier_check(n: int = 2000) -> dict[str, Any]:
     """The single-launch step's grid barrier alone: ``n`` barriers in one launch of one
     program per SM; microseconds per barrier, and the counter must end at n x programs."""
@@ -746,7 +780,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mega", choices=["1.5B", "0.5B"],
                     help="only: the single-launch step against the per-kernel step")
     ap.add_argument("--barrier", action="store_true", help="only: the grid barrier's cost")
+    ap.add_argument("--tune-verify", choices=["1.5B", "0.5B"],
+                    help="only: re-tune the k = 8 verify step's tiles and measure it before/after")
     args = ap.parse_args(argv)
+    if args.tune_verify:
+        args.out.mkdir(parents=True, exist_ok=True)
+        r = tune_verify(args.tune_verify, [int(x) for x in args.positions.split(",")])
+        (args.out / f"verify_{args.tune_verify}.json").write_text(json.dumps(r, indent=1, default=str))
+        return 0
     if args.barrier:
         print(json.dumps(barrier_check()))
         return 0
