@@ -108,10 +108,16 @@ class NgramDrafter:
             if not hits:
                 continue
             # Equal n-gram matches: the one whose match extends further back wins (then recency).
-            source, pos = max(hits, key=lambda h: self._match_length(context, *h))
+            lengths = [(self._match_length(context, *h), h) for h in hits]
+            ext, (source, pos) = max(lengths, key=lambda x: x[0])
             cont = self._sources[source][pos : pos + max_len]
             if cont:
-                return Draft(tokens=tuple(cont), probs=None, key=match_key(n), match=n)
+                # The bucket follows how far back the match really goes: a continuation of a
+                # 40-token match (copying a file out of the prompt) is far likelier to hold
+                # than one of a 4-token match, and the planner's prior must say so up front,
+                # or a cold start never drafts and never learns (see planner.PRIORS).
+                m = max(n, ext)
+                return Draft(tokens=tuple(cont), probs=None, key=match_key(m), match=m)
         return None
 
     def _match_length(self, context: Sequence[int], source: int, pos: int) -> int:
@@ -123,9 +129,10 @@ class NgramDrafter:
         return n
 
     def keys(self) -> list[str]:
-        return sorted({match_key(n) for n in range(self.min_match, self.max_match + 1)})
+        return sorted({match_key(n) for n in range(self.min_match, EXTEND_MATCH + 1)})
 
 
 def match_key(n: int) -> str:
-    """Acceptance-tracking bucket of a match of n tokens: 2, 3, 4 (4-7) or 8 (8 and more)."""
-    return f"ngram:{8 if n >= 8 else 4 if n >= 4 else n}"
+    """Acceptance-tracking bucket of a match of n tokens: 2, 3, 4 (4-7), 8 (8-15) or 16
+    (16 and more, as far back as ``EXTEND_MATCH``)."""
+    return f"ngram:{16 if n >= 16 else 8 if n >= 8 else 4 if n >= 4 else n}"

@@ -32,6 +32,11 @@ PRIORS: dict[str, tuple[float, float]] = {
     "ngram:3": (0.5, 4.0),
     "ngram:4": (0.6, 4.0),
     "ngram:8": (0.8, 4.0),
+    # A match reaching 16+ tokens back is text being copied (an edit returning a file): the
+    # prior must clear the gain threshold on its own even where verify costs are measured
+    # high, or ``auto`` never tries it and never learns (session 2: 0.99x on the copy-heavy
+    # edit with verify(4) measured at 3.0 steps; 2.3x when drafted).
+    "ngram:16": (0.9, 4.0),
 }
 DEFAULT_PRIOR = (0.5, 4.0)
 #: Each step multiplies past evidence by this, so acceptance follows the text (copying, then

@@ -32,3 +32,14 @@ def test_copies_from_corpus_and_follows_the_growing_context() -> None:
     assert draft is not None and draft.tokens == (99, 10, 11)
     # A different conversation (not an extension) resets the live context, keeps the corpus.
     assert d.propose([7, 10, 11], max_len=2).tokens == (12, 13)
+
+
+def test_a_match_reaching_far_back_is_bucketed_as_copying() -> None:
+    """The bucket follows how far back the match goes, not just the indexed n-gram length."""
+    text = list(range(100, 140))  # a 40-token "file" in the prompt
+    d = NgramDrafter(max_draft=8)
+    draft = d.propose(text + [7] + text[:20], max_len=8)  # the answer is copying it
+    assert draft is not None and draft.tokens == tuple(text[20:28])
+    assert draft.match >= 16 and draft.key == "ngram:16"
+    fresh = d.propose(text + [7, 1, 2] + text[:5], max_len=8)
+    assert fresh is not None and fresh.key in ("ngram:4", "ngram:8") and fresh.match < 16

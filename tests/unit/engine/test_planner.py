@@ -55,3 +55,16 @@ def test_acceptance_tracks_evidence_and_drifts_back_to_prior() -> None:
     for _ in range(400):
         acc.decay()
     assert acc.estimate("model") == pytest.approx(prior, abs=0.05)
+
+
+def test_a_long_copied_match_drafts_from_a_cold_start_even_on_a_costly_verifier() -> None:
+    """Session 2 measured verify(4) at 3.0 steps on this VM at a busy moment. With no evidence
+    yet, an 8-token match's prior (0.8) does not clear the gain threshold there, so the copy-heavy
+    edit was decoded plainly (0.99x) and acceptance never learned; a match reaching 16+ tokens
+    back carries a prior that drafts on its own."""
+    costly = CostModel("busy-cpu", {1: STEP, 2: 1.8 * STEP, 4: 3.0 * STEP, 9: 5.0 * STEP, 17: 7.5 * STEP})
+    cold = Acceptance()
+    short = choose(costly, [Option("ngram:8", 16)], cold.table(["ngram:8"]))
+    assert short.key is None
+    long = choose(costly, [Option("ngram:16", 16)], cold.table(["ngram:16"]))
+    assert long.key == "ngram:16" and long.k >= 2
