@@ -16,13 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from openjarvis.engine.torch.cache import SLACK, KVCache
-from openjarvis.engine.torch.megakernel import MegaConfig, Scratch
 from openjarvis.engine.torch.model import Transformer
+
+if TYPE_CHECKING:  # importing megakernel imports triton: only where the step is used
+    from openjarvis.engine.torch.megakernel import MegaConfig, Scratch
 
 Kernels = Literal["triton", "torch"]
 
@@ -122,7 +124,7 @@ class Runner:
         Stacking moves the weights: graphs captured earlier by any Runner of the same weights
         would read freed memory, so stack first (``megakernel.stack_layers``) where several
         Runners share a model."""
-        from openjarvis.engine.torch.megakernel import stack_layers
+        from openjarvis.engine.torch.megakernel import MegaConfig, stack_layers
 
         if self.kernels != "triton":
             raise ValueError("the single-launch step needs the Triton kernels")
