@@ -33,6 +33,7 @@ def test_compare_counts_agreement_overlap_and_gaps() -> None:
     assert (summary["positions"], summary["disagree"], summary["top1"]) == (2, 1, 0.5)
     assert summary["rel_err"] == pytest.approx(0.3 / np.linalg.norm(ref), rel=1e-6)
     assert summary["disagree_gap_below"]["0.25"] == 1.0
+    assert (summary["first_disagree"], summary["rest_top1"], summary["rest_rel_err"]) == (1, 1.0, 0.0)
 
 
 def test_q8_0_rounding_is_ggml_reference() -> None:
