@@ -542,7 +542,7 @@ def pdl_check() -> int:
     return 0 if max(errs) < 2e-2 and all(stable) else 3
 
 
-def tune_verify(name: str, positions: list[int]) -> dict[str, Any]:
+def tune_verify(name: str, positions: list[int], qkv_split_only: bool = True) -> dict[str, Any]:
     """The k = 8 verify step (T = 9) before and after re-tuning its tiles with more candidates
     (smaller row blocks: more programs per SM), in one process; T = 1 for the ratio."""
     a = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}[name]
@@ -557,16 +557,40 @@ def tune_verify(name: str, positions: list[int]) -> dict[str, Any]:
     for pos in positions:
         res["before"][pos] = {"t1": ours_step_ms(r, 1, pos), "t9": ours_step_ms(r, 9, pos)}
     log(name, "before", res["before"])
-    before = dict(r.linear_configs)
-    res["picked"] = tune(r, (9,), positions)
-    res["changed"] = {f"{k[0]}": str(v) for k, v in r.linear_configs.items()
-                      if k[1] == 9 and before.get(k) != v}
-    r._steps.pop(9, None)  # recapture T = 9 with the new tiles
+    if not qkv_split_only:
+        before = dict(r.linear_configs)
+        res["picked"] = tune(r, (9,), positions)
+        res["changed"] = {f"{k[0]}": str(v) for k, v in r.linear_configs.items()
+                          if k[1] == 9 and before.get(k) != v}
+        r._steps.pop(9, None)  # recapture T = 9 with the new tiles
+    from openjarvis.engine.torch import kernels as K
+
+    toks = list(range(100, 109))
+    r.step(toks, 600)
+    ref = r.step(toks, 600).clone()
+    res["qkv_split"] = {}
+    for cand in [(32, 128, 4, 3, 4), (16, 128, 4, 3, 8), (32, 64, 4, 3, 8), (64, 128, 8, 3, 4),
+                 (16, 256, 4, 2, 4)]:
+        r.qkv_split = K.LinearConfig(*cand)
+        r._steps.pop(9, None)
+        try:
+            got = r.step(toks, 600).clone()
+            err = float((got - ref).norm() / ref.norm())
+            top1 = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
+            row: dict[str, Any] = {"rel_vs_per_pair": err, "top1": top1}
+            for pos in positions:
+                row[pos] = ours_step_ms(r, 9, pos) / res["before"][pos]["t1"]
+            res["qkv_split"][str(cand)] = row
+            log(name, "qkv split", cand, row)
+        except Exception:
+            log("qkv split", cand, "failed:", traceback.format_exc(limit=3))
+    r.qkv_split = None
+    r._steps.pop(9, None)
     for pos in positions:
         t9 = ours_step_ms(r, 9, pos)
         res["after"][pos] = {"t9": t9, "ratio": t9 / res["before"][pos]["t1"],
                              "ratio_before": res["before"][pos]["t9"] / res["before"][pos]["t1"]}
-    log(name, "after", res["after"], "changed", res["changed"])
+    log(name, "after", res["after"])
     return res
 
 

@@ -53,6 +53,8 @@ class Workspace:
     run: Callable[[], torch.Tensor] | None = field(default=None)
     #: The single-launch step's buffers (``megakernel.py``), when that path runs this T.
     mega: Scratch | None = None
+    #: [T, qkv_dim] float32 zeros: the split-K qkv accumulator of verify steps (``qkv_split``).
+    qkv_acc: torch.Tensor | None = None
 
     @property
     def start(self) -> torch.Tensor:
@@ -104,6 +106,9 @@ class Runner:
         #: the per-kernel step. ``None``: not used. Set with ``use_megakernel``.
         self.mega: MegaConfig | None = None
         self.mega_max_t = 0
+        #: T > 1: qkv as a split-K product plus a small RoPE/KV-write kernel (``kernels.qkv_split``)
+        #: with these tiles, instead of the per-pair qkv kernel; None keeps the per-pair kernel.
+        self.qkv_split: object | None = None
         self._stacked: object | None = None
         if self.kernels == "triton" and on_cuda:
             from openjarvis.engine.torch.kernels import pdl_supported
@@ -273,11 +278,19 @@ class Runner:
         qkv_tiles = cfg.get(("qkv", t)) or (None, None)
         assert isinstance(qkv_tiles, tuple)
         pdl = self.pdl_by_t.get(t, self.pdl)
+        split = self.qkv_split if t > 1 and isinstance(self.qkv_split, K.LinearConfig) else None
+        if split is not None and ws.qkv_acc is None:
+            ws.qkv_acc = torch.zeros(t, a.qkv_dim, dtype=torch.float32, device=self.device)
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pdl)
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
-            K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
-                       kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1], pdl=pdl)
+            if split is not None:
+                assert ws.qkv_acc is not None
+                K.qkv_split(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
+                            kc, vc, ws.qkv_acc, a.rms_eps, cfg=split, pdl=pdl)
+            else:
+                K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
+                           kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1], pdl=pdl)
             if t == 1 and self.fuse_attn_out:
                 K.attention_out(ws.q, kc, vc, ws.start, lw.wo, ws.h, ws.o_part, ws.ml_part,
                                 block_s=self.attn_block_s, block_n=self.attn_out_block_n,

@@ -152,7 +152,7 @@ def _linear_kernel(
             if MODE == 2:
                 w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
                 acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
-    if NORM:
+    if NORM == 1:  # NORM 2: the norm weight only; the 1/RMS scale is applied by the caller
         inv = tl.rsqrt(ss / K + eps)
         acc = acc * inv[:, None]
         acc2 = acc2 * inv[:, None]
@@ -232,6 +232,57 @@ def _qkv_rope_kernel(
         vp = vc_ptr + (head - N_HEAD - N_KV) * stride_ch + pos[:, None] * stride_cs + j[None, :]
         tl.store(vp, o1.to(vc_ptr.dtype.element_ty), mask=m)
         tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _rope_kv_kernel(
+    qkv_ptr, h_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
+    D, stride_ch, stride_cs, eps,
+    N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Program = (token, head of q, k or v): finish a split-K qkv product. ``qkv [T, QKV]``
+    holds (x * g) @ W^T summed over the splits; scale by the token's 1/RMS, add the bias, RoPE
+    q and k, store q and the cache, and zero the rows read so the next layer can accumulate."""
+    _gdc(PDL)
+    HALF: tl.constexpr = HD // 2
+    t = tl.program_id(0)
+    head = tl.program_id(1)
+    ss = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        x = tl.load(h_ptr + t * D + d, mask=d < D, other=0.0)
+        ss += x * x
+    inv = tl.rsqrt(tl.sum(ss, 0) / D + eps)
+    QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
+    j = tl.arange(0, HALF)
+    r1 = head * HD + j
+    r2 = r1 + HALF
+    a1 = tl.load(qkv_ptr + t * QKV + r1) * inv + tl.load(b_ptr + r1).to(tl.float32)
+    a2 = tl.load(qkv_ptr + t * QKV + r2) * inv + tl.load(b_ptr + r2).to(tl.float32)
+    tl.store(qkv_ptr + t * QKV + r1, tl.zeros([HALF], dtype=tl.float32))
+    tl.store(qkv_ptr + t * QKV + r2, tl.zeros([HALF], dtype=tl.float32))
+    pos = tl.load(start_ptr) + t
+    cos = tl.load(rope_ptr + pos * HD + 2 * j)
+    sin = tl.load(rope_ptr + pos * HD + 2 * j + 1)
+    if head < N_HEAD + N_KV:
+        o1 = a1 * cos - a2 * sin
+        o2 = a2 * cos + a1 * sin
+    else:
+        o1 = a1
+        o2 = a2
+    if head < N_HEAD:
+        qp = q_ptr + (t * N_HEAD + head) * HD + j
+        tl.store(qp, o1)
+        tl.store(qp + HALF, o2)
+    elif head < N_HEAD + N_KV:
+        kp = kc_ptr + (head - N_HEAD) * stride_ch + pos * stride_cs + j
+        tl.store(kp, o1.to(kc_ptr.dtype.element_ty))
+        tl.store(kp + HALF, o2.to(kc_ptr.dtype.element_ty))
+    else:
+        vp = vc_ptr + (head - N_HEAD - N_KV) * stride_ch + pos * stride_cs + j
+        tl.store(vp, o1.to(vc_ptr.dtype.element_ty))
+        tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -379,18 +430,19 @@ def linear(
     eps: float = 1e-6,
     cfg: LinearConfig | None = None,
     pdl: int = 0,
+    norm_scale: bool = True,  # False: multiply by the norm weight only (split-K safe)
 ) -> torch.Tensor:
     t, k = x.shape
     n = w.shape[0] // 2 if mode == SWIGLU else w.shape[0]
     cfg = cfg or default_linear_config(t, n, k, x.device.type == "cuda")
-    if cfg.split_k > 1 and (mode != ADD or norm is not None or bias is not None
+    if cfg.split_k > 1 and (mode != ADD or (norm is not None and norm_scale) or bias is not None
                             or out.dtype != torch.float32):
-        raise ValueError("split_k > 1 needs mode=ADD into float32, without norm or bias")
+        raise ValueError("split_k > 1 needs mode=ADD into float32, without a norm scale or bias")
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     _linear_kernel[grid](
         x, w, norm if norm is not None else w, bias if bias is not None else w, out,
         t, n, k, x.stride(0), out.stride(0), eps,
-        MODE=mode, NORM=norm is not None, BIAS=bias is not None,
+        MODE=mode, NORM=0 if norm is None else 1 if norm_scale else 2, BIAS=bias is not None,
         BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
     )
@@ -425,6 +477,36 @@ def qkv_rope(
         N_HEAD=n_head, N_KV=n_kv, HD=hd,
         BLOCK_T=block_t(t), BLOCK_P=bp, BLOCK_K=block_k or min(512, triton.next_power_of_2(k)),
         PDL=pdl, num_warps=num_warps, **_launch(pdl),
+    )
+
+
+def qkv_split(
+    x: torch.Tensor,  # [T, D] float32 residual
+    wqkv: torch.Tensor,  # [(H + 2 Hkv) hd, D]
+    norm: torch.Tensor,  # [D]
+    bias: torch.Tensor,  # [(H + 2 Hkv) hd]
+    rope: torch.Tensor,  # [n_pos, hd/2, 2] float32
+    start: torch.Tensor,  # [1]
+    q_out: torch.Tensor,  # [T, H, hd] float32
+    k_cache: torch.Tensor,  # [Hkv, S, hd] (one layer)
+    v_cache: torch.Tensor,
+    acc: torch.Tensor,  # [T, (H + 2 Hkv) hd] float32, all zeros on entry (left zero on exit)
+    eps: float,
+    cfg: LinearConfig,
+    pdl: int = 0,
+) -> None:
+    """``qkv_rope`` for verify steps in two launches: a split-K product (many programs; the
+    per-pair qkv kernel has only (heads x pairs / 16) of them at T > 1) and a small kernel that
+    applies what does not distribute over the splits (1/RMS, bias, RoPE) and stores."""
+    t, d = x.shape
+    n_head, hd = q_out.shape[1], q_out.shape[2]
+    n_kv = k_cache.shape[0]
+    linear(x, wqkv, acc, mode=ADD, norm=norm, eps=eps, cfg=cfg, pdl=pdl, norm_scale=False)
+    _rope_kv_kernel[(t, n_head + 2 * n_kv)](
+        acc, x, bias, rope, start, q_out, k_cache, v_cache,
+        d, k_cache.stride(0), k_cache.stride(1), eps,
+        N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_D=min(1024, triton.next_power_of_2(d)),
+        PDL=_wait(pdl), num_warps=1, **_launch(pdl),
     )
 
 

@@ -176,6 +176,44 @@ def test_single_launch_step_matches_the_reference_path(max_t: int, bk: int) -> N
     assert (fast._steps[1].mega is not None) and ((fast._steps[5].mega is not None) == (max_t > 1))
 
 
+@pytest.mark.parametrize("t", [3, 17])
+def test_split_k_qkv_equals_the_per_pair_kernel_and_leaves_its_buffer_zero(t: int) -> None:
+    a = ARGS
+    x, w = g(t, a.n_embd, seed=1), g(a.qkv_dim, a.n_embd, seed=2) * 0.1
+    norm, bias = g(a.n_embd, seed=3) + 1, g(a.qkv_dim, seed=4)
+    rope = rope_table(a, 64, "cpu")
+    start = torch.tensor([5])
+    outs = []
+    for split in (False, True):
+        q = torch.full((t, a.n_head, a.head_dim), POISON)
+        kc, vc = g(a.n_head_kv, 64, a.head_dim, seed=8), g(a.n_head_kv, 64, a.head_dim, seed=9)
+        if split:
+            acc = torch.zeros(t, a.qkv_dim)
+            K.qkv_split(x, w, norm, bias, rope, start, q, kc, vc, acc, 1e-6,
+                        cfg=K.LinearConfig(16, 32, split_k=3))
+            assert not acc.any()  # zero again for the next layer
+        else:
+            K.qkv_rope(x, w, norm, bias, rope, start, q, kc, vc, 1e-6)
+        outs.append((q, kc, vc))
+    for ref, got in zip(outs[0], outs[1], strict=True):
+        assert not got.isnan().any()
+        assert rel(got, ref) < 1e-5
+
+
+def test_runner_with_split_k_qkv_for_verify_steps_matches_the_reference_path() -> None:
+    w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
+    model = Transformer(ARGS, w, n_pos=128)
+    fast = Runner(model, 64, kernels="triton", nsplit=4)
+    fast.qkv_split = K.LinearConfig(16, 32, split_k=2)
+    ref_cache = KVCache(ARGS, 64, torch.float32, "cpu")
+    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (12,), generator=torch.Generator().manual_seed(0))]
+    ref = model.forward(torch.tensor(seq), torch.arange(12), ref_cache)
+    rows = [fast.logits(seq[:5], 0).clone(), fast.logits(seq[5:6], 5).clone()]
+    rows.append(fast.logits(seq[6:], 6))
+    assert rel(torch.cat(rows), ref) < 1e-5
+    assert fast._steps[5].qkv_acc is not None and not fast._steps[5].qkv_acc.any()
+
+
 def test_a_prompt_longer_than_one_step_runs_in_chunks() -> None:
     w = random_weights(ARGS, torch.float32, "cpu", seed=4, scale=0.1)
     model = Transformer(ARGS, w, n_pos=128)
