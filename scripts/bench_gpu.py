@@ -594,6 +594,29 @@ def tune_verify(name: str, positions: list[int], qkv_split_only: bool = True) ->
     return res
 
 
+def split_correctness() -> dict[str, Any]:
+    """Verify steps with the per-pair qkv kernel and with the split-K qkv, each against a
+    float32 reference of the same bf16 weights (0.5B shapes, 8 steps of T = 9 after a prompt)."""
+    from openjarvis.engine.torch import kernels as K
+
+    a = QWEN25_0_5B
+    w16 = random_weights(a, torch.bfloat16, "cuda", seed=7)
+    w32 = cast(w16, torch.float32)
+    seq = torch.randint(0, a.n_vocab, (104,), generator=torch.Generator().manual_seed(1)).tolist()
+    ref = Runner(Transformer(a, w32, n_pos=256), 128, kernels="torch", graphs=False).logits(seq, 0)
+    res: dict[str, Any] = {}
+    for name, split in (("per_pair", None), ("split_k", K.LinearConfig(32, 64, 4, 3, 8))):
+        r = Runner(Transformer(a, w16, n_pos=256), 128, kernels="triton")
+        r.qkv_split = split
+        rows = [r.logits(seq[:32], 0).clone()]
+        rows += [r.logits(seq[i : i + 9], i).clone() for i in range(32, 104, 9)]
+        out = torch.cat(rows)
+        res[name] = {"rel_err": float((out.double() - ref.double()).norm() / ref.double().norm()),
+                     "top1": float((out.argmax(-1) == ref.argmax(-1)).float().mean())}
+        log("verify-step correctness", name, res[name])
+    return res
+
+
 def barrier_check(n: int = 2000) -> dict[str, Any]:
     """The single-launch step's grid barrier alone: ``n`` barriers in one launch of one
     program per SM; microseconds per barrier, and the counter must end at n x programs."""
@@ -804,9 +827,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mega", choices=["1.5B", "0.5B"],
                     help="only: the single-launch step against the per-kernel step")
     ap.add_argument("--barrier", action="store_true", help="only: the grid barrier's cost")
+    ap.add_argument("--split-correct", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tune-verify", choices=["1.5B", "0.5B"],
                     help="only: re-tune the k = 8 verify step's tiles and measure it before/after")
     args = ap.parse_args(argv)
+    if args.split_correct:
+        print(json.dumps(split_correctness()))
+        return 0
     if args.tune_verify:
         args.out.mkdir(parents=True, exist_ok=True)
         r = tune_verify(args.tune_verify, [int(x) for x in args.positions.split(",")])
