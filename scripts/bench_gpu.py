@@ -551,6 +551,7 @@ def tune_verify(name: str, positions: list[int], qkv_split_only: bool = True) ->
     w = random_weights(a, torch.bfloat16, "cuda", seed=0)
     model = Transformer(a, w, n_pos=n_ctx + 64)
     r = Runner(model, n_ctx, kernels="triton", graphs=True)
+    r.qkv_split = None  # "before" is the per-pair qkv kernel
     if not PDL_OK:
         r.pdl_by_t = {}
     res: dict[str, Any] = {"before": {}, "after": {}}

@@ -112,11 +112,12 @@ class Runner:
         self._stacked: object | None = None
         if self.kernels == "triton" and on_cuda:
             from openjarvis.engine.torch.kernels import pdl_supported
-            from openjarvis.engine.torch.tuning import ATTENTION, tuned_configs
+            from openjarvis.engine.torch.tuning import ATTENTION, QKV_SPLIT, tuned_configs
 
             if pdl_supported():
                 self.pdl_by_t = dict(DEFAULT_PDL_BY_T)
             self.linear_configs = tuned_configs(self.args, MAX_STEP)
+            self.qkv_split = QKV_SPLIT.get((self.args.n_embd, self.args.n_ff))
             self.nsplit, self.attn_block_s = ATTENTION.get(
                 (self.args.n_embd, self.args.n_ff), (nsplit, self.attn_block_s)
             )

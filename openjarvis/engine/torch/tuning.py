@@ -27,6 +27,11 @@ TUNED: dict[tuple[int, int], dict[tuple[str, int], object]] = {
         **{(k, 0): v for k, v in _VERIFY_0_5B.items()}, ("qkv", 0): (16, 64),
     },
 }
+#: (n_embd, n_ff) -> tiles of the split-K qkv product of verify steps (T > 1; session 2 run 13:
+#: k = 8 verify 1.60x -> 1.45x of a step for the 1.5B, 1.67x -> 1.49x for the 0.5B).
+QKV_SPLIT: dict[tuple[int, int], LinearConfig] = {
+    (1536, 8960): L(32, 64, 4, 3, 8), (896, 4864): L(32, 64, 4, 3, 8),
+}
 #: (n_embd, n_ff) -> (attention splits, keys per block).
 ATTENTION: dict[tuple[int, int], tuple[int, int]] = {(1536, 8960): (32, 64), (896, 4864): (64, 64)}
 
