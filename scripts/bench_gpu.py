@@ -222,10 +222,14 @@ CANDS: dict[tuple[str, bool], list[LC]] = {  # (matrix kind, T == 1) -> tiles to
     ("out", False): [(64, 64, 4, 3, 1), (128, 64, 8, 3, 1), (64, 128, 8, 3, 1), (128, 128, 8, 3, 1),
                      (256, 64, 8, 3, 1), (32, 128, 4, 3, 1), (32, 256, 4, 2, 1)],
 }
-#: Extra verify-step (T > 1) tiles tried by ``--tune-verify`` (session 2): more, smaller programs.
-VERIFY_EXTRA: dict[str, list[LC]] = {
-    "add": [(16, 64, 4, 3, 4), (16, 128, 4, 3, 8), (32, 64, 4, 3, 8), (16, 256, 4, 2, 4),
-            (16, 128, 2, 3, 4)],
+#: Verify-step (T > 1) tiles with the MMA operands swapped (weights as M), ``--tune-verify``.
+VERIFY_SWAP: dict[str, list[Any]] = {
+    "add": [(64, 64, 4, 3, 4, True), (64, 128, 4, 3, 8, True), (128, 64, 4, 3, 4, True),
+            (64, 64, 4, 4, 8, True), (32, 128, 4, 3, 8, True)],
+    "w13": [(64, 64, 4, 3, 1, True), (128, 64, 4, 3, 1, True), (64, 128, 4, 3, 1, True),
+            (128, 64, 8, 3, 1, True), (64, 64, 4, 4, 1, True), (32, 128, 4, 3, 1, True)],
+    "out": [(128, 64, 4, 3, 1, True), (128, 128, 8, 3, 1, True), (256, 64, 8, 3, 1, True),
+            (64, 128, 4, 3, 1, True)],
 }
 QKV_CANDS = {True: [(1, 1024), (2, 512), (2, 1024), (4, 512), (8, 256), (1, 512)],
              False: [(16, 128), (16, 256), (16, 64), (16, 512), (16, 32)]}
@@ -542,56 +546,57 @@ def pdl_check() -> int:
     return 0 if max(errs) < 2e-2 and all(stable) else 3
 
 
-def tune_verify(name: str, positions: list[int], qkv_split_only: bool = True) -> dict[str, Any]:
-    """The k = 8 verify step (T = 9) before and after re-tuning its tiles with more candidates
-    (smaller row blocks: more programs per SM), in one process; T = 1 for the ratio."""
+def tune_verify(name: str, positions: list[int], what: str = "swap") -> dict[str, Any]:
+    """The k = 8 verify step (T = 9) before and after, in one process; T = 1 for the ratio.
+
+    ``what`` = "qkv": the per-pair qkv kernel against split-K qkv tiles (run 13); "swap": the
+    default step against re-tuned tiles that may swap the MMA operands (run 14)."""
+    from openjarvis.engine.torch import kernels as K
+
     a = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}[name]
-    CANDS[("add", False)] = CANDS[("add", False)] + VERIFY_EXTRA["add"]
     n_ctx = max(positions) + 64
     w = random_weights(a, torch.bfloat16, "cuda", seed=0)
     model = Transformer(a, w, n_pos=n_ctx + 64)
     r = Runner(model, n_ctx, kernels="triton", graphs=True)
-    r.qkv_split = None  # "before" is the per-pair qkv kernel
+    if what == "qkv":
+        r.qkv_split = None  # "before" is the per-pair qkv kernel
     if not PDL_OK:
         r.pdl_by_t = {}
-    res: dict[str, Any] = {"before": {}, "after": {}}
+    res: dict[str, Any] = {"before": {}, "after": {}, "what": what}
     for pos in positions:
         res["before"][pos] = {"t1": ours_step_ms(r, 1, pos), "t9": ours_step_ms(r, 9, pos)}
     log(name, "before", res["before"])
-    if not qkv_split_only:
+    toks = list(range(100, 109))
+    r.step(toks, 600)
+    ref = r.step(toks, 600).clone()
+    if what == "swap":
+        for kind in ("add", "w13", "out"):
+            CANDS[(kind, False)] = CANDS[(kind, False)] + VERIFY_SWAP[kind]
         before = dict(r.linear_configs)
         res["picked"] = tune(r, (9,), positions)
         res["changed"] = {f"{k[0]}": str(v) for k, v in r.linear_configs.items()
                           if k[1] == 9 and before.get(k) != v}
         r._steps.pop(9, None)  # recapture T = 9 with the new tiles
-    from openjarvis.engine.torch import kernels as K
-
-    toks = list(range(100, 109))
-    r.step(toks, 600)
-    ref = r.step(toks, 600).clone()
-    res["qkv_split"] = {}
-    for cand in [(32, 128, 4, 3, 4), (16, 128, 4, 3, 8), (32, 64, 4, 3, 8), (64, 128, 8, 3, 4),
-                 (16, 256, 4, 2, 4)]:
-        r.qkv_split = K.LinearConfig(*cand)
-        r._steps.pop(9, None)
-        try:
-            got = r.step(toks, 600).clone()
-            err = float((got - ref).norm() / ref.norm())
-            top1 = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
-            row: dict[str, Any] = {"rel_vs_per_pair": err, "top1": top1}
+    else:
+        res["qkv_split"] = {}
+        for cand in [(32, 128, 4, 3, 4), (16, 128, 4, 3, 8), (32, 64, 4, 3, 8),
+                     (64, 128, 8, 3, 4), (16, 256, 4, 2, 4)]:
+            r.qkv_split = K.LinearConfig(*cand)
+            r._steps.pop(9, None)
+            row: dict[str, Any] = {}
             for pos in positions:
                 row[pos] = ours_step_ms(r, 9, pos) / res["before"][pos]["t1"]
             res["qkv_split"][str(cand)] = row
             log(name, "qkv split", cand, row)
-        except Exception:
-            log("qkv split", cand, "failed:", traceback.format_exc(limit=3))
-    r.qkv_split = None
-    r._steps.pop(9, None)
+        r.qkv_split = None
+        r._steps.pop(9, None)
+    got = r.step(toks, 600).clone()
+    res["rel_vs_before"] = float((got - ref).norm() / ref.norm())
     for pos in positions:
         t9 = ours_step_ms(r, 9, pos)
         res["after"][pos] = {"t9": t9, "ratio": t9 / res["before"][pos]["t1"],
                              "ratio_before": res["before"][pos]["t9"] / res["before"][pos]["t1"]}
-    log(name, "after", res["after"])
+    log(name, "after", res["after"], res.get("changed"), "rel vs before", res["rel_vs_before"])
     return res
 
 
@@ -829,6 +834,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="only: the single-launch step against the per-kernel step")
     ap.add_argument("--barrier", action="store_true", help="only: the grid barrier's cost")
     ap.add_argument("--split-correct", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--verify-what", choices=["swap", "qkv"], default="swap", help=argparse.SUPPRESS)
     ap.add_argument("--tune-verify", choices=["1.5B", "0.5B"],
                     help="only: re-tune the k = 8 verify step's tiles and measure it before/after")
     args = ap.parse_args(argv)
@@ -837,7 +843,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.tune_verify:
         args.out.mkdir(parents=True, exist_ok=True)
-        r = tune_verify(args.tune_verify, [int(x) for x in args.positions.split(",")])
+        r = tune_verify(args.tune_verify, [int(x) for x in args.positions.split(",")],
+                        args.verify_what)
         (args.out / f"verify_{args.tune_verify}.json").write_text(json.dumps(r, indent=1, default=str))
         return 0
     if args.barrier:

@@ -43,6 +43,9 @@ class LinearConfig:
     num_warps: int = 4
     num_stages: int = 2
     split_k: int = 1  # > 1 only for ADD: partial sums land in ``out`` with float atomics
+    #: T > 1: the weight tile is the MMA's M operand (W [BN, BK] @ x^T), so the few tokens pad
+    #: N (16) rather than M, and a 64- or 128-row weight tile fills Hopper's MMA shape.
+    swap: bool = False
 
 
 def block_t(t: int) -> int:
@@ -161,6 +164,61 @@ def _linear_kernel(
     omask = tmask[:, None] & nmask[None, :]
     optr = out_ptr + rt[:, None] * stride_out + rn[None, :]
     if SPLIT_K > 1:  # MODE 1 only: out (float32) += this split's partial sum
+        tl.atomic_add(optr, acc, mask=omask)
+    else:
+        if MODE == 1:
+            acc += tl.load(optr, mask=omask, other=0.0).to(tl.float32)
+        if MODE == 2:
+            acc = acc * tl.sigmoid(acc) * acc2
+        tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def _linear_swap_kernel(
+    x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
+    T, N, K, stride_x, stride_out, eps,
+    MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+):
+    """``_linear_kernel`` for T > 1 with the product transposed: accT [BN, BT] += W [BN, BK] .
+    x^T [BK, BT]; transposed back once, before the same epilogue."""
+    pid = tl.program_id(0)
+    k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
+    k_lo = tl.program_id(1) * k_per
+    k_hi = tl.minimum(k_lo + k_per, K)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rt = tl.arange(0, BLOCK_T)
+    nmask = rn < N
+    tmask = rt < T
+    acc_t = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+    acc2_t = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < k_hi
+        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        if NORM:
+            ss += tl.sum(x * x, axis=1)
+            x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+        wmask = nmask[:, None] & kmask[None, :]
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0)
+        xt = tl.trans(x.to(w.dtype))  # [BK, BT]
+        acc_t = tl.dot(w, xt, acc_t)
+        if MODE == 2:
+            w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
+            acc2_t = tl.dot(w2, xt, acc2_t)
+    acc = tl.trans(acc_t)  # [BT, BN]
+    acc2 = tl.trans(acc2_t)
+    if NORM == 1:
+        inv = tl.rsqrt(ss / K + eps)
+        acc = acc * inv[:, None]
+        acc2 = acc2 * inv[:, None]
+    if BIAS:
+        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    omask = tmask[:, None] & nmask[None, :]
+    optr = out_ptr + rt[:, None] * stride_out + rn[None, :]
+    if SPLIT_K > 1:
         tl.atomic_add(optr, acc, mask=omask)
     else:
         if MODE == 1:
@@ -439,6 +497,17 @@ def linear(
                             or out.dtype != torch.float32):
         raise ValueError("split_k > 1 needs mode=ADD into float32, without a norm scale or bias")
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    if cfg.swap and t > 1:
+        if cfg.block_n < 16:
+            raise ValueError("a swapped tile needs block_n >= 16 (it is the MMA's M)")
+        _linear_swap_kernel[grid](
+            x, w, norm if norm is not None else w, bias if bias is not None else w, out,
+            t, n, k, x.stride(0), out.stride(0), eps,
+            MODE=mode, NORM=0 if norm is None else 1 if norm_scale else 2, BIAS=bias is not None,
+            BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return out
     _linear_kernel[grid](
         x, w, norm if norm is not None else w, bias if bias is not None else w, out,
         t, n, k, x.stride(0), out.stride(0), eps,

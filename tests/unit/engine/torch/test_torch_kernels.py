@@ -35,7 +35,7 @@ def g(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("peel", [0, 3])  # 3: the loop shape PDL mode 2 runs, without PDL
+@pytest.mark.parametrize("peel", [0, 3, 9])  # 3: the loop PDL mode 2 runs; 9: swapped operands
 @pytest.mark.parametrize("t", [1, 3, 17])
 @pytest.mark.parametrize("mode", [K.STORE, K.ADD, K.SWIGLU])
 def test_linear_modes(t: int, mode: int, peel: int) -> None:
@@ -44,9 +44,9 @@ def test_linear_modes(t: int, mode: int, peel: int) -> None:
     norm, bias = g(k, seed=3) + 1, g(n, seed=4)
     h0 = g(t, n, seed=5)
     out = h0.clone() if mode == K.ADD else torch.full((t, n), POISON)
-    cfg = K.LinearConfig(block_n=8 if t == 1 else 16, block_k=32)
+    cfg = K.LinearConfig(block_n=8 if t == 1 else 16, block_k=32, swap=peel == 9)
     use_bias = bias if mode == K.STORE else None
-    K.linear(x, w, out, mode=mode, norm=norm, bias=use_bias, eps=1e-6, cfg=cfg, pdl=peel)
+    K.linear(x, w, out, mode=mode, norm=norm, bias=use_bias, eps=1e-6, cfg=cfg, pdl=peel % 9)
     y = rms_norm(x, norm, 1e-6) @ w.T
     if mode == K.STORE:
         ref = y + bias
@@ -67,6 +67,9 @@ def test_split_k_adds_partial_sums_into_the_residual(t: int) -> None:
     cfg = K.LinearConfig(block_n=8 if t == 1 else 16, block_k=32, split_k=3)
     K.linear(x, w, out, mode=K.ADD, cfg=cfg)
     assert rel(out, h0 + x @ w.T) < 1e-5
+    swapped = h0.clone()
+    K.linear(x, w, swapped, mode=K.ADD, cfg=K.LinearConfig(16, 32, split_k=3, swap=True))
+    assert rel(swapped, h0 + x @ w.T) < 1e-5
 
 
 @pytest.mark.parametrize("peel", [0, 3])
