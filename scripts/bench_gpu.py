@@ -600,6 +600,42 @@ def tune_verify(name: str, positions: list[int], what: str = "swap") -> dict[str
     return res
 
 
+def swap_check() -> dict[str, Any]:
+    """Each linear mode with swapped operands against float32 torch, T = 9, real 1.5B shapes."""
+    from openjarvis.engine.torch import kernels as K
+    from openjarvis.engine.torch.model import rms_norm
+
+    torch.manual_seed(0)
+    res: dict[str, Any] = {}
+    t = 9
+    cases = [("w13", K.SWIGLU, 8960, 1536, True, (64, 64, 4, 4, 1)),
+             ("w2", K.ADD, 1536, 8960, False, (32, 128, 4, 3, 8)),
+             ("out", K.STORE, 151936, 1536, True, (128, 64, 4, 3, 1)),
+             ("wo", K.ADD, 1536, 1536, False, (32, 128, 4, 3, 8))]
+    for name, mode, n, k, use_norm, tiles in cases:
+        x = torch.randn(t, k, device="cuda")
+        w = (torch.randn(2 * n if mode == K.SWIGLU else n, k, device="cuda") * 0.05).to(torch.bfloat16)
+        g = (torch.rand(k, device="cuda") + 0.5).to(torch.bfloat16)
+        h0 = torch.randn(t, n, device="cuda")
+        xin = rms_norm(x, g, 1e-6) if use_norm else x
+        y = xin.to(torch.bfloat16).float() @ w.float().T
+        if mode == K.SWIGLU:
+            ref = torch.nn.functional.silu(y[:, :n]) * y[:, n:]
+        elif mode == K.ADD:
+            ref = h0 + y
+        else:
+            ref = y
+        for swap in (False, True):
+            out = h0.clone() if mode == K.ADD else torch.full((t, n), float("nan"), device="cuda")
+            cfg = K.LinearConfig(*tiles, swap=swap)
+            K.linear(x, w, out, mode=mode, norm=g if use_norm else None, cfg=cfg)
+            sync()
+            err = float((out - ref).norm() / ref.norm())
+            res[f"{name}_swap{int(swap)}"] = err
+            log("swap check", name, "swap" if swap else "plain", f"{err:.2e}")
+    return res
+
+
 def split_correctness() -> dict[str, Any]:
     """Verify steps with the per-pair qkv kernel and with the split-K qkv, each against a
     float32 reference of the same bf16 weights (0.5B shapes, 8 steps of T = 9 after a prompt)."""
@@ -834,10 +870,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="only: the single-launch step against the per-kernel step")
     ap.add_argument("--barrier", action="store_true", help="only: the grid barrier's cost")
     ap.add_argument("--split-correct", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--swap-check", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--verify-what", choices=["swap", "qkv"], default="swap", help=argparse.SUPPRESS)
     ap.add_argument("--tune-verify", choices=["1.5B", "0.5B"],
                     help="only: re-tune the k = 8 verify step's tiles and measure it before/after")
     args = ap.parse_args(argv)
+    if args.swap_check:
+        print(json.dumps(swap_check()))
+        return 0
     if args.split_correct:
         print(json.dumps(split_correctness()))
         return 0
