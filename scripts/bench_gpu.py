@@ -647,9 +647,14 @@ def split_correctness() -> dict[str, Any]:
     seq = torch.randint(0, a.n_vocab, (104,), generator=torch.Generator().manual_seed(1)).tolist()
     ref = Runner(Transformer(a, w32, n_pos=256), 128, kernels="torch", graphs=False).logits(seq, 0)
     res: dict[str, Any] = {}
-    for name, split in (("per_pair", None), ("split_k", K.LinearConfig(32, 64, 4, 3, 8))):
+    swap = {"w13": K.LinearConfig(64, 64, 4, 4, 1, swap=True), "out": K.LinearConfig(128, 64, 4, 3, 1, swap=True),
+            "w2": K.LinearConfig(32, 128, 4, 3, 8, swap=True)}
+    for name, split in (("per_pair", None), ("split_k", K.LinearConfig(32, 64, 4, 3, 8)),
+                        ("split_k_swap", K.LinearConfig(32, 64, 4, 3, 8))):
         r = Runner(Transformer(a, w16, n_pos=256), 128, kernels="triton")
         r.qkv_split = split
+        if name == "split_k_swap":
+            r.linear_configs.update({(m, tt): c for m, c in swap.items() for tt in range(2, 33)})
         rows = [r.logits(seq[:32], 0).clone()]
         rows += [r.logits(seq[i : i + 9], i).clone() for i in range(32, 104, 9)]
         out = torch.cat(rows)
