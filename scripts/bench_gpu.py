@@ -569,7 +569,12 @@ def tune_verify(name: str, positions: list[int], what: str = "swap") -> dict[str
     toks = list(range(100, 109))
     r.step(toks, 600)
     ref = r.step(toks, 600).clone()
-    if what == "swap":
+    saved = (r.cache.k.clone(), r.cache.v.clone())  # tuning writes K/V; restored below
+    if what == "default":
+        for k in (4, 16):
+            for pos in positions:
+                res["before"][pos][f"t{k + 1}"] = ours_step_ms(r, k + 1, pos)
+    elif what == "swap":
         for kind in ("add", "w13", "out"):
             CANDS[(kind, False)] = CANDS[(kind, False)] + VERIFY_SWAP[kind]
         before = dict(r.linear_configs)
@@ -590,6 +595,8 @@ def tune_verify(name: str, positions: list[int], what: str = "swap") -> dict[str
             log(name, "qkv split", cand, row)
         r.qkv_split = None
         r._steps.pop(9, None)
+    r.cache.k.copy_(saved[0])
+    r.cache.v.copy_(saved[1])
     got = r.step(toks, 600).clone()
     res["rel_vs_before"] = float((got - ref).norm() / ref.norm())
     for pos in positions:
@@ -876,7 +883,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--barrier", action="store_true", help="only: the grid barrier's cost")
     ap.add_argument("--split-correct", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--swap-check", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--verify-what", choices=["swap", "qkv"], default="swap", help=argparse.SUPPRESS)
+    ap.add_argument("--verify-what", choices=["swap", "qkv", "default"], default="swap",
+                    help=argparse.SUPPRESS)
     ap.add_argument("--tune-verify", choices=["1.5B", "0.5B"],
                     help="only: re-tune the k = 8 verify step's tiles and measure it before/after")
     args = ap.parse_args(argv)
