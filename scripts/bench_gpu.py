@@ -584,8 +584,8 @@ def tune_verify(name: str, positions: list[int], what: str = "swap") -> dict[str
         r._steps.pop(9, None)  # recapture T = 9 with the new tiles
     else:
         res["qkv_split"] = {}
-        for cand in [(32, 128, 4, 3, 4), (16, 128, 4, 3, 8), (32, 64, 4, 3, 8),
-                     (64, 128, 8, 3, 4), (16, 256, 4, 2, 4)]:
+        for cand in [(32, 64, 4, 3, 8), (32, 128, 4, 3, 8, True), (32, 64, 4, 3, 8, True),
+                     (64, 64, 4, 3, 8, True), (64, 128, 4, 3, 4, True)]:
             r.qkv_split = K.LinearConfig(*cand)
             r._steps.pop(9, None)
             row: dict[str, Any] = {}
