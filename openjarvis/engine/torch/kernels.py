@@ -99,6 +99,30 @@ def _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc, acc2, ss
 
 
 @triton.jit
+def _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
+                MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
+                SPLIT_K: tl.constexpr):
+    """The linear kernels' epilogue on acc [BT, BN]: 1/RMS (NORM 1; NORM 2 leaves it to the
+    caller), bias, then store, add into out, SwiGLU, or (split-K) atomically add a partial."""
+    if NORM == 1:
+        inv = tl.rsqrt(ss / K + eps)
+        acc = acc * inv[:, None]
+        acc2 = acc2 * inv[:, None]
+    if BIAS:
+        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    omask = tmask[:, None] & nmask[None, :]
+    optr = out_ptr + rt[:, None] * stride_out + rn[None, :]
+    if SPLIT_K > 1:  # MODE 1 only: out (float32) += this split's partial sum
+        tl.atomic_add(optr, acc, mask=omask)
+    else:
+        if MODE == 1:
+            acc += tl.load(optr, mask=omask, other=0.0).to(tl.float32)
+        if MODE == 2:
+            acc = acc * tl.sigmoid(acc) * acc2
+        tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
 def _linear_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
     T, N, K, stride_x, stride_out, eps,
@@ -155,22 +179,8 @@ def _linear_kernel(
             if MODE == 2:
                 w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
                 acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
-    if NORM == 1:  # NORM 2: the norm weight only; the 1/RMS scale is applied by the caller
-        inv = tl.rsqrt(ss / K + eps)
-        acc = acc * inv[:, None]
-        acc2 = acc2 * inv[:, None]
-    if BIAS:
-        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
-    omask = tmask[:, None] & nmask[None, :]
-    optr = out_ptr + rt[:, None] * stride_out + rn[None, :]
-    if SPLIT_K > 1:  # MODE 1 only: out (float32) += this split's partial sum
-        tl.atomic_add(optr, acc, mask=omask)
-    else:
-        if MODE == 1:
-            acc += tl.load(optr, mask=omask, other=0.0).to(tl.float32)
-        if MODE == 2:
-            acc = acc * tl.sigmoid(acc) * acc2
-        tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
+    _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
+                MODE, NORM, BIAS, SPLIT_K)
 
 
 @triton.jit
@@ -208,24 +218,8 @@ def _linear_swap_kernel(
         if MODE == 2:
             w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
             acc2_t = tl.dot(w2, xt, acc2_t)
-    acc = tl.trans(acc_t)  # [BT, BN]
-    acc2 = tl.trans(acc2_t)
-    if NORM == 1:
-        inv = tl.rsqrt(ss / K + eps)
-        acc = acc * inv[:, None]
-        acc2 = acc2 * inv[:, None]
-    if BIAS:
-        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
-    omask = tmask[:, None] & nmask[None, :]
-    optr = out_ptr + rt[:, None] * stride_out + rn[None, :]
-    if SPLIT_K > 1:
-        tl.atomic_add(optr, acc, mask=omask)
-    else:
-        if MODE == 1:
-            acc += tl.load(optr, mask=omask, other=0.0).to(tl.float32)
-        if MODE == 2:
-            acc = acc * tl.sigmoid(acc) * acc2
-        tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
+    _linear_out(tl.trans(acc_t), tl.trans(acc2_t), ss, rn, rt, nmask, tmask, b_ptr, out_ptr,
+                stride_out, K, eps, MODE, NORM, BIAS, SPLIT_K)
 
 
 @triton.jit
@@ -344,16 +338,11 @@ def _rope_kv_kernel(
 
 
 @triton.jit
-def _attn_split_kernel(
-    q_ptr, kc_ptr, vc_ptr, start_ptr, o_ptr, ml_ptr,
-    T, stride_ch, stride_cs, scale,
-    N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
-):
-    """Program = (kv head, split): rows r = t * G + g of the query tile share one K/V stream."""
-    _gdc(PDL)
-    kvh = tl.program_id(0)
-    sp = tl.program_id(1)
+def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_ch, stride_cs, scale,
+               N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
+               BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Flash-decoding partials of one (kv head, split of the sequence): rows r = t * G + g of
+    the query tile (all query heads of the group, all T tokens) share one K/V stream."""
     r = tl.arange(0, BLOCK_R)
     t = r // G
     head = kvh * G + r % G
@@ -361,7 +350,6 @@ def _attn_split_kernel(
     d = tl.arange(0, HD)
     q = tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
                 mask=rmask[:, None], other=0.0) * scale  # [R, HD] float32
-    start = tl.load(start_ptr)
     total = start + T
     chunk = tl.cdiv(tl.cdiv(total, NSPLIT), BLOCK_S) * BLOCK_S
     s_lo = sp * chunk
@@ -394,22 +382,41 @@ def _attn_split_kernel(
 
 
 @triton.jit
+def _attn_split_kernel(
+    q_ptr, kc_ptr, vc_ptr, start_ptr, o_ptr, ml_ptr,
+    T, stride_ch, stride_cs, scale,
+    N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+):
+    """Program = (kv head, split): ``_attn_item``."""
+    _gdc(PDL)
+    _attn_item(q_ptr, kc_ptr, vc_ptr, tl.load(start_ptr), o_ptr, ml_ptr, T, tl.program_id(0),
+               tl.program_id(1), stride_ch, stride_cs, scale, N_HEAD, G, HD, NSPLIT, BLOCK_R,
+               BLOCK_S)
+
+
+@triton.jit
+def _combine_item(o_ptr, ml_ptr, out_ptr, T, item, N_HEAD: tl.constexpr, HD: tl.constexpr,
+                  NSPLIT: tl.constexpr):
+    """Merge the splits' (max, sum, partial output) of item = t * N_HEAD + head."""
+    sp = tl.arange(0, NSPLIT)
+    d = tl.arange(0, HD)
+    idx = sp * T * N_HEAD + item
+    m = tl.load(ml_ptr + idx * 2)
+    den = tl.load(ml_ptr + idx * 2 + 1)
+    wgt = tl.exp(m - tl.max(m, 0))  # empty splits carry m = -inf -> weight 0
+    o = tl.load(o_ptr + idx[:, None] * HD + d[None, :])  # [NSPLIT, HD]
+    res = tl.sum(o * wgt[:, None], 0) / tl.sum(wgt * den, 0)
+    tl.store(out_ptr + item * HD + d, res.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _attn_combine_kernel(
     o_ptr, ml_ptr, out_ptr, T,
     N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr,
 ):
     _gdc(PDL)
-    pid = tl.program_id(0)  # t * N_HEAD + head
-    sp = tl.arange(0, NSPLIT)
-    d = tl.arange(0, HD)
-    idx = sp * T * N_HEAD + pid
-    m = tl.load(ml_ptr + idx * 2)
-    den = tl.load(ml_ptr + idx * 2 + 1)
-    mx = tl.max(m, 0)
-    wgt = tl.exp(m - mx)  # empty splits carry m = -inf -> weight 0
-    o = tl.load(o_ptr + idx[:, None] * HD + d[None, :])  # [NSPLIT, HD]
-    res = tl.sum(o * wgt[:, None], 0) / tl.sum(wgt * den, 0)
-    tl.store(out_ptr + pid * HD + d, res.to(out_ptr.dtype.element_ty))
+    _combine_item(o_ptr, ml_ptr, out_ptr, T, tl.program_id(0), N_HEAD, HD, NSPLIT)
 
 
 @triton.jit

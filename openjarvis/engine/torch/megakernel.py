@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from openjarvis.engine.torch.kernels import _tile_dot, block_t
+from openjarvis.engine.torch.kernels import _attn_item, _combine_item, _tile_dot, block_t
 from openjarvis.engine.torch.weights import Weights
 
 # GEMV modes (as kernels.py)
@@ -456,67 +456,19 @@ def _attn_phase(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, stride_ch, strid
                 N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
                 NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
                 NPROG: tl.constexpr):
-    """Item = (kv head, split of the sequence): flash-decoding partials for the group's query
-    heads and all T tokens (rows r = t * G + g), K/V read once per group."""
-    G: tl.constexpr = N_HEAD // N_KV
-    r = tl.arange(0, BLOCK_R)
-    t = r // G
-    rmask = t < T
-    d = tl.arange(0, HD)
-    total = start + T
-    chunk = tl.cdiv(tl.cdiv(total, NSPLIT), BLOCK_S) * BLOCK_S
-    qpos = start + t
+    """Items = (kv head, split of the sequence), as ``kernels._attn_split_kernel``'s programs."""
     for item in range(pid, N_KV * NSPLIT, NPROG):
-        kvh = item // NSPLIT
-        sp = item % NSPLIT
-        head = kvh * G + r % G
-        q = tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
-                    mask=rmask[:, None], other=0.0) * scale  # [R, HD] float32
-        s_lo = sp * chunk
-        s_hi = tl.minimum(s_lo + chunk, total)
-        m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-        den = tl.zeros([BLOCK_R], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
-        kbase = kc_ptr + kvh * stride_ch
-        vbase = vc_ptr + kvh * stride_ch
-        for s0 in range(s_lo, s_hi, BLOCK_S):
-            s = s0 + tl.arange(0, BLOCK_S)
-            smask = s < s_hi
-            kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None],
-                         other=0.0)
-            sc = tl.dot(q.to(kt.dtype), tl.trans(kt))  # [R, S]
-            valid = smask[None, :] & (s[None, :] <= qpos[:, None])
-            sc = tl.where(valid, sc, float("-inf"))
-            m_new = tl.maximum(m, tl.max(sc, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp(sc - m_safe[:, None])
-            alpha = tl.exp(m - m_safe)
-            den = den * alpha + tl.sum(p, 1)
-            vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None],
-                         other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-            m = m_new
-        idx = (sp * T + t) * N_HEAD + head  # partials [NSPLIT, T, H, ...]
-        tl.store(o_ptr + idx[:, None] * HD + d[None, :], acc, mask=rmask[:, None])
-        tl.store(ml_ptr + idx * 2, m, mask=rmask)
-        tl.store(ml_ptr + idx * 2 + 1, den, mask=rmask)
+        _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, item // NSPLIT, item % NSPLIT,
+                   stride_ch, stride_cs, scale, N_HEAD, N_HEAD // N_KV, HD, NSPLIT, BLOCK_R, BLOCK_S)
 
 
 @triton.jit
 def _combine_phase(o_ptr, ml_ptr, out_ptr, T, pid,
                    N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
                    NPROG: tl.constexpr):
-    """Item = (token, head): merge the splits' (max, sum, partial output)."""
-    sp = tl.arange(0, NSPLIT)
-    d = tl.arange(0, HD)
+    """Items = (token, head): merge the splits (``kernels._combine_item``)."""
     for item in range(pid, T * N_HEAD, NPROG):
-        idx = sp * T * N_HEAD + item
-        m = tl.load(ml_ptr + idx * 2)
-        den = tl.load(ml_ptr + idx * 2 + 1)
-        wgt = tl.exp(m - tl.max(m, 0))  # empty splits carry m = -inf -> weight 0
-        o = tl.load(o_ptr + idx[:, None] * HD + d[None, :])  # [NSPLIT, HD]
-        res = tl.sum(o * wgt[:, None], 0) / tl.sum(wgt * den, 0)
-        tl.store(out_ptr + item * HD + d, res)
+        _combine_item(o_ptr, ml_ptr, out_ptr, T, item, N_HEAD, HD, NSPLIT)
 
 
 @triton.jit
