@@ -84,14 +84,22 @@ def _gdc(PDL: tl.constexpr):
 
 
 @triton.jit
-def _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc, acc2, ss,
-              MODE: tl.constexpr, NORM: tl.constexpr, BLOCK_T: tl.constexpr):
-    """One K tile: load x [BT, BK] (RMSNorm statistics and weight on the fly), accumulate."""
+def _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM: tl.constexpr):
+    """x [BT, BK] as float32; with NORM, its squares added to ``ss`` (the RMS statistics) and
+    the tile multiplied by the norm weight g [BK]."""
     x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
-                mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)  # [BT, BK]
+                mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
     if NORM:
         ss += tl.sum(x * x, axis=1)
         x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+    return x, ss
+
+
+@triton.jit
+def _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc, acc2, ss,
+              MODE: tl.constexpr, NORM: tl.constexpr, BLOCK_T: tl.constexpr):
+    """One K tile: load x [BT, BK] (RMSNorm statistics and weight on the fly), accumulate."""
+    x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
     acc = _tile_dot(x, w, acc, BLOCK_T)
     if MODE == 2:
         acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
@@ -168,11 +176,7 @@ def _linear_kernel(
         for k0 in range(k_lo, k_hi, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)  # [BK]
             kmask = rk < k_hi
-            x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
-                        mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-            if NORM:
-                ss += tl.sum(x * x, axis=1)
-                x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+            x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
             wmask = nmask[:, None] & kmask[None, :]
             w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0)
             acc = _tile_dot(x, w, acc, BLOCK_T)
@@ -206,11 +210,7 @@ def _linear_swap_kernel(
     for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < k_hi
-        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
-                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-        if NORM:
-            ss += tl.sum(x * x, axis=1)
-            x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+        x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
         wmask = nmask[:, None] & kmask[None, :]
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0)
         xt = tl.trans(x.to(w.dtype))  # [BK, BT]

@@ -34,7 +34,14 @@ import torch
 import triton
 import triton.language as tl
 
-from openjarvis.engine.torch.kernels import _attn_item, _combine_item, _tile_dot, block_t
+from openjarvis.engine.torch.kernels import (
+    _attn_item,
+    _combine_item,
+    _linear_out,
+    _tile_dot,
+    _x_tile,
+    block_t,
+)
 from openjarvis.engine.torch.weights import Weights
 
 # GEMV modes (as kernels.py)
@@ -190,6 +197,7 @@ def _rows(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, inv, row0, 
     tmask = rt < T
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)  # unused: the RMS comes in as ``inv``
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
@@ -197,25 +205,15 @@ def _rows(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, inv, row0, 
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0)
         if MODE == 2:
             w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
-        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
-                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-        if NORM:
-            x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+        x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
         acc = _tile_dot(x, w, acc, BLOCK_T)
         if MODE == 2:
             acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
-    if NORM:
+    if NORM:  # the phase's 1/RMS, computed once per program (``inv``), not per row block
         acc = acc * inv[:, None]
         acc2 = acc2 * inv[:, None]
-    if BIAS:
-        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
-    omask = tmask[:, None] & nmask[None, :]
-    optr = out_ptr + rt[:, None] * stride_out + rn[None, :]
-    if MODE == 1:
-        acc += tl.load(optr, mask=omask, other=0.0)
-    if MODE == 2:
-        acc = acc * tl.sigmoid(acc) * acc2
-    tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
+    _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, 0.0,
+                MODE, 2 if NORM else 0, BIAS, 1)
 
 
 @triton.jit
@@ -242,6 +240,20 @@ def _gemv_phase(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, T, N,
                     _prefetch(w_ptr + (N + nxt) * K, n_el, LINES)
             _rows(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, inv, r0, hi, T, N,
                   K, MODE, NORM, BIAS, BLOCK_T, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _row_out(y, y2, rn, hi, b_ptr, out_ptr, MODE: tl.constexpr, BIAS: tl.constexpr):
+    """One token's epilogue for rows rn below hi: bias, then store, add into out (MODE 1) or
+    SwiGLU of the gate y and the up y2 (MODE 2)."""
+    nmask = rn < hi
+    if BIAS:
+        y += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+    if MODE == 1:
+        y += tl.load(out_ptr + rn, mask=nmask, other=0.0)
+    if MODE == 2:
+        y = y * tl.sigmoid(y) * y2
+    tl.store(out_ptr + rn, y.to(out_ptr.dtype.element_ty), mask=nmask)
 
 
 @triton.jit
@@ -278,17 +290,11 @@ def _gemv_t1_one(x_ptr, w_ptr, g_ptr, b_ptr, out_ptr, inv, lo, hi, N, K,
             _prefetch(w_ptr + nxt * K, n_el, LINES)
             if MODE == 2:
                 _prefetch(w_ptr + (N + nxt) * K, n_el, LINES)
-        rn = r0 + ar_n
-        nmask = rn < hi
         y = tl.sum(x[None, :] * w.to(tl.float32), axis=1)
-        if BIAS:
-            y += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
-        if MODE == 1:
-            y += tl.load(out_ptr + rn, mask=nmask, other=0.0)
+        y2 = y
         if MODE == 2:
             y2 = tl.sum(x[None, :] * w2.to(tl.float32), axis=1)
-            y = y * tl.sigmoid(y) * y2
-        tl.store(out_ptr + rn, y.to(out_ptr.dtype.element_ty), mask=nmask)
+        _row_out(y, y2, r0 + ar_n, hi, b_ptr, out_ptr, MODE, BIAS)
 
 
 @triton.jit
@@ -346,20 +352,12 @@ def _gemv_t1(x_ptr, w_ptr, g_ptr, b_ptr, out_ptr, inv, lo, hi, N, K,
         if MODE == 2:
             acc2 += x[None, :] * w2.to(tl.float32)
         if kc == n_kc - 1:
-            rn = lo + rb * BLOCK_N + ar_n
-            nmask = rn < hi
             y = tl.sum(acc, axis=1)
             y2 = tl.sum(acc2, axis=1)
             if NORM:
                 y = y * inv
                 y2 = y2 * inv
-            if BIAS:
-                y += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
-            if MODE == 1:
-                y += tl.load(out_ptr + rn, mask=nmask, other=0.0)
-            if MODE == 2:
-                y = y * tl.sigmoid(y) * y2
-            tl.store(out_ptr + rn, y.to(out_ptr.dtype.element_ty), mask=nmask)
+            _row_out(y, y2, lo + rb * BLOCK_N + ar_n, hi, b_ptr, out_ptr, MODE, BIAS)
             acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
             acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
 
