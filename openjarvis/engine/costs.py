@@ -121,3 +121,18 @@ def load_or_measure(engine: Measurable) -> CostModel:
     with contextlib.suppress(OSError):
         store(cost)
     return cost
+
+
+class MeasuredCosts:
+    """``cost_model`` / ``set_cost_model`` for an engine with a ``cost_key``: measured on first
+    use and cached on disk (``load_or_measure``), or pinned by a caller (tests, benchmarks)."""
+
+    _cost: CostModel | None = None
+
+    def cost_model(self) -> CostModel:
+        if self._cost is None:
+            self._cost = load_or_measure(self)  # type: ignore[arg-type]  # engines are Measurable
+        return self._cost
+
+    def set_cost_model(self, cost: CostModel) -> None:
+        self._cost = cost

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from openjarvis.config import EngineConfig
-from openjarvis.engine.base import CostModel, Logits
+from openjarvis.engine.base import Logits
+from openjarvis.engine.costs import MeasuredCosts
 from openjarvis.errors import ContextOverflow, EngineError
 
 
@@ -93,7 +94,7 @@ def cost_key_for(path: Path, threads: int, flash_attn: bool = False) -> str:
     )
 
 
-class LlamaEngine:
+class LlamaEngine(MeasuredCosts):
     """An :class:`~openjarvis.engine.base.Engine` over one llama.cpp context (sequence 0)."""
 
     def __init__(
@@ -158,7 +159,6 @@ class LlamaEngine:
         self._n_past = 0
         self._metadata: dict[str, str] | None = None
         self._fingerprint: str | None = None
-        self._cost: CostModel | None = None
         #: (tokens, last_only) -> number of ``eval`` calls: what a benchmark prices with the
         #: measured cost model, independent of the load on a shared machine.
         self.eval_counts: Counter[tuple[int, bool]] = Counter()
@@ -315,18 +315,6 @@ class LlamaEngine:
     def cost_key(self) -> str:
         """(model, device, threads, backend) identity the measured cost model is cached under."""
         return cost_key_for(self.path, self.threads, self.flash_attn)
-
-    def cost_model(self) -> CostModel:
-        """Measured once per (model, device, threads) and cached on disk (see ``costs``)."""
-        if self._cost is None:
-            from openjarvis.engine.costs import load_or_measure
-
-            self._cost = load_or_measure(self)
-        return self._cost
-
-    def set_cost_model(self, cost: CostModel) -> None:
-        """Use given costs (tests, benchmarks that pin a table) instead of measuring."""
-        self._cost = cost
 
     def describe(self) -> dict[str, Any]:
         return {"path": str(self.path), "threads": self.threads, "n_ctx": self._n_ctx}

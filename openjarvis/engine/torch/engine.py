@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from openjarvis.config import EngineConfig
-from openjarvis.engine.base import CostModel, Logits
+from openjarvis.engine.base import Logits
+from openjarvis.engine.costs import MeasuredCosts
 from openjarvis.engine.llama import detokenize, tokenize, vocab_fingerprint
 from openjarvis.engine.torch.config import ModelArgs
 from openjarvis.engine.torch.generate import MAX_STEP, Kernels, Runner
@@ -75,7 +76,7 @@ class Vocab:
         self._model.close()  # type: ignore[no-untyped-call]
 
 
-class TorchEngine:
+class TorchEngine(MeasuredCosts):
     """An :class:`~openjarvis.engine.base.Engine` over one :class:`Runner` (one sequence)."""
 
     def __init__(
@@ -90,7 +91,6 @@ class TorchEngine:
         self.runner = runner
         self.vocab = vocab
         self._n_past = 0
-        self._cost: CostModel | None = None
         if vocab.n_vocab > args.n_vocab:
             raise EngineError(
                 f"{self.path.name}: tokenizer has {vocab.n_vocab} tokens, the model {args.n_vocab}"
@@ -223,16 +223,6 @@ class TorchEngine:
             f"{self.path.name}:{st.st_size}|{dev.type}:{name}|torch-{r.kernels}"
             f"-{'graphs' if r.graphs else 'eager'}-{self.runner.model.dtype}"
         )
-
-    def cost_model(self) -> CostModel:
-        if self._cost is None:
-            from openjarvis.engine.costs import load_or_measure
-
-            self._cost = load_or_measure(self)
-        return self._cost
-
-    def set_cost_model(self, cost: CostModel) -> None:
-        self._cost = cost
 
     def describe(self) -> dict[str, Any]:
         r = self.runner
