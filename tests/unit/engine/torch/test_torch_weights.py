@@ -76,3 +76,41 @@ def test_q8_0_block_layout_by_hand(tmp_path: Path) -> None:
     w.close()
     _, tensors = read_gguf(path)
     np.testing.assert_array_equal(tensors["m.weight"], 0.5 * q.astype(np.float32)[None, :])
+
+
+def test_flatten_layers_lays_the_matrices_end_to_end_in_step_order_once() -> None:
+    import torch
+
+    from openjarvis.engine.torch.config import ModelArgs
+    from openjarvis.engine.torch.weights import STEP_ORDER, flatten_layers, random_weights
+
+    args = ModelArgs("qwen2", n_layer=3, n_embd=64, n_ff=96, n_head=4, n_head_kv=2, n_vocab=50)
+    w = random_weights(args, torch.float32, "cpu", seed=1)
+    before = [getattr(lw, n).clone() for lw in w.layers for n in STEP_ORDER]
+    flat = flatten_layers(w)
+    parts = [getattr(lw, n) for lw in w.layers for n in STEP_ORDER]
+    assert flat.numel() == sum(p.numel() for p in parts)
+    pos = flat.data_ptr()
+    for p, old in zip(parts, before, strict=True):
+        assert p.data_ptr() == pos  # the next matrix starts where the last one ended
+        assert torch.equal(p, old)  # the same values, in the same shape
+        pos += p.numel() * p.element_size()
+    again = flatten_layers(w)
+    assert again.data_ptr() == flat.data_ptr() and again.numel() == flat.numel()
+
+
+def test_l2_prefetch_is_refused_clearly_without_an_sm90_gpu() -> None:
+    import torch
+
+    from openjarvis.engine.torch.config import ModelArgs
+    from openjarvis.engine.torch.generate import Runner
+    from openjarvis.engine.torch.model import Transformer
+    from openjarvis.engine.torch.weights import random_weights
+
+    args = ModelArgs("qwen2", n_layer=1, n_embd=64, n_ff=96, n_head=4, n_head_kv=2, n_vocab=50)
+    r = Runner(Transformer(args, random_weights(args, torch.float32, "cpu"), n_pos=64), 32,
+               kernels="torch")
+    with pytest.raises(ValueError, match="sm_90"):
+        r.use_l2_prefetch(1 << 20)
+    r.use_l2_prefetch(0)  # off is always fine
+    assert r.l2_ahead == 0
