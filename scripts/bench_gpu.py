@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -47,7 +46,7 @@ from openjarvis.engine.torch.weights import Weights, cast, random_weights  # noq
 RESULTS: dict[str, Any] = {}
 PDL_OK = True  # cleared when the PDL check in a subprocess fails
 T0 = time.monotonic()
-DEADLINE = float(os.environ.get("BENCH_DEADLINE", "560"))  # seconds, then optional parts stop
+DEADLINE = 560.0  # seconds of this run after which optional parts are skipped
 
 
 def log(*a: object) -> None:
@@ -703,146 +702,6 @@ def barrier_check(n: int = 2000) -> dict[str, Any]:
     return res
 
 
-def l2_probe() -> dict[str, Any]:
-    """Does a bulk L2 prefetch (``kernels.l2_prefetcher``) make a later read of the same bytes
-    faster, and how many bytes does L2 keep? A T = 1 GEMV over S MB: cold (L2 flushed), after
-    a prefetch of those S MB and a 30 µs wait, and right after reading them once (hot); and how
-    long the prefetch kernel itself takes to issue S MB."""
-    from openjarvis.engine.torch import kernels as K
-
-    k = 4096
-    flush = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    w = (torch.randn(64 << 20 >> 13, k, device="cuda") * 0.02).to(torch.bfloat16)  # 64 MB
-    x = torch.randn(1, k, device="cuda")
-    progress = torch.full((1,), 1 << 40, dtype=torch.int64, device="cuda")  # never waits
-    res: dict[str, Any] = {}
-    cfg = K.LinearConfig(8, 512)
-    for mb in (4, 8, 16, 24, 32, 40, 48, 64):
-        rows = (mb << 20) // (2 * k)
-        wv = w[:rows]
-        out = torch.empty(1, rows, device="cuda")
-        flat = wv.reshape(-1).view(torch.uint8)
-        row: dict[str, float] = {}
-        for how in ("cold", "prefetch", "hot", "issue"):
-            ts = []
-            for i in range(15):
-                flush.fill_(i)
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                if how == "issue":
-                    a.record()
-                    K.l2_prefetcher(flat, progress, 0, programs=132, chunk=65536)
-                    b.record()
-                else:
-                    if how == "prefetch":
-                        K.l2_prefetcher(flat, progress, 0, programs=132, chunk=65536)
-                    elif how == "hot":
-                        K.linear(x, wv, out, cfg=cfg)
-                    torch.cuda._sleep(60_000)  # ~30 µs: the prefetch lands
-                    a.record()
-                    K.linear(x, wv, out, cfg=cfg)
-                    b.record()
-                b.synchronize()
-                ts.append(a.elapsed_time(b) * 1e3)
-            row[how] = statistics.median(ts[3:])
-        row["GBs_cold"] = (mb << 20) / row["cold"] / 1e3
-        row["GBs_prefetch"] = (mb << 20) / row["prefetch"] / 1e3
-        res[f"{mb}MB"] = row
-        log("L2 probe", mb, "MB", {k_: round(v, 1) for k_, v in row.items()})
-    del flush, w
-    return res
-
-
-def prefetch_sweep(name: str, positions: list[int]) -> dict[str, Any]:
-    """The per-kernel step with the L2 prefetcher (``Runner.use_l2_prefetch``) against without,
-    in one process: ms per token over distances, programs and chunks, then the best setting at
-    every position and for verify steps (k = 4, 8, 16)."""
-    from openjarvis.engine.torch.weights import flatten_layers
-
-    a = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}[name]
-    n_ctx = max(positions) + 64
-    w = random_weights(a, torch.bfloat16, "cuda", seed=0)
-    model = Transformer(a, w, n_pos=n_ctx + 64)
-    r = Runner(model, n_ctx, kernels="triton", graphs=True)
-    if not PDL_OK:
-        r.pdl_by_t = {}
-    p0 = positions[0]
-    ts = (1, 5, 9, 17)
-    res: dict[str, Any] = {"floor_bytes": w.nbytes()}
-    base = {pos: {t: ours_step_ms(r, t, pos) for t in ts} for pos in positions}
-    res["base"] = base
-    log(name, "base", base)
-    flatten_layers(model.weights)  # the layout and cache policy alone
-    r.weight_evict = "evict_first"
-    r._steps.clear()
-    res["evict_only_t1"] = ours_step_ms(r, 1, p0)
-    log(name, "layout + evict_first only", res["evict_only_t1"])
-    mb = 1 << 20
-    grid = [(d * mb, 16, 65536, "evict_first") for d in (8, 16, 24, 32, 48)]
-    grid += [(16 * mb, 66, 65536, "evict_first"), (16 * mb, 4, 65536, "evict_first"),
-             (16 * mb, 16, 65536, "")]
-    sweep: dict[str, float] = {}
-
-    def key(c: tuple[int, int, int, str]) -> str:
-        return f"{c[0] // mb}MB/p{c[1]}/{c[2] // 1024}K/{c[3] or 'normal'}"
-
-    def run(c: tuple[int, int, int, str]) -> None:
-        r.use_l2_prefetch(*c)
-        sweep[key(c)] = ours_step_ms(r, 1, p0)
-        log(name, "prefetch", key(c), f"{sweep[key(c)]:.4f} ms", f"x{base[p0][1] / sweep[key(c)]:.3f}")
-
-    for c in grid:
-        if left() < 60:
-            break
-        run(c)
-    best_c = min(grid[: len(sweep)], key=lambda c: sweep[key(c)])
-    for more in ((best_c[0], best_c[1], 16384, best_c[3]), (best_c[0], best_c[1], 262144, best_c[3]),
-                 (best_c[0] // 2, best_c[1], best_c[2], best_c[3]) if best_c[0] == 8 * mb else None):
-        if more is not None and left() > 60:
-            run(more)
-            if sweep[key(more)] < sweep[key(best_c)]:
-                best_c = more
-    r.use_l2_prefetch(*best_c)
-    res["sweep_t1"] = sweep
-    res["best"] = key(best_c)
-    res["with"] = {}
-    for pos in positions:
-        if left() < 30:
-            break
-        row: dict[str, float] = {str(t): ours_step_ms(r, t, pos) for t in ts}
-        row["ratio_t9"] = row["9"] / row["1"]
-        row["speedup_t1"] = base[pos][1] / row["1"]
-        row["speedup_t9"] = base[pos][9] / row["9"]
-        res["with"][pos] = row
-    log(name, "with", res["best"], res["with"])
-    return res
-
-
-def prefetch_correctness() -> dict[str, Any]:
-    """The step with the L2 prefetch against a float32 reference of the same bf16 weights
-    (0.5B shapes; a 32-token prompt, one-token steps and 9-token verify steps), beside the
-    step without it: the prefetch moves bytes into L2, so the error must not change."""
-    a = QWEN25_0_5B
-    w16 = random_weights(a, torch.bfloat16, "cuda", seed=7)
-    w32 = cast(w16, torch.float32)
-    seq = torch.randint(0, a.n_vocab, (104,), generator=torch.Generator().manual_seed(1)).tolist()
-    ref = Runner(Transformer(a, w32, n_pos=256), 128, kernels="torch", graphs=False).logits(seq, 0)
-    res: dict[str, Any] = {}
-    for ahead in (0, 16 << 20):
-        r = Runner(Transformer(a, w16, n_pos=256), 128, kernels="triton")
-        if ahead:
-            r.use_l2_prefetch(ahead, 16)
-        rows = [r.logits(seq[:32], 0).clone()]
-        rows += [r.logits(seq[i : i + 1], i).clone() for i in range(32, 40)]
-        rows += [r.logits(seq[i : i + 9], i).clone() for i in range(40, 103, 9)]
-        out = torch.cat(rows)
-        ref_rows = ref[: out.shape[0]]
-        res[f"ahead{ahead >> 20}MB"] = {
-            "rel_err": float((out.double() - ref_rows.double()).norm() / ref_rows.double().norm()),
-            "top1": float((out.argmax(-1) == ref_rows.argmax(-1)).float().mean())}
-        log("prefetch correctness", ahead >> 20, "MB", res[f"ahead{ahead >> 20}MB"])
-    return res
-
-
 PHASES = ("qkv", "attn", "combine", "o", "gate_up", "down")
 
 
@@ -1026,27 +885,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--swap-check", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--verify-what", choices=["swap", "qkv", "default"], default="swap",
                     help=argparse.SUPPRESS)
-    ap.add_argument("--prefetch", default="",
-                    help="only: the L2 prefetch probe and sweep for these models (1.5B,0.5B)")
     ap.add_argument("--tune-verify", choices=["1.5B", "0.5B"],
                     help="only: re-tune the k = 8 verify step's tiles and measure it before/after")
     args = ap.parse_args(argv)
-    if args.prefetch:
-        args.out.mkdir(parents=True, exist_ok=True)
-        out: dict[str, Any] = {}
-        for part, fn in (("correct", prefetch_correctness), ("probe", l2_probe)):
-            try:
-                out[part] = fn()
-            except Exception:
-                log(part, "failed:", traceback.format_exc())
-        for name in args.prefetch.split(","):
-            try:
-                out[name] = prefetch_sweep(name, [int(x) for x in args.positions.split(",")])
-            except Exception:
-                log(name, "failed:", traceback.format_exc())
-            (args.out / "prefetch.json").write_text(json.dumps(out, indent=1, default=str))
-        (args.out / "prefetch.json").write_text(json.dumps(out, indent=1, default=str))
-        return 0
     if args.swap_check:
         print(json.dumps(swap_check()))
         return 0

@@ -24,7 +24,6 @@ from openjarvis.engine.torch.cache import SLACK, KVCache
 from openjarvis.engine.torch.model import Transformer
 
 if TYPE_CHECKING:  # importing megakernel imports triton: only where the step is used
-    from openjarvis.engine.torch.kernels import Report
     from openjarvis.engine.torch.megakernel import MegaConfig, Scratch
 
 Kernels = Literal["triton", "torch"]
@@ -111,24 +110,30 @@ class Runner:
         #: with these tiles, instead of the per-pair qkv kernel; None keeps the per-pair kernel.
         self.qkv_split: object | None = None
         self._stacked: object | None = None
-        #: L2 prefetch ahead of the weights being read (``use_l2_prefetch``): bytes ahead, 0 off.
-        self.l2_ahead = 0
-        self.l2_chunk = 65536
-        self.l2_programs = 16
-        self._progress: torch.Tensor | None = None
-        self._pf_stream: torch.cuda.Stream | None = None
-        #: Cache policy of the weight loads ("" or "evict_first": weights are read once a step,
-        #: so they should leave L2 before the prefetched weights not yet read).
+        #: Cache policy of the weight loads: "" or "evict_first" (a step reads each weight once).
         self.weight_evict = ""
-        self._flat: torch.Tensor | None = None
+        #: Kernels ("qkv", "wo", "w13", "w2", "out") that, in a step whose PDL mode is 1, load
+        #: their first weight tile before waiting on the previous kernel (mode 2) -- all their
+        #: weights where K fits one tile, so the load overlaps the kernel before them.
+        self.pdl_prologue: frozenset[str] = frozenset()
+        #: Set by ``make_deterministic``; default tiles (shapes without tuning) never split K.
+        self.deterministic = False
         if self.kernels == "triton" and on_cuda:
             from openjarvis.engine.torch.kernels import pdl_supported
-            from openjarvis.engine.torch.tuning import ATTENTION, QKV_SPLIT, tuned_configs
+            from openjarvis.engine.torch.tuning import (
+                ATTENTION,
+                PDL_PROLOGUE,
+                QKV_SPLIT,
+                WEIGHT_EVICT,
+                tuned_configs,
+            )
 
             if pdl_supported():
                 self.pdl_by_t = dict(DEFAULT_PDL_BY_T)
             self.linear_configs = tuned_configs(self.args, MAX_STEP)
             self.qkv_split = QKV_SPLIT.get((self.args.n_embd, self.args.n_ff))
+            self.pdl_prologue = PDL_PROLOGUE.get((self.args.n_embd, self.args.n_ff), frozenset())
+            self.weight_evict = WEIGHT_EVICT
             self.nsplit, self.attn_block_s = ATTENTION.get(
                 (self.args.n_embd, self.args.n_ff), (nsplit, self.attn_block_s)
             )
@@ -146,38 +151,28 @@ class Runner:
         if self.kernels != "triton":
             raise ValueError("the single-launch step needs the Triton kernels")
         self._stacked = stack_layers(self.model.weights)
-        self.l2_ahead, self._flat = 0, None  # stacking undoes the step-order layout
         self.mega = cfg or MegaConfig()
         self.mega_max_t = max_t
         self._steps.clear()
 
-    def use_l2_prefetch(self, ahead: int, programs: int = 16, chunk: int = 65536,
-                        evict: str = "evict_first") -> None:
-        """Keep L2 filled ``ahead`` bytes beyond the weights being read (sm_90 GPUs).
+    def make_deterministic(self) -> None:
+        """Make every step bit-for-bit reproducible from run to run: no split-K (whose partial
+        sums land in float atomics, in whatever order the programs finish), no fused attention
+        output. Split tiles become unsplit ones with as many programs where the tile allows.
+        The cost is measured in BENCHMARKS.md ("Deterministic steps"); the single-launch step
+        is deterministic already."""
+        from dataclasses import replace
 
-        A step is a chain of kernels of which most are latency-bound (the small matrices,
-        attention), so DRAM idles through much of it. Beside the chain, on a stream of its own,
-        ``programs`` one-warp programs (``kernels.l2_prefetcher``) ask the copy engine to bring
-        the next weights into L2, ``chunk`` bytes a request, staying ``ahead`` bytes beyond the
-        reader, which every weight kernel reports as it starts (``kernels.Report``). The layers
-        are laid end to end in step order (``weights.flatten_layers``) so that "the next bytes"
-        is one address range; built steps are dropped. ``ahead`` 0 turns it off."""
-        if ahead and not (self.kernels == "triton" and self.device.type == "cuda"
-                          and torch.cuda.get_device_capability(self.device)[0] >= 9):
-            raise ValueError("the L2 prefetch needs the Triton kernels on an sm_90 or newer GPU")
-        if ahead < 0 or chunk % 16 or programs < 1:
-            raise ValueError("the L2 prefetch needs ahead >= 0, chunk a multiple of 16 bytes and "
-                             "at least one program")
-        if ahead:
-            from openjarvis.engine.torch.weights import flatten_layers
+        from openjarvis.engine.torch.kernels import LinearConfig
 
-            self._flat = flatten_layers(self.model.weights)
-            self._progress = torch.zeros(1, dtype=torch.int64, device=self.device)
-            self._pf_stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-            self.mega = None
-            self.mega_max_t = 0
-        self.l2_ahead, self.l2_programs, self.l2_chunk = ahead, programs, chunk
-        self.weight_evict = evict if ahead else ""
+        for key, cfg in list(self.linear_configs.items()):
+            if isinstance(cfg, LinearConfig) and cfg.split_k > 1:
+                least = 1 if key[1] == 1 else 16  # T > 1: block_n is an MMA dimension
+                bn = max(least, cfg.block_n // cfg.split_k)
+                self.linear_configs[key] = replace(cfg, split_k=1, block_n=bn)
+        self.qkv_split = None
+        self.fuse_attn_out = False
+        self.deterministic = True
         self._steps.clear()
 
     @property
@@ -320,42 +315,24 @@ class Runner:
         qkv_tiles = cfg.get(("qkv", t)) or (None, None)
         assert isinstance(qkv_tiles, tuple)
         pdl = self.pdl_by_t.get(t, self.pdl)
+        ev = self.weight_evict
+
+        def pk(name: str) -> int:
+            return 2 if pdl == 1 and name in self.pdl_prologue else pdl
         split = self.qkv_split if t > 1 and isinstance(self.qkv_split, K.LinearConfig) else None
         if split is not None and ws.qkv_acc is None:
             ws.qkv_acc = torch.zeros(t, a.qkv_dim, dtype=torch.float32, device=self.device)
-        ev = self.weight_evict
-        flat, progress = self._flat, self._progress
-        on = bool(self.l2_ahead) and flat is not None and progress is not None
-
-        def rep(m: torch.Tensor | None) -> Report | None:
-            if not on:
-                return None
-            assert flat is not None and progress is not None
-            off = flat.numel() * flat.element_size() if m is None else m.data_ptr() - flat.data_ptr()
-            if not 0 <= off <= flat.numel() * flat.element_size():
-                raise ValueError("a weight of this step is not in the step-order buffer")
-            return K.Report(progress, off)
-
-        main = torch.cuda.current_stream(self.device) if on else None
-        K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pdl,
-                report=K.Report(progress, 0) if on and progress is not None else None)
-        if on and main is not None and self._pf_stream is not None:
-            assert flat is not None and progress is not None
-            self._pf_stream.wait_stream(main)  # after the embedding has reset the progress
-            with torch.cuda.stream(self._pf_stream):
-                K.l2_prefetcher(flat.view(torch.uint8), progress, self.l2_ahead,
-                                self.l2_programs, self.l2_chunk)
+        K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pdl)
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
             if split is not None:
                 assert ws.qkv_acc is not None
                 K.qkv_split(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
-                            kc, vc, ws.qkv_acc, a.rms_eps, cfg=split, pdl=pdl,
-                            report=rep(lw.wqkv), evict=ev)
+                            kc, vc, ws.qkv_acc, a.rms_eps, cfg=split, pdl=pk("qkv"), evict=ev)
             else:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
-                           kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1], pdl=pdl,
-                           report=rep(lw.wqkv), evict=ev)
+                           kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
+                           pdl=pk("qkv"), evict=ev)
             if t == 1 and self.fuse_attn_out:
                 K.attention_out(ws.q, kc, vc, ws.start, lw.wo, ws.h, ws.o_part, ws.ml_part,
                                 block_s=self.attn_block_s, block_n=self.attn_out_block_n,
@@ -363,16 +340,12 @@ class Runner:
             else:
                 K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
                             block_s=self.attn_block_s, pdl=pdl)
-                K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pdl,
-                         report=rep(lw.wo), evict=ev)
+                K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pk("wo"), evict=ev)
             K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
-                     cfg=lc("w13"), pdl=pdl, report=rep(lw.w13), evict=ev)
-            K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"), pdl=pdl,
-                     report=rep(lw.w2), evict=ev)
-        K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"), pdl=pdl,
-                 evict=ev, report=rep(None))  # past the buffer's end: the prefetcher finishes
-        if main is not None and self._pf_stream is not None:
-            main.wait_stream(self._pf_stream)
+                     cfg=lc("w13"), pdl=pk("w13"), evict=ev)
+            K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"), pdl=pk("w2"), evict=ev)
+        K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"),
+                 pdl=pk("out"), evict=ev)
         return ws.logits
 
 

@@ -48,22 +48,6 @@ class LinearConfig:
     swap: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Report:
-    """Where a kernel's weights start in the step-order weight buffer, stored into ``progress``
-    as the kernel starts: the L2 prefetcher (``l2_prefetcher``) paces itself by it."""
-
-    progress: torch.Tensor  # [1] int64 on the device
-    offset: int  # bytes into the buffer
-
-
-def _rep(report: Report | None, dummy: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
-    """Kernel arguments (prog_ptr, prog_off) and the REPORT constexpr."""
-    if report is None:
-        return dummy, 0, False
-    return report.progress, report.offset, True
-
-
 def block_t(t: int) -> int:
     return 1 if t == 1 else max(16, triton.next_power_of_2(t))
 
@@ -97,54 +81,6 @@ def _gdc(PDL: tl.constexpr):
     if PDL == 1 or PDL == 2:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-
-
-@triton.jit
-def _l2_prefetch(ptr, nbytes):
-    """Ask the copy engine to bring ``nbytes`` at ``ptr`` into L2 (``cp.async.bulk.prefetch``,
-    sm_90): thread 0 issues, nothing waits for the bytes."""
-    tl.inline_asm_elementwise(
-        "{ .reg .u32 t; .reg .pred p; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetcher_kernel(flat_ptr, total, prog_ptr, ahead, max_polls, log_ptr,
-                       CHUNK: tl.constexpr, LOG: tl.constexpr):
-    """Runs beside a step, on a stream of its own: keeps L2 filled ``ahead`` bytes beyond the
-    weights being read. The step's kernels store where their weights start in ``flat`` into
-    ``prog_ptr`` (``_report``); program p issues chunks p, p + P, ... of ``flat`` in order, each
-    once the reader is within ``ahead`` bytes of it. A poll cap keeps a step that never reports
-    (a bug) from hanging the GPU: the prefetcher then just stops waiting. LOG (tests, in the
-    interpreter, which has no PTX) records each chunk's (offset, bytes, reader offset seen)
-    instead of issuing it."""
-    p = tl.program_id(0).to(tl.int64)  # offsets pass 2**31 in a 1.5B model's buffer
-    n_prog = tl.num_programs(0)
-    n_chunks = tl.cdiv(total, CHUNK)
-    seen = tl.load(prog_ptr, volatile=True)
-    polls = 0
-    for c in range(p, n_chunks, n_prog):
-        off = c * CHUNK
-        while (seen + ahead < off) & (polls < max_polls):
-            seen = tl.load(prog_ptr, volatile=True)
-            polls += 1
-        size = tl.minimum(total - off, CHUNK)
-        if LOG:
-            tl.store(log_ptr + 3 * c, off)
-            tl.store(log_ptr + 3 * c + 1, size)
-            tl.store(log_ptr + 3 * c + 2, seen)
-        else:
-            _l2_prefetch(flat_ptr + off, size.to(tl.int32))
-
-
-@triton.jit
-def _report(prog_ptr, prog_off, REPORT: tl.constexpr):
-    """With REPORT, program 0 publishes where this kernel's weights start (for the prefetcher);
-    first thing, before the PDL wait, so the prefetcher moves on while this kernel waits."""
-    if REPORT:
-        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
-            tl.store(prog_ptr, prog_off)
 
 
 @triton.jit
@@ -197,12 +133,11 @@ def _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out,
 @triton.jit
 def _linear_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
-    T, N, K, stride_x, stride_out, eps, prog_ptr, prog_off,
+    T, N, K, stride_x, stride_out, eps,
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, REPORT: tl.constexpr, EVICT: tl.constexpr,
+    PDL: tl.constexpr, EVICT: tl.constexpr,
 ):
-    _report(prog_ptr, prog_off, REPORT)
     pid = tl.program_id(0)
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     k_lo = tl.program_id(1) * k_per
@@ -261,14 +196,13 @@ def _linear_kernel(
 @triton.jit
 def _linear_swap_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
-    T, N, K, stride_x, stride_out, eps, prog_ptr, prog_off,
+    T, N, K, stride_x, stride_out, eps,
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    REPORT: tl.constexpr, EVICT: tl.constexpr,
+    EVICT: tl.constexpr,
 ):
     """``_linear_kernel`` for T > 1 with the product transposed: accT [BN, BT] += W [BN, BK] .
     x^T [BK, BT]; transposed back once, before the same epilogue."""
-    _report(prog_ptr, prog_off, REPORT)
     pid = tl.program_id(0)
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     k_lo = tl.program_id(1) * k_per
@@ -300,13 +234,12 @@ def _linear_swap_kernel(
 @triton.jit
 def _qkv_rope_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
-    T, K, stride_x, stride_ch, stride_cs, eps, prog_ptr, prog_off,
+    T, K, stride_x, stride_ch, stride_cs, eps,
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    REPORT: tl.constexpr, EVICT: tl.constexpr,
+    EVICT: tl.constexpr,
 ):
     """Program = BLOCK_P NeoX pairs (rows j and j + HD/2) of one head of q, k or v."""
-    _report(prog_ptr, prog_off, REPORT)
     HALF: tl.constexpr = HD // 2
     PER_HEAD: tl.constexpr = HALF // BLOCK_P
     pid = tl.program_id(0)
@@ -528,9 +461,7 @@ def _attn_out_kernel(
 
 
 @triton.jit
-def _embed_kernel(tok_ptr, emb_ptr, h_ptr, D, prog_ptr, prog_off, BLOCK_D: tl.constexpr,
-                  PDL: tl.constexpr, REPORT: tl.constexpr):
-    _report(prog_ptr, prog_off, REPORT)
+def _embed_kernel(tok_ptr, emb_ptr, h_ptr, D, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     _gdc(PDL)
     t = tl.program_id(0)
     tok = tl.load(tok_ptr + t).to(tl.int64)
@@ -579,11 +510,9 @@ def linear(
     cfg: LinearConfig | None = None,
     pdl: int = 0,
     norm_scale: bool = True,  # False: multiply by the norm weight only (split-K safe)
-    report: Report | None = None,
     evict: str = "",  # cache policy of the weight loads: "" or "evict_first"
 ) -> torch.Tensor:
     t, k = x.shape
-    prog_ptr, prog_off, rep = _rep(report, w)
     n = w.shape[0] // 2 if mode == SWIGLU else w.shape[0]
     cfg = cfg or default_linear_config(t, n, k, x.device.type == "cuda")
     if cfg.split_k > 1 and (mode != ADD or (norm is not None and norm_scale) or bias is not None
@@ -595,18 +524,18 @@ def linear(
             raise ValueError("a swapped tile needs block_n >= 16 (it is the MMA's M)")
         _linear_swap_kernel[grid](
             x, w, norm if norm is not None else w, bias if bias is not None else w, out,
-            t, n, k, x.stride(0), out.stride(0), eps, prog_ptr, prog_off,
+            t, n, k, x.stride(0), out.stride(0), eps,
             MODE=mode, NORM=0 if norm is None else 1 if norm_scale else 2, BIAS=bias is not None,
             BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-            REPORT=rep, EVICT=evict, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            EVICT=evict, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return out
     _linear_kernel[grid](
         x, w, norm if norm is not None else w, bias if bias is not None else w, out,
-        t, n, k, x.stride(0), out.stride(0), eps, prog_ptr, prog_off,
+        t, n, k, x.stride(0), out.stride(0), eps,
         MODE=mode, NORM=0 if norm is None else 1 if norm_scale else 2, BIAS=bias is not None,
         BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        PDL=pdl, REPORT=rep, EVICT=evict, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl, EVICT=evict, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **_launch(pdl),
     )
     return out
@@ -627,11 +556,9 @@ def qkv_rope(
     block_k: int | None = None,
     num_warps: int = 4,
     pdl: int = 0,
-    report: Report | None = None,
     evict: str = "",
 ) -> None:
     t, k = x.shape
-    prog_ptr, prog_off, rep = _rep(report, wqkv)
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]
     bp = block_p or (4 if t == 1 and x.device.type == "cuda" else 16)
@@ -639,10 +566,10 @@ def qkv_rope(
     grid = ((n_head + 2 * n_kv) * (hd // 2 // bp),)
     _qkv_rope_kernel[grid](
         x, wqkv, norm, bias, rope, start, q_out, k_cache, v_cache,
-        t, k, x.stride(0), k_cache.stride(0), k_cache.stride(1), eps, prog_ptr, prog_off,
+        t, k, x.stride(0), k_cache.stride(0), k_cache.stride(1), eps,
         N_HEAD=n_head, N_KV=n_kv, HD=hd,
         BLOCK_T=block_t(t), BLOCK_P=bp, BLOCK_K=block_k or min(512, triton.next_power_of_2(k)),
-        PDL=pdl, REPORT=rep, EVICT=evict, num_warps=num_warps, **_launch(pdl),
+        PDL=pdl, EVICT=evict, num_warps=num_warps, **_launch(pdl),
     )
 
 
@@ -660,7 +587,6 @@ def qkv_split(
     eps: float,
     cfg: LinearConfig,
     pdl: int = 0,
-    report: Report | None = None,
     evict: str = "",
 ) -> None:
     """``qkv_rope`` for verify steps in two launches: a split-K product (many programs; the
@@ -670,7 +596,7 @@ def qkv_split(
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]
     linear(x, wqkv, acc, mode=ADD, norm=norm, eps=eps, cfg=cfg, pdl=pdl, norm_scale=False,
-           report=report, evict=evict)
+           evict=evict)
     _rope_kv_kernel[(t, n_head + 2 * n_kv)](
         acc, x, bias, rope, start, q_out, k_cache, v_cache,
         d, k_cache.stride(0), k_cache.stride(1), eps,
@@ -746,34 +672,12 @@ def attention_out(
 
 
 def embed(
-    tokens: torch.Tensor, emb: torch.Tensor, h: torch.Tensor, pdl: int = 0,
-    report: Report | None = None,
+    tokens: torch.Tensor, emb: torch.Tensor, h: torch.Tensor, pdl: int = 0
 ) -> torch.Tensor:
     """``h [T, D]`` float32 = ``emb [V, D]`` rows of ``tokens [T]``."""
     d = emb.shape[1]
-    prog_ptr, prog_off, rep = _rep(report, emb)
     _embed_kernel[(tokens.shape[0],)](
-        tokens, emb, h, d, prog_ptr, prog_off, BLOCK_D=min(1024, triton.next_power_of_2(d)),
-        PDL=_wait(pdl), REPORT=rep, **_launch(pdl),
+        tokens, emb, h, d, BLOCK_D=min(1024, triton.next_power_of_2(d)), PDL=_wait(pdl),
+        **_launch(pdl),
     )
     return h
-
-
-def l2_prefetcher(
-    flat: torch.Tensor,  # the step-order weight buffer, as uint8
-    progress: torch.Tensor,  # [1] int64: the reader's offset (``Report``)
-    ahead: int,
-    programs: int = 16,
-    chunk: int = 65536,
-    *,
-    max_polls: int = 1 << 22,
-    log: torch.Tensor | None = None,  # [3 * chunks] int64: record instead of prefetching
-) -> None:
-    """Launch the prefetcher that keeps L2 ``ahead`` bytes beyond the reader (sm_90; launch it
-    on a stream of its own, after the kernel that resets ``progress`` to 0)."""
-    if chunk % 16 or flat.numel() % 16:
-        raise ValueError("the prefetch chunk and buffer must be multiples of 16 bytes")
-    _prefetcher_kernel[(programs,)](
-        flat, flat.numel(), progress, ahead, max_polls, log if log is not None else progress,
-        CHUNK=chunk, LOG=log is not None, num_warps=1,
-    )

@@ -212,41 +212,6 @@ def cast(weights: Weights, dtype: torch.dtype) -> Weights:
     return Weights(emb, layers, weights.out_norm.to(dtype), emb if tied else weights.out.to(dtype))
 
 
-#: The layer matrices in the order a step reads them.
-STEP_ORDER = ("wqkv", "wo", "w13", "w2")
-
-
-def flatten_layers(weights: Weights) -> torch.Tensor:
-    """Lay every layer's matrices end to end, in the order a step reads them, in one buffer
-    (the layers become views of it) and return that buffer. A step can then ask for "the next
-    D bytes of weights" as one address range (``kernels.L2Range``). Idempotent; it moves the
-    weights, so CUDA graphs captured before it would read freed memory."""
-    parts = [getattr(lw, name) for lw in weights.layers for name in STEP_ORDER]
-    base = parts[0]
-    pos = base.data_ptr()
-    flat_already = True
-    for p in parts:
-        if p.data_ptr() != pos or not p.is_contiguous():
-            flat_already = False
-            break
-        pos += p.numel() * p.element_size()
-    total = sum(p.numel() for p in parts)
-    root = base._base
-    if flat_already and root is not None and root.data_ptr() == base.data_ptr():
-        flat_view: torch.Tensor = root.view(-1)[:total]
-        return flat_view
-    flat = torch.empty(total + 8, dtype=base.dtype, device=base.device)  # +8: 16-byte tail
-    off = 0
-    for lw in weights.layers:
-        for name in STEP_ORDER:
-            t = getattr(lw, name)
-            view = flat[off : off + t.numel()].view(t.shape)
-            view.copy_(t)
-            setattr(lw, name, view)
-            off += t.numel()
-    return flat[:total]
-
-
 def gguf_names(
     weights: Weights, args: ModelArgs
 ) -> Mapping[str, torch.Tensor]:  # pragma: no cover - used by tests and benchmarks

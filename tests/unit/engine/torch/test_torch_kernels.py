@@ -230,42 +230,27 @@ def test_a_prompt_longer_than_one_step_runs_in_chunks() -> None:
     assert rel(fast2.logits(seq, 0), ref) < 1e-5
 
 
-def test_step_order_layout_and_evict_first_weight_loads_change_no_logit() -> None:
-    """What ``use_l2_prefetch`` changes besides the prefetch itself (which needs sm_90): the
-    layers moved into one step-order buffer, and the weight loads' cache policy."""
-    from openjarvis.engine.torch.weights import flatten_layers
-
+def test_evict_first_weight_loads_and_the_deterministic_tiles_compute_the_same_logits() -> None:
+    """``weight_evict`` changes only a cache hint; ``make_deterministic`` swaps every split-K
+    tile (float atomics: the last bits vary on a GPU) for an unsplit one and drops the split-K
+    qkv, and the step still computes the reference logits."""
     w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
     model = Transformer(ARGS, w, n_pos=128)
     seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (9,), generator=torch.Generator().manual_seed(2))]
     ref = model.forward(torch.tensor(seq), torch.arange(9), KVCache(ARGS, 64, torch.float32, "cpu"))
-    flatten_layers(model.weights)
     fast = Runner(model, 64, kernels="triton", nsplit=4)
     fast.weight_evict = "evict_first"
     fast.qkv_split = K.LinearConfig(16, 32, split_k=2)
-    rows = [fast.logits(seq[:6], 0).clone(), fast.logits(seq[6:7], 6).clone(), fast.logits(seq[7:], 7)]
-    assert rel(torch.cat(rows), ref) < 1e-5
-    # a kernel that reports stores where its weights start, for the prefetcher to pace by
-    progress = torch.zeros(1, dtype=torch.int64)
-    x, out = g(1, ARGS.n_embd, seed=1), torch.empty(1, 2 * ARGS.n_ff)
-    K.linear(x, w.layers[1].w13, out, report=K.Report(progress, 123456))
-    assert int(progress) == 123456
-
-
-def test_the_l2_prefetcher_asks_for_every_chunk_once_and_gives_up_waiting_on_a_stalled_reader() -> None:
-    """Logged instead of issued (the interpreter has no PTX): chunks cover the buffer once, the
-    last one short; the ones within ``ahead`` of the reader go at once; a reader that never
-    reports further cannot hang it (the poll cap), it just stops waiting."""
-    chunk, total = 256, 256 * 10 + 48
-    flat = torch.zeros(total, dtype=torch.uint8)
-    n = -(-total // chunk)
-    log = torch.full((3 * n,), -1, dtype=torch.int64)
-    reader, ahead = 1000, 512
-    progress = torch.tensor([reader], dtype=torch.int64)
-    K.l2_prefetcher(flat, progress, ahead, programs=3, chunk=chunk, max_polls=2, log=log)
-    rows = log.view(n, 3).tolist()
-    assert [r[0] for r in rows] == [c * chunk for c in range(n)]
-    assert [r[1] for r in rows] == [chunk] * (n - 1) + [48]
-    assert all(r[2] == reader for r in rows)  # the reader's offset it had seen
-    with pytest.raises(ValueError, match="multiples of 16"):
-        K.l2_prefetcher(flat, progress, ahead, chunk=100, log=log)
+    split = {("w2", 1): K.LinearConfig(8, 32, split_k=4), ("wo", 1): K.LinearConfig(4, 32, split_k=2)}
+    split |= {("w2", t): K.LinearConfig(32, 32, split_k=2, swap=True) for t in (2, 3)}
+    fast.linear_configs.update(split)
+    for deterministic in (False, True):
+        if deterministic:
+            fast.make_deterministic()
+            got = fast.linear_configs
+            assert all(c.split_k == 1 for c in got.values() if isinstance(c, K.LinearConfig))
+            assert got[("w2", 1)].block_n == 2 and got[("w2", 2)].block_n == 16  # type: ignore[union-attr]
+            assert fast.qkv_split is None and fast.deterministic
+        rows = [fast.logits(seq[:6], 0).clone(), fast.logits(seq[6:7], 6).clone(),
+                fast.logits(seq[7:], 7)]
+        assert rel(torch.cat(rows), ref) < 1e-5
