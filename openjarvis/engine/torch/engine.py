@@ -107,11 +107,14 @@ class TorchEngine(MeasuredCosts):
         kernels: Kernels | None = None,
         graphs: bool | None = None,
         warmup: bool | None = None,
+        deterministic: bool = False,
     ) -> TorchEngine:
         """Load ``path``: CUDA and bfloat16 when a GPU is present, else the CPU in float32.
 
         ``warmup`` (default: on the GPU) captures the steps of every draft length and the prompt
-        chunk at load, so no request pays Triton compilation or graph capture."""
+        chunk at load, so no request pays Triton compilation or graph capture. ``deterministic``
+        (setting ``engine.deterministic``) trades speed for bit-identical GPU results run to run
+        (``Runner.make_deterministic``)."""
         path = Path(path)
         if not path.is_file():
             raise EngineError(f"model file not found: {path}; run `jarvis models list`")
@@ -123,13 +126,15 @@ class TorchEngine(MeasuredCosts):
 
         model = Transformer(args, weights, n_pos=n_ctx + SLACK)
         runner = Runner(model, n_ctx, kernels=kernels, graphs=graphs)
+        if deterministic:
+            runner.make_deterministic()
         if warmup if warmup is not None else runner.graphs:
             runner.warmup(WARM_STEPS)
         return cls(path, args, runner, Vocab(path))
 
     @classmethod
     def from_config(cls, path: Path, config: EngineConfig) -> TorchEngine:
-        return cls.from_gguf(path, context=config.context)
+        return cls.from_gguf(path, context=config.context, deterministic=config.deterministic)
 
     def close(self) -> None:
         self.vocab.close()
@@ -222,6 +227,7 @@ class TorchEngine(MeasuredCosts):
         return (
             f"{self.path.name}:{st.st_size}|{dev.type}:{name}|torch-{r.kernels}"
             f"-{'graphs' if r.graphs else 'eager'}-{self.runner.model.dtype}"
+            + ("-deterministic" if r.deterministic else "")  # its verify steps cost more
         )
 
     def describe(self) -> dict[str, Any]:
@@ -229,6 +235,7 @@ class TorchEngine(MeasuredCosts):
         return {
             "path": str(self.path), "device": str(r.device), "dtype": str(r.model.dtype),
             "kernels": r.kernels, "graphs": r.graphs, "n_ctx": self.n_ctx,
+            "deterministic": r.deterministic,
         }
 
 

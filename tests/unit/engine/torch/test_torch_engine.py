@@ -105,3 +105,14 @@ def test_errors(engine: TorchEngine) -> None:
         engine.load_state(b"not a state")
     with pytest.raises(EngineError, match="not found"):
         TorchEngine.from_gguf(Path("/nonexistent.gguf"))
+
+
+def test_the_deterministic_setting_reaches_the_runner_and_its_cost_key(tiny_verifier_path: Path) -> None:
+    from openjarvis.config import EngineConfig
+
+    with TorchEngine.from_config(tiny_verifier_path, EngineConfig(context=256, deterministic=True)) as det, \
+            TorchEngine.from_config(tiny_verifier_path, EngineConfig(context=256)) as plain:
+        assert det.runner.deterministic and not plain.runner.deterministic
+        assert det.describe()["deterministic"] is True
+        assert det.cost_key() != plain.cost_key()  # verify costs differ: separate cost tables
+        assert det.eval([1, 2, 3]).tolist() == plain.eval([1, 2, 3]).tolist()  # same numbers on the CPU
