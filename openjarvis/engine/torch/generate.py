@@ -116,6 +116,10 @@ class Runner:
         #: their first weight tile before waiting on the previous kernel (mode 2) -- all their
         #: weights where K fits one tile, so the load overlaps the kernel before them.
         self.pdl_prologue: frozenset[str] = frozenset()
+        #: Verify steps (T > 1): PDL mode per kernel ("qkv", "rope_kv", "attn", "combine", "wo",
+        #: "w13", "w2", "out"; others use ``pdl_by_t``). Kernels with swapped tiles never use
+        #: PDL, so they neither start early nor let the next kernel start early.
+        self.verify_pdl: dict[str, int] = {}
         #: Set by ``make_deterministic``; default tiles (shapes without tuning) never split K.
         self.deterministic = False
         if self.kernels == "triton" and on_cuda:
@@ -124,12 +128,14 @@ class Runner:
                 ATTENTION,
                 PDL_PROLOGUE,
                 QKV_SPLIT,
+                VERIFY_PDL,
                 WEIGHT_EVICT,
                 tuned_configs,
             )
 
             if pdl_supported():
                 self.pdl_by_t = dict(DEFAULT_PDL_BY_T)
+                self.verify_pdl = dict(VERIFY_PDL.get((self.args.n_embd, self.args.n_ff), {}))
             self.linear_configs = tuned_configs(self.args, MAX_STEP)
             self.qkv_split = QKV_SPLIT.get((self.args.n_embd, self.args.n_ff))
             self.pdl_prologue = PDL_PROLOGUE.get((self.args.n_embd, self.args.n_ff), frozenset())
@@ -153,6 +159,13 @@ class Runner:
         self._stacked = stack_layers(self.model.weights)
         self.mega = cfg or MegaConfig()
         self.mega_max_t = max_t
+        self._steps.clear()
+
+    def uniform_pdl(self, mode: int = 0) -> None:
+        """One PDL mode for every kernel of every step (0: none), instead of the measured
+        per-T and per-kernel defaults (benchmarks, and GPUs without PDL)."""
+        self.pdl, self.pdl_by_t, self.verify_pdl = mode, {}, {}
+        self.pdl_prologue = frozenset()
         self._steps.clear()
 
     def make_deterministic(self) -> None:
@@ -318,6 +331,8 @@ class Runner:
         ev = self.weight_evict
 
         def pk(name: str) -> int:
+            if t > 1 and name in self.verify_pdl:
+                return self.verify_pdl[name]
             return 2 if pdl == 1 and name in self.pdl_prologue else pdl
         split = self.qkv_split if t > 1 and isinstance(self.qkv_split, K.LinearConfig) else None
         if split is not None and ws.qkv_acc is None:
@@ -328,7 +343,8 @@ class Runner:
             if split is not None:
                 assert ws.qkv_acc is not None
                 K.qkv_split(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
-                            kc, vc, ws.qkv_acc, a.rms_eps, cfg=split, pdl=pk("qkv"), evict=ev)
+                            kc, vc, ws.qkv_acc, a.rms_eps, cfg=split, pdl=pk("qkv"), evict=ev,
+                            pdl_rope=pk("rope_kv"))
             else:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
@@ -339,7 +355,7 @@ class Runner:
                                 pdl=pdl)
             else:
                 K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
-                            block_s=self.attn_block_s, pdl=pdl)
+                            block_s=self.attn_block_s, pdl=pk("attn"), pdl_combine=pk("combine"))
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pk("wo"), evict=ev)
             K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
                      cfg=lc("w13"), pdl=pk("w13"), evict=ev)

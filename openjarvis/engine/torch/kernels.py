@@ -588,6 +588,7 @@ def qkv_split(
     cfg: LinearConfig,
     pdl: int = 0,
     evict: str = "",
+    pdl_rope: int | None = None,  # the second kernel's PDL mode; default: as ``pdl``
 ) -> None:
     """``qkv_rope`` for verify steps in two launches: a split-K product (many programs; the
     per-pair qkv kernel has only (heads x pairs / 16) of them at T > 1) and a small kernel that
@@ -601,7 +602,8 @@ def qkv_split(
         acc, x, bias, rope, start, q_out, k_cache, v_cache,
         d, k_cache.stride(0), k_cache.stride(1), eps,
         N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_D=min(1024, triton.next_power_of_2(d)),
-        PDL=_wait(pdl), num_warps=1, **_launch(pdl),
+        PDL=_wait(pdl if pdl_rope is None else pdl_rope), num_warps=1,
+        **_launch(pdl if pdl_rope is None else pdl_rope),
     )
 
 
@@ -616,6 +618,7 @@ def attention(
     block_s: int = 64,
     num_warps: int = 4,
     pdl: int = 0,
+    pdl_combine: int | None = None,  # the merge kernel's PDL mode; default: as ``pdl``
 ) -> torch.Tensor:
     t, n_head, hd = q.shape
     n_kv = k_cache.shape[0]
@@ -629,9 +632,10 @@ def attention(
         N_HEAD=n_head, G=g, HD=hd, NSPLIT=nsplit,
         BLOCK_R=block_r, BLOCK_S=block_s, PDL=_wait(pdl), num_warps=num_warps, **_launch(pdl),
     )
+    pc = pdl if pdl_combine is None else pdl_combine
     _attn_combine_kernel[(t * n_head,)](
-        o_part, ml_part, out, t, N_HEAD=n_head, HD=hd, NSPLIT=nsplit, PDL=_wait(pdl), num_warps=1,
-        **_launch(pdl),
+        o_part, ml_part, out, t, N_HEAD=n_head, HD=hd, NSPLIT=nsplit, PDL=_wait(pc), num_warps=1,
+        **_launch(pc),
     )
     return out
 

@@ -44,6 +44,12 @@ QKV_SPLIT: dict[tuple[int, int], LinearConfig] = {
 PDL_PROLOGUE: dict[tuple[int, int], frozenset[str]] = {
     (1536, 8960): frozenset({"qkv", "wo"}), (896, 4864): frozenset({"qkv", "wo"}),
 }
+#: (n_embd, n_ff) -> PDL mode per kernel in verify steps (T > 1), where the rest run without:
+#: the attention split launching the merge early (session 3 run 24, T = 9: 1.5B 1.528 -> 1.503
+#: ms, 0.5B 0.835 -> 0.825; PDL for every verify kernel was slower on the 1.5B, run 19).
+VERIFY_PDL: dict[tuple[int, int], dict[str, int]] = {
+    (1536, 8960): {"attn": 1, "combine": 1}, (896, 4864): {"attn": 1, "combine": 1},
+}
 #: Cache policy of the weight loads: each weight is read once a step, so it may leave L2 first
 #: (session 3 run 18: 0.5B 0.624 -> 0.605 ms alone; 1.5B unchanged).
 WEIGHT_EVICT = "evict_first"
