@@ -436,7 +436,7 @@ def bench_model(name: str, a: ModelArgs, bw: float, positions: list[int], smoke:
     res["weight_bytes"] = wbytes
     fast = Runner(model, n_ctx, kernels="triton", graphs=True)
     pdl_ok = bool(fast.pdl_by_t) and PDL_OK
-    fast.pdl, fast.pdl_by_t = 0, {}
+    fast.uniform_pdl(0)
     res["pdl_supported"] = pdl_ok
     if not smoke and retune and left() > 300:
         res["tuned"] = tune(fast, (1, 5, 9, 17), positions)
@@ -444,12 +444,13 @@ def bench_model(name: str, a: ModelArgs, bw: float, positions: list[int], smoke:
     # qkv and swapped tiles for verify steps, the weight prologue and cache policy.
     default = Runner(model, n_ctx, kernels="triton", graphs=True)
     if not PDL_OK:
-        default.pdl_by_t = {}
+        default.uniform_pdl(0)
     variants = {"ours_default": default, "ours_triton_graph": fast}
     for mode in (1, 2) if pdl_ok else ():
         r = Runner(model, n_ctx, kernels="triton", graphs=True)
         r.linear_configs = dict(fast.linear_configs)
-        r.nsplit, r.attn_block_s, r.pdl, r.pdl_by_t = fast.nsplit, fast.attn_block_s, mode, {}
+        r.nsplit, r.attn_block_s = fast.nsplit, fast.attn_block_s
+        r.uniform_pdl(mode)
         variants[f"ours_triton_pdl{mode}"] = r
     decode_only: dict[str, Runner] = {}  # variants that change only the one-token step
     for fuse_n, mode in ((128, 0), (64, 0), (128, 1)):
@@ -457,7 +458,8 @@ def bench_model(name: str, a: ModelArgs, bw: float, positions: list[int], smoke:
             continue
         r = Runner(model, n_ctx, kernels="triton", graphs=True)
         r.linear_configs = dict(fast.linear_configs)
-        r.nsplit, r.attn_block_s, r.pdl, r.pdl_by_t = fast.nsplit, fast.attn_block_s, mode, {}
+        r.nsplit, r.attn_block_s = fast.nsplit, fast.attn_block_s
+        r.uniform_pdl(mode)
         r.fuse_attn_out, r.attn_out_block_n = True, fuse_n
         decode_only[f"ours_fused{fuse_n}_pdl{mode}"] = r
     try:  # the single-launch step (megakernel.py), one-token steps only
@@ -534,7 +536,7 @@ def pdl_check() -> int:
     outs = []
     for pdl in (0, 1, 2):
         r = Runner(model, 512, kernels="triton", graphs=True)
-        r.pdl, r.pdl_by_t = pdl, {}
+        r.uniform_pdl(pdl)
         r.linear_configs = {}  # no split-K: its float atomics would vary the last bits
         seq = list(range(1000, 1100))
         rows = [r.logits(seq[:40], 0).clone()]
@@ -568,7 +570,7 @@ def tune_verify(name: str, positions: list[int], what: str = "swap") -> dict[str
     if what == "qkv":
         r.qkv_split = None  # "before" is the per-pair qkv kernel
     if not PDL_OK:
-        r.pdl_by_t = {}
+        r.uniform_pdl(0)
     res: dict[str, Any] = {"before": {}, "after": {}, "what": what}
     for pos in positions:
         res["before"][pos] = {"t1": ours_step_ms(r, 1, pos), "t9": ours_step_ms(r, 9, pos)}
@@ -722,7 +724,7 @@ def variant_correctness() -> dict[str, Any]:
     for name in ("default", "verify_pdl1", "deterministic"):
         r = Runner(Transformer(a, w16, n_pos=256), 128, kernels="triton")
         if not PDL_OK:
-            r.pdl_by_t = {}
+            r.uniform_pdl(0)
         if name == "verify_pdl1":
             r.pdl_by_t.update({t: 1 for t in range(2, 33)} if PDL_OK else {})
         elif name == "deterministic":
@@ -757,11 +759,13 @@ def latency_variants(name: str, positions: list[int]) -> dict[str, Any]:
     r = Runner(Transformer(a, w, n_pos=n_ctx + 64), n_ctx, kernels="triton", graphs=True)
     p0 = positions[0]
     tuned = dict(r.linear_configs)
-    pro0, ev0 = r.pdl_prologue, r.weight_evict
+    pro0, ev0, vp0 = r.pdl_prologue, r.weight_evict, dict(r.verify_pdl)
     res: dict[str, Any] = {}
 
     def setup(evict: str | None = None, prologue: frozenset[str] | None = None, qkv_bk: int = 0,
-              verify_pdl: int = 0, tiles: dict[tuple[str, int], Any] | None = None) -> None:
+              verify_pdl: int = 0, tiles: dict[tuple[str, int], Any] | None = None,
+              vpdl: dict[str, int] | None = None) -> None:
+        r.verify_pdl = dict(vp0 if vpdl is None else vpdl)
         r.linear_configs = dict(tuned)
         r.linear_configs.update(tiles or {})
         r.qkv_split = QKV_SPLIT_DEFAULT.get((a.n_embd, a.n_ff))
@@ -772,13 +776,15 @@ def latency_variants(name: str, positions: list[int]) -> dict[str, Any]:
             assert isinstance(bp, tuple)
             r.linear_configs[("qkv", 1)] = (bp[0], qkv_bk)
         r.pdl_by_t = dict(DEFAULT_PDL_BY_T) if PDL_OK else {}
+        if not PDL_OK:
+            r.uniform_pdl(0)
         if verify_pdl and PDL_OK:
             r.pdl_by_t.update({t: verify_pdl for t in range(2, MAX_STEP + 1)})
         r._steps.clear()
 
     none: frozenset[str] = frozenset()
     variants: dict[str, dict[str, Any]] = {
-        "session2": {"evict": "", "prologue": none, "qkv_bk": 1024},
+        "session2": {"evict": "", "prologue": none, "qkv_bk": 1024, "vpdl": {}},
         "default": {},
         "no_evict": {"evict": ""},
         "plus_w2": {"prologue": pro0 | {"w2"}},
@@ -792,6 +798,19 @@ def latency_variants(name: str, positions: list[int]) -> dict[str, Any]:
     for bn, warps in ((1, 4), (2, 4), (2, 8), (4, 8)):
         variants[f"w13_one_tile_{bn}x{kt}_w{warps}"] = {
             "prologue": pro0 | {"w13"}, "tiles": {("w13", 1): LCfg(bn, kt, warps, 1)}}
+    # one-token tiles of the prologue kernels, timed in the step (the per-kernel tuner times
+    # each alone, where the prologue's overlap does not show)
+    wo1 = tuned.get(("wo", 1))
+    bk_wo = wo1.block_k if isinstance(wo1, LCfg) else kt
+    variants["qkv_bp2"] = {"tiles": {("qkv", 1): (2, kt)}}
+    for bn, warps in ((1, 4), (2, 4), (2, 8), (4, 8)):
+        variants[f"wo_{bn}x{bk_wo}_w{warps}"] = {"tiles": {("wo", 1): LCfg(bn, bk_wo, warps, 2)}}
+    # verify steps: PDL for the small kernels only (the big ones use swapped tiles, no PDL)
+    small = {"rope_kv": 1, "attn": 1, "combine": 1}
+    variants["vpdl_attn_combine"] = {"vpdl": {"attn": 1, "combine": 1}}
+    variants["vpdl_small"] = {"vpdl": small}
+    variants["vpdl_small_qkv"] = {"vpdl": small | {"qkv": 1}}
+    variants["vpdl_small_qkv_wo"] = {"vpdl": small | {"qkv": 1, "wo": 1}}
     only = os.environ.get("BENCH_VARIANTS")
     if only:
         variants = {k_: v for k_, v in variants.items() if k_ in only.split(",") or k_ == "default"}
@@ -801,8 +820,9 @@ def latency_variants(name: str, positions: list[int]) -> dict[str, Any]:
             if left() < 120:
                 break
             setup(**kw)
-            t9 = vname.startswith("verify") or vname in ("default", "session2", "no_evict")
-            for t in ((9,) if vname.startswith("verify") else (1, 9) if t9 else (1,)):
+            v9 = vname.startswith(("verify", "vpdl"))
+            t9 = v9 or vname in ("default", "session2", "no_evict")
+            for t in ((9,) if v9 else (1, 9) if t9 else (1,)):
                 times[vname][str(t)].append(ours_step_ms(r, t, p0))
     res[f"at_{p0}"] = {v: {t: min(x) for t, x in d.items() if x} for v, d in times.items()}
     log(name, "variants @", p0, res[f"at_{p0}"])
@@ -896,7 +916,7 @@ def mega_explore(name: str, positions: list[int]) -> dict[str, Any]:
     wbytes = w.nbytes()
     base = Runner(model, n_ctx, kernels="triton", graphs=True)
     if not PDL_OK:
-        base.pdl_by_t = {}
+        base.uniform_pdl(0)
     base_cfg = MegaConfig()
     cfgs = {
         "mega": base_cfg,
