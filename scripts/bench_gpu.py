@@ -652,16 +652,23 @@ def swap_check() -> dict[str, Any]:
     return res
 
 
+def reference_05b(n: int) -> tuple[ModelArgs, Weights, list[int], torch.Tensor]:
+    """0.5B shapes, random bf16 weights, ``n`` random tokens and the float32 reference forward
+    of the same weights over them: what the GPU correctness checks compare against."""
+    a = QWEN25_0_5B
+    w16 = random_weights(a, torch.bfloat16, "cuda", seed=7)
+    w32 = cast(w16, torch.float32)
+    seq = torch.randint(0, a.n_vocab, (n,), generator=torch.Generator().manual_seed(1)).tolist()
+    ref = Runner(Transformer(a, w32, n_pos=256), 128, kernels="torch", graphs=False).logits(seq, 0)
+    return a, w16, seq, ref
+
+
 def split_correctness() -> dict[str, Any]:
     """Verify steps with the per-pair qkv kernel and with the split-K qkv, each against a
     float32 reference of the same bf16 weights (0.5B shapes, 8 steps of T = 9 after a prompt)."""
     from openjarvis.engine.torch import kernels as K
 
-    a = QWEN25_0_5B
-    w16 = random_weights(a, torch.bfloat16, "cuda", seed=7)
-    w32 = cast(w16, torch.float32)
-    seq = torch.randint(0, a.n_vocab, (104,), generator=torch.Generator().manual_seed(1)).tolist()
-    ref = Runner(Transformer(a, w32, n_pos=256), 128, kernels="torch", graphs=False).logits(seq, 0)
+    a, w16, seq, ref = reference_05b(104)
     res: dict[str, Any] = {}
     swap = {"w13": K.LinearConfig(64, 64, 4, 4, 1, swap=True), "out": K.LinearConfig(128, 64, 4, 3, 1, swap=True),
             "w2": K.LinearConfig(32, 128, 4, 3, 8, swap=True)}
@@ -715,11 +722,7 @@ def variant_correctness() -> dict[str, Any]:
     """Each step variant of ``latency_variants`` against a float32 reference of the same bf16
     weights (0.5B shapes; a 32-token prompt, 8 one-token steps, 7 verify steps of 9), and
     whether two runs of the same sequence give bit-identical logits."""
-    a = QWEN25_0_5B
-    w16 = random_weights(a, torch.bfloat16, "cuda", seed=7)
-    w32 = cast(w16, torch.float32)
-    seq = torch.randint(0, a.n_vocab, (103,), generator=torch.Generator().manual_seed(1)).tolist()
-    ref = Runner(Transformer(a, w32, n_pos=256), 128, kernels="torch", graphs=False).logits(seq, 0)
+    a, w16, seq, ref = reference_05b(103)
     res: dict[str, Any] = {}
     for name in ("default", "verify_pdl1", "deterministic"):
         r = Runner(Transformer(a, w16, n_pos=256), 128, kernels="triton")
