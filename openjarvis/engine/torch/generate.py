@@ -24,6 +24,7 @@ from openjarvis.engine.torch.cache import SLACK, KVCache
 from openjarvis.engine.torch.model import Transformer
 
 if TYPE_CHECKING:  # importing megakernel imports triton: only where the step is used
+    from openjarvis.engine.torch.kernels import LinearConfig
     from openjarvis.engine.torch.megakernel import MegaConfig, Scratch
 
 Kernels = Literal["triton", "torch"]
@@ -170,23 +171,39 @@ class Runner:
 
     def make_deterministic(self) -> None:
         """Make every step bit-for-bit reproducible from run to run: no split-K (whose partial
-        sums land in float atomics, in whatever order the programs finish), no fused attention
-        output. Split tiles become unsplit ones with as many programs where the tile allows.
-        The cost is measured in BENCHMARKS.md ("Deterministic steps"); the single-launch step
-        is deterministic already."""
+        sums land in float atomics, in whatever order the programs finish), no split-K qkv, no
+        fused attention output. Held at every step, whatever the tiles are set to later
+        (``tiles``). The cost is measured in BENCHMARKS.md ("Deterministic steps"); the
+        single-launch step is deterministic already."""
+        self.deterministic = True
+        self._steps.clear()
+
+    def tiles(self, name: str, t: int) -> LinearConfig | None:
+        """The tile the linear ``name`` ("wo", "w13", "w2", "out") of a T-token step runs with;
+        None: ``kernels.default_linear_config``. Deterministic steps turn a split-K tile into
+        an unsplit one with about as many programs (a power-of-two ``block_n``, at least 16 at
+        T > 1, where it is an MMA dimension)."""
         from dataclasses import replace
 
         from openjarvis.engine.torch.kernels import LinearConfig
 
-        for key, cfg in list(self.linear_configs.items()):
-            if isinstance(cfg, LinearConfig) and cfg.split_k > 1:
-                least = 1 if key[1] == 1 else 16  # T > 1: block_n is an MMA dimension
-                bn = max(least, cfg.block_n // cfg.split_k)
-                self.linear_configs[key] = replace(cfg, split_k=1, block_n=bn)
-        self.qkv_split = None
-        self.fuse_attn_out = False
-        self.deterministic = True
-        self._steps.clear()
+        cfg = self.linear_configs.get((name, t))
+        if not isinstance(cfg, LinearConfig):
+            return None
+        if self.deterministic and cfg.split_k > 1:
+            q = cfg.block_n // cfg.split_k
+            bn = max(1 if t == 1 else 16, 1 << (q.bit_length() - 1) if q > 0 else 1)
+            cfg = replace(cfg, split_k=1, block_n=bn)
+        return cfg
+
+    def kernel_pdl(self, name: str, t: int) -> int:
+        """PDL mode of kernel ``name`` in a T-token step: ``verify_pdl`` for T > 1 where it
+        names the kernel, else the step's mode (``pdl_by_t``, ``pdl``), raised to 2 (weights
+        before the wait) for the ``pdl_prologue`` kernels where that mode is 1."""
+        if t > 1 and name in self.verify_pdl:
+            return self.verify_pdl[name]
+        pdl = self.pdl_by_t.get(t, self.pdl)
+        return 2 if pdl == 1 and name in self.pdl_prologue else pdl
 
     @property
     def n_ctx(self) -> int:
@@ -319,22 +336,20 @@ class Runner:
 
         a, w, c = self.args, self.model.weights, self.cache
         t = ws.tokens.shape[0]
-        cfg = self.linear_configs
 
         def lc(name: str) -> K.LinearConfig | None:
-            got = cfg.get((name, t))
-            return got if isinstance(got, K.LinearConfig) else None
+            return self.tiles(name, t)
 
-        qkv_tiles = cfg.get(("qkv", t)) or (None, None)
+        def pk(name: str) -> int:
+            return self.kernel_pdl(name, t)
+
+        qkv_tiles = self.linear_configs.get(("qkv", t)) or (None, None)
         assert isinstance(qkv_tiles, tuple)
         pdl = self.pdl_by_t.get(t, self.pdl)
         ev = self.weight_evict
-
-        def pk(name: str) -> int:
-            if t > 1 and name in self.verify_pdl:
-                return self.verify_pdl[name]
-            return 2 if pdl == 1 and name in self.pdl_prologue else pdl
         split = self.qkv_split if t > 1 and isinstance(self.qkv_split, K.LinearConfig) else None
+        if self.deterministic:
+            split = None
         if split is not None and ws.qkv_acc is None:
             ws.qkv_acc = torch.zeros(t, a.qkv_dim, dtype=torch.float32, device=self.device)
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pdl)
@@ -349,7 +364,7 @@ class Runner:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
                            pdl=pk("qkv"), evict=ev)
-            if t == 1 and self.fuse_attn_out:
+            if t == 1 and self.fuse_attn_out and not self.deterministic:
                 K.attention_out(ws.q, kc, vc, ws.start, lw.wo, ws.h, ws.o_part, ws.ml_part,
                                 block_s=self.attn_block_s, block_n=self.attn_out_block_n,
                                 pdl=pdl)

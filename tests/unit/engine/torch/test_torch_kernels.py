@@ -233,7 +233,7 @@ def test_a_prompt_longer_than_one_step_runs_in_chunks() -> None:
 def test_evict_first_weight_loads_and_the_deterministic_tiles_compute_the_same_logits() -> None:
     """``weight_evict`` changes only a cache hint; ``make_deterministic`` swaps every split-K
     tile (float atomics: the last bits vary on a GPU) for an unsplit one and drops the split-K
-    qkv, and the step still computes the reference logits."""
+    qkv and the fused attention output, and the step still computes the reference logits."""
     w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
     model = Transformer(ARGS, w, n_pos=128)
     seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (9,), generator=torch.Generator().manual_seed(2))]
@@ -241,16 +241,70 @@ def test_evict_first_weight_loads_and_the_deterministic_tiles_compute_the_same_l
     fast = Runner(model, 64, kernels="triton", nsplit=4)
     fast.weight_evict = "evict_first"
     fast.qkv_split = K.LinearConfig(16, 32, split_k=2)
-    split = {("w2", 1): K.LinearConfig(8, 32, split_k=4), ("wo", 1): K.LinearConfig(4, 32, split_k=2)}
-    split |= {("w2", t): K.LinearConfig(32, 32, split_k=2, swap=True) for t in (2, 3)}
+    fast.fuse_attn_out = True
+    split = {("w2", 1): K.LinearConfig(8, 32, split_k=4), ("wo", 1): K.LinearConfig(16, 32, split_k=3)}
+    split |= {("w2", t): K.LinearConfig(32, 32, split_k=4, swap=True) for t in (2, 3)}
     fast.linear_configs.update(split)
     for deterministic in (False, True):
         if deterministic:
             fast.make_deterministic()
-            got = fast.linear_configs
-            assert all(c.split_k == 1 for c in got.values() if isinstance(c, K.LinearConfig))
-            assert got[("w2", 1)].block_n == 2 and got[("w2", 2)].block_n == 16  # type: ignore[union-attr]
-            assert fast.qkv_split is None and fast.deterministic
+            assert fast.deterministic
+            assert fast.tiles("w2", 1) == K.LinearConfig(2, 32)  # 8 / 4 rows, one split
+            assert fast.tiles("wo", 1) == K.LinearConfig(4, 32)  # 16 / 3 -> 4: a power of two
+            assert fast.tiles("w2", 2) == K.LinearConfig(16, 32, swap=True)  # an MMA needs 16
+            assert fast.tiles("w13", 1) is None  # untouched: the default tile
         rows = [fast.logits(seq[:6], 0).clone(), fast.logits(seq[6:7], 6).clone(),
                 fast.logits(seq[7:], 7)]
         assert rel(torch.cat(rows), ref) < 1e-5
+
+
+def test_each_kernel_launch_gets_its_pdl_mode_cache_policy_and_tiles(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launch plan of a step, recorded instead of run: one-token steps launch early (PDL 1)
+    with qkv and wo loading weights first (2); verify steps use PDL only for the kernels named
+    in ``verify_pdl``; a deterministic step launches no split-K and no fused attention output."""
+    w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
+    r = Runner(Transformer(ARGS, w, n_pos=128), 64, kernels="triton", nsplit=4)
+    r.pdl_by_t, r.pdl_prologue = {1: 1}, frozenset({"qkv", "wo"})
+    r.verify_pdl = {"attn": 1, "combine": 1}
+    r.weight_evict = "evict_first"
+    r.qkv_split = K.LinearConfig(16, 32, split_k=2)
+    r.linear_configs[("w2", 1)] = K.LinearConfig(8, 32, split_k=4)
+    names = {id(t): n for lw in w.layers for n, t in (("wo", lw.wo), ("w13", lw.w13), ("w2", lw.w2))}
+    names[id(w.out)] = "out"
+    calls: list[tuple[str, dict[str, object]]] = []
+
+    def record(kind: str):  # noqa: ANN202
+        def launch(*args: object, **kw: object) -> None:
+            name = names.get(id(args[1]), kind) if kind == "linear" else kind
+            calls.append((name, kw))
+        return launch
+
+    for kind in ("linear", "qkv_rope", "qkv_split", "attention", "attention_out", "embed"):
+        monkeypatch.setattr(K, kind, record(kind))
+
+    def plan(t: int) -> list[tuple[str, dict[str, object]]]:
+        calls.clear()
+        r._steps.clear()
+        r._workspace(t).run()  # type: ignore[misc]
+        return calls[:7]  # the embedding and the first layer
+
+    def modes(steps: list[tuple[str, dict[str, object]]]) -> list[tuple[str, object]]:
+        return [(n, kw.get("pdl")) for n, kw in steps]
+
+    one = plan(1)
+    assert modes(one) == [("embed", 1), ("qkv_rope", 2), ("attention", 1), ("wo", 2),
+                          ("w13", 1), ("w2", 1), ("qkv_rope", 2)]
+    assert all(kw["evict"] == "evict_first" for n, kw in one[1:] if n != "attention")
+    assert one[5][1]["cfg"] == K.LinearConfig(8, 32, split_k=4)
+    verify = plan(3)
+    assert modes(verify) == [("embed", 0), ("qkv_split", 0), ("attention", 1), ("wo", 0),
+                             ("w13", 0), ("w2", 0), ("qkv_split", 0)]
+    assert verify[1][1]["pdl_rope"] == 0 and verify[2][1]["pdl_combine"] == 1
+    r.fuse_attn_out = True
+    assert [n for n, _ in plan(1)][:4] == ["embed", "qkv_rope", "attention_out", "w13"]
+    r.make_deterministic()
+    det = plan(1)
+    assert [n for n, _ in det][:4] == ["embed", "qkv_rope", "attention", "wo"]
+    assert det[5][1]["cfg"] == K.LinearConfig(2, 32)
+    assert [n for n, _ in plan(3)][1] == "qkv_rope"  # no split-K qkv either
