@@ -140,7 +140,8 @@ class Runner:
             self.linear_configs = tuned_configs(self.args, MAX_STEP)
             self.qkv_split = QKV_SPLIT.get((self.args.n_embd, self.args.n_ff))
             self.pdl_prologue = PDL_PROLOGUE.get((self.args.n_embd, self.args.n_ff), frozenset())
-            self.weight_evict = WEIGHT_EVICT
+            if torch.cuda.get_device_capability(self.device)[0] >= 8:  # L2 cache hints: sm_80+
+                self.weight_evict = WEIGHT_EVICT
             self.nsplit, self.attn_block_s = ATTENTION.get(
                 (self.args.n_embd, self.args.n_ff), (nsplit, self.attn_block_s)
             )
