@@ -94,7 +94,42 @@ def cost_key_for(path: Path, threads: int, flash_attn: bool = False) -> str:
     )
 
 
-class LlamaEngine(MeasuredCosts):
+class GgufInfo:
+    """What the assistant asks of a model besides its logits: its name, GGUF metadata, chat
+    template and special tokens, as llama.cpp reads them. Shared by every engine that tokenizes
+    with llama.cpp (``LlamaEngine``, and ``TorchEngine`` through its vocab-only model)."""
+
+    path: Path
+    _metadata: dict[str, str] | None = None
+
+    def _gguf_model(self) -> Any:
+        """The llama.cpp model (full or vocab-only) the metadata is read from."""
+        raise NotImplementedError
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        return self.metadata.get("general.name", self.path.stem)
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """GGUF key/value metadata as llama.cpp renders it (arrays are summarised)."""
+        if self._metadata is None:
+            self._metadata = dict(self._gguf_model().metadata())
+        return self._metadata
+
+    def chat_template(self) -> str | None:
+        return self.metadata.get("tokenizer.chat_template")
+
+    def special_token(self, text: str) -> int | None:
+        """The id of a special token such as ``<|fim_prefix|>``, or None if the vocabulary lacks it."""
+        ids = self.tokenize(text, special=True)
+        return ids[0] if len(ids) == 1 else None
+
+
+class LlamaEngine(GgufInfo, MeasuredCosts):
     """An :class:`~openjarvis.engine.base.Engine` over one llama.cpp context (sequence 0)."""
 
     def __init__(
@@ -209,24 +244,8 @@ class LlamaEngine(MeasuredCosts):
     def eos_token_ids(self) -> frozenset[int]:
         return self._eos
 
-    @property
-    def name(self) -> str:
-        return self.metadata.get("general.name", self.path.stem)
-
-    @property
-    def metadata(self) -> dict[str, str]:
-        """GGUF key/value metadata as llama.cpp renders it (arrays are summarised)."""
-        if self._metadata is None:
-            self._metadata = dict(self._model.metadata())
-        return self._metadata
-
-    def chat_template(self) -> str | None:
-        return self.metadata.get("tokenizer.chat_template")
-
-    def special_token(self, text: str) -> int | None:
-        """The id of a special token such as ``<|fim_prefix|>``, or None if the vocabulary lacks it."""
-        ids = self.tokenize(text, special=True)
-        return ids[0] if len(ids) == 1 else None
+    def _gguf_model(self) -> Any:
+        return self._model
 
     def vocab_fingerprint(self) -> str:
         """sha256 over every token's text and attributes: equal means the ids mean the same text."""

@@ -27,7 +27,7 @@ import torch
 from openjarvis.config import EngineConfig
 from openjarvis.engine.base import Logits
 from openjarvis.engine.costs import MeasuredCosts
-from openjarvis.engine.llama import detokenize, tokenize, vocab_fingerprint
+from openjarvis.engine.llama import GgufInfo, detokenize, tokenize, vocab_fingerprint
 from openjarvis.engine.torch.config import ModelArgs
 from openjarvis.engine.torch.generate import MAX_STEP, Kernels, Runner
 from openjarvis.engine.torch.model import Transformer
@@ -76,8 +76,12 @@ class Vocab:
         self._model.close()  # type: ignore[no-untyped-call]
 
 
-class TorchEngine(MeasuredCosts):
-    """An :class:`~openjarvis.engine.base.Engine` over one :class:`Runner` (one sequence)."""
+class TorchEngine(GgufInfo, MeasuredCosts):
+    """An :class:`~openjarvis.engine.base.Engine` over one :class:`Runner` (one sequence); its
+    name, chat template and special tokens come from the vocab-only llama.cpp model."""
+
+    def _gguf_model(self) -> Any:
+        return self.vocab._model
 
     def __init__(
         self,

@@ -76,3 +76,36 @@ def test_engine_backend_torch_opens_the_pair_on_the_torch_backend(
         assert 1 <= len(gen.tokens) <= 6
     finally:
         close_speculator(spec)
+
+
+def test_jarvis_ask_answers_on_the_torch_backend(
+    tiny_setup: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user who sets ``engine.backend = "torch"`` gets an answer from `jarvis ask`: the
+    assistant renders the chat template and the speculator drives both torch engines."""
+    from openjarvis import paths
+    from openjarvis.cli import main
+    from openjarvis.daemon.lifecycle import stop
+
+    cfg = paths.user_config_file()
+    cfg.write_text(cfg.read_text().replace("[engine]\n", '[engine]\nbackend = "torch"\n'))
+    monkeypatch.chdir(tiny_setup)
+    (tiny_setup / ".git").mkdir()
+    try:
+        assert main(["ask", "what", "parses", "http", "responses?"]) == 0
+    finally:
+        stop(paths.socket_path())
+    out, err = capsys.readouterr()
+    assert "\nsources: app/http.py:" in out
+    assert err.strip().splitlines()[-1].startswith("local · tiny-v · ")
+
+
+def test_the_torch_engine_reads_name_template_and_special_tokens_from_the_gguf(
+    tiny_verifier_path: Path,
+) -> None:
+    with TorchEngine.from_gguf(tiny_verifier_path, context=128) as torch_e, \
+            LlamaEngine(tiny_verifier_path, context=128, threads=1) as llama:
+        assert torch_e.chat_template() == llama.chat_template() and "<|im_start|>" in (torch_e.chat_template() or "")
+        assert torch_e.name == llama.name
+        assert torch_e.special_token("<|im_end|>") == llama.special_token("<|im_end|>") is not None
+        assert torch_e.special_token("not a special token") is None
