@@ -108,6 +108,18 @@ def gpu_facts() -> dict[str, Any]:
     return facts
 
 
+def torch_backend_note() -> str:
+    """Where ``engine.backend = "torch"`` will run, said before a slow first answer surprises."""
+    if importlib.util.find_spec("torch") is None:
+        return "the gpu extra is not installed; run `pip install 'openjarvis[gpu]'`"
+    import torch
+
+    if torch.cuda.is_available():
+        return f"CUDA on {torch.cuda.get_device_name()}, bfloat16"
+    return ("no CUDA GPU: both models run on the CPU in float32, several times slower than "
+            "llama.cpp (engine.backend = \"llama\")")
+
+
 def model_facts(overrides: dict[str, str]) -> dict[str, Any]:
     from openjarvis.models import Catalog
 
@@ -132,7 +144,11 @@ def collect(overrides: dict[str, str]) -> dict[str, Any]:
     cfg_files: dict[str, Any]
     try:
         cfg = load_config(overrides=overrides)
-        cfg_files = {"read": [str(f) for f in cfg.files], "threads": cfg.engine.threads}
+        cfg_files = {"read": [str(f) for f in cfg.files], "threads": cfg.engine.threads,
+                     "backend": cfg.engine.backend}
+        if cfg.engine.backend == "torch":
+            cfg_files["backend_note"] = torch_backend_note()
+            cfg_files["deterministic"] = cfg.engine.deterministic
     except JarvisError as exc:
         cfg_files = {"error": str(exc)}
     sock = paths.socket_path()

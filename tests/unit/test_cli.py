@@ -75,6 +75,22 @@ def test_doctor_reports_what_a_bug_report_needs(capsys: pytest.CaptureFixture[st
     text = capsys.readouterr().out
     for heading in ("python:", "os:", "cpu:", "llama.cpp:", "gpu:", "models:", "config:", "daemon:"):
         assert heading in text
+    assert facts["config"]["backend"] == "llama" and "backend_note" not in facts["config"]
+
+
+def test_doctor_says_where_the_torch_backend_will_run(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    assert main(["-c", "engine.backend=torch", "doctor", "--json"]) == 0
+    config = json.loads(capsys.readouterr().out)["config"]
+    assert config["backend"] == "torch" and config["deterministic"] is False
+    if importlib.util.find_spec("torch") is None:
+        assert "pip install 'openjarvis[gpu]'" in config["backend_note"]
+    else:
+        import torch
+
+        expect = "CUDA on" if torch.cuda.is_available() else "run on the CPU in float32"
+        assert expect in config["backend_note"]
 
 
 def test_locate_prints_xdg_paths(capsys: pytest.CaptureFixture[str], scrubbed_env: Path) -> None:
