@@ -79,6 +79,9 @@ def open_speculator(
 def open_engine(path: Path, config: Config) -> Any:
     """The engine ``engine.backend`` names: llama.cpp, or the torch backend (the ``gpu`` extra)."""
     if config.engine.backend == "torch":
+        from openjarvis.engine.torch import require_torch
+
+        require_torch()
         from openjarvis.engine.torch.engine import TorchEngine
 
         return TorchEngine.from_config(path, config.engine)

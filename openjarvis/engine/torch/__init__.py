@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from openjarvis.engine.torch.engine import TorchEngine
 
-__all__ = ["load_engine", "torch_available"]
+__all__ = ["load_engine", "require_torch", "torch_available"]
 
 
 def torch_available() -> bool:
@@ -40,14 +40,20 @@ def torch_available() -> bool:
         return False
 
 
-def load_engine(path: str | Path, **kwargs: object) -> TorchEngine:
-    """Load a GGUF file into a :class:`TorchEngine`; raises EngineError without the gpu extra."""
+def require_torch() -> None:
+    """Raise the one-line EngineError a user sees when the torch backend lacks its extra."""
     from openjarvis.errors import EngineError
 
     if not torch_available():
         raise EngineError(
-            "the torch backend needs the gpu extra; run `pip install 'openjarvis[gpu]'`"
+            "the torch backend needs the gpu extra; run `pip install 'openjarvis[gpu]'` "
+            "or set engine.backend = \"llama\""
         )
+
+
+def load_engine(path: str | Path, **kwargs: object) -> TorchEngine:
+    """Load a GGUF file into a :class:`TorchEngine`; raises EngineError without the gpu extra."""
+    require_torch()
     from openjarvis.engine.torch.engine import TorchEngine
 
     return TorchEngine.from_gguf(path, **kwargs)  # type: ignore[arg-type]
