@@ -233,11 +233,7 @@ def _gemv_phase(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, T, N,
     else:
         for r0 in range(lo, hi, BLOCK_N):
             nxt = r0 + AHEAD * BLOCK_N
-            if nxt < hi:
-                n_el = tl.minimum(BLOCK_N, hi - nxt) * K
-                _prefetch(w_ptr + nxt * K, n_el, LINES)
-                if MODE == 2:
-                    _prefetch(w_ptr + (N + nxt) * K, n_el, LINES)
+            _prefetch_w_rows(w_ptr, nxt, tl.minimum(nxt + BLOCK_N, hi), N, K, MODE, LINES)
             _rows(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, inv, r0, hi, T, N,
                   K, MODE, NORM, BIAS, BLOCK_T, BLOCK_N, BLOCK_K)
 
@@ -285,11 +281,7 @@ def _gemv_t1_one(x_ptr, w_ptr, g_ptr, b_ptr, out_ptr, inv, lo, hi, N, K,
             w2_nxt = tl.load(w_ptr + (rn_j[:, None] + N) * K + rk[None, :], mask=wm_j,
                              other=0.0)
         nxt = r0 + AHEAD * BLOCK_N
-        if nxt < hi:
-            n_el = tl.minimum(BLOCK_N, hi - nxt) * K
-            _prefetch(w_ptr + nxt * K, n_el, LINES)
-            if MODE == 2:
-                _prefetch(w_ptr + (N + nxt) * K, n_el, LINES)
+        _prefetch_w_rows(w_ptr, nxt, tl.minimum(nxt + BLOCK_N, hi), N, K, MODE, LINES)
         y = tl.sum(x[None, :] * w.to(tl.float32), axis=1)
         y2 = y
         if MODE == 2:
@@ -338,11 +330,7 @@ def _gemv_t1(x_ptr, w_ptr, g_ptr, b_ptr, out_ptr, inv, lo, hi, N, K,
                              other=0.0)
         if kc == 0:  # a new row block: ask L2 for the one AHEAD blocks later
             nxt = lo + (rb + AHEAD) * BLOCK_N
-            if nxt < hi:
-                n_el = tl.minimum(BLOCK_N, hi - nxt) * K
-                _prefetch(w_ptr + nxt * K, n_el, LINES)
-                if MODE == 2:
-                    _prefetch(w_ptr + (N + nxt) * K, n_el, LINES)
+            _prefetch_w_rows(w_ptr, nxt, tl.minimum(nxt + BLOCK_N, hi), N, K, MODE, LINES)
         rk = kc * BLOCK_K + ar_k
         kmask = rk < K
         x = tl.load(x_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
@@ -363,15 +351,23 @@ def _gemv_t1(x_ptr, w_ptr, g_ptr, b_ptr, out_ptr, inv, lo, hi, N, K,
 
 
 @triton.jit
+def _prefetch_w_rows(w_ptr, r0, r1, N, K, MODE: tl.constexpr, LINES: tl.constexpr):
+    """L2 prefetch of rows [r0, r1) of W, and of the same rows of the up half for SwiGLU
+    (MODE 2: W is [gate; up], N rows each); nothing for an empty range."""
+    if r1 > r0:
+        n_el = (r1 - r0) * K
+        _prefetch(w_ptr + r0 * K, n_el, LINES)
+        if MODE == 2:
+            _prefetch(w_ptr + (N + r0) * K, n_el, LINES)
+
+
+@triton.jit
 def _prefetch_rows(w_ptr, N, K, pid, MODE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NPROG: tl.constexpr, LINES: tl.constexpr, AHEAD: tl.constexpr):
     """Before a barrier: L2 prefetch of the first AHEAD blocks of this program's share of the
     next phase's W (both halves for SwiGLU)."""
     lo, hi = _share(N, pid, NPROG)
-    n_el = (tl.minimum(lo + AHEAD * BLOCK_N, hi) - lo) * K
-    _prefetch(w_ptr + lo * K, n_el, LINES)
-    if MODE == 2:
-        _prefetch(w_ptr + (N + lo) * K, n_el, LINES)
+    _prefetch_w_rows(w_ptr, lo, tl.minimum(lo + AHEAD * BLOCK_N, hi), N, K, MODE, LINES)
 
 
 @triton.jit
