@@ -1023,6 +1023,13 @@ def measure_acceptance(models: Path, n_gen: int = 160) -> dict[str, Any]:
     return res
 
 
+def save(out_dir: Path, name: str, result: Any) -> None:
+    """``result`` as ``out_dir/name.json`` (written after each part, so a run cut short keeps
+    what it measured)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1, default=str))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("."))
@@ -1038,7 +1045,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--acceptance", type=Path, metavar="MODELS_DIR",
                     help="only measure the real pair's greedy acceptance on the CPU")
     ap.add_argument("--hf-worker", choices=["1.5B", "0.5B"], help=argparse.SUPPRESS)
-    ap.add_argument("--positions", default="512,4096", help=argparse.SUPPRESS)
+    ap.add_argument("--positions", default="512,4096", help=argparse.SUPPRESS,
+                    type=lambda v: [int(x) for x in v.split(",")])
     ap.add_argument("--pdl-check", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mega", choices=["1.5B", "0.5B"],
                     help="only: the single-launch step against the per-kernel step")
@@ -1058,7 +1066,6 @@ def main(argv: list[str] | None = None) -> int:
         from openjarvis.engine.torch.kernels import pdl_supported
 
         PDL_OK = pdl_supported()
-        args.out.mkdir(parents=True, exist_ok=True)
         out: dict[str, Any] = {}
         try:
             if not os.environ.get("BENCH_VARIANTS"):
@@ -1067,36 +1074,28 @@ def main(argv: list[str] | None = None) -> int:
             log("correctness failed:", traceback.format_exc())
         for name in args.variants.split(","):
             try:
-                out[name] = latency_variants(name, [int(x) for x in args.positions.split(",")])
+                out[name] = latency_variants(name, args.positions)
             except Exception:
                 log(name, "failed:", traceback.format_exc())
-            (args.out / "variants.json").write_text(json.dumps(out, indent=1, default=str))
+            save(args.out, "variants", out)
         return 0
-    if args.swap_check:
-        print(json.dumps(swap_check()))
-        return 0
-    if args.split_correct:
-        print(json.dumps(split_correctness()))
-        return 0
+    for wanted, check in ((args.swap_check, swap_check), (args.split_correct, split_correctness),
+                          (args.barrier, barrier_check)):
+        if wanted:
+            print(json.dumps(check()))
+            return 0
     if args.tune_verify:
-        args.out.mkdir(parents=True, exist_ok=True)
-        r = tune_verify(args.tune_verify, [int(x) for x in args.positions.split(",")],
-                        args.verify_what)
-        (args.out / f"verify_{args.tune_verify}.json").write_text(json.dumps(r, indent=1, default=str))
-        return 0
-    if args.barrier:
-        print(json.dumps(barrier_check()))
+        save(args.out, f"verify_{args.tune_verify}",
+             tune_verify(args.tune_verify, args.positions, args.verify_what))
         return 0
     if args.mega:
-        args.out.mkdir(parents=True, exist_ok=True)
-        r = mega_explore(args.mega, [int(x) for x in args.positions.split(",")])
-        (args.out / f"mega_{args.mega}.json").write_text(json.dumps(r, indent=1))
+        save(args.out, f"mega_{args.mega}", mega_explore(args.mega, args.positions))
         return 0
     if args.pdl_check:
         return pdl_check()
     if args.hf_worker:
         a = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}[args.hf_worker]
-        pos = [int(x) for x in args.positions.split(",")]
+        pos = args.positions
         m = hf_model(a, random_weights(a, torch.bfloat16, "cuda", seed=0), torch.bfloat16, "cuda")
         print(json.dumps(hf_compiled_ms(m, pos, "cuda", max(pos) + 64)))
         return 0
@@ -1153,14 +1152,14 @@ def main(argv: list[str] | None = None) -> int:
             RESULTS[name] = bench_model(name, a, bw, positions, args.smoke, args.retune)
         except Exception:
             log(f"{name} failed:", traceback.format_exc())
-        (args.out / "bench.json").write_text(json.dumps(RESULTS, indent=1))
+        save(args.out, "bench", RESULTS)
     for name, a in models.items():
         if have_hf and name in RESULTS:
             try:
                 bench_hf(name, a, positions, RESULTS[name])
             except Exception:
                 log(f"{name} transformers failed:", traceback.format_exc())
-            (args.out / "bench.json").write_text(json.dumps(RESULTS, indent=1))
+            save(args.out, "bench", RESULTS)
     # speculative composition
     spec: dict[str, Any] = {"accept": args.accept}
     if "1.5B" in RESULTS and "0.5B" in RESULTS:
@@ -1175,7 +1174,7 @@ def main(argv: list[str] | None = None) -> int:
                              "cpu_drafter": compose(args.accept, k, args.cpu_draft_ms, t_ver)})
             spec[f"pos{pos}"] = {"plain_tok_s": 1e3 / v["ours_best"], "rounds": rows}
     RESULTS["speculative"] = spec
-    (args.out / "bench.json").write_text(json.dumps(RESULTS, indent=1))
+    save(args.out, "bench", RESULTS)
     table(RESULTS, positions)
     return 0
 
