@@ -134,17 +134,16 @@ class Runner:
                 tuned_configs,
             )
 
+            shape = (self.args.n_embd, self.args.n_ff)  # what tuning.py's tables are keyed by
             if pdl_supported():
                 self.pdl_by_t = dict(DEFAULT_PDL_BY_T)
-                self.verify_pdl = dict(VERIFY_PDL.get((self.args.n_embd, self.args.n_ff), {}))
+                self.verify_pdl = dict(VERIFY_PDL.get(shape, {}))
             self.linear_configs = tuned_configs(self.args, MAX_STEP)
-            self.qkv_split = QKV_SPLIT.get((self.args.n_embd, self.args.n_ff))
-            self.pdl_prologue = PDL_PROLOGUE.get((self.args.n_embd, self.args.n_ff), frozenset())
+            self.qkv_split = QKV_SPLIT.get(shape)
+            self.pdl_prologue = PDL_PROLOGUE.get(shape, frozenset())
             if torch.cuda.get_device_capability(self.device)[0] >= 8:  # L2 cache hints: sm_80+
                 self.weight_evict = WEIGHT_EVICT
-            self.nsplit, self.attn_block_s = ATTENTION.get(
-                (self.args.n_embd, self.args.n_ff), (nsplit, self.attn_block_s)
-            )
+            self.nsplit, self.attn_block_s = ATTENTION.get(shape, (nsplit, self.attn_block_s))
 
     def use_megakernel(self, cfg: MegaConfig | None = None, max_t: int = 1) -> None:
         """Run steps of up to ``max_t`` tokens as one persistent launch (Triton kernels only).
@@ -346,14 +345,13 @@ class Runner:
 
         qkv_tiles = self.linear_configs.get(("qkv", t)) or (None, None)
         assert isinstance(qkv_tiles, tuple)
-        pdl = self.pdl_by_t.get(t, self.pdl)
         ev = self.weight_evict
         split = self.qkv_split if t > 1 and isinstance(self.qkv_split, K.LinearConfig) else None
         if self.deterministic:
             split = None
         if split is not None and ws.qkv_acc is None:
             ws.qkv_acc = torch.zeros(t, a.qkv_dim, dtype=torch.float32, device=self.device)
-        K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pdl)
+        K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pk("embed"))
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
             if split is not None:
@@ -368,7 +366,7 @@ class Runner:
             if t == 1 and self.fuse_attn_out and not self.deterministic:
                 K.attention_out(ws.q, kc, vc, ws.start, lw.wo, ws.h, ws.o_part, ws.ml_part,
                                 block_s=self.attn_block_s, block_n=self.attn_out_block_n,
-                                pdl=pdl)
+                                pdl=pk("attn"))
             else:
                 K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
                             block_s=self.attn_block_s, pdl=pk("attn"), pdl_combine=pk("combine"))
