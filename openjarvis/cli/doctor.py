@@ -110,8 +110,12 @@ def gpu_facts() -> dict[str, Any]:
 
 def torch_backend_note() -> str:
     """Where ``engine.backend = "torch"`` will run, said before a slow first answer surprises."""
-    if importlib.util.find_spec("torch") is None:
-        return "the gpu extra is not installed; run `pip install 'openjarvis[gpu]'`"
+    from openjarvis.engine.torch import require_torch
+
+    try:
+        require_torch()
+    except JarvisError as exc:
+        return str(exc)
     import torch
 
     if torch.cuda.is_available():
