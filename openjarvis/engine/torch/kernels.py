@@ -96,6 +96,14 @@ def _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM: tl.constexpr
 
 
 @triton.jit
+def _w_tile(w_ptr, rn, row0, rk, wmask, K, EVICT: tl.constexpr):
+    """Rows ``row0 + rn`` of W [*, K], columns ``rk``: a [BN, BK] weight tile (``row0`` N for
+    the up half of a SwiGLU pair), loaded with the weights' cache policy."""
+    return tl.load(w_ptr + (rn[:, None] + row0) * K + rk[None, :], mask=wmask, other=0.0,
+                   eviction_policy=EVICT)
+
+
+@triton.jit
 def _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc, acc2, ss,
               MODE: tl.constexpr, NORM: tl.constexpr, BLOCK_T: tl.constexpr):
     """One K tile: load x [BT, BK] (RMSNorm statistics and weight on the fly), accumulate."""
@@ -154,11 +162,9 @@ def _linear_kernel(
         rk = k_lo + tl.arange(0, BLOCK_K)  # [BK]
         kmask = rk < k_hi
         wmask = nmask[:, None] & kmask[None, :]
-        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0,
-                    eviction_policy=EVICT)  # [BN, BK]
+        w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)  # [BN, BK]
         if MODE == 2:
-            w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0,
-                     eviction_policy=EVICT)
+            w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
         else:
             w2 = w
         _gdc(PDL)
@@ -168,11 +174,9 @@ def _linear_kernel(
             rk = k0 + tl.arange(0, BLOCK_K)
             kmask = rk < k_hi
             wmask = nmask[:, None] & kmask[None, :]
-            w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0,
-                    eviction_policy=EVICT)
+            w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)
             if MODE == 2:
-                w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0,
-                     eviction_policy=EVICT)
+                w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
             acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
                                       acc2, ss, MODE, NORM, BLOCK_T)
     else:
@@ -182,12 +186,10 @@ def _linear_kernel(
             kmask = rk < k_hi
             x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
             wmask = nmask[:, None] & kmask[None, :]
-            w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0,
-                    eviction_policy=EVICT)
+            w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)
             acc = _tile_dot(x, w, acc, BLOCK_T)
             if MODE == 2:
-                w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0,
-                     eviction_policy=EVICT)
+                w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
                 acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
     _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
                 MODE, NORM, BIAS, SPLIT_K)
@@ -219,13 +221,11 @@ def _linear_swap_kernel(
         kmask = rk < k_hi
         x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
         wmask = nmask[:, None] & kmask[None, :]
-        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0,
-                    eviction_policy=EVICT)
+        w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)
         xt = tl.trans(x.to(w.dtype))  # [BK, BT]
         acc_t = tl.dot(w, xt, acc_t)
         if MODE == 2:
-            w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0,
-                     eviction_policy=EVICT)
+            w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
             acc2_t = tl.dot(w2, xt, acc2_t)
     _linear_out(tl.trans(acc_t), tl.trans(acc2_t), ss, rn, rt, nmask, tmask, b_ptr, out_ptr,
                 stride_out, K, eps, MODE, NORM, BIAS, SPLIT_K)
@@ -256,10 +256,8 @@ def _qkv_rope_kernel(
     if PDL >= 2:  # the first weight tile before waiting on the previous kernel
         rk = tl.arange(0, BLOCK_K)
         kmask = rk < K
-        w1 = tl.load(w_ptr + r1[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0,
-                     eviction_policy=EVICT)
-        w2 = tl.load(w_ptr + r2[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0,
-                     eviction_policy=EVICT)
+        w1 = _w_tile(w_ptr, r1, 0, rk, kmask[None, :], K, EVICT)
+        w2 = _w_tile(w_ptr, r2, 0, rk, kmask[None, :], K, EVICT)
         _gdc(PDL)
         acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
                                    acc2, ss, 2, True, BLOCK_T)
@@ -269,10 +267,8 @@ def _qkv_rope_kernel(
     for k0 in range(k_first, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
-        w1 = tl.load(w_ptr + r1[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0,
-                     eviction_policy=EVICT)
-        w2 = tl.load(w_ptr + r2[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0,
-                     eviction_policy=EVICT)
+        w1 = _w_tile(w_ptr, r1, 0, rk, kmask[None, :], K, EVICT)
+        w2 = _w_tile(w_ptr, r2, 0, rk, kmask[None, :], K, EVICT)
         acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
                                    acc2, ss, 2, True, BLOCK_T)
     inv = tl.rsqrt(ss / K + eps)
