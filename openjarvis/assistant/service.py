@@ -320,6 +320,7 @@ class Assistant:
                 drafter=req.drafter,  # type: ignore[arg-type]
                 corpus=corpus,
                 cache_prefix=prepared.head,
+                logprobs=True,  # the router judges the answer's confidence by it
             )
             text, stats = self._run(slot, spec, request, on_text, cancel)
         return ChatAnswer(

@@ -80,6 +80,9 @@ class Request:
     #: a run of its own, and loaded from / saved to the disk cache when one is attached.
     cache_prefix: int = 0
     max_draft: int = MAX_DRAFT
+    #: Keep the emitted tokens' mean log-probability (``Stats.mean_logprob``, the router's
+    #: confidence signal): a softmax over the vocabulary per token, so only where it is read.
+    logprobs: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +307,8 @@ class Speculator:
 
             done = False
             for j, tok in enumerate(decided):
-                stats.add_logprob(_logprob(rows[min(j, len(rows) - 1)], tok))
+                if req.logprobs:
+                    stats.add_logprob(_logprob(rows[j], tok))
                 if tok in v.eos_token_ids:
                     finish, done = "stop", True
                     gen.stop_token = tok

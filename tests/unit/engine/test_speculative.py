@@ -83,6 +83,23 @@ def test_max_tokens_inside_an_accepted_draft(verifier: LlamaEngine) -> None:
     assert gen.stats.finish_reason == "length"
 
 
+def test_mean_logprob_is_kept_only_when_asked_and_matches_the_logits(verifier: LlamaEngine) -> None:
+    prompt = verifier.tokenize(PROMPTS[0])
+    full = plain(verifier, prompt, max_tokens=20)
+    verifier.rollback(0)
+    rows = verifier.eval(prompt + full[:-1])[len(prompt) - 1 :]
+    ref = np.mean([r[t] - (r.max() + np.log(np.exp(r - r.max()).sum())) for r, t in zip(rows, full, strict=True)])
+    verifier.rollback(0)
+    asked = Speculator(verifier).generate(
+        Request(prompt, max_tokens=20, drafter="ngram", corpus=(prompt + full,), logprobs=True)
+    ).run()
+    assert asked.tokens == full and asked.stats.logprob_count == 20
+    assert asked.stats.mean_logprob == pytest.approx(ref, abs=2e-3)  # batched vs one-row evals
+    verifier.rollback(0)
+    plain_run = Speculator(verifier).generate(Request(prompt, max_tokens=20)).run()
+    assert plain_run.stats.mean_logprob is None  # no softmax per token when nobody reads it
+
+
 def test_eos_ends_the_answer_and_is_not_emitted(verifier: LlamaEngine) -> None:
     prompt = verifier.tokenize(PROMPTS[1])
     full = plain(verifier, prompt, max_tokens=400)
