@@ -25,8 +25,6 @@ from openjarvis.engine.templates import Message
 
 #: Retrieved chunks offered to the prompt (the budget decides how many fit).
 RETRIEVE_K = 8
-#: Share of the prompt budget asked of the repository map (assembly may cut it further).
-MAP_TOKENS_SHARE = 0.2
 #: Tokens kept free at the end of the context besides the answer itself.
 SAFETY_TOKENS = 32
 #: Characters per token assumed when no tokenizer is at hand (sizing a prompt for a cloud target).
@@ -228,7 +226,7 @@ class Assistant:
         if retriever is None:
             return [], ""
         return retriever.sources(req.question, RETRIEVE_K, focus), retriever.repo_map(
-            int(budget * MAP_TOKENS_SHARE), focus
+            int(budget * MAP_SHARE), focus
         )
 
     def prepare(self, req: ChatRequest, retriever: Retriever | None) -> Prepared:
