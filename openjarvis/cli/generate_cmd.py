@@ -78,6 +78,7 @@ def generate(
       jarvis generate "Write a Python function that reverses a string" --stats
     """
     from openjarvis.config import load_config
+    from openjarvis.engine.llama import GgufInfo
     from openjarvis.engine.pair import close_speculator, open_speculator
     from openjarvis.engine.sampling import SamplingParams
     from openjarvis.engine.speculative import Request
@@ -114,19 +115,19 @@ def generate(
     )
     try:
         v = spec.verifier
+        # Both engines read the GGUF's template and special tokens (GgufInfo); a test's fake
+        # engine may not, and gets no FIM check and no template.
+        info = v if isinstance(v, GgufInfo) else None
         if fim_prefix is not None:
-            from openjarvis.engine.llama import LlamaEngine
-
-            if isinstance(v, LlamaEngine):
-                check_fim({t: v.special_token(t) for t in FIM_TOKENS})
+            if info is not None:
+                check_fim({t: info.special_token(t) for t in FIM_TOKENS})
             text = fim_prompt(fim_prefix, suffix)
         elif raw:
             text = prompt or ""
         else:
             messages = [Message("system", system)] if system else []
             messages.append(Message("user", prompt or ""))
-            template = getattr(v, "chat_template", lambda: None)()
-            text = render_chat(template, messages)
+            text = render_chat(info.chat_template() if info is not None else None, messages)
         corpus = tuple(
             v.tokenize(f.read_text(encoding="utf-8", errors="replace"), special=False) for f in context_files
         )

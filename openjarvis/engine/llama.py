@@ -192,7 +192,6 @@ class LlamaEngine(GgufInfo, MeasuredCosts):
         self._n_vocab = int(self._model.n_vocab())
         self._n_ctx = int(self._ctx.n_ctx())
         self._n_past = 0
-        self._metadata: dict[str, str] | None = None
         self._fingerprint: str | None = None
         #: (tokens, last_only) -> number of ``eval`` calls: what a benchmark prices with the
         #: measured cost model, independent of the load on a shared machine.
