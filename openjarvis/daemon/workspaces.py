@@ -8,9 +8,9 @@ holds the event loop; two requests for the same workspace share one indexing run
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,16 +49,6 @@ class Workspace:
             store.close()
 
 
-def _lower_thread_priority() -> None:
-    """Make this worker thread (Linux: niceness is per thread) yield to generation; best effort."""
-    from openjarvis.index.indexer import WORKER_NICE
-
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICE)
-    except (OSError, AttributeError):
-        pass
-
-
 class Workspaces:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -84,7 +74,7 @@ class Workspaces:
 
     def index(self, ws: Workspace, on_progress: Callable[[int, int], None] | None = None) -> Any:
         """Bring the index up to date now (blocking; call from a worker thread), then watch."""
-        from openjarvis.index.indexer import index_workspace
+        from openjarvis.index.indexer import index_workspace, lower_priority
         from openjarvis.index.store import Store, db_path_for
 
         with ws.lock:
@@ -96,29 +86,16 @@ class Workspaces:
                     on_progress(p.done, p.total)
 
             def run() -> None:
-                # A thread of its own: niceness is per thread on Linux and cannot be raised back
-                # without privileges, so a shared worker thread must never be made nicer.
-                _lower_thread_priority()
+                lower_priority(thread=True)  # a thread of its own: it is never made less nice
                 with Store.open(db_path_for(ws.root)) as store:
                     ws.last_summary = index_workspace(store, ws.root, self.config.index, on_progress=progress)
 
-            failure: list[BaseException] = []
-
-            def guarded() -> None:
-                try:
-                    run()
-                except BaseException as exc:  # handed to the calling thread below
-                    failure.append(exc)
-
             try:
-                worker = threading.Thread(target=guarded, name=f"index {ws.root.name}")
-                worker.start()
-                worker.join()
+                with ThreadPoolExecutor(1, thread_name_prefix=f"index {ws.root.name}") as pool:
+                    pool.submit(run).result()  # re-raises here what the thread raised
             finally:
                 ws.indexing = False
                 ws.progress = (0, 0)
-            if failure:
-                raise failure[0]
             self._watch(ws)
             return ws.last_summary
 

@@ -19,6 +19,7 @@ import hashlib
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -104,13 +105,22 @@ def process(job: _Job) -> _Result:
 WORKER_NICE = 10
 
 
+def lower_priority(thread: bool = False) -> None:
+    """Run this process (or, with ``thread``, this thread: Linux keeps niceness per thread) at
+    ``WORKER_NICE`` or nicer; absolute, so a process forked from an already-nice thread does not
+    go nicer still. Best effort: where not permitted, indexing competes as an equal. A thread
+    made nicer cannot be made less nice again without privileges: only for threads of its own."""
+    try:
+        who = threading.get_native_id() if thread else 0
+        os.setpriority(os.PRIO_PROCESS, who, max(os.getpriority(os.PRIO_PROCESS, who), WORKER_NICE))
+    except (OSError, AttributeError):
+        pass
+
+
 def _worker_init() -> None:
     # Ctrl-C is the parent's to handle: it stops the pool and rolls back the open batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        os.nice(WORKER_NICE)
-    except OSError:  # not permitted here: indexing simply competes as an equal
-        pass
+    lower_priority()
 
 
 def _results(jobs: list[_Job], workers: int) -> Iterator[_Result]:

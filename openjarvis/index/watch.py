@@ -25,7 +25,7 @@ from typing import Any
 
 from openjarvis.config import IndexConfig
 from openjarvis.index.files import BUILD_DIRS, CACHE_DIRS, DEPENDENCY_DIRS, VCS_DIRS, VENV_DIRS
-from openjarvis.index.indexer import RunSummary, index_workspace, refresh_ranks
+from openjarvis.index.indexer import RunSummary, index_workspace, lower_priority, refresh_ranks
 from openjarvis.index.store import Store, db_path_for
 
 QUIET_S = 0.03
@@ -128,6 +128,7 @@ class Watcher:
                         return set(), False
 
     def _run(self) -> None:
+        lower_priority(thread=True)  # catch-up and full passes yield to answering, as the first index does
         with Store.open(self.db_path) as store:
             while (batch := self._take_batch()) is not None:
                 paths, full = batch
