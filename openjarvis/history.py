@@ -15,7 +15,7 @@ import json
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import Any
 
 from openjarvis import paths
 from openjarvis.errors import JarvisError
+from openjarvis.sqlite_retry import retry_locked
 
 #: (version, description, SQL). Append only; never edit a released migration.
 MIGRATIONS: list[tuple[int, str, str]] = [
@@ -222,31 +223,13 @@ def connect(path: Path | None = None) -> sqlite3.Connection:
         path.touch(mode=0o600)
     try:
         conn = sqlite3.connect(path, timeout=10, check_same_thread=False)
-        _retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"))
+        retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"))
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA synchronous=NORMAL")
-        _retry_locked(lambda: migrate(conn))
+        retry_locked(lambda: migrate(conn))
     except sqlite3.DatabaseError as exc:
         raise HistoryError(f"{path}: cannot open the history database ({exc}); move it aside to start afresh") from exc
     return conn
-
-
-def _retry_locked(op: Callable[[], object], seconds: float = 10.0) -> None:
-    """Run ``op``, retrying while the database is locked. SQLite answers "database is locked"
-    at once, without its busy timeout, where waiting could deadlock: switching a fresh file to
-    WAL while another connection does the same (seen in CI with six processes opening one new
-    history at once). Here waiting cannot deadlock: each attempt holds nothing."""
-    deadline = time.monotonic() + seconds
-    delay = 0.005
-    while True:
-        try:
-            op()
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
 
 
 @contextmanager

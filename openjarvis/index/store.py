@@ -28,6 +28,7 @@ from openjarvis import paths
 from openjarvis.errors import IndexCorrupt, IndexNotBuilt, IndexStoreError
 from openjarvis.index import schema
 from openjarvis.index.tags import Extraction, search_words, split_identifier
+from openjarvis.sqlite_retry import retry_locked
 
 
 def db_path_for(root: Path) -> Path:
@@ -109,7 +110,8 @@ class Store:
             conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
             if tracer is not None:
                 conn.set_trace_callback(tracer)
-            conn.execute("PRAGMA journal_mode = WAL")
+            wal = conn  # bound for the retried call (mypy: conn is Optional here)
+            retry_locked(lambda: wal.execute("PRAGMA journal_mode = WAL"))
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = OFF")
             schema.migrate(conn, str(path))
