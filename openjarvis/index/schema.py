@@ -158,6 +158,9 @@ def migrate(conn: sqlite3.Connection, where: str) -> int:
         if number <= version:
             continue
         conn.execute("BEGIN IMMEDIATE")
+        if current_version(conn) >= number:  # another connection applied it while we waited
+            conn.execute("COMMIT")
+            continue
         try:
             step(conn)
             conn.execute(

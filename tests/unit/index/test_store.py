@@ -212,3 +212,28 @@ def test_interrupt_with_the_pool_running(sample_repo: Path, monkeypatch: pytest.
     with Store.open(db) as s:
         assert s.conn.execute("SELECT count(*) FROM files").fetchone()[0] == 4
         assert index_workspace(s, sample_repo, IndexConfig(workers=2)).indexed == 11
+
+
+def test_connections_opening_a_fresh_index_at_once_do_not_collide(tmp_path: Path) -> None:
+    """The daemon, its watcher and the CLI may open a new index together: switching the fresh
+    file to WAL from several connections at once answers "database is locked" immediately,
+    which ``Store.open`` waits out rather than reporting a corrupt index."""
+    import threading
+
+    from openjarvis.index.store import Store
+
+    errors: list[BaseException] = []
+
+    def open_index() -> None:
+        try:
+            with Store.open(tmp_path / "fresh" / "index.db"):
+                pass
+        except BaseException as exc:  # collected for the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_index) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
