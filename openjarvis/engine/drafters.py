@@ -61,9 +61,10 @@ class ModelDrafter:
     the longest prefix it shares with the committed context, then evaluates only what is new.
 
     The request's stable head (``use_head``) gets the verifier's treatment, in this model's own
-    file of the persistent prefix cache: loaded when a saved state exists, else evaluated as a run
-    of its own from position 0 the first time the drafter catches up, and saved. Catching up is
-    lazy (a drafter the planner never picks costs nothing), so the save happens then, not at prefill.
+    file of the persistent prefix cache: loaded at prefill when a saved state exists (a cheap
+    disk read, and the planner then prices catching up without the head), else evaluated as a
+    run of its own from position 0 the first time the drafter catches up, and saved then.
+    Evaluating is lazy: a drafter the planner never picks computes nothing.
     """
 
     name = "model"
