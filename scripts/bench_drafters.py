@@ -73,10 +73,9 @@ class Model:
     tables: list[CostModel]
 
     def cost(self) -> CostModel:
-        """Median over the repeated measurements, per k (then made monotone, as ``costs`` does)."""
-        ks = self.tables[0].seconds
-        med = {k: statistics.median(t.seconds[k] for t in self.tables) for k in ks}
-        return CostModel(key=self.tables[0].key, seconds=costs._monotone(med))
+        """Median over the repeated measurements, per k (``_median_table``), under this key."""
+        med = _median_table([t.seconds for t in self.tables])
+        return CostModel(key=self.tables[0].key, seconds=med.seconds)
 
 
 def candidates(catalog: Catalog, source: str, extra: list[str]) -> list[str]:
