@@ -67,22 +67,13 @@ def test_a_corrupt_database_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_processes_opening_a_fresh_database_at_once_do_not_collide(tmp_path: Path) -> None:
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
-    errors: list[BaseException] = []
+    def open_and_write(_: int) -> None:
+        with open_history(tmp_path / "fresh.db") as db:
+            db.new_conversation("/ws", "x")
 
-    def open_and_write() -> None:
-        try:
-            with open_history(tmp_path / "fresh.db") as db:
-                db.new_conversation("/ws", "x")
-        except BaseException as exc:  # collected for the assertion below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=open_and_write) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert errors == []
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(open_and_write, range(6)))  # re-raises the first failure here
     with open_history(tmp_path / "fresh.db") as db:
         assert len(db.conversations("/ws")) == 6

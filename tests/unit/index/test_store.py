@@ -218,22 +218,13 @@ def test_connections_opening_a_fresh_index_at_once_do_not_collide(tmp_path: Path
     """The daemon, its watcher and the CLI may open a new index together: switching the fresh
     file to WAL from several connections at once answers "database is locked" immediately,
     which ``Store.open`` waits out rather than reporting a corrupt index."""
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
     from openjarvis.index.store import Store
 
-    errors: list[BaseException] = []
+    def open_index(_: int) -> None:
+        with Store.open(tmp_path / "fresh" / "index.db"):
+            pass
 
-    def open_index() -> None:
-        try:
-            with Store.open(tmp_path / "fresh" / "index.db"):
-                pass
-        except BaseException as exc:  # collected for the assertion below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=open_index) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert errors == []
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(open_index, range(8)))  # re-raises the first failure here
