@@ -253,7 +253,10 @@ async def chat(params: ChatParams, call: Call) -> ChatResult:
             routed = _answer_routed(st["assistant"], req, ws.root, config, params, cancelled, notify)
             answer = routed.answer
             sources = [SourceRef(s.path, s.symbol, s.start_line, s.end_line, round(s.score, 4)) for s in answer.sources]
-            if not answer.cancelled:  # a cancelled turn is not part of the conversation
+            # A cancelled turn is not part of the conversation; that includes a cancel that came
+            # just after the last token, which the caller is told about (CANCELLED) all the same.
+            dropped = answer.cancelled or cancelled()
+            if not dropped:
                 if conv is None:
                     conv = db.new_conversation(str(ws.root), params.message)
                 db.add_message(conv, "user", params.message)
@@ -265,7 +268,7 @@ async def chat(params: ChatParams, call: Call) -> ChatResult:
                 prompt_tokens=answer.prompt_tokens, completion_tokens=stats["tokens"], ttft_s=stats.get("ttft_s"),
                 total_s=time.time() - started, tokens_per_s=stats.get("tokens_per_s"),
                 acceptance=stats.get("acceptance"), cost_usd=stats.get("cost_usd", 0.0),
-                outcome="cancelled" if answer.cancelled else "ok",
+                outcome="cancelled" if dropped else "ok",
             )  # fmt: skip
         return ChatResult(
             answer=answer.text,
