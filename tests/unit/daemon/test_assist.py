@@ -78,7 +78,10 @@ def test_cancel_mid_stream_stops_within_a_step(tiny_daemon: Path) -> None:
             await c.call("index/add", {"workspace": ws})
             seen: list[str] = []
             error: DaemonError | None = None
-            stream = c.stream("chat", {"workspace": ws, "message": "explain everything", "max_tokens": 400})
+            # 174 tokens from the tiny pair (a 12-token answer ended before a loaded machine's
+            # cancel arrived): the cancel must land mid-stream to test stopping within a step
+            message = "explain everything in detail"
+            stream = c.stream("chat", {"workspace": ws, "message": message, "max_tokens": 400})
             rid = None
             try:
                 async for method, params in stream:
