@@ -24,6 +24,7 @@ from openjarvis.engine.torch.cache import SLACK, KVCache
 from openjarvis.engine.torch.model import Transformer
 
 if TYPE_CHECKING:  # importing megakernel imports triton: only where the step is used
+    from openjarvis.engine.torch.cuda_step import DecodeStep
     from openjarvis.engine.torch.kernels import LinearConfig
     from openjarvis.engine.torch.megakernel import MegaConfig, Scratch
 
@@ -123,6 +124,9 @@ class Runner:
         self.verify_pdl: dict[str, int] = {}
         #: Set by ``make_deterministic``; default tiles (shapes without tuning) never split K.
         self.deterministic = False
+        #: One-token steps as one persistent CUDA kernel (``cuda_step.DecodeStep``, sm_90+);
+        #: set by ``use_cuda_step``. Bit-identical from run to run, like deterministic steps.
+        self.cuda_step: DecodeStep | None = None
         if self.kernels == "triton" and on_cuda:
             from openjarvis.engine.torch.kernels import pdl_supported
             from openjarvis.engine.torch.tuning import (
@@ -161,6 +165,15 @@ class Runner:
         self.mega = cfg or MegaConfig()
         self.mega_max_t = max_t
         self._steps.clear()
+
+    def use_cuda_step(self, **kwargs: object) -> None:
+        """Run one-token steps with the persistent CUDA kernel (``cuda_step.py``): compiles it
+        for this model (cached), checks it fits the GPU, and drops a one-token step built
+        before. Raises ``CudaStepError`` where it cannot run; verify steps are unchanged."""
+        from openjarvis.engine.torch.cuda_step import DecodeStep
+
+        self.cuda_step = DecodeStep(self.model, self.cache, **kwargs)  # type: ignore[arg-type]
+        self._steps.pop(1, None)
 
     def uniform_pdl(self, mode: int = 0) -> None:
         """One PDL mode for every kernel of every step (0: none), instead of the measured
@@ -283,7 +296,11 @@ class Runner:
             act=torch.empty(t, a.n_ff, dtype=dt, device=dev),
             logits=torch.empty(t, a.n_vocab, dtype=f32, device=dev),
         )
-        if self.mega is not None and t <= self.mega_max_t:
+        if t == 1 and self.cuda_step is not None:
+            step = self.cuda_step
+            ws.logits = step.logits
+            ws.run = lambda: step(ws.inputs)
+        elif self.mega is not None and t <= self.mega_max_t:
             from openjarvis.engine.torch.megakernel import scratch
 
             ws.mega = scratch(a, t, self.mega.for_t(t).nsplit, dev)

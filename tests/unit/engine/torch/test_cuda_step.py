@@ -1,0 +1,132 @@
+"""The persistent CUDA step's host side: its compile-time plan, its build, and its refusals.
+
+The kernel itself needs an sm_90 GPU; it is checked against a float32 reference on the lent
+H200 by scripts/bench_cuda_step.py (correctness, bit-identical replays). Here: the plan tiles
+every matrix exactly once over the blocks and fits shared memory, the source and the plan agree
+on the macros, the build works where nvcc is present, and a machine without a GPU gets a clear
+error rather than a crash.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from openjarvis.engine.torch import cuda_step as C
+from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs
+from openjarvis.engine.torch.generate import Runner
+from openjarvis.engine.torch.model import Transformer
+from openjarvis.engine.torch.weights import random_weights
+
+PAIR = [QWEN25_1_5B, QWEN25_0_5B]
+
+
+def _rows_of(a: ModelArgs, d: dict[str, int], kind: str, u: int) -> list[int]:
+    """Matrix rows of unit ``u`` of ``kind``, as the kernel's ``row_of`` walks them."""
+    ncw, hd = d["NCW"], d["HD"]
+    if kind == "QKV":  # NCW NeoX pairs (i, i + hd/2) of one head
+        per_head = hd // 2 // ncw
+        head, i0 = divmod(u, per_head)
+        base = head * hd + i0 * ncw
+        return [base + w + j * hd // 2 for j in range(2) for w in range(ncw)]
+    if kind == "13":  # NCW gate rows and the same up rows
+        return [u * ncw + w + j * a.n_ff for j in range(2) for w in range(ncw)]
+    nr = ncw // d.get(f"WPR_{kind}", 1)
+    rpw = d[f"RPW_{kind}"]
+    return [(u * rpw + j) * nr + w for j in range(rpw) for w in range(nr)]
+
+
+def _units(d: dict[str, int], kind: str, n_rows: int) -> int:
+    ncw = d["NCW"]
+    rows = 2 * ncw if kind in ("QKV", "13") else ncw // d.get(f"WPR_{kind}", 1) * d[f"RPW_{kind}"]
+    assert n_rows % rows == 0, f"{kind}: {n_rows} rows do not split into units of {rows}"
+    return n_rows // rows
+
+
+@pytest.mark.parametrize("sms", [132, 114, 78])
+@pytest.mark.parametrize("a", PAIR, ids=["1.5B", "0.5B"])
+def test_every_row_of_every_matrix_is_computed_exactly_once(a: ModelArgs, sms: int) -> None:
+    p = C.plan(a, sms=sms)
+    d = p.defines
+    for kind, n_rows, k in (("QKV", a.qkv_dim, a.n_embd), ("WO", a.n_embd, a.q_dim),
+                            ("13", 2 * a.n_ff, a.n_embd), ("2", a.n_embd, a.n_ff),
+                            ("OUT", a.n_vocab, a.n_embd)):
+        n_units = _units(d, kind, n_rows)
+        seen = torch.zeros(n_rows, dtype=torch.int32)
+        for layer in (0, 5):
+            seen.zero_()
+            for b in range(sms):  # my_units: contiguous ranges, block order rotated by layer
+                r = (b + layer * 37) % sms
+                for u in range(n_units * r // sms, n_units * (r + 1) // sms):
+                    seen[_rows_of(a, d, kind, u)] += 1
+            assert bool((seen == 1).all()), f"{kind}: rows computed {seen.unique().tolist()} times"
+        rows_per_unit = n_rows // n_units
+        unit_bytes = rows_per_unit * (k // d[f"NKC_{kind}"]) * 2
+        assert unit_bytes <= d["STAGE_BYTES"], f"{kind}: a stage of {unit_bytes} B overflows"
+        assert (k // d[f"NKC_{kind}"]) % 8 == 0  # bulk copies move 16-byte multiples
+    assert p.smem <= C.SMEM_LIMIT
+    assert d["NSTAGE"] >= 4  # a ring this shallow could not run ahead through a barrier
+
+
+def test_the_plan_defines_every_macro_the_source_uses() -> None:
+    src = C.SOURCE.read_text()
+    used = set(re.findall(r"\b((?:NKC|RPW|WPR)_[A-Z0-9]+)\b", src))
+    defined_in_source = set(re.findall(r"#define\s+(\w+)", src))
+    for a in PAIR:
+        d = C.plan(a).defines
+        missing = used - set(d) - defined_in_source
+        assert not missing, f"the plan does not define {sorted(missing)}"
+
+
+def test_an_unsupported_shape_is_refused_with_the_reason() -> None:
+    tiny = ModelArgs("qwen2", n_layer=2, n_embd=64, n_ff=96, n_head=4, n_head_kv=2, n_vocab=97)
+    with pytest.raises(C.CudaStepError, match="unsupported shape"):
+        C.plan(tiny)  # head_dim 16: the value sum gives each lane HD/32 dims
+
+
+def test_a_stage_too_small_for_a_row_chunk_is_refused() -> None:
+    with pytest.raises(C.CudaStepError, match="fits a 64-byte stage"):
+        C.plan(QWEN25_0_5B, stage_cap=64)
+
+
+def test_without_a_gpu_the_runner_refuses_the_cuda_step_clearly() -> None:
+    a = ModelArgs("qwen2", n_layer=1, n_embd=128, n_ff=128, n_head=2, n_head_kv=1, n_vocab=64)
+    model = Transformer(a, random_weights(a, torch.float32, "cpu", seed=0), n_pos=64)
+    runner = Runner(model, 32, kernels="torch", graphs=False)
+    with pytest.raises(C.CudaStepError, match="needs a CUDA device"):
+        runner.use_cuda_step()
+    assert runner.cuda_step is None
+    out = runner.logits([1, 2, 3], 0)  # the runner still works as before
+    assert out.shape == (3, 64) and bool(torch.isfinite(out).all())
+    if not torch.cuda.is_available():
+        assert C.available() is False
+
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+
+
+@needs_nvcc
+def test_nvcc_builds_the_kernel_for_the_real_pair_and_caches_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for a in PAIR:
+        p = C.plan(a)
+        cubin, how = C.build(p, "sm_90", "nvcc")
+        assert cubin[:4] == b"\x7fELF" and how == "nvcc"
+        again, how2 = C.build(p, "sm_90", "auto")
+        assert again == cubin and how2 == "cache"
+    assert len(list((tmp_path / "openjarvis" / "cuda").glob("*.cubin"))) == 2
+
+
+@needs_nvcc
+def test_a_compile_error_names_the_compiler_and_keeps_no_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    bad = C.Plan({"DM": 64}, 0)  # most macros missing: the source cannot compile
+    with pytest.raises(C.CudaStepError, match="nvcc could not compile the CUDA step"):
+        C.build(bad, "sm_90", "nvcc")
+    assert not list(tmp_path.rglob("*.cubin"))
