@@ -1,0 +1,192 @@
+"""The persistent CUDA one-token step (``cuda_step.py``) against the default Triton step.
+
+Run on the lent H200 (``device`` tool): ``python3 scripts/bench_cuda_step.py --out $OUT``.
+In one process:
+
+1. build: the kernel compiled with NVRTC and with nvcc (where each is found), build times;
+2. correctness (0.5B and 1.5B shapes, random bf16 weights): a 64-token prompt through the
+   Triton step, then 16 one-token steps through the CUDA step, against a float32 reference of
+   the same weights; the Triton one-token step over the same tokens beside it; the CUDA step
+   replayed at one position must give bit-identical logits; every logit is poisoned first;
+3. timing: one-token steps at positions 512 and 4096, CUDA step against the default Triton
+   step, in CUDA graphs, in alternating rounds (the machine drifts); each round the median of
+   7 x 50 replays, the figure the fastest round; the ratio and the share of the bandwidth
+   floor (copy bandwidth measured in the same run). Variants built with the kernel's TIME_*
+   macros leave parts out (their results are wrong by design): what each part costs.
+
+Results print as they come and go to ``--out``/cuda_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gpu import copy_bandwidth, time_ms  # noqa: E402  # the same timer and floor
+
+from openjarvis.engine.torch import cuda_step  # noqa: E402
+from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
+from openjarvis.engine.torch.generate import Runner  # noqa: E402
+from openjarvis.engine.torch.model import Transformer  # noqa: E402
+from openjarvis.engine.torch.weights import cast, random_weights  # noqa: E402
+
+T0 = time.monotonic()
+RES: dict[str, Any] = {}
+
+
+def log(*a: object) -> None:
+    print(f"[{time.monotonic() - T0:6.1f}s]", *a, flush=True)
+
+
+def builds() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for a, name in ((QWEN25_1_5B, "1.5B"), (QWEN25_0_5B, "0.5B")):
+        p = cuda_step.plan(a)
+        out[name] = {"plan": p.defines, "smem": p.smem}
+        for comp in ("nvrtc", "nvcc"):
+            t = time.monotonic()
+            try:
+                cubin, how = cuda_step.build(p, "sm_90", comp)
+                out[name][comp] = {"bytes": len(cubin), "s": time.monotonic() - t, "how": how}
+            except Exception as e:  # noqa: BLE001
+                out[name][comp] = {"error": str(e)[-600:]}
+        log("build", name, out[name])
+    return out
+
+
+def correctness(a: ModelArgs, name: str, n_prompt: int = 64, n_steps: int = 16) -> dict[str, Any]:
+    w16 = random_weights(a, torch.bfloat16, "cuda", seed=7)
+    w32 = cast(w16, torch.float32)
+    n = n_prompt + n_steps
+    seq = torch.randint(0, a.n_vocab, (n,), generator=torch.Generator().manual_seed(1)).tolist()
+    ref = Runner(Transformer(a, w32, n_pos=256), 128, kernels="torch", graphs=False).logits(seq, 0)
+    del w32
+    res: dict[str, Any] = {}
+    # cuda_multitile: 2 splits of 32-position tiles, so an item spans several tiles (the
+    # online softmax across tiles, which the real pair only reaches past 4096 positions)
+    for kind in ("triton", "cuda", "cuda_multitile"):
+        r = Runner(Transformer(a, w16, n_pos=256), 128, kernels="triton")
+        if kind.startswith("cuda"):
+            r.use_cuda_step(extra={"SPLITS": 2, "ATILE": 32} if kind == "cuda_multitile" else None)
+            res["compiler"] = r.cuda_step.compiler if r.cuda_step else None
+        r.logits(seq[:n_prompt], 0)
+        rows = []
+        for i in range(n_prompt, n):
+            ws = r._workspace(1)
+            ws.logits.fill_(float("nan"))  # poison: every element must be written
+            rows.append(r.logits(seq[i : i + 1], i).clone())
+        out = torch.cat(rows)
+        base = ref[n_prompt:n].double()
+        res[kind] = {
+            "rel_err": float((out.double() - base).norm() / base.norm()),
+            "top1": float((out.argmax(-1) == ref[n_prompt:n].argmax(-1)).float().mean()),
+            "finite": bool(torch.isfinite(out).all()),
+        }
+        if kind.startswith("cuda"):  # replays at one position: bit-identical
+            again = [r.logits(seq[n - 1 : n], n - 1).clone() for _ in range(3)]
+            res[kind]["replays_identical"] = all(torch.equal(again[0], x) for x in again)
+            res[kind]["matches_first_run"] = bool(torch.equal(again[0], rows[-1]))
+        log("correctness", name, kind, res[kind])
+        del r
+    return res
+
+
+def timing(a: ModelArgs, name: str, bw: float, positions: list[int], rounds: int,
+           extra: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    n_ctx = max(positions) + 64
+    w = random_weights(a, torch.bfloat16, "cuda", seed=0)
+    model = Transformer(a, w, n_pos=n_ctx + 64)
+    runners: dict[str, Runner] = {"triton_default": Runner(model, n_ctx, kernels="triton")}
+    for vname, kw in {"cuda": {}, **extra}.items():
+        try:
+            r = Runner(model, n_ctx, kernels="triton")
+            r.use_cuda_step(**kw)
+            runners[vname] = r
+        except Exception:  # noqa: BLE001
+            log(name, vname, "unavailable:", traceback.format_exc(limit=2))
+    res: dict[str, Any] = {"weight_bytes": w.nbytes()}
+    for pos in positions:
+        floor = (w.nbytes() + a.kv_bytes(pos + 1)) / bw * 1e3
+        times: dict[str, list[float]] = {k: [] for k in runners}
+        for r in runners.values():
+            r.step([100], pos)
+        for _ in range(rounds):
+            for k, r in runners.items():
+                times[k].append(time_ms(functools.partial(r.replay, 1)))
+        row: dict[str, Any] = {"floor_ms": floor}
+        for k, ts in times.items():
+            ms = min(ts)
+            row[k] = {"ms": ms, "all": ts, "pct_floor": 100 * floor / ms}
+        if "cuda" in row:
+            row["cuda_vs_triton"] = row["triton_default"]["ms"] / row["cuda"]["ms"]
+        res[f"pos{pos}"] = row
+        log("timing", name, pos, {k: (round(v["ms"], 4), round(v["pct_floor"], 1))
+                                  for k, v in row.items() if isinstance(v, dict)},
+            "speedup", round(row.get("cuda_vs_triton", 0.0), 3))
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--positions", default="512,4096")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--skip", default="", help="comma list of: build,correct,time")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    positions = [int(x) for x in args.positions.split(",")]
+    skip = set(args.skip.split(","))
+    dev = torch.cuda.get_device_properties(0)
+    RES["device"] = {"name": dev.name, "sms": dev.multi_processor_count}
+    RES["date"] = time.strftime("%Y-%m-%d")
+
+    def save() -> None:
+        (args.out / "cuda_step.json").write_text(json.dumps(RES, indent=1, default=str))
+
+    steps = []
+    if "build" not in skip:
+        steps.append(("build", builds))
+    if "correct" not in skip:
+        steps.append(("correct_0.5B", lambda: correctness(QWEN25_0_5B, "0.5B")))
+        steps.append(("correct_1.5B", lambda: correctness(QWEN25_1_5B, "1.5B")))
+    if "time" not in skip:
+        def tm() -> dict[str, Any]:
+            bw = copy_bandwidth()
+            log(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+            out: dict[str, Any] = {"copy_GBps": bw / 1e9}
+            t_ = {"TIME_NO_SYNC": 1, "TIME_NO_ATTN": 1}
+            extra: dict[str, dict[str, Any]] = {
+                "no_prep": {"extra": {"TIME_NO_PREP": 1}},
+                "no_attn": {"extra": {"TIME_NO_ATTN": 1}},
+                "no_sync_no_attn": {"extra": t_},
+            }
+            out["1.5B"] = timing(QWEN25_1_5B, "1.5B", bw, positions, args.rounds, extra)
+            torch.cuda.empty_cache()
+            out["0.5B"] = timing(QWEN25_0_5B, "0.5B", bw, positions, args.rounds, extra)
+            return out
+        steps.append(("timing", tm))
+    for key, fn in steps:
+        try:
+            RES[key] = fn()
+        except Exception:  # noqa: BLE001
+            RES[key] = {"error": traceback.format_exc(limit=4)}
+            log(key, "failed:", RES[key]["error"])
+        save()
+        torch.cuda.empty_cache()
+    log("done")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
