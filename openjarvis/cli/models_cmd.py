@@ -12,7 +12,7 @@ import click
 from openjarvis.cli import CONTEXT_SETTINGS, flag_overrides
 from openjarvis.cli.output import byte_progress, emit_json, human_bytes
 from openjarvis.config import load_config
-from openjarvis.errors import CatalogError, ChecksumMismatch
+from openjarvis.errors import CatalogError, ChecksumMismatch, EngineError
 from openjarvis.install import Progress
 from openjarvis.models import Catalog, Manifest, Status
 
@@ -380,27 +380,28 @@ def quantize_model(
     """
     import llama_cpp
 
-    from openjarvis.engine.quantize import OUTPUT_TYPES, TYPES, base_type, quantize
+    from openjarvis.engine.quantize import OUTPUT_TYPES, TYPES, base_type, check_type, quantize
 
     config = load_config(overrides=flag_overrides(ctx))
     catalog = Catalog.load(config)
     source = catalog.model(model_id)
-    src = catalog.installed_path(model_id)
-    name = qtype.upper()
-    if name not in TYPES:
-        raise click.BadParameter(f"{qtype!r} is not one of {', '.join(TYPES)}", param_hint="--type")
-    out_name = output_type.upper() if output_type else None
-    if out_name is not None and out_name not in OUTPUT_TYPES:
-        raise click.BadParameter(
-            f"{output_type!r} is not one of {', '.join(OUTPUT_TYPES)}", param_hint="--output-type"
-        )
+    src = catalog.installed_path(model_id)  # verified against the manifest's sha256
+    try:
+        name = check_type(qtype, TYPES, "quantization type")
+    except EngineError as e:
+        raise click.BadParameter(str(e), param_hint="--type") from None
+    try:
+        out_name = check_type(output_type, OUTPUT_TYPES, "output tensor type") if output_type else None
+    except EngineError as e:
+        raise click.BadParameter(str(e), param_hint="--output-type") from None
     suffix = f"-out-{out_name.lower()}" if out_name else ""
     mid = new_id or f"{model_id}-{name.lower()}{suffix}"
     _check_new_id(catalog, mid, force)
     dst = catalog.models_dir / f"{mid}.gguf"
     also = f", output tensor {out_name}" if out_name else ""
     click.echo(f"quantizing {model_id} ({source.quantization}) to {name}{also}...", err=True)
-    result = quantize(src, dst, name, threads=config.engine.threads, output_type=out_name)
+    result = quantize(src, dst, name, threads=config.engine.threads, output_type=out_name,
+                      source_sha256=source.sha256)
     fields = {
         "id": mid,
         "name": f"{source.name} ({name}{also})",

@@ -27,13 +27,14 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from openjarvis.errors import EngineError
 from openjarvis.gguf_meta import tensor_types
+from openjarvis.models import file_sha256
 
 #: Type names as llama.cpp's ``llama-quantize`` spells them -> ``llama_ftype`` constant names.
 TYPES: dict[str, str] = {
@@ -97,34 +98,36 @@ def base_type(qtype: str) -> str:
     return name[: name.index("_K") + 2] if "_K" in name else name
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(4 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+def check_type(value: str, table: Mapping[str, str], what: str) -> str:
+    """``value`` upper-cased if ``table`` knows it; else the one-line error naming the choices."""
+    name = value.upper()
+    if name not in table:
+        raise EngineError(f"unknown {what} {value!r}; use one of {', '.join(table)}")
+    return name
 
 
 def quantize(
-    src: Path, dst: Path, qtype: str, *, threads: int = 0, output_type: str | None = None
+    src: Path,
+    dst: Path,
+    qtype: str,
+    *,
+    threads: int = 0,
+    output_type: str | None = None,
+    source_sha256: str | None = None,
 ) -> Quantized:
     """Write ``src`` quantized to ``qtype`` at ``dst`` (via a temporary file, then renamed).
 
-    ``output_type`` overrides llama.cpp's choice for ``output.weight``. llama.cpp's per-tensor log
-    (300 lines for a 0.5B) is silenced; errors still reach stderr.
+    ``output_type`` overrides llama.cpp's choice for ``output.weight``. ``source_sha256``: the
+    source's hash where it is already known (a catalog model's verified manifest), so a 1 GB
+    source is not read a second time. llama.cpp's per-tensor log (300 lines for a 0.5B) is
+    silenced; errors still reach stderr.
     """
     import llama_cpp
 
     from openjarvis.engine.llama import _quiet_llama_logs
 
-    name = qtype.upper()
-    if name not in TYPES:
-        raise EngineError(f"unknown quantization type {qtype!r}; use one of {', '.join(TYPES)}")
-    out_name = output_type.upper() if output_type else None
-    if out_name is not None and out_name not in OUTPUT_TYPES:
-        raise EngineError(
-            f"unknown output tensor type {output_type!r}; use one of {', '.join(OUTPUT_TYPES)}"
-        )
+    name = check_type(qtype, TYPES, "quantization type")
+    out_name = check_type(output_type, OUTPUT_TYPES, "output tensor type") if output_type else None
     if not src.is_file():
         raise EngineError(f"model file not found: {src}")
     _quiet_llama_logs()
@@ -148,9 +151,9 @@ def quantize(
         path=dst,
         type=name,
         size=dst.stat().st_size,
-        sha256=_sha256(dst),
+        sha256=file_sha256(dst),
         source=src,
-        source_sha256=_sha256(src),
+        source_sha256=source_sha256 or file_sha256(src),
         output_type=out_name,
         tensor_bytes=tensor_types(dst),
     )

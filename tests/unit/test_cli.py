@@ -211,12 +211,13 @@ def test_models_quantize_derives_a_catalog_model(
     out = capsys.readouterr().out
     assert out.startswith("tiny-d-q8_0: ") and "of tiny-d)" in out
     derived = Catalog.load().model("tiny-d-q8_0")
-    assert derived.quantization == "Q8_0" and derived.derived_from.startswith("tiny-d (F32, sha256 ")
+    assert derived.quantization == "Q8_0"  # the source's sha256 is its verified manifest's
+    assert derived.derived_from.startswith(f"tiny-d (F32, sha256 {Catalog.load().model('tiny-d').sha256})")
     path = Catalog.load().installed_path("tiny-d-q8_0", verify=True)  # its own sha256, verified
     assert path.stat().st_size < tiny_drafter_path.stat().st_size
     assert main(["models", "pair-check", "tiny-d-q8_0", "tiny-v"]) == 0  # same tokenizer: still pairs
     assert main(["models", "quantize", "tiny-d", "--type", "Q9_Z"]) == 2
-    assert "'Q9_Z' is not one of Q4_0" in capsys.readouterr().err
+    assert "unknown quantization type 'Q9_Z'; use one of Q4_0" in capsys.readouterr().err
     assert main(["models", "quantize", "tiny-d", "--type", "Q8_0"]) == 1
     assert "already exists" in capsys.readouterr().err
 
@@ -242,7 +243,7 @@ def test_models_quantize_output_type_fallback_note_and_rm(
     assert "requantized to Q8_0, output tensor Q4_0 by llama.cpp" in derived.derived_from
     path = Catalog.load().installed_path("tiny-d-q8_0-out-q4_0", verify=True)
     assert main(["models", "quantize", "tiny-d", "--type", "Q4_0", "--output-type", "Q3_K"]) == 2
-    assert "'Q3_K' is not one of Q4_0" in capfd.readouterr().err
+    assert "unknown output tensor type 'Q3_K'; use one of Q4_0" in capfd.readouterr().err
     # rm deletes a derived model's file as well as its manifest (it is ours, not the person's).
     assert main(["models", "rm", "tiny-d-q8_0-out-q4_0", "--yes"]) == 0
     assert capfd.readouterr().out == f"deleted {path} and unregistered tiny-d-q8_0-out-q4_0\n"

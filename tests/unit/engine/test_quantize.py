@@ -29,6 +29,20 @@ def test_quantized_model_is_smaller_and_generates(
         assert len(gen.run().tokens) > 0
 
 
+def test_a_known_source_hash_is_not_recomputed(
+    tiny_drafter_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import openjarvis.engine.quantize as Q
+
+    hashed: list[Path] = []
+    real = Q.file_sha256
+    monkeypatch.setattr(Q, "file_sha256", lambda p: hashed.append(p) or real(p))
+    out = quantize(tiny_drafter_path, tmp_path / "q8.gguf", "Q8_0", threads=1, source_sha256="ab" * 32)
+    assert out.source_sha256 == "ab" * 32 and hashed == [out.path]  # only the new file is read
+    again = quantize(tiny_drafter_path, tmp_path / "q8b.gguf", "Q8_0", threads=1)
+    assert again.source_sha256 == real(tiny_drafter_path) and tiny_drafter_path in hashed
+
+
 def test_unknown_type_is_a_clear_error(tiny_drafter_path: Path, tmp_path: Path) -> None:
     with pytest.raises(EngineError, match="unknown quantization type 'Q9'; use one of Q4_0"):
         quantize(tiny_drafter_path, tmp_path / "x.gguf", "Q9")
