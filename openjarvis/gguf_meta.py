@@ -188,6 +188,11 @@ def read_info(path: Path) -> GGUFInfo:
     )
 
 
+def tensor_type_names(path: Path) -> dict[str, str]:
+    """GGML type name of every tensor in a GGUF file (read from the header only)."""
+    return {t.name: t.tensor_type.name for t in _reader(path).tensors}
+
+
 def tensor_types(path: Path) -> dict[str, int]:
     """Bytes per tensor type among the weight tensors (2-D and up), e.g. ``{"Q5_0": ..., "Q8_0": ...}``.
 

@@ -46,13 +46,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from openjarvis.paths import models_dir  # noqa: E402
+from openjarvis.gguf_meta import tensor_type_names  # noqa: E402
 
-#: The drafter and the verifier of the default pair, as the catalog installs them.
-PAIR = {
-    "0.5B": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-    "1.5B": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-}
+#: The catalog's default pair, by role; each model is labelled by its size ("0.5B", "1.5B").
+ROLES = ("drafter", "verifier")
 #: Code read in windows, the first ``--windows`` that exist: this repository's interleaved with
 #: requests 2.32.3 (its sdist unpacked in /tmp/benchrepo on the dev machine), then more of ours
 #: so that a machine without /tmp/benchrepo still reads as many windows.
@@ -260,13 +257,6 @@ def _subclasses() -> tuple[type, type]:
     return Q8Weight, F16Cache
 
 
-def gguf_types(path: Path) -> dict[str, str]:
-    """GGML type name of every tensor in a GGUF file (read from the header only)."""
-    from gguf import GGUFReader
-
-    return {t.name: t.tensor_type.name for t in GGUFReader(str(path)).tensors}
-
-
 @contextlib.contextmanager
 def emulating(engine: Any, types: dict[str, str], mode: str) -> Iterator[None]:
     """Run ``engine`` (a CPU float32 TorchEngine) with llama.cpp's roundings of ``mode`` (see the
@@ -362,7 +352,7 @@ def run_model(name: str, path: Path, args: argparse.Namespace) -> dict[str, Any]
     ours = TorchEngine.from_gguf(path, device="cpu", dtype=torch.float32, context=args.window)
     log(f"{name}: torch float32 loaded (dequantized) in {time.monotonic() - t:.0f} s")
     llama = LlamaEngine(path, context=args.window, batch=args.window, threads=args.threads)
-    types = gguf_types(path)
+    types = tensor_type_names(path)
     try:
         if ours.vocab_fingerprint() != llama.vocab_fingerprint():
             raise SystemExit(f"{name}: the two engines' vocabularies differ")
@@ -425,10 +415,27 @@ def report(name: str, r: dict[str, Any]) -> None:
         print("    top-1 by gap: " + ", ".join(f"[{k}) {v[0]:.1%} of {v[1]}" for k, v in s["top1_by_gap"].items()))
 
 
+def pair_files(models: Path | None, roles: Sequence[str]) -> dict[str, Path]:
+    """The default pair's files by size label ("0.5B": ...): the catalog's verified installs, or
+    the catalog's file names in ``models``."""
+    from openjarvis.config import load_config
+    from openjarvis.models import Catalog
+
+    catalog = Catalog.load(load_config())
+    pair = catalog.pair()
+    out: dict[str, Path] = {}
+    for role in roles:
+        m = catalog.model(pair.drafter if role == "drafter" else pair.verifier)
+        label = f"{m.parameters / 1e9:.1f}B"
+        out[label] = models / m.file if models is not None else catalog.installed_path(m.id)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", type=Path, default=None, help="directory of the pair's GGUF files")
-    ap.add_argument("--only", choices=sorted(PAIR), action="append", help="one model (repeatable)")
+    ap.add_argument("--models", type=Path, default=None,
+                    help="directory holding the pair's files (default: the installed catalog's)")
+    ap.add_argument("--only", choices=ROLES, action="append", help="one model (repeatable)")
     ap.add_argument("--window", type=int, default=512, help="tokens per window (one eval each)")
     ap.add_argument("--windows", type=int, default=6, help="windows per model")
     ap.add_argument("--variants", default=",".join(VARIANTS),
@@ -441,10 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     args.variants = [v for v in args.variants.split(",") if v]
     if bad := set(args.variants) - set(VARIANTS):
         ap.error(f"unknown variants {sorted(bad)}")
-    mdir = args.models or models_dir()
     results: dict[str, Any] = {"window": args.window, "threads": args.threads}
-    for name in args.only or sorted(PAIR):
-        path = mdir / PAIR[name]
+    for name, path in pair_files(args.models, args.only or list(ROLES)).items():
         if not path.is_file():
             print(f"error: {path} is missing; run `jarvis models install`", file=sys.stderr)
             return 1
