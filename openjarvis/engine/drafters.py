@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from openjarvis.engine.base import CostModel, Engine, Logits
-from openjarvis.engine.prefix_cache import PrefixCache
+from openjarvis.engine.prefix_cache import PrefixCache, common_prefix, eval_head, restore_head
 from openjarvis.engine.sampling import Probs, SamplingParams, distribution, greedy, sample
 from openjarvis.errors import IncompatiblePair
 
@@ -101,30 +101,24 @@ class ModelDrafter:
         self._prefix_cache = prefix_cache
         if not head or prefix_cache is None or common_prefix(self.cached, head) >= len(head):
             return 0
-        if len(self.cached) != self.engine.n_past:  # an interrupted step: trust nothing cached
+        self._resync()
+        return len(head) if restore_head(prefix_cache, self.engine, self.cached, self._head) else 0
+
+    def _resync(self) -> None:
+        """After an interrupted step the cache may not be what ``cached`` says: start over."""
+        if len(self.cached) != self.engine.n_past:
             self.engine.rollback(0)
             self.cached.clear()
-        if prefix_cache.load(self.engine, self._head):
-            self.cached = list(self._head)
-            return len(head)
-        del self.cached[self.engine.n_past :]  # a state the engine rejected emptied its cache
-        return 0
 
     def sync(self, context: Sequence[int]) -> Logits:
         """Bring the cache to ``context`` and return the logits row for the next token."""
-        if len(self.cached) != self.engine.n_past:  # an interrupted step: start over
-            self.engine.rollback(0)
-            self.cached.clear()
+        self._resync()
         keep = min(common_prefix(self.cached, context), len(context) - 1)
         self.engine.rollback(keep)
         del self.cached[keep:]
         h = len(self._head)
         if keep < h < len(context) and list(context[:h]) == self._head:
-            # The head as a run of its own, as the verifier does: the saved state is canonical.
-            self.engine.eval(context[keep:h], last_only=True)
-            self.cached.extend(context[keep:h])
-            if self._prefix_cache is not None:
-                self._prefix_cache.save(self.engine, self._head)
+            eval_head(self.engine, self.cached, context, keep, h, self._prefix_cache)
             keep = h
         rows = self.engine.eval(context[keep:], last_only=True)
         self.cached.extend(context[keep:])
@@ -157,19 +151,3 @@ class ModelDrafter:
             row = self.engine.eval([tok])[-1]
             self.cached.append(tok)
         return Draft(tokens=tuple(tokens), probs=None if params.greedy else tuple(probs), key="model")
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix (list comparisons run in C; bisect the mismatch)."""
-    a, b = list(a), list(b)
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo

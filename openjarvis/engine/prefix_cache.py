@@ -152,3 +152,50 @@ class PrefixCache:
             if total > self.max_bytes:
                 with contextlib.suppress(OSError):
                     f.unlink()
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix (list comparisons run in C; bisect the mismatch)."""
+    a, b = list(a), list(b)
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def restore_head(cache: PrefixCache, engine: Engine, cached: list[int], head: Sequence[int]) -> bool:
+    """Load ``head``'s saved state unless ``cached`` (the tokens in ``engine``, in order)
+    already starts with it. True: loaded, and ``cached`` is now ``head``. False: nothing loaded;
+    ``cached`` is cut to what the engine still holds (a state it rejected empties its cache).
+    The verifier and the model drafter both keep their heads this way."""
+    if common_prefix(cached, head) >= len(head):
+        return False
+    if cache.load(engine, head):
+        cached[:] = head
+        return True
+    del cached[engine.n_past :]
+    return False
+
+
+def eval_head(
+    engine: Engine,
+    cached: list[int],
+    tokens: Sequence[int],
+    start: int,
+    head: int,
+    cache: PrefixCache | None,
+) -> None:
+    """Evaluate ``tokens[start:head]`` as one run and save the head's state: the head is always
+    computed as a run of its own, so its state is the same bytes whether computed here or
+    loaded from a file an earlier process saved, and the disk cache never changes an answer."""
+    engine.eval(tokens[start:head], last_only=True)
+    cached.extend(tokens[start:head])
+    if cache is not None:
+        cache.save(engine, tokens[:head])

@@ -40,10 +40,10 @@ from typing import Literal
 import numpy as np
 
 from openjarvis.engine.base import Engine
-from openjarvis.engine.drafters import Draft, ModelDrafter, common_prefix
+from openjarvis.engine.drafters import Draft, ModelDrafter
 from openjarvis.engine.ngram import NgramDrafter
 from openjarvis.engine.planner import Acceptance, Option, Plan, choose
-from openjarvis.engine.prefix_cache import PrefixCache
+from openjarvis.engine.prefix_cache import PrefixCache, common_prefix, eval_head, restore_head
 from openjarvis.engine.sampling import (
     SamplingParams,
     accept_draft,
@@ -150,20 +150,14 @@ class Speculator:
         head = cache_prefix if 0 < cache_prefix <= len(target) else 0
         common = common_prefix(self.cached, target)
         if common < head and self.prefix_cache is not None:
-            if self.prefix_cache.load(v, target[:head]):
-                self.cached = list(target[:head])
+            if restore_head(self.prefix_cache, v, self.cached, target[:head]):
                 stats.prefix_loaded = head
-                common = head
-            else:
-                common = min(common, v.n_past)  # a state the engine rejected emptied its cache
+            common = common_prefix(self.cached, target)  # head; or less if the engine emptied
         v.rollback(common)
         del self.cached[common:]
         stats.reused_tokens = common - stats.prefix_loaded
         if common < head:
-            v.eval(target[common:head], last_only=True)
-            self.cached.extend(target[common:head])
-            if self.prefix_cache is not None:
-                self.prefix_cache.save(v, target[:head])
+            eval_head(v, self.cached, target, common, head, self.prefix_cache)
             common = head
         if common < len(target):
             v.eval(target[common:], last_only=True)
