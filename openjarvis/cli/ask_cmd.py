@@ -10,8 +10,9 @@ from typing import Any
 import click
 
 from openjarvis import paths
-from openjarvis.cli import CONTEXT_SETTINGS
+from openjarvis.cli import CONTEXT_SETTINGS, flag_overrides
 from openjarvis.cli.output import emit_json
+from openjarvis.config import load_config
 
 
 def footer(result: dict[str, Any]) -> str:
@@ -43,7 +44,9 @@ def footer(result: dict[str, Any]) -> str:
 @click.option(
     "--yes", "-y", is_flag=True, help="Confirm sending to a cloud target when the policy asks (router.cloud = ask)."
 )
+@click.pass_context
 def ask(
+    ctx: click.Context,
     question: tuple[str, ...],
     workspace: Path | None,
     resume: bool,
@@ -69,6 +72,10 @@ def ask(
 
     root = (workspace or paths.find_workspace_root() or Path.cwd()).resolve()
     params: dict[str, Any] = {"workspace": str(root), "message": " ".join(question)}
+    overrides = flag_overrides(ctx)
+    if max_tokens is None and "generation.max_tokens" in overrides:
+        # A running daemon answers with its own configuration: send what `-c` asked for.
+        max_tokens = load_config(overrides=overrides).generation.max_tokens
     if max_tokens:
         params["max_tokens"] = max_tokens
     if route:

@@ -186,6 +186,11 @@ def test_jarvis_ask_streams_plain_text_sources_and_footer(
         convs = c.call("conversations/list", {"workspace": str(tiny_daemon)})["conversations"]
     assert len(convs) == 1 and convs[0]["messages"] == 4  # --continue joined the first conversation
     assert result["conversation"] == convs[0]["id"]
+    # `-c generation.max_tokens` reaches the running daemon (it answers with its own config)
+    assert main(["-c", "generation.max_tokens=3", "ask", "--json", "explain", "everything"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["tokens"] == 3
+    assert main(["-c", "generation.max_tokens=many", "ask", "x"]) != 0
+    assert "generation.max_tokens" in capsys.readouterr().err
     with open_history() as db:  # the streamed text printed is exactly the stored answer
         first = db.messages(convs[0]["id"])[1].content
     assert out.startswith(first)
