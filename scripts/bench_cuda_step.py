@@ -4,10 +4,12 @@ Run on the lent H200 (``device`` tool): ``python3 scripts/bench_cuda_step.py --o
 In one process:
 
 1. build: the kernel compiled with NVRTC and with nvcc (where each is found), build times;
-2. correctness (0.5B and 1.5B shapes, random bf16 weights): a 64-token prompt through the
-   Triton step, then 16 one-token steps through the CUDA step, against a float32 reference of
-   the same weights; the Triton one-token step over the same tokens beside it; the CUDA step
-   replayed at one position must give bit-identical logits; every logit is poisoned first;
+2. correctness (0.5B and 1.5B shapes, random bf16 weights): a prompt through the Triton step,
+   then one-token steps through the CUDA step (``CHECKS``: cooperative and plain launches,
+   multi-tile attention, 40 blocks), against a float32 reference of the same weights, at
+   positions 64-79 and 4094-4098; the Triton one-token step over the same tokens beside it;
+   the CUDA step replayed at one position must give bit-identical logits; every logit is
+   poisoned first;
 3. timing: one-token steps at positions 512 and 4096, CUDA step against the default Triton
    step, in CUDA graphs, in alternating rounds (the machine drifts); each round the median of
    7 x 50 replays, the figure the fastest round; the ratio and the share of the bandwidth
@@ -65,40 +67,55 @@ def builds() -> dict[str, Any]:
     return out
 
 
-def correctness(a: ModelArgs, name: str, n_prompt: int = 64, n_steps: int = 16) -> dict[str, Any]:
+#: CUDA-step variants the correctness check runs beside the Triton step (``use_cuda_step``
+#: arguments): the default; a plain (not cooperative) launch; 2 splits of 32-position tiles, so
+#: an item spans several tiles; 40 blocks, as on a smaller GPU (more attention items than
+#: blocks, another partition of every matrix).
+CHECKS: dict[str, dict[str, Any]] = {
+    "cuda": {},
+    "cuda_plain_launch": {"cooperative": False},
+    "cuda_multitile": {"extra": {"SPLITS": 2, "ATILE": 32}},
+    "cuda_blocks40": {"blocks": 40},
+}
+
+
+def correctness(a: ModelArgs, name: str, n_prompt: int = 64, n_steps: int = 16,
+                checks: tuple[str, ...] = tuple(CHECKS)) -> dict[str, Any]:
+    """A prompt through the Triton step, then one-token steps (Triton, and each CUDA variant)
+    against a float32 reference of the same weights; logits poisoned before every step."""
     w16 = random_weights(a, torch.bfloat16, "cuda", seed=7)
     w32 = cast(w16, torch.float32)
     n = n_prompt + n_steps
+    n_pos = max(256, n + 64)
     seq = torch.randint(0, a.n_vocab, (n,), generator=torch.Generator().manual_seed(1)).tolist()
-    ref = Runner(Transformer(a, w32, n_pos=256), 128, kernels="torch", graphs=False).logits(seq, 0)
-    del w32
-    res: dict[str, Any] = {}
-    # cuda_multitile: 2 splits of 32-position tiles, so an item spans several tiles (the
-    # online softmax across tiles, which the real pair only reaches past 4096 positions)
-    for kind in ("triton", "cuda", "cuda_multitile"):
-        r = Runner(Transformer(a, w16, n_pos=256), 128, kernels="triton")
-        if kind.startswith("cuda"):
-            r.use_cuda_step(extra={"SPLITS": 2, "ATILE": 32} if kind == "cuda_multitile" else None)
+    ref = Runner(Transformer(a, w32, n_pos=n_pos), n + 32, kernels="torch", graphs=False)
+    base = ref.logits(seq, 0)[n_prompt:n].double()
+    del ref, w32
+    torch.cuda.empty_cache()
+    res: dict[str, Any] = {"positions": [n_prompt, n - 1]}
+    for kind in ("triton", *checks):
+        r = Runner(Transformer(a, w16, n_pos=n_pos), n + 32, kernels="triton")
+        if kind != "triton":
+            r.use_cuda_step(**CHECKS[kind])
             res["compiler"] = r.cuda_step.compiler if r.cuda_step else None
         r.logits(seq[:n_prompt], 0)
         rows = []
         for i in range(n_prompt, n):
-            ws = r._workspace(1)
-            ws.logits.fill_(float("nan"))  # poison: every element must be written
+            r._workspace(1).logits.fill_(float("nan"))  # poison: every element must be written
             rows.append(r.logits(seq[i : i + 1], i).clone())
         out = torch.cat(rows)
-        base = ref[n_prompt:n].double()
         res[kind] = {
             "rel_err": float((out.double() - base).norm() / base.norm()),
-            "top1": float((out.argmax(-1) == ref[n_prompt:n].argmax(-1)).float().mean()),
+            "top1": float((out.argmax(-1) == base.argmax(-1)).float().mean()),
             "finite": bool(torch.isfinite(out).all()),
         }
-        if kind.startswith("cuda"):  # replays at one position: bit-identical
+        if kind != "triton":  # replays at one position: bit-identical
             again = [r.logits(seq[n - 1 : n], n - 1).clone() for _ in range(3)]
             res[kind]["replays_identical"] = all(torch.equal(again[0], x) for x in again)
             res[kind]["matches_first_run"] = bool(torch.equal(again[0], rows[-1]))
-        log("correctness", name, kind, res[kind])
+        log("correctness", name, f"@{n_prompt}-{n - 1}", kind, res[kind])
         del r
+        torch.cuda.empty_cache()
     return res
 
 
@@ -143,6 +160,8 @@ def main() -> int:
     ap.add_argument("--positions", default="512,4096")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip", default="", help="comma list of: build,correct,time")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time variants that leave out a part (what each part costs)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     positions = [int(x) for x in args.positions.split(",")]
@@ -160,6 +179,10 @@ def main() -> int:
     if "correct" not in skip:
         steps.append(("correct_0.5B", lambda: correctness(QWEN25_0_5B, "0.5B")))
         steps.append(("correct_1.5B", lambda: correctness(QWEN25_1_5B, "1.5B")))
+        # across position 4096, where a split's positions outgrow one 128-position tile
+        for a_, n_ in ((QWEN25_0_5B, "0.5B"), (QWEN25_1_5B, "1.5B")):
+            steps.append((f"correct_{n_}_long", functools.partial(
+                correctness, a_, n_, 4094, 5, ("cuda", "cuda_blocks40"))))
     if "time" not in skip:
         def tm() -> dict[str, Any]:
             bw = copy_bandwidth()
@@ -170,7 +193,7 @@ def main() -> int:
                 "no_prep": {"extra": {"TIME_NO_PREP": 1}},
                 "no_attn": {"extra": {"TIME_NO_ATTN": 1}},
                 "no_sync_no_attn": {"extra": t_},
-            }
+            } if args.breakdown else {}
             out["1.5B"] = timing(QWEN25_1_5B, "1.5B", bw, positions, args.rounds, extra)
             torch.cuda.empty_cache()
             out["0.5B"] = timing(QWEN25_0_5B, "0.5B", bw, positions, args.rounds, extra)

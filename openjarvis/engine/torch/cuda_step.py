@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from openjarvis.engine.torch.model import Transformer
 SOURCE = Path(__file__).with_name("csrc") / "decode_step.cu"
 #: Consumer warps per block (the producer is one more warp).
 NCW = 8
+THREADS = NCW * 32 + 32
 #: Attention splits per kv head: NKV * SPLITS blocks share a layer's attention.
 SPLITS = 32
 #: Positions per attention tile (``ATILE`` in the source).
@@ -90,10 +92,12 @@ def _shape(n_rows: int, k: int, cap: int, sms: int, split: bool) -> tuple[int, i
 
 
 def plan(a: ModelArgs, stage_cap: int = STAGE_BYTES, nstage: int = 0,
-         extra: dict[str, int] | None = None, sms: int = 132) -> Plan:
+         extra: dict[str, int] | None = None, sms: int = 132,
+         smem_limit: int = SMEM_LIMIT) -> Plan:
     """Rows and K chunks per unit for each matrix, and the deepest ring that fits shared
     memory (see ``Kind`` in the source). ``sms``: the blocks (one per SM) the rows are dealt
-    to. ``extra``: more macros (benchmark experiments)."""
+    to; ``smem_limit``: the device's opt-in shared memory per block. ``extra``: more macros
+    (benchmark experiments), checked like the rest."""
     grp, hd = a.group, a.head_dim
     if hd % 64 or grp > 16 or (hd // 2) % NCW or a.n_ff % NCW:
         raise CudaStepError(f"unsupported shape for the CUDA step: {a}")
@@ -103,7 +107,6 @@ def plan(a: ModelArgs, stage_cap: int = STAGE_BYTES, nstage: int = 0,
                                   ("13", a.n_embd, 0, True), ("2", a.n_ff, a.n_embd, False),
                                   ("OUT", a.n_embd, a.n_vocab, False)):
         wpr, rpw = (1, 2) if pair else _shape(n_rows, k, stage_cap, sms, kind != "OUT")
-        assert kind != "OUT" or wpr == 1  # the source has no WPR_OUT
         nr = NCW // wpr
         nkc = _chunks(k, nr * rpw, stage_cap)
         if not pair:
@@ -112,21 +115,55 @@ def plan(a: ModelArgs, stage_cap: int = STAGE_BYTES, nstage: int = 0,
                 d[f"WPR_{kind}"] = wpr
         d[f"NKC_{kind}"] = nkc
         stage = max(stage, nr * rpw * (k // nkc) * 2)
-    xmax = max(a.n_embd, a.n_ff, a.q_dim)
-    if (grp * hd + max(grp * ATILE, NCW * grp * hd) > xmax or (NCW * 32) % ATILE
-            or ATILE % NCW or 2 * grp * SPLITS > xmax):
-        raise CudaStepError("the attention's buffers do not fit the input-vector buffer")
-    fixed = xmax * 4 + 96 * 4  # xs, misc
-    per_stage = stage + 16  # the stage and its two mbarriers
-    depth = nstage or min(16, (SMEM_LIMIT - fixed) // per_stage)
-    if depth < 2 or depth * per_stage + fixed > SMEM_LIMIT:
-        raise CudaStepError("shared memory holds fewer stages than asked for")
+    fixed = _xmax(a) * 4 + MISC * 4
+    depth = nstage or min(16, (smem_limit - fixed) // (stage + 16))
     defines = dict(
         DM=a.n_embd, FF=a.n_ff, NH=a.n_head, NKV=a.n_head_kv, HD=hd, NL=a.n_layer,
         NV=a.n_vocab, NCW=NCW, NSTAGE=depth, STAGE_BYTES=stage, SPLITS=SPLITS, ATILE=ATILE,
         **d,
     ) | (extra or {})
-    return Plan(defines, depth * per_stage + fixed)
+    return Plan(defines, _check_plan(a, defines, smem_limit))
+
+
+def _xmax(a: ModelArgs) -> int:
+    return max(a.n_embd, a.n_ff, a.q_dim)
+
+
+#: Floats of the kernel's ``misc()`` area: reductions and softmax state at 0-48, cross-warp sums
+#: (2 buffers x NCW warps x up to 2 rows) at 64.
+MISC = 96
+
+
+def _check_plan(a: ModelArgs, d: dict[str, int], smem_limit: int) -> int:
+    """Every assumption the source makes about its macros, on the final macros (defaults and
+    overrides alike); returns the dynamic shared memory the kernel lays out."""
+    ncw, atile, splits, hd, grp = d["NCW"], d["ATILE"], d["SPLITS"], a.head_dim, a.group
+    nct = ncw * 32
+    tpp = nct // atile if atile else 0
+    problems = []
+    if atile <= 0 or nct % atile or tpp & (tpp - 1) or tpp > 32 or (hd // 8) % tpp or atile % ncw:
+        problems.append(f"ATILE={atile} must split {nct} threads into a power of two (<= 32) per "
+                        f"position and {ncw} warps evenly")
+    xmax = _xmax(a)
+    if grp * hd + max(grp * atile, ncw * grp * hd) > xmax or 2 * grp * splits > xmax:
+        problems.append("the attention's buffers do not fit the input-vector buffer")
+    if grp > 16 or 64 + 2 * ncw * 2 > MISC:
+        problems.append("the softmax state or the cross-warp sums overflow misc()")
+    units = (("QKV", a.n_embd, a.qkv_dim, 2 * ncw), ("13", a.n_embd, 2 * a.n_ff, 2 * ncw),
+             ("WO", a.q_dim, a.n_embd, 0), ("2", a.n_ff, a.n_embd, 0), ("OUT", a.n_embd, a.n_vocab, 0))
+    for kind, k, n_rows, rows in units:
+        rows = rows or ncw // d.get(f"WPR_{kind}", 1) * d[f"RPW_{kind}"]
+        nkc = d[f"NKC_{kind}"]
+        if n_rows % rows or k % nkc or (k // nkc) % 8 or rows * (k // nkc) * 2 > d["STAGE_BYTES"]:
+            problems.append(f"{kind}: units of {rows} rows x {k // max(nkc, 1)} columns do not tile "
+                            f"the matrix in {d['STAGE_BYTES']}-byte stages")
+    smem = d["NSTAGE"] * (d["STAGE_BYTES"] + 16) + xmax * 4 + MISC * 4
+    if d["NSTAGE"] < 2 or smem > smem_limit:
+        problems.append(f"{d['NSTAGE']} stages need {smem} bytes of shared memory "
+                        f"(this GPU gives a block {smem_limit})")
+    if problems:
+        raise CudaStepError("cannot plan the CUDA step: " + "; ".join(problems))
+    return smem
 
 
 # -- building ---------------------------------------------------------------------------------
@@ -183,40 +220,63 @@ def _compile_nvrtc(lib: ctypes.CDLL, src: str, opts: list[str]) -> bytes:
 def _compile_nvcc(nvcc: str, src: Path, opts: list[str]) -> bytes:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "step.cubin"
-        cmd = [nvcc, "-cubin", "-O3", *opts, "-o", str(out), str(src)]
+        cmd = [nvcc, "-cubin", *opts, "-o", str(out), str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode:
             raise CudaStepError("nvcc could not compile the CUDA step: " + proc.stderr[-2000:])
         return out.read_bytes()
 
 
+def _nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    return found or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+
+
+def _nvrtc_version(lib: ctypes.CDLL) -> str:
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    return f"nvrtc {major.value}.{minor.value}"
+
+
+def _nvcc_version(nvcc: str) -> str:
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False).stdout
+    return "nvcc " + (out.strip().splitlines() or ["?"])[-1]
+
+
 def build(p: Plan, arch: str = "sm_90", compiler: str = "auto") -> tuple[bytes, str]:
-    """The cubin for ``p`` (cached), and the compiler that made it ("nvrtc" or "nvcc")."""
+    """The cubin for ``p``, and how it was had ("nvrtc", "nvcc", or either + " (cached)").
+
+    ``compiler``: "auto" (NVRTC where found, else nvcc), "nvrtc" or "nvcc". The cache key is
+    the source, the macros, the target, the compiler and its version and options, so a binary
+    is never reused across any of them."""
     src = SOURCE.read_text()
     defs = [f"-D{k}={v}" for k, v in sorted(p.defines.items())]
-    key = hashlib.sha256((src + " ".join(defs) + arch).encode()).hexdigest()[:24]
-    cached = _cache_dir() / f"decode_step-{key}.cubin"
-    if cached.is_file() and compiler == "auto":
-        return cached.read_bytes(), "cache"
     lib = _nvrtc() if compiler in ("auto", "nvrtc") else None
+    nvcc = _nvcc() if lib is None and compiler in ("auto", "nvcc") else None
     if lib is not None:
-        cubin = _compile_nvrtc(lib, src, [f"--gpu-architecture={arch}", "-std=c++17", *defs])
-        how = "nvrtc"
+        kind, version, opts = "nvrtc", _nvrtc_version(lib), [f"--gpu-architecture={arch}", "-std=c++17"]
+    elif nvcc is not None:
+        kind, version, opts = "nvcc", _nvcc_version(nvcc), [f"-arch={arch}", "-O3"]
     else:
-        nvcc = shutil.which("nvcc") or (
-            "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
-        if nvcc is None or compiler == "nvrtc":
-            raise CudaStepError("no CUDA compiler: install PyTorch's CUDA wheels (NVRTC) or nvcc")
-        cubin = _compile_nvcc(nvcc, SOURCE, [f"-arch={arch}", *defs])
-        how = "nvcc"
+        wanted = "NVRTC" if compiler == "nvrtc" else "nvcc" if compiler == "nvcc" else "a CUDA compiler"
+        raise CudaStepError(f"no {wanted} found: install PyTorch's CUDA wheels (NVRTC) or the CUDA toolkit")
+    key = hashlib.sha256("\0".join([src, *defs, arch, version, *opts]).encode()).hexdigest()[:24]
+    cached = _cache_dir() / f"decode_step-{key}.cubin"
+    if cached.is_file():
+        return cached.read_bytes(), f"{kind} (cached)"
+    if lib is not None:
+        cubin = _compile_nvrtc(lib, src, [*opts, *defs])
+    else:
+        assert nvcc is not None
+        cubin = _compile_nvcc(nvcc, SOURCE, [*opts, *defs])
     try:  # a cache that cannot be written only costs the next start a compile
         cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp = cached.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_bytes(cubin)
         tmp.replace(cached)
     except OSError:
         pass
-    return cubin, how
+    return cubin, kind
 
 
 # -- loading and launching through the driver API --------------------------------------------
@@ -234,6 +294,27 @@ class _Params(ctypes.Structure):
         ("cache_s", ctypes.c_int64), ("eps", ctypes.c_float), ("scale", ctypes.c_float)]
 
 
+class _LaunchAttr(ctypes.Structure):
+    """``CUlaunchAttribute``: an id, padding to 8 bytes, a 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),  # noqa: RUF012
+                ("rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` of ``cuLaunchKernelEx``."""
+
+    _fields_ = [  # noqa: RUF012
+        ("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+        ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+        ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_LaunchAttr)), ("n_attrs", ctypes.c_uint)]
+
+
+#: ``CU_LAUNCH_ATTRIBUTE_COOPERATIVE``: the driver starts every block at once or refuses.
+_COOPERATIVE = 2
+
+
 def _driver() -> ctypes.CDLL:
     try:
         return ctypes.CDLL("libcuda.so.1")
@@ -249,11 +330,17 @@ def _check(lib: ctypes.CDLL, rc: int, what: str) -> None:
 
 
 class DecodeStep:
-    """The compiled kernel bound to one model's weights, RoPE table and KV cache."""
+    """The compiled kernel bound to one model's weights, RoPE table and KV cache.
+
+    ``blocks``: the grid (default one block per SM; fewer for tests of other GPUs' shapes).
+    ``cooperative``: launch so that the driver starts every block at once or refuses (the
+    grid barriers would spin forever on a block that never starts: another process's kernels
+    under MPS, a partitioned GPU); a plain launch otherwise."""
 
     def __init__(self, model: Transformer, cache: KVCache, *, compiler: str = "auto",
                  nstage: int = 0, stage_cap: int = STAGE_BYTES,
-                 extra: dict[str, int] | None = None) -> None:
+                 extra: dict[str, int] | None = None, blocks: int = 0,
+                 cooperative: bool = True) -> None:
         dev = model.device
         if dev.type != "cuda":
             raise CudaStepError("the CUDA step needs a CUDA device")
@@ -263,8 +350,12 @@ class DecodeStep:
         if model.dtype != torch.bfloat16:
             raise CudaStepError("the CUDA step runs bfloat16 weights only")
         a = self.args = model.args
-        self.sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        self.plan = plan(a, stage_cap, nstage, extra, self.sms)
+        props = torch.cuda.get_device_properties(dev)
+        self.device = dev
+        self.blocks = blocks or props.multi_processor_count
+        self.cooperative = cooperative
+        smem_limit = int(getattr(props, "shared_memory_per_block_optin", SMEM_LIMIT))
+        self.plan = plan(a, stage_cap, nstage, extra, self.blocks, smem_limit)
         self.cubin, self.compiler = build(self.plan, f"sm_{cap[0]}{cap[1]}", compiler)
         w = model.weights
         f32 = torch.float32
@@ -286,10 +377,13 @@ class DecodeStep:
             tensors += lt
             rows.append([t.data_ptr() for t in lt])
         for t in tensors:
-            if not t.is_contiguous() or t.data_ptr() % 16:
-                raise CudaStepError("the CUDA step needs contiguous, 16-byte aligned tensors")
+            if not t.is_contiguous() or t.data_ptr() % 16 or t.device != dev:
+                raise CudaStepError("the CUDA step needs contiguous, 16-byte aligned tensors on "
+                                    "the model's device")
         self.wtab = torch.tensor(rows, dtype=torch.int64).to(dev)
-        self._keep = (model, cache)  # the kernel reads their memory: keep it alive
+        # The kernel reads these addresses: hold the tensors themselves, so that a later
+        # re-layout of the model (megakernel.stack_layers) cannot free memory under it.
+        self._keep = (model, cache, tensors)
         self._params = _Params(
             wtab=self.wtab.data_ptr(), emb=w.tok_emb.data_ptr(), out_w=w.out.data_ptr(),
             out_norm=w.out_norm.data_ptr(), inputs=0, rope=model.rope.data_ptr(),
@@ -299,33 +393,40 @@ class DecodeStep:
             counters=self.counters.data_ptr(), cache_s=cache.capacity, eps=a.rms_eps,
             scale=a.head_dim**-0.5)
         self._lib = _driver()
-        torch.cuda.current_stream(dev).synchronize()  # the primary context is current here
-        mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
-        _check(self._lib, self._lib.cuModuleLoadData(ctypes.byref(mod), self.cubin),
-               "loading the CUDA step")
-        _check(self._lib, self._lib.cuModuleGetFunction(ctypes.byref(fn), mod, b"decode_step"),
-               "finding decode_step")
-        self._module, self._fn = mod, fn
-        _check(self._lib, self._lib.cuFuncSetAttribute(fn, 8, self.plan.smem),  # max dyn. smem
-               "reserving shared memory")
-        occ = ctypes.c_int()
-        _check(self._lib, self._lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            ctypes.byref(occ), fn, NCW * 32 + 32, ctypes.c_size_t(self.plan.smem)),
-            "reading occupancy")
-        if occ.value < 1:  # the grid barrier spins forever unless every block is resident
-            raise CudaStepError("a block of the CUDA step does not fit one SM")
+        with torch.cuda.device(dev):  # the driver calls below use the current context
+            torch.cuda.current_stream(dev).synchronize()  # the primary context exists now
+            mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+            _check(self._lib, self._lib.cuModuleLoadData(ctypes.byref(mod), self.cubin),
+                   "loading the CUDA step")
+            _check(self._lib, self._lib.cuModuleGetFunction(ctypes.byref(fn), mod, b"decode_step"),
+                   "finding decode_step")
+            self._module, self._fn = mod, fn
+            _check(self._lib, self._lib.cuFuncSetAttribute(fn, 8, self.plan.smem),  # max dyn. smem
+                   "reserving shared memory")
+            occ = ctypes.c_int()
+            _check(self._lib, self._lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                ctypes.byref(occ), fn, THREADS, ctypes.c_size_t(self.plan.smem)),
+                "reading occupancy")
+        if occ.value < 1 or self.blocks > occ.value * props.multi_processor_count:
+            raise CudaStepError(f"{self.blocks} blocks of the CUDA step do not fit this GPU at once")
+        self._attr = _LaunchAttr(id=_COOPERATIVE, value=1)
 
     def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
         """Run one token: ``inputs`` is int64 ``[2]`` (position, token) on the device; returns
         the logits ``[1, V]`` (a buffer the next call overwrites)."""
         self.counters.zero_()
         self._params.inputs = inputs.data_ptr()
-        arg = ctypes.c_void_p(ctypes.addressof(self._params))
-        argv = (ctypes.c_void_p * 1)(arg)
-        stream = torch.cuda.current_stream(inputs.device).cuda_stream
-        _check(self._lib, self._lib.cuLaunchKernel(
-            self._fn, self.sms, 1, 1, NCW * 32 + 32, 1, 1, self.plan.smem,
-            ctypes.c_void_p(stream), argv, None), "launching the CUDA step")
+        argv = (ctypes.c_void_p * 1)(ctypes.c_void_p(ctypes.addressof(self._params)))
+        with torch.cuda.device(self.device):
+            stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
+            if self.cooperative:
+                cfg = _LaunchConfig(self.blocks, 1, 1, THREADS, 1, 1, self.plan.smem, stream,
+                                    ctypes.pointer(self._attr), 1)
+                rc = self._lib.cuLaunchKernelEx(ctypes.byref(cfg), self._fn, argv, None)
+            else:
+                rc = self._lib.cuLaunchKernel(self._fn, self.blocks, 1, 1, THREADS, 1, 1,
+                                              self.plan.smem, stream, argv, None)
+        _check(self._lib, rc, "launching the CUDA step")
         return self.logits
 
 

@@ -127,6 +127,7 @@ class Runner:
         #: One-token steps as one persistent CUDA kernel (``cuda_step.DecodeStep``, sm_90+);
         #: set by ``use_cuda_step``. Bit-identical from run to run, like deterministic steps.
         self.cuda_step: DecodeStep | None = None
+        self._cuda_step_kwargs: dict[str, object] = {}
         if self.kernels == "triton" and on_cuda:
             from openjarvis.engine.torch.kernels import pdl_supported
             from openjarvis.engine.torch.tuning import (
@@ -165,6 +166,8 @@ class Runner:
         self.mega = cfg or MegaConfig()
         self.mega_max_t = max_t
         self._steps.clear()
+        if self.cuda_step is not None:  # bound to the old layout: rebind to the stacked one
+            self.use_cuda_step(**self._cuda_step_kwargs)
 
     def use_cuda_step(self, **kwargs: object) -> None:
         """Run one-token steps with the persistent CUDA kernel (``cuda_step.py``): compiles it
@@ -173,6 +176,7 @@ class Runner:
         from openjarvis.engine.torch.cuda_step import DecodeStep
 
         self.cuda_step = DecodeStep(self.model, self.cache, **kwargs)  # type: ignore[arg-type]
+        self._cuda_step_kwargs = kwargs
         self._steps.pop(1, None)
 
     def uniform_pdl(self, mode: int = 0) -> None:

@@ -82,6 +82,26 @@ def test_the_plan_defines_every_macro_the_source_uses() -> None:
         assert not missing, f"the plan does not define {sorted(missing)}"
 
 
+def test_overrides_are_checked_like_the_defaults() -> None:
+    with pytest.raises(C.CudaStepError, match="ATILE=48 must split 256 threads"):
+        C.plan(QWEN25_1_5B, extra={"ATILE": 48})
+    with pytest.raises(C.CudaStepError, match="40 stages need .* bytes of shared memory"):
+        C.plan(QWEN25_1_5B, extra={"NSTAGE": 40})
+    with pytest.raises(C.CudaStepError, match="this GPU gives a block 100000"):
+        C.plan(QWEN25_1_5B, smem_limit=100_000, nstage=7)
+    assert C.plan(QWEN25_1_5B, smem_limit=100_000).defines["NSTAGE"] < 7  # a shallower ring fits
+
+
+def test_the_host_params_match_the_kernel_struct_field_for_field() -> None:
+    body = re.search(r"struct Params \{(.*?)\};", C.SOURCE.read_text(), re.S)
+    assert body is not None
+    fields = re.findall(r"^\s*(u64|long long|float)\s+(\w+);", body.group(1), re.M)
+    ctypes_of = {"u64": "c_ulong", "long long": "c_long", "float": "c_float"}
+    host = [(name, t.__name__) for name, t in C._Params._fields_]
+    assert host == [(name, ctypes_of[t]) for t, name in fields]
+    assert C.ctypes.sizeof(C._Params) == 8 * (len(fields) - 2) + 8  # two floats share 8 bytes
+
+
 def test_an_unsupported_shape_is_refused_with_the_reason() -> None:
     tiny = ModelArgs("qwen2", n_layer=2, n_embd=64, n_ff=96, n_head=4, n_head_kv=2, n_vocab=97)
     with pytest.raises(C.CudaStepError, match="unsupported shape"):
@@ -117,9 +137,14 @@ def test_nvcc_builds_the_kernel_for_the_real_pair_and_caches_it(
         p = C.plan(a)
         cubin, how = C.build(p, "sm_90", "nvcc")
         assert cubin[:4] == b"\x7fELF" and how == "nvcc"
-        again, how2 = C.build(p, "sm_90", "auto")
-        assert again == cubin and how2 == "cache"
+        again, how2 = C.build(p, "sm_90", "nvcc")
+        assert again == cubin and how2 == "nvcc (cached)"
     assert len(list((tmp_path / "openjarvis" / "cuda").glob("*.cubin"))) == 2
+    # another macro or another target is another binary, never the cached one
+    other = C.Plan(C.plan(QWEN25_0_5B).defines | {"SPLITS": 16}, 0)
+    assert C.build(other, "sm_90", "nvcc")[1] == "nvcc"
+    assert C.build(C.plan(QWEN25_0_5B), "sm_100", "nvcc")[1] == "nvcc"
+    assert len(list((tmp_path / "openjarvis" / "cuda").glob("*.cubin"))) == 4
 
 
 @needs_nvcc
