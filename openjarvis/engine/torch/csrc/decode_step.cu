@@ -211,16 +211,15 @@ __device__ __forceinline__ int n_units() {
          : KIND == K_2 ? DM / rows : NV / rows;
 }
 
-// Units [u0, u1) of this block (us = 1: a step kept so the loops read as strided ones did;
-// dealing units round-robin measured the same, runs 29-31). The block order is rotated by
-// layer so that the blocks that get one unit more are not the same in every layer.
+// Units [u0, u1) of this block: one contiguous range (dealing units round-robin measured the
+// same, runs 29-31). The block order is rotated by layer so that the blocks that get one unit
+// more are not the same in every layer.
 template <int KIND>
-__device__ __forceinline__ void my_units(int l, int* u0, int* u1, int* us) {
+__device__ __forceinline__ void my_units(int l, int* u0, int* u1) {
   const int n = n_units<KIND>();
   const int b = (blockIdx.x + l * 37) % gridDim.x;
   *u0 = (int)((u32)(n * b) / gridDim.x);  // 32-bit: n * grid stays far below 2^31
   *u1 = (int)((u32)(n * (b + 1)) / gridDim.x);
-  *us = 1;
 }
 
 // Matrix row of row (j, w) of unit u.
@@ -272,9 +271,9 @@ __device__ void load_matrix(const bf16_t* w, int l, Prod& st) {
   constexpr u32 SEG = KC * 2u;  // bytes of one row's chunk
   constexpr u32 BYTES = SEG * RPW * NR;
   const int lane = threadIdx.x % 32;
-  int u0, u1, us;
-  my_units<KIND>(l, &u0, &u1, &us);
-  for (int u = u0; u < u1; u += us) {
+  int u0, u1;
+  my_units<KIND>(l, &u0, &u1);
+  for (int u = u0; u < u1; ++u) {
     for (int kc = 0; kc < NKC; ++kc) {
       u64* bar = full_bar(st.slot);
       if (lane == 0) {
@@ -685,7 +684,7 @@ __device__ void consumer(const Params& p) {
   const float* rope = (const float*)p.rope + (size_t)pos * HD;  // [HD/2][2] at pos
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   Cursor c{0, 0u, 0};
-  int u0, u1, us;
+  int u0, u1;
   for (int l = 0; l < NL; ++l) {
     const u64* lw = wtab + l * 7;
     // -- qkv + bias + RoPE + cache write
@@ -707,9 +706,9 @@ __device__ void consumer(const Params& p) {
       }
     }
 #endif
-    my_units<K_QKV>(l, &u0, &u1, &us);
+    my_units<K_QKV>(l, &u0, &u1);
     if (u1 > u0) load_normed(h, l == 0 ? emb_row : nullptr, (const bf16_t*)lw[5], p.eps);
-    for (int u = u0; u < u1; u += us) {
+    for (int u = u0; u < u1; ++u) {
       const int a = row_of<K_QKV>(u, 0, warp), head = a / HD, i = a % HD;
       const bf16_t* bias = (const bf16_t*)lw[1];
       float b1 = 0.f, b2 = 0.f, cs = 1.f, sn = 0.f;
@@ -759,9 +758,9 @@ __device__ void consumer(const Params& p) {
 #endif
     grid_sync(bar + l * NBAR_LAYER + 1);
     // -- o-projection + residual
-    my_units<K_WO>(l, &u0, &u1, &us);
+    my_units<K_WO>(l, &u0, &u1);
     if (u1 > u0) load_vec<QD>((const float*)p.attn);
-    for (int u = u0; u < u1; u += us) {
+    for (int u = u0; u < u1; ++u) {
       float base[RPW_WO], acc[RPW_WO];
       const bool own = owns_row<K_WO>();
 #pragma unroll
@@ -776,9 +775,9 @@ __device__ void consumer(const Params& p) {
     }
     grid_sync(bar + l * NBAR_LAYER + 2);
     // -- RMSNorm + gate/up + SiLU * up
-    my_units<K_13>(l, &u0, &u1, &us);
+    my_units<K_13>(l, &u0, &u1);
     if (u1 > u0) load_normed(h, nullptr, (const bf16_t*)lw[6], p.eps);
-    for (int u = u0; u < u1; u += us) {
+    for (int u = u0; u < u1; ++u) {
       float acc[2];
       unit_dots<K_13>(c, acc);
       if (lane == 0)
@@ -786,9 +785,9 @@ __device__ void consumer(const Params& p) {
     }
     grid_sync(bar + l * NBAR_LAYER + 3);
     // -- down-projection + residual
-    my_units<K_2>(l, &u0, &u1, &us);
+    my_units<K_2>(l, &u0, &u1);
     if (u1 > u0) load_vec<FF>((const float*)p.act);
-    for (int u = u0; u < u1; u += us) {
+    for (int u = u0; u < u1; ++u) {
       float base[RPW_2], acc[RPW_2];
       const bool own = owns_row<K_2>();
 #pragma unroll
@@ -802,10 +801,10 @@ __device__ void consumer(const Params& p) {
     grid_sync(bar + l * NBAR_LAYER + 4);
   }
   // -- final norm + output projection
-  my_units<K_OUT>(NL, &u0, &u1, &us);
+  my_units<K_OUT>(NL, &u0, &u1);
   if (u1 > u0) load_normed(h, nullptr, (const bf16_t*)p.out_norm, p.eps);
   float* logits = (float*)p.logits;
-  for (int u = u0; u < u1; u += us) {
+  for (int u = u0; u < u1; ++u) {
     float acc[RPW_OUT];
     unit_dots<K_OUT>(c, acc);
     if (lane == 0)
