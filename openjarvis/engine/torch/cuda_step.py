@@ -43,11 +43,12 @@ SOURCE = Path(__file__).with_name("csrc") / "decode_step.cu"
 #: Consumer warps per block (the producer is one more warp).
 NCW = 8
 THREADS = NCW * 32 + 32
-#: Attention splits per kv head: NKV * SPLITS blocks share a layer's attention.
+#: Most attention splits per kv head (the kernel uses one per 32 positions up to this):
+#: up to NKV * SPLITS blocks share a layer's attention.
 SPLITS = 32
 #: Positions per attention tile (``ATILE`` in the source).
 ATILE = 128
-#: Bytes of one ring stage; rows per stage are the most that fit (at most 16).
+#: Most bytes of one ring stage; a unit (NCW warps' rows, or a K chunk of them) must fit.
 STAGE_BYTES = 28672
 #: Dynamic shared memory a block may ask for on sm_90 (227 KB).
 SMEM_LIMIT = 232448
