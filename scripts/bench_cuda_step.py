@@ -154,17 +154,103 @@ def timing(a: ModelArgs, name: str, bw: float, positions: list[int], rounds: int
     return res
 
 
+#: Trace points (``decode_step.cu``, TRACE): name -> point index, times are relative to the
+#: layer's first block start; "max" is the last block to get there (the critical path).
+TRACE_MAX = {"qkv_in": 1, "qkv_done": 2, "attn_ready": 3, "item_done": 4, "merge_done": 5,
+             "bar1": 6, "wo_in": 7, "wo_done": 8, "bar2": 9, "w13_in": 10, "w13_done": 11,
+             "bar3": 12, "w2_in": 13, "w2_done": 14, "bar4": 15}
+TRACE_PRODUCER = {"prod_qkv": 16, "prod_wo": 17, "prod_w13": 18, "prod_w2": 19}
+#: Inside the block's first attention item: the median block, µs after it saw its head ready.
+TRACE_ITEM = {"scores": 20, "softmax": 21, "values": 22, "stored": 23, "counted": 4}
+TRACE_WAITS = {"wait_qkv": 24, "wait_wo": 25, "wait_w13": 26, "wait_w2": 27}
+
+
+def summarize_trace(t: torch.Tensor, nl: int) -> dict[str, Any]:
+    """Medians over the middle layers of a TRACE build's stamps ``t`` [nl + 1, points, blocks]
+    (see ``trace``)."""
+    tf = t.double()
+    mid = range(2, nl - 2)
+    base = torch.stack([tf[layer, 0][tf[layer, 0] > 0].min() for layer in range(nl + 1)])
+    row: dict[str, Any] = {"layer_us": float((base[3:nl] - base[2:nl - 1]).median() / 1e3),
+                           "step_us": float((tf[nl, 2].max() - base[0]) / 1e3),
+                           "head_us": float((tf[nl, 2].max() - base[nl]) / 1e3)}
+
+    def med(vals: list[float]) -> float:
+        return float(torch.tensor(vals).median())
+
+    for key, k in {**TRACE_MAX, **TRACE_PRODUCER}.items():
+        v = [float(tf[layer, k][tf[layer, k] > 0].max() - base[layer]) / 1e3 for layer in mid
+             if (tf[layer, k] > 0).any()]
+        if v:
+            row[key] = round(med(v), 2)
+        if key in TRACE_PRODUCER:
+            vmin = [float(tf[layer, k][tf[layer, k] > 0].min() - base[layer]) / 1e3 for layer in mid]
+            row[key + "_first"] = round(med(vmin), 2)
+    for key, k in TRACE_ITEM.items():
+        vi = []
+        for layer in mid:
+            ok = (tf[layer, 3] > 0) & (tf[layer, k] > 0)
+            if ok.any():
+                vi.append(float(((tf[layer, k] - tf[layer, 3])[ok]).median()) / 1e3)
+        if vi:
+            row["item_" + key] = round(med(vi), 2)
+    for key, k in TRACE_WAITS.items():
+        row[key] = round(med([float(tf[layer, k].median()) / 1e3 for layer in mid]), 2)
+    return row
+
+
+def trace(a: ModelArgs, name: str, positions: list[int], out: Path,
+          builds: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One traced step per position (a TRACE build: %globaltimer at every phase boundary of
+    every block): per layer, when the last block reached each point, in µs from the layer's
+    start (median over the middle layers); how long consumers waited for weights per phase;
+    where the producer was. ``builds``: {variant: use_cuda_step kwargs}. The raw stamps go to
+    ``out``/trace_<model>_<variant>_<pos>.pt."""
+    n_ctx = max(positions) + 64
+    w = random_weights(a, torch.bfloat16, "cuda", seed=0)
+    model = Transformer(a, w, n_pos=n_ctx + 64)
+    res: dict[str, Any] = {}
+    for variant, kwargs in builds.items():
+        r = Runner(model, n_ctx, kernels="triton")
+        kw = dict(kwargs)
+        kw["extra"] = {**kw.get("extra", {}), "TRACE": 1}
+        r.use_cuda_step(**kw)
+        step = r.cuda_step
+        assert step is not None and step.trace is not None
+        for pos in positions:
+            r.step([100], pos)
+            step.trace.zero_()
+            r.replay(1)
+            torch.cuda.synchronize()
+            t = step.trace.cpu()
+            torch.save(t, out / f"trace_{name}_{variant}_{pos}.pt")
+            row = summarize_trace(t, a.n_layer)
+            res[f"{variant}_pos{pos}"] = row
+            log("trace", name, variant, pos, row)
+        del r
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--positions", default="512,4096")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip", default="", help="comma list of: build,correct,time")
+    ap.add_argument("--trace", action="store_true",
+                    help="also one traced step per model and position (phase timeline)")
+    ap.add_argument("--trace-with", default='{"cuda": {}}', help="the traced builds, JSON "
+                    "{variant: use_cuda_step kwargs}")
+    ap.add_argument("--variants", default="{}",
+                    help='more CUDA-step variants, JSON {name: use_cuda_step kwargs}, e.g. '
+                    '{"inflight3": {"extra": {"INFLIGHT": 3}}}: checked and timed beside the rest')
     ap.add_argument("--breakdown", action="store_true",
                     help="also time variants that leave out a part (what each part costs)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     positions = [int(x) for x in args.positions.split(",")]
+    variants: dict[str, dict[str, Any]] = json.loads(args.variants)
+    CHECKS.update(variants)
     skip = set(args.skip.split(","))
     dev = torch.cuda.get_device_properties(0)
     RES["device"] = {"name": dev.name, "sms": dev.multi_processor_count}
@@ -177,12 +263,16 @@ def main() -> int:
     if "build" not in skip:
         steps.append(("build", builds))
     if "correct" not in skip:
-        steps.append(("correct_0.5B", lambda: correctness(QWEN25_0_5B, "0.5B")))
-        steps.append(("correct_1.5B", lambda: correctness(QWEN25_1_5B, "1.5B")))
+        steps.append(("correct_0.5B", lambda: correctness(QWEN25_0_5B, "0.5B", checks=tuple(CHECKS))))
+        steps.append(("correct_1.5B", lambda: correctness(QWEN25_1_5B, "1.5B", checks=tuple(CHECKS))))
         # across position 4096, where a split's positions outgrow one 128-position tile
         for a_, n_ in ((QWEN25_0_5B, "0.5B"), (QWEN25_1_5B, "1.5B")):
             steps.append((f"correct_{n_}_long", functools.partial(
                 correctness, a_, n_, 4094, 5, ("cuda", "cuda_blocks40"))))
+    if args.trace:
+        for a_, n_ in ((QWEN25_1_5B, "1.5B"), (QWEN25_0_5B, "0.5B")):
+            steps.append((f"trace_{n_}", functools.partial(trace, a_, n_, positions, args.out,
+                                                           json.loads(args.trace_with))))
     if "time" not in skip:
         def tm() -> dict[str, Any]:
             bw = copy_bandwidth()
@@ -194,6 +284,7 @@ def main() -> int:
                 "no_attn": {"extra": {"TIME_NO_ATTN": 1}},
                 "no_sync_no_attn": {"extra": t_},
             } if args.breakdown else {}
+            extra.update(variants)
             out["1.5B"] = timing(QWEN25_1_5B, "1.5B", bw, positions, args.rounds, extra)
             torch.cuda.empty_cache()
             out["0.5B"] = timing(QWEN25_0_5B, "0.5B", bw, positions, args.rounds, extra)

@@ -50,6 +50,8 @@ SPLITS = 32
 ATILE = 128
 #: Most bytes of one ring stage; a unit (NCW warps' rows, or a K chunk of them) must fit.
 STAGE_BYTES = 28672
+#: Trace points per layer of a TRACE build (``NTP`` in the source).
+TRACE_POINTS = 28
 #: Dynamic shared memory a block may ask for on sm_90 (227 KB).
 SMEM_LIMIT = 232448
 
@@ -72,6 +74,15 @@ def _chunks(k: int, rows: int, cap: int) -> int:
         if k % n == 0 and (k // n) % 8 == 0 and rows * (k // n) * 2 <= cap:
             return n
     raise CudaStepError(f"no K chunk of {k} fits a {cap}-byte stage")
+
+
+def _pair_wpr(k: int, cap: int, hd: int) -> int:
+    """Warps per row pair of the pair kinds (qkv, gate/up): 2 where that puts whole rows in a
+    stage and one warp per pair cannot, since copies of whole rows are contiguous and long
+    (bulk copies of 1.5 KB row chunks stream at 90 % of what 3 KB ones do: bench_stream.py)."""
+    if _chunks(k, 2 * NCW, cap) > 1 and (hd // 2) % (NCW // 2) == 0 and _chunks(k, NCW, cap) == 1:
+        return 2
+    return 1
 
 
 def _shape(n_rows: int, k: int, cap: int, sms: int, split: bool) -> tuple[int, int]:
@@ -107,20 +118,21 @@ def plan(a: ModelArgs, stage_cap: int = STAGE_BYTES, nstage: int = 0,
     for kind, k, n_rows, pair in (("QKV", a.n_embd, 0, True), ("WO", a.q_dim, a.n_embd, False),
                                   ("13", a.n_embd, 0, True), ("2", a.n_ff, a.n_embd, False),
                                   ("OUT", a.n_embd, a.n_vocab, False)):
-        wpr, rpw = (1, 2) if pair else _shape(n_rows, k, stage_cap, sms, kind != "OUT")
+        wpr, rpw = (_pair_wpr(k, stage_cap, hd), 2) if pair else _shape(n_rows, k, stage_cap, sms,
+                                                                      kind != "OUT")
         nr = NCW // wpr
         nkc = _chunks(k, nr * rpw, stage_cap)
         if not pair:
             d[f"RPW_{kind}"] = rpw
-            if kind != "OUT":
-                d[f"WPR_{kind}"] = wpr
+        if kind != "OUT":
+            d[f"WPR_{kind}"] = wpr
         d[f"NKC_{kind}"] = nkc
         stage = max(stage, nr * rpw * (k // nkc) * 2)
     fixed = _xmax(a) * 4 + MISC * 4
     depth = nstage or min(16, (smem_limit - fixed) // (stage + 16))
     defines = dict(
         DM=a.n_embd, FF=a.n_ff, NH=a.n_head, NKV=a.n_head_kv, HD=hd, NL=a.n_layer,
-        NV=a.n_vocab, NCW=NCW, NSTAGE=depth, STAGE_BYTES=stage, SPLITS=SPLITS, ATILE=ATILE,
+        NV=a.n_vocab, NCW=NCW, NSTAGE=depth, STAGE_BYTES=stage, SPLITS=SPLITS, ATILE=ATILE, UB=UB,
         **d,
     ) | (extra or {})
     return Plan(defines, _check_plan(a, defines, smem_limit))
@@ -130,9 +142,11 @@ def _xmax(a: ModelArgs) -> int:
     return max(a.n_embd, a.n_ff, a.q_dim)
 
 
+#: Units a consumer batch takes (``UB`` in the source: one reduction tail a batch).
+UB = 4
 #: Floats of the kernel's ``misc()`` area: reductions and softmax state at 0-48, cross-warp sums
-#: (2 buffers x NCW warps x up to 2 rows) at 64.
-MISC = 96
+#: (2 buffers x NCW warps x UB units x up to 2 rows) at 64.
+MISC = 64 + 2 * NCW * UB * 2
 
 
 def _check_plan(a: ModelArgs, d: dict[str, int], smem_limit: int) -> int:
@@ -148,12 +162,17 @@ def _check_plan(a: ModelArgs, d: dict[str, int], smem_limit: int) -> int:
     xmax = _xmax(a)
     if grp * hd + max(grp * atile, ncw * grp * hd) > xmax or 2 * grp * splits > xmax:
         problems.append("the attention's buffers do not fit the input-vector buffer")
-    if grp > 16 or 64 + 2 * ncw * 2 > MISC:
+    for kind in ("QKV", "13"):  # a unit's pairs must not straddle a head
+        if (hd // 2) % (ncw // d[f"WPR_{kind}"]):
+            problems.append(f"WPR_{kind}={d[f'WPR_{kind}']} does not split a head's pairs")
+    if not 0 <= d.get("INFLIGHT", 0) < d["NSTAGE"]:
+        problems.append(f"INFLIGHT={d.get('INFLIGHT')} must be below NSTAGE={d['NSTAGE']}")
+    if grp > 16 or 64 + 2 * ncw * d["UB"] * 2 > MISC or not 1 <= d["UB"] <= 32:
         problems.append("the softmax state or the cross-warp sums overflow misc()")
-    units = (("QKV", a.n_embd, a.qkv_dim, 2 * ncw), ("13", a.n_embd, 2 * a.n_ff, 2 * ncw),
-             ("WO", a.q_dim, a.n_embd, 0), ("2", a.n_ff, a.n_embd, 0), ("OUT", a.n_embd, a.n_vocab, 0))
-    for kind, k, n_rows, rows in units:
-        rows = rows or ncw // d.get(f"WPR_{kind}", 1) * d[f"RPW_{kind}"]
+    units = (("QKV", a.n_embd, a.qkv_dim), ("13", a.n_embd, 2 * a.n_ff), ("WO", a.q_dim, a.n_embd),
+             ("2", a.n_ff, a.n_embd), ("OUT", a.n_embd, a.n_vocab))
+    for kind, k, n_rows in units:
+        rows = ncw // d.get(f"WPR_{kind}", 1) * d.get(f"RPW_{kind}", 2)
         nkc = d[f"NKC_{kind}"]
         if n_rows % rows or k % nkc or (k // nkc) % 8 or rows * (k // nkc) * 2 > d["STAGE_BYTES"]:
             problems.append(f"{kind}: units of {rows} rows x {k // max(nkc, 1)} columns do not tile "
@@ -284,7 +303,7 @@ def build(p: Plan, arch: str = "sm_90", compiler: str = "auto") -> tuple[bytes, 
 
 
 _POINTERS = ("wtab", "emb", "out_w", "out_norm", "inputs", "rope", "kc", "vc", "h", "q", "attn",
-             "act", "part", "logits", "counters")
+             "act", "part", "logits", "counters", "trace")
 
 
 class _Params(ctypes.Structure):
@@ -382,6 +401,11 @@ class DecodeStep:
                 raise CudaStepError("the CUDA step needs contiguous, 16-byte aligned tensors on "
                                     "the model's device")
         self.wtab = torch.tensor(rows, dtype=torch.int64).to(dev)
+        #: TRACE builds (benchmarks): [layer + head, point, block] %globaltimer stamps (ns)
+        self.trace: torch.Tensor | None = None
+        if self.plan.defines.get("TRACE"):
+            self.trace = torch.zeros(a.n_layer + 1, TRACE_POINTS, self.blocks, dtype=torch.int64,
+                                     device=dev)
         # The kernel reads these addresses: hold the tensors themselves, so that a later
         # re-layout of the model (megakernel.stack_layers) cannot free memory under it.
         self._keep = (model, cache, tensors)
@@ -391,7 +415,9 @@ class DecodeStep:
             kc=cache.k.data_ptr(), vc=cache.v.data_ptr(), h=self.h.data_ptr(),
             q=self.q.data_ptr(), attn=self.attn.data_ptr(), act=self.act.data_ptr(),
             part=self.part.data_ptr(), logits=self.logits.data_ptr(),
-            counters=self.counters.data_ptr(), cache_s=cache.capacity, eps=a.rms_eps,
+            counters=self.counters.data_ptr(),
+            trace=0 if self.trace is None else self.trace.data_ptr(),
+            cache_s=cache.capacity, eps=a.rms_eps,
             scale=a.head_dim**-0.5)
         self._lib = _driver()
         with torch.cuda.device(dev):  # the driver calls below use the current context

@@ -58,6 +58,20 @@ typedef unsigned int u32;
 #ifndef TIME_NO_ATTN
 #define TIME_NO_ATTN 0
 #endif
+// TRACE=1: each block's consumer thread 0 and producer lane 0 write %globaltimer at phase
+// boundaries (points below), and the time consumer warp 0 waited for stages in each phase, to
+// Params.trace; for scripts/bench_cuda_step.py --trace. Off, the macros compile to nothing.
+#ifndef TRACE
+#define TRACE 0
+#endif
+// Trace points of a layer (the head is layer NL: 0 start, 1 input ready, 2 done, 16 loaded):
+//  0 start  1 qkv input  2 qkv done  3 attention ready seen  4 item done  5 merge done
+//  6 barrier 1  7 wo input  8 wo done  9 barrier 2  10 w13 input  11 w13 done  12 barrier 3
+//  13 w2 input  14 w2 done  15 barrier 4  16-19 producer issued qkv / wo / w13 / w2
+//  20-23 the block's first attention item: scores in smem, softmax done, values summed,
+//  partials stored (first / last tile)
+//  24-27 ns consumer warp 0 waited for stages in qkv / wo / w13 / w2 (durations, not times)
+#define NTP 28
 
 struct Params {
   u64 wtab;      // const u64* [NL][7]: wqkv, bqkv, wo, w13, w2, attn_norm, ffn_norm
@@ -75,6 +89,7 @@ struct Params {
   u64 part;      // float [NKV * SPLITS][GRP * HD + 2 * GRP]
   u64 logits;    // float [NV]
   u64 counters;  // u32 [NL * NBAR_LAYER + NL * NKV], zero at launch
+  u64 trace;     // u64 [NL + 1][NTP][grid] timestamps (TRACE builds only; else 0)
   long long cache_s;  // S: positions per (layer, kv head) in the cache
   float eps;
   float scale;
@@ -186,6 +201,24 @@ __device__ __forceinline__ u32 ld_acquire(const u32* p) {
   return v;
 }
 
+__device__ __forceinline__ u64 gtime() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#if TRACE
+#define TRACE_AT(P, THR, L, K, V)                                                        \
+  do {                                                                                   \
+    if (threadIdx.x == (THR))                                                            \
+      ((u64*)(P).trace)[((size_t)(L) * NTP + (K)) * gridDim.x + blockIdx.x] = (V);       \
+  } while (0)
+#else
+#define TRACE_AT(P, THR, L, K, V) \
+  do {                            \
+  } while (0)
+#endif
+#define TR(P, L, K) TRACE_AT(P, 0, L, K, gtime())
+
 // ---- the schedule, shared by producer and consumers ----------------------------------------
 //
 // A matrix is cut into units of NCW * RPW rows; warp w of a block owns rows (j, w), j < RPW,
@@ -198,9 +231,9 @@ __device__ __forceinline__ u32 ld_acquire(const u32* p) {
 template <int KIND> struct Kind;
 // WPR warps share a row (each a slice of K; their sums meet in smem), so a unit has
 // NR = NCW / WPR rows per j: small units balance the blocks where rows are few (run 30).
-template <> struct Kind<K_QKV> { enum { K = DM, RPW = 2, NKC = NKC_QKV, WPR = 1 }; };
+template <> struct Kind<K_QKV> { enum { K = DM, RPW = 2, NKC = NKC_QKV, WPR = WPR_QKV }; };
 template <> struct Kind<K_WO> { enum { K = QD, RPW = RPW_WO, NKC = NKC_WO, WPR = WPR_WO }; };
-template <> struct Kind<K_13> { enum { K = DM, RPW = 2, NKC = NKC_13, WPR = 1 }; };
+template <> struct Kind<K_13> { enum { K = DM, RPW = 2, NKC = NKC_13, WPR = WPR_13 }; };
 template <> struct Kind<K_2> { enum { K = FF, RPW = RPW_2, NKC = NKC_2, WPR = WPR_2 }; };
 template <> struct Kind<K_OUT> { enum { K = DM, RPW = RPW_OUT, NKC = NKC_OUT, WPR = 1 }; };
 
@@ -222,16 +255,17 @@ __device__ __forceinline__ void my_units(int l, int* u0, int* u1) {
   *u1 = (int)((u32)(n * (b + 1)) / gridDim.x);
 }
 
-// Matrix row of row (j, w) of unit u.
+// Matrix row of row (j, w) of unit u (w < NCW / WPR: the row's slot in the unit).
 template <int KIND>
 __device__ __forceinline__ int row_of(int u, int j, int w) {
+  constexpr int NR = NCW / Kind<KIND>::WPR;
   if (KIND == K_QKV) {
-    constexpr int per_head = HD / 2 / NCW;
-    const int head = u / per_head, i = (u % per_head) * NCW + w;
+    constexpr int per_head = HD / 2 / NR;
+    const int head = u / per_head, i = (u % per_head) * NR + w;
     return head * HD + i + j * (HD / 2);
   }
-  if (KIND == K_13) return u * NCW + w + j * FF;
-  return (u * Kind<KIND>::RPW + j) * (NCW / Kind<KIND>::WPR) + w;
+  if (KIND == K_13) return u * NR + w + j * FF;
+  return (u * Kind<KIND>::RPW + j) * NR + w;
 }
 
 // ---- producer ------------------------------------------------------------------------------
@@ -249,6 +283,17 @@ __device__ __forceinline__ u64* empty_bar(int slot) {
 }
 // the phase's input vector; the attention's q and scores alias it
 __device__ __forceinline__ float* xs() { return (float*)(smem + RING_BYTES + 16 * NSTAGE); }
+// Where float4 k of an N-float input vector sits in xs. XSPLIT: the first halves of every
+// 8-float chunk, then the second halves, so a warp reading the 8 floats against its uint4 of
+// weights reads two runs of consecutive 16-byte words (one wavefront per 8 lanes) rather than
+// two 32-byte-strided ones (a 2-way bank conflict on every input read).
+#ifndef XSPLIT
+#define XSPLIT 1
+#endif
+template <int N>
+__device__ __forceinline__ int xslot(int k) {
+  return XSPLIT ? (k & 1) * (N / 8) + (k >> 1) : k;
+}
 // block reductions (0), softmax state (0-47), the merge flag (48), cross-warp sums (64)
 __device__ __forceinline__ float* misc() { return xs() + XMAX; }
 
@@ -261,7 +306,20 @@ struct Prod {
   int slot;
   u32 phase;
   u64 policy;
+  int tslot;  // INFLIGHT: the stage issued INFLIGHT stages before this one, and its parity
+  u32 tphase;
+  u32 n;      // stages issued so far
 };
+
+// INFLIGHT > 0: at most INFLIGHT stages of a block are in flight (issued, not landed), however
+// deep the ring. Every SM's outstanding bytes queue in L2 and DRAM, and every dependent round
+// trip of the step (barriers, activations, attention) waits behind that queue: an L2 hit
+// measured 0.3 µs with 2 x 24 KB in flight per SM and 1.4 µs with 7 (bench_stream.py), for
+// 98 % and 107 % of copy bandwidth. The ring beyond INFLIGHT still holds landed stages ahead of
+// the consumers.
+#ifndef INFLIGHT
+#define INFLIGHT 0
+#endif
 
 template <int KIND>
 __device__ void load_matrix(const bf16_t* w, int l, Prod& st) {
@@ -278,10 +336,25 @@ __device__ void load_matrix(const bf16_t* w, int l, Prod& st) {
       u64* bar = full_bar(st.slot);
       if (lane == 0) {
         mbar_wait(empty_bar(st.slot), st.phase ^ 1u);
+#if INFLIGHT > 0
+        if (st.n >= INFLIGHT) {  // the slot INFLIGHT back cannot be re-armed before this
+          mbar_wait(full_bar(st.tslot), st.tphase);
+          if (++st.tslot == NSTAGE) {
+            st.tslot = 0;
+            st.tphase ^= 1u;
+          }
+        }
+        ++st.n;
+#endif
+#ifdef TIME_NO_LOAD  // timing experiments only: stages "land" at once, with whatever they hold
+        mbar_arrive(bar);
+#else
         mbar_expect_tx(bar, BYTES);
+#endif
       }
       __syncwarp();
       unsigned char* dst = ring(st.slot);
+#ifndef TIME_NO_LOAD
       if (NKC == 1) {  // the NR rows of (j, *) are contiguous in the matrix
         if (lane < RPW)
           bulk_load(dst + lane * NR * SEG, w + (size_t)row_of<KIND>(u, lane, 0) * K, SEG * NR,
@@ -291,6 +364,7 @@ __device__ void load_matrix(const bf16_t* w, int l, Prod& st) {
         bulk_load(dst + lane * SEG, w + (size_t)row_of<KIND>(u, j, ww) * K + (size_t)kc * KC,
                   SEG, bar, st.policy);
       }
+#endif
       if (++st.slot == NSTAGE) {
         st.slot = 0;
         st.phase ^= 1u;
@@ -304,11 +378,16 @@ __device__ void produce(const Params& p, Prod& st) {
   for (int l = 0; l < NL; ++l) {
     const u64* lw = wtab + l * 7;
     load_matrix<K_QKV>((const bf16_t*)lw[0], l, st);
+    TRACE_AT(p, NCT, l, 16, gtime());
     load_matrix<K_WO>((const bf16_t*)lw[2], l, st);
+    TRACE_AT(p, NCT, l, 17, gtime());
     load_matrix<K_13>((const bf16_t*)lw[3], l, st);
+    TRACE_AT(p, NCT, l, 18, gtime());
     load_matrix<K_2>((const bf16_t*)lw[4], l, st);
+    TRACE_AT(p, NCT, l, 19, gtime());
   }
   load_matrix<K_OUT>((const bf16_t*)p.out_w, NL, st);
+  TRACE_AT(p, NCT, NL, 16, gtime());
 }
 
 // ---- consumers -----------------------------------------------------------------------------
@@ -355,7 +434,7 @@ __device__ void load_normed(const float* h, const bf16_t* emb_row,
   for (int i = 0; i < PER; ++i) {
     const int k = threadIdx.x + i * NCT;
     if (k < N4)
-      ((float4*)xs())[k] = make_float4(v[i].x * inv * bf_lo(g[i].x), v[i].y * inv * bf_hi(g[i].x),
+      ((float4*)xs())[xslot<DM>(k)] = make_float4(v[i].x * inv * bf_lo(g[i].x), v[i].y * inv * bf_hi(g[i].x),
                                        v[i].z * inv * bf_lo(g[i].y), v[i].w * inv * bf_hi(g[i].y));
   }
   csync();
@@ -376,7 +455,7 @@ __device__ void load_vec(const float* src) {
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const int k = threadIdx.x + i * NCT;
-    if (k < N4) ((float4*)xs())[k] = v[i];
+    if (k < N4) ((float4*)xs())[xslot<N>(k)] = v[i];
   }
   csync();
 }
@@ -384,73 +463,119 @@ __device__ void load_vec(const float* src) {
 struct Cursor {
   int slot;
   u32 phase;
-  int red;  // which half of the cross-warp sums buffer the next unit uses
+  int red;   // which half of the cross-warp sums buffer the next unit uses
+  u64 wait;  // TRACE: ns thread 0 waited for stages in this phase
 };
 
-// Warp-owned rows of one unit against xs: acc[j] = row (j, warp / WPR) . xs. With WPR > 1
-// the row's sum is complete only in warp WPR * (warp / WPR), lane 0 (``owns_row``).
+// Units are taken UB at a time (the last batch of a phase may hold fewer, ``nu``): their
+// stages are reduced one after another as they land, but the tail of a unit (the lanes' and
+// warps' partial sums meeting, the epilogue) is paid once a batch, with the UB units' chains
+// side by side, and lane b of a row's owning warp finishes unit b. With the tail paid once a
+// unit, the consumers with neither weights to wait for nor arithmetic to do spent 0.42 µs a
+// unit (the 1.5B's gate/up: 17 units a block, 7.2 µs a layer; run 45).
+#ifndef UB
+#define UB 4
+#endif
+
+// acc[b][j] = row (j, warp / WPR) of unit b . xs, for b < nu; every lane of a warp holds the
+// sums (WPR = 1), or every lane of the row's first warp (warp % WPR == 0) once the slices met.
 template <int KIND>
-__device__ __forceinline__ void unit_dots(Cursor& c,
-                                          float (&acc)[Kind<KIND>::RPW]) {
+__device__ __forceinline__ void unit_dots(Cursor& c, int nu,
+                                          float (&acc)[UB][Kind<KIND>::RPW]) {
   constexpr int K = Kind<KIND>::K, RPW = Kind<KIND>::RPW, NKC = Kind<KIND>::NKC;
   constexpr int WPR = Kind<KIND>::WPR, NR = NCW / WPR;
   constexpr int KC = K / NKC, NCH = KC / 8;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int slot_row = warp / WPR, part = warp % WPR;
 #pragma unroll
-  for (int j = 0; j < RPW; ++j) acc[j] = 0.f;
-  for (int kc = 0; kc < NKC; ++kc) {
-    mbar_wait(full_bar(c.slot), c.phase);
-    const unsigned char* st = ring(c.slot);
-    const float4* x4 = (const float4*)(xs() + kc * KC);
-    // A fixed trip count, fully unrolled: every smem load of the stage is issued at once, and
-    // the code does not depend on how the compiler weighs the rest of the kernel (run 32).
-    constexpr int STEP = 32 * WPR, ITERS = (NCH + STEP - 1) / STEP;
+  for (int b = 0; b < UB; ++b)
+#pragma unroll
+    for (int j = 0; j < RPW; ++j) acc[b][j] = 0.f;
+#pragma unroll
+  for (int b = 0; b < UB; ++b) {
+    if (b >= nu) break;
+    for (int kc = 0; kc < NKC; ++kc) {
+#if TRACE
+      const u64 t_wait = gtime();
+      mbar_wait(full_bar(c.slot), c.phase);
+      c.wait += gtime() - t_wait;
+#else
+      mbar_wait(full_bar(c.slot), c.phase);
+#endif
+      const unsigned char* st = ring(c.slot);
+      const float4* x4 = (const float4*)xs() + (XSPLIT ? kc * (KC / 8) : kc * (KC / 4));
+      // A fixed trip count, fully unrolled: every smem load of the stage is issued at once,
+      // and the code does not depend on how the compiler weighs the rest of the kernel (run 32).
+      constexpr int STEP = 32 * WPR, ITERS = (NCH + STEP - 1) / STEP;
 #ifdef TIME_NO_COMPUTE  // timing experiments only: the stream without the arithmetic
-    if (NCH < 0)
+      if (NCH < 0)
 #endif
 #pragma unroll
-    for (int i = 0; i < ITERS; ++i) {
-      const int ch = part * 32 + lane + i * STEP;
-      if (NCH % STEP != 0 && ch >= NCH) break;
-      const float4 xa = x4[2 * ch], xb = x4[2 * ch + 1];
+      for (int i = 0; i < ITERS; ++i) {
+        const int ch = part * 32 + lane + i * STEP;
+        if (NCH % STEP != 0 && ch >= NCH) break;
+        const float4 xa = XSPLIT ? x4[ch] : x4[2 * ch];
+        const float4 xb = XSPLIT ? x4[K / 8 + ch] : x4[2 * ch + 1];
 #pragma unroll
-      for (int j = 0; j < RPW; ++j) {
-        const uint4 w = ((const uint4*)(st + (size_t)(j * NR + slot_row) * KC * 2))[ch];
-        acc[j] += bf_lo(w.x) * xa.x + bf_hi(w.x) * xa.y + bf_lo(w.y) * xa.z + bf_hi(w.y) * xa.w +
-                  bf_lo(w.z) * xb.x + bf_hi(w.z) * xb.y + bf_lo(w.w) * xb.z + bf_hi(w.w) * xb.w;
+        for (int j = 0; j < RPW; ++j) {
+          const uint4 w = ((const uint4*)(st + (size_t)(j * NR + slot_row) * KC * 2))[ch];
+          acc[b][j] += bf_lo(w.x) * xa.x + bf_hi(w.x) * xa.y + bf_lo(w.y) * xa.z +
+                       bf_hi(w.y) * xa.w + bf_lo(w.z) * xb.x + bf_hi(w.z) * xb.y +
+                       bf_lo(w.w) * xb.z + bf_hi(w.w) * xb.w;
+        }
       }
-    }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty_bar(c.slot));  // NCW arrivals free the stage
-    if (++c.slot == NSTAGE) {
-      c.slot = 0;
-      c.phase ^= 1u;
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty_bar(c.slot));  // NCW arrivals free the stage
+      if (++c.slot == NSTAGE) {
+        c.slot = 0;
+        c.phase ^= 1u;
+      }
     }
   }
 #pragma unroll
-  for (int j = 0; j < RPW; ++j) acc[j] = warp_sum(acc[j]);
+  for (int o = 16; o > 0; o >>= 1)  // every lane gets every sum; the chains run side by side
+#pragma unroll
+    for (int b = 0; b < UB; ++b)
+#pragma unroll
+      for (int j = 0; j < RPW; ++j) acc[b][j] += __shfl_xor_sync(0xffffffffu, acc[b][j], o);
   if (WPR > 1) {  // the row's slices meet in smem (double-buffered: no barrier after reading)
-    float* red = misc() + 64 + c.red * NCW * RPW;
+    float* red = misc() + 64 + c.red * NCW * UB * RPW;
     if (lane == 0)
 #pragma unroll
-      for (int j = 0; j < RPW; ++j) red[warp * RPW + j] = acc[j];
+      for (int b = 0; b < UB; ++b)
+#pragma unroll
+        for (int j = 0; j < RPW; ++j) red[(warp * UB + b) * RPW + j] = acc[b][j];
     csync();
-    if (part == 0 && lane == 0)
+    if (part == 0)
 #pragma unroll
-      for (int j = 0; j < RPW; ++j) {
-        float t = 0.f;
+      for (int b = 0; b < UB; ++b)
 #pragma unroll
-        for (int q = 0; q < WPR; ++q) t += red[(warp + q) * RPW + j];
-        acc[j] = t;
-      }
+        for (int j = 0; j < RPW; ++j) {
+          float t = 0.f;
+#pragma unroll
+          for (int q = 0; q < WPR; ++q) t += red[((warp + q) * UB + b) * RPW + j];
+          acc[b][j] = t;
+        }
     c.red ^= 1;
   }
 }
 
+// Lane b of a row's first warp finishes unit b of a batch of nu.
 template <int KIND>
-__device__ __forceinline__ bool owns_row() {
-  return threadIdx.x % 32 == 0 && (threadIdx.x / 32) % Kind<KIND>::WPR == 0;
+__device__ __forceinline__ bool owns_unit(int nu) {
+  return threadIdx.x % 32 < nu && (threadIdx.x / 32) % Kind<KIND>::WPR == 0;
+}
+
+// v = acc[b] without indexing registers at run time (that would put acc in local memory).
+template <int RPW>
+__device__ __forceinline__ void pick(const float (&acc)[UB][RPW], int b, float (&v)[RPW]) {
+#pragma unroll
+  for (int j = 0; j < RPW; ++j) v[j] = acc[0][j];
+#pragma unroll
+  for (int bb = 1; bb < UB; ++bb)
+    if (bb == b)
+#pragma unroll
+      for (int j = 0; j < RPW; ++j) v[j] = acc[bb][j];
 }
 
 // One layer's attention for the token at ``pos``: (kv head, split) items, one per block.
@@ -483,8 +608,9 @@ __device__ __forceinline__ void attention(const Params& p, int l, int pos) {
     const int kvh = it / S, sp = it % S;
     const int s0 = sp * per, s1 = min(n, s0 + per);
     if (threadIdx.x == 0)  // this head's q, k and v rows are written (no grid barrier)
-      while (ld_acquire(ready + kvh) < (u32)((GRP + 2) * (HD / 2 / NCW))) {
+      while (ld_acquire(ready + kvh) < (u32)((GRP + 2) * (HD / 2 / (NCW / WPR_QKV)))) {
       }
+    if (it == blockIdx.x) TR(p, l, 3);
     csync();
     const bf16_t* kbase = (const bf16_t*)p.kc + ((size_t)l * NKV + kvh) * p.cache_s * HD;
     const bf16_t* vbase = (const bf16_t*)p.vc + ((size_t)l * NKV + kvh) * p.cache_s * HD;
@@ -562,6 +688,7 @@ __device__ __forceinline__ void attention(const Params& p, int l, int pos) {
         }
       }
       csync();
+      if (it == blockIdx.x && t0 == s0) TR(p, l, 20);
       for (int g = warp; g < GRP; g += NCW) {  // one warp per query head: tile max and sum
         float m = -1e30f;
         for (int j = lane; j < ATILE; j += 32) m = fmaxf(m, sc[g * ATILE + j]);
@@ -582,6 +709,7 @@ __device__ __forceinline__ void attention(const Params& p, int l, int pos) {
         }
       }
       csync();
+      if (it == blockIdx.x && t0 == s0) TR(p, l, 21);
 #pragma unroll
       for (int g = 0; g < GRP; ++g) {
         const float a = alpha[g];
@@ -606,6 +734,7 @@ __device__ __forceinline__ void attention(const Params& p, int l, int pos) {
       csync();
     }
     if (first) csync();  // an empty split: nothing was loaded
+    if (it == blockIdx.x) TR(p, l, 22);
     float* wsum = sc;  // [NCW][GRP * HD]: the scores are no longer read
 #pragma unroll
     for (int g = 0; g < GRP; ++g)
@@ -624,6 +753,7 @@ __device__ __forceinline__ void attention(const Params& p, int l, int pos) {
       dst[GRP * HD + GRP + threadIdx.x] = lrow[threadIdx.x];
     }
     csync();
+    if (it == blockIdx.x) TR(p, l, 23);
     if (threadIdx.x == 0) {  // release the partials, acquire the others' if last
       u32 old;
       asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
@@ -632,6 +762,7 @@ __device__ __forceinline__ void attention(const Params& p, int l, int pos) {
                    : "memory");
       misc()[48] = old == (u32)S - 1 ? 1.f : 0.f;
     }
+    TR(p, l, 4);
     csync();
 #ifdef TIME_NO_COMBINE  // timing experiments only
     if (pos < 0)
@@ -668,6 +799,7 @@ __device__ __forceinline__ void attention(const Params& p, int l, int pos) {
           if (k < S) num += wk[k] * __ldcg(hp + k * (GRP * HD + 2 * GRP) + o);
         out[o] = num;
       }
+      TR(p, l, 5);
     }
     csync();
   }
@@ -683,7 +815,13 @@ __device__ void consumer(const Params& p) {
   u32* bar = (u32*)p.counters;
   const float* rope = (const float*)p.rope + (size_t)pos * HD;  // [HD/2][2] at pos
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  Cursor c{0, 0u, 0};
+  Cursor c{0, 0u, 0, 0ull};
+// the time warp 0 waited for stages in phase K, then a fresh count for the next phase
+#define TRACE_WAIT(L, K)                \
+  do {                                  \
+    TRACE_AT(p, 0, L, 24 + (K), c.wait); \
+    c.wait = 0;                         \
+  } while (0)
   int u0, u1;
   for (int l = 0; l < NL; ++l) {
     const u64* lw = wtab + l * 7;
@@ -706,22 +844,29 @@ __device__ void consumer(const Params& p) {
       }
     }
 #endif
+    TR(p, l, 0);
     my_units<K_QKV>(l, &u0, &u1);
     if (u1 > u0) load_normed(h, l == 0 ? emb_row : nullptr, (const bf16_t*)lw[5], p.eps);
-    for (int u = u0; u < u1; ++u) {
-      const int a = row_of<K_QKV>(u, 0, warp), head = a / HD, i = a % HD;
+    TR(p, l, 1);
+    for (int u = u0; u < u1; u += UB) {
+      const int nu = min(UB, u1 - u);
+      const bool own = owns_unit<K_QKV>(nu);
+      const int a = row_of<K_QKV>(u + (own ? lane : 0), 0, warp / WPR_QKV), head = a / HD,
+                i = a % HD;
       const bf16_t* bias = (const bf16_t*)lw[1];
       float b1 = 0.f, b2 = 0.f, cs = 1.f, sn = 0.f;
-      if (lane == 0) {  // issued before the dot products: their latency overlaps them
+      if (own) {  // issued before the dot products: their latency overlaps them
         b1 = bf2f(bias[a]);
         b2 = bf2f(bias[a + HD / 2]);
         cs = rope[2 * i];
         sn = rope[2 * i + 1];
       }
-      float acc[2];
-      unit_dots<K_QKV>(c, acc);
-      if (lane == 0) {
-        float y1 = acc[0] + b1, y2 = acc[1] + b2;
+      float acc[UB][2];
+      unit_dots<K_QKV>(c, nu, acc);
+      if (own) {
+        float v[2];
+        pick(acc, lane, v);
+        float y1 = v[0] + b1, y2 = v[1] + b2;
         if (head < NH + NKV) {  // q and k: NeoX RoPE on (i, i + HD/2)
           const float o1 = y1 * cs - y2 * sn, o2 = y2 * cs + y1 * sn;
           y1 = o1;
@@ -738,14 +883,17 @@ __device__ void consumer(const Params& p) {
           cache[i + HD / 2] = f2bf(y2);
         }
       }
-      csync();  // the unit's rows are written: count them for their kv head's attention
-      if (threadIdx.x == 0) {
-        const int kvh = head < NH ? head / GRP : head < NH + NKV ? head - NH : head - NH - NKV;
+      csync();  // the units' rows are written: count them for their kv heads' attention
+      if (threadIdx.x < nu) {
+        const int hd = row_of<K_QKV>(u + threadIdx.x, 0, 0) / HD;
+        const int kvh = hd < NH ? hd / GRP : hd < NH + NKV ? hd - NH : hd - NH - NKV;
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(
                          (u32*)p.counters + NL * NBAR_LAYER + NL * NKV + l * NKV + kvh)
                      : "memory");
       }
     }
+    TR(p, l, 2);
+    TRACE_WAIT(l, 0);
 #if TIME_NO_ATTN
     grid_sync(bar + l * NBAR_LAYER + 0);
 #endif
@@ -757,60 +905,89 @@ __device__ void consumer(const Params& p) {
     attention(p, l, pos);
 #endif
     grid_sync(bar + l * NBAR_LAYER + 1);
+    TR(p, l, 6);
     // -- o-projection + residual
     my_units<K_WO>(l, &u0, &u1);
     if (u1 > u0) load_vec<QD>((const float*)p.attn);
-    for (int u = u0; u < u1; ++u) {
-      float base[RPW_WO], acc[RPW_WO];
-      const bool own = owns_row<K_WO>();
+    TR(p, l, 7);
+    for (int u = u0; u < u1; u += UB) {
+      const int nu = min(UB, u1 - u);
+      const bool own = owns_unit<K_WO>(nu);
+      float base[RPW_WO], acc[UB][RPW_WO], v[RPW_WO];
 #pragma unroll
       for (int j = 0; j < RPW_WO; ++j) {
-        const int row = row_of<K_WO>(u, j, warp / WPR_WO);
+        const int row = row_of<K_WO>(u + lane, j, warp / WPR_WO);
         base[j] = !own ? 0.f : l == 0 ? bf2f(emb_row[row]) : __ldcg(h + row);
       }
-      unit_dots<K_WO>(c, acc);
-      if (own)
+      unit_dots<K_WO>(c, nu, acc);
+      if (own) {
+        pick(acc, lane, v);
 #pragma unroll
-        for (int j = 0; j < RPW_WO; ++j) h[row_of<K_WO>(u, j, warp / WPR_WO)] = base[j] + acc[j];
+        for (int j = 0; j < RPW_WO; ++j) h[row_of<K_WO>(u + lane, j, warp / WPR_WO)] = base[j] + v[j];
+      }
     }
+    TR(p, l, 8);
+    TRACE_WAIT(l, 1);
     grid_sync(bar + l * NBAR_LAYER + 2);
+    TR(p, l, 9);
     // -- RMSNorm + gate/up + SiLU * up
     my_units<K_13>(l, &u0, &u1);
     if (u1 > u0) load_normed(h, nullptr, (const bf16_t*)lw[6], p.eps);
-    for (int u = u0; u < u1; ++u) {
-      float acc[2];
-      unit_dots<K_13>(c, acc);
-      if (lane == 0)
-        ((float*)p.act)[row_of<K_13>(u, 0, warp)] = acc[0] / (1.f + __expf(-acc[0])) * acc[1];
+    TR(p, l, 10);
+    for (int u = u0; u < u1; u += UB) {
+      const int nu = min(UB, u1 - u);
+      float acc[UB][2], v[2];
+      unit_dots<K_13>(c, nu, acc);
+      if (owns_unit<K_13>(nu)) {
+        pick(acc, lane, v);
+        ((float*)p.act)[row_of<K_13>(u + lane, 0, warp / WPR_13)] = v[0] / (1.f + __expf(-v[0])) * v[1];
+      }
     }
+    TR(p, l, 11);
+    TRACE_WAIT(l, 2);
     grid_sync(bar + l * NBAR_LAYER + 3);
+    TR(p, l, 12);
     // -- down-projection + residual
     my_units<K_2>(l, &u0, &u1);
     if (u1 > u0) load_vec<FF>((const float*)p.act);
-    for (int u = u0; u < u1; ++u) {
-      float base[RPW_2], acc[RPW_2];
-      const bool own = owns_row<K_2>();
+    TR(p, l, 13);
+    for (int u = u0; u < u1; u += UB) {
+      const int nu = min(UB, u1 - u);
+      const bool own = owns_unit<K_2>(nu);
+      float base[RPW_2], acc[UB][RPW_2], v[RPW_2];
 #pragma unroll
       for (int j = 0; j < RPW_2; ++j)
-        base[j] = own ? __ldcg(h + row_of<K_2>(u, j, warp / WPR_2)) : 0.f;
-      unit_dots<K_2>(c, acc);
-      if (own)
+        base[j] = own ? __ldcg(h + row_of<K_2>(u + lane, j, warp / WPR_2)) : 0.f;
+      unit_dots<K_2>(c, nu, acc);
+      if (own) {
+        pick(acc, lane, v);
 #pragma unroll
-        for (int j = 0; j < RPW_2; ++j) h[row_of<K_2>(u, j, warp / WPR_2)] = base[j] + acc[j];
+        for (int j = 0; j < RPW_2; ++j) h[row_of<K_2>(u + lane, j, warp / WPR_2)] = base[j] + v[j];
+      }
     }
+    TR(p, l, 14);
+    TRACE_WAIT(l, 3);
     grid_sync(bar + l * NBAR_LAYER + 4);
+    TR(p, l, 15);
   }
   // -- final norm + output projection
+  TR(p, NL, 0);
   my_units<K_OUT>(NL, &u0, &u1);
   if (u1 > u0) load_normed(h, nullptr, (const bf16_t*)p.out_norm, p.eps);
+  TR(p, NL, 1);
   float* logits = (float*)p.logits;
-  for (int u = u0; u < u1; ++u) {
-    float acc[RPW_OUT];
-    unit_dots<K_OUT>(c, acc);
-    if (lane == 0)
+  for (int u = u0; u < u1; u += UB) {
+    const int nu = min(UB, u1 - u);
+    float acc[UB][RPW_OUT], v[RPW_OUT];
+    unit_dots<K_OUT>(c, nu, acc);
+    if (owns_unit<K_OUT>(nu)) {
+      pick(acc, lane, v);
 #pragma unroll
-      for (int j = 0; j < RPW_OUT; ++j) logits[row_of<K_OUT>(u, j, warp)] = acc[j];
+      for (int j = 0; j < RPW_OUT; ++j) logits[row_of<K_OUT>(u + lane, j, warp)] = v[j];
+    }
   }
+  TR(p, NL, 2);
+  TRACE_WAIT(NL, 0);
 }
 
 extern "C" __global__ void __launch_bounds__(NCT + 32) decode_step(const __grid_constant__ Params p) {
@@ -823,7 +1000,7 @@ extern "C" __global__ void __launch_bounds__(NCT + 32) decode_step(const __grid_
   }
   __syncthreads();
   if (threadIdx.x >= NCT) {  // the producer warp
-    Prod st{0, 0u, 0};
+    Prod st{0, 0u, 0, 0, 0u, 0u};
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(st.policy));
     produce(p, st);
     return;

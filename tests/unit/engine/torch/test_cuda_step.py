@@ -28,21 +28,20 @@ PAIR = [QWEN25_1_5B, QWEN25_0_5B]
 def _rows_of(a: ModelArgs, d: dict[str, int], kind: str, u: int) -> list[int]:
     """Matrix rows of unit ``u`` of ``kind``, as the kernel's ``row_of`` walks them."""
     ncw, hd = d["NCW"], d["HD"]
-    if kind == "QKV":  # NCW NeoX pairs (i, i + hd/2) of one head
-        per_head = hd // 2 // ncw
-        head, i0 = divmod(u, per_head)
-        base = head * hd + i0 * ncw
-        return [base + w + j * hd // 2 for j in range(2) for w in range(ncw)]
-    if kind == "13":  # NCW gate rows and the same up rows
-        return [u * ncw + w + j * a.n_ff for j in range(2) for w in range(ncw)]
     nr = ncw // d.get(f"WPR_{kind}", 1)
+    if kind == "QKV":  # NR NeoX pairs (i, i + hd/2) of one head
+        per_head = hd // 2 // nr
+        head, i0 = divmod(u, per_head)
+        base = head * hd + i0 * nr
+        return [base + w + j * hd // 2 for j in range(2) for w in range(nr)]
+    if kind == "13":  # NR gate rows and the same up rows
+        return [u * nr + w + j * a.n_ff for j in range(2) for w in range(nr)]
     rpw = d[f"RPW_{kind}"]
     return [(u * rpw + j) * nr + w for j in range(rpw) for w in range(nr)]
 
 
 def _units(d: dict[str, int], kind: str, n_rows: int) -> int:
-    ncw = d["NCW"]
-    rows = 2 * ncw if kind in ("QKV", "13") else ncw // d.get(f"WPR_{kind}", 1) * d[f"RPW_{kind}"]
+    rows = d["NCW"] // d.get(f"WPR_{kind}", 1) * d.get(f"RPW_{kind}", 2)
     assert n_rows % rows == 0, f"{kind}: {n_rows} rows do not split into units of {rows}"
     return n_rows // rows
 
