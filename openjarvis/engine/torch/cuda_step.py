@@ -133,6 +133,7 @@ def plan(a: ModelArgs, stage_cap: int = STAGE_BYTES, nstage: int = 0,
     defines = dict(
         DM=a.n_embd, FF=a.n_ff, NH=a.n_head, NKV=a.n_head_kv, HD=hd, NL=a.n_layer,
         NV=a.n_vocab, NCW=NCW, NSTAGE=depth, STAGE_BYTES=stage, SPLITS=SPLITS, ATILE=ATILE, UB=UB,
+        INFLIGHT=min(INFLIGHT, depth - 1),
         **d,
     ) | (extra or {})
     return Plan(defines, _check_plan(a, defines, smem_limit))
@@ -142,6 +143,9 @@ def _xmax(a: ModelArgs) -> int:
     return max(a.n_embd, a.n_ff, a.q_dim)
 
 
+#: Most stages a block keeps in flight (issued, not landed): fewer bytes queued in L2 and DRAM
+#: make every dependent round trip of the step shorter (``INFLIGHT`` in the source).
+INFLIGHT = 2
 #: Units a consumer batch takes (``UB`` in the source: one reduction tail a batch).
 UB = 4
 #: Floats of the kernel's ``misc()`` area: reductions and softmax state at 0-48, cross-warp sums

@@ -312,11 +312,12 @@ struct Prod {
 };
 
 // INFLIGHT > 0: at most INFLIGHT stages of a block are in flight (issued, not landed), however
-// deep the ring. Every SM's outstanding bytes queue in L2 and DRAM, and every dependent round
-// trip of the step (barriers, activations, attention) waits behind that queue: an L2 hit
-// measured 0.3 µs with 2 x 24 KB in flight per SM and 1.4 µs with 7 (bench_stream.py), for
-// 98 % and 107 % of copy bandwidth. The ring beyond INFLIGHT still holds landed stages ahead of
-// the consumers.
+// deep the ring (the plan sets 2). Every SM's outstanding bytes queue in L2 and DRAM, and every
+// dependent round trip of the step (barriers, activations, attention) waits behind that queue:
+// an L2 hit measured 0.3 µs with 2 x 24 KB in flight per SM and 1.4 µs with 7
+// (bench_stream.py), for 98 % and 107 % of copy bandwidth. The ring beyond INFLIGHT still
+// holds landed stages ahead of the consumers. 2 measured -4.5 % a step (1.5B @512), 1 worse
+// for the 1.5B, 3 between (runs 47-48).
 #ifndef INFLIGHT
 #define INFLIGHT 0
 #endif

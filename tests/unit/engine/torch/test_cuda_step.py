@@ -89,6 +89,20 @@ def test_overrides_are_checked_like_the_defaults() -> None:
     with pytest.raises(C.CudaStepError, match="this GPU gives a block 100000"):
         C.plan(QWEN25_1_5B, smem_limit=100_000, nstage=7)
     assert C.plan(QWEN25_1_5B, smem_limit=100_000).defines["NSTAGE"] < 7  # a shallower ring fits
+    with pytest.raises(C.CudaStepError, match="INFLIGHT=7 must be below NSTAGE=7"):
+        C.plan(QWEN25_1_5B, extra={"INFLIGHT": 7})
+    with pytest.raises(C.CudaStepError, match="WPR_QKV=16 does not split a head's pairs"):
+        C.plan(QWEN25_1_5B, extra={"WPR_QKV": 16})
+    assert C.plan(QWEN25_1_5B, nstage=2).defines["INFLIGHT"] == 1  # capped below the ring
+
+
+def test_pair_kinds_copy_whole_rows_where_one_warp_a_pair_cannot() -> None:
+    # 1.5B: 8 pairs of 3 KB rows overflow a stage, so 2 warps share a pair and a stage holds
+    # whole rows (12 KB contiguous copies, not 1.5 KB row halves); 0.5B rows fit either way
+    d = C.plan(QWEN25_1_5B).defines
+    assert (d["WPR_QKV"], d["NKC_QKV"], d["WPR_13"], d["NKC_13"]) == (2, 1, 2, 1)
+    d = C.plan(QWEN25_0_5B).defines
+    assert (d["WPR_QKV"], d["NKC_QKV"], d["WPR_13"], d["NKC_13"]) == (1, 1, 1, 1)
 
 
 def test_the_host_params_match_the_kernel_struct_field_for_field() -> None:
