@@ -166,9 +166,11 @@ def _check_plan(a: ModelArgs, d: dict[str, int], smem_limit: int) -> int:
     xmax = _xmax(a)
     if grp * hd + max(grp * atile, ncw * grp * hd) > xmax or 2 * grp * splits > xmax:
         problems.append("the attention's buffers do not fit the input-vector buffer")
-    for kind in ("QKV", "13"):  # a unit's pairs must not straddle a head
-        if (hd // 2) % (ncw // d[f"WPR_{kind}"]):
-            problems.append(f"WPR_{kind}={d[f'WPR_{kind}']} does not split a head's pairs")
+    for kind in ("QKV", "WO", "13", "2"):  # warps share rows evenly; pairs stay in their head
+        wpr = d[f"WPR_{kind}"]
+        if wpr < 1 or ncw % wpr or (kind in ("QKV", "13") and (hd // 2) % (ncw // wpr)):
+            problems.append(f"WPR_{kind}={wpr} does not split {ncw} warps"
+                            + (" or a head's pairs" if kind in ("QKV", "13") else ""))
     if not 0 <= d.get("INFLIGHT", 0) < d["NSTAGE"]:
         problems.append(f"INFLIGHT={d.get('INFLIGHT')} must be below NSTAGE={d['NSTAGE']}")
     if grp > 16 or 64 + 2 * ncw * d["UB"] * 2 > MISC or not 1 <= d["UB"] <= 32:
@@ -176,9 +178,10 @@ def _check_plan(a: ModelArgs, d: dict[str, int], smem_limit: int) -> int:
     units = (("QKV", a.n_embd, a.qkv_dim), ("13", a.n_embd, 2 * a.n_ff), ("WO", a.q_dim, a.n_embd),
              ("2", a.n_ff, a.n_embd), ("OUT", a.n_embd, a.n_vocab))
     for kind, k, n_rows in units:
-        rows = ncw // d.get(f"WPR_{kind}", 1) * d.get(f"RPW_{kind}", 2)
+        rows = ncw // max(1, d.get(f"WPR_{kind}", 1)) * d.get(f"RPW_{kind}", 2)
         nkc = d[f"NKC_{kind}"]
-        if n_rows % rows or k % nkc or (k // nkc) % 8 or rows * (k // nkc) * 2 > d["STAGE_BYTES"]:
+        if (rows < 1 or nkc < 1 or n_rows % rows or k % nkc or (k // nkc) % 8
+                or rows * (k // nkc) * 2 > d["STAGE_BYTES"]):
             problems.append(f"{kind}: units of {rows} rows x {k // max(nkc, 1)} columns do not tile "
                             f"the matrix in {d['STAGE_BYTES']}-byte stages")
     smem = d["NSTAGE"] * (d["STAGE_BYTES"] + 16) + xmax * 4 + MISC * 4

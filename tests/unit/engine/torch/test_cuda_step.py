@@ -91,7 +91,7 @@ def test_overrides_are_checked_like_the_defaults() -> None:
     assert C.plan(QWEN25_1_5B, smem_limit=100_000).defines["NSTAGE"] < 7  # a shallower ring fits
     with pytest.raises(C.CudaStepError, match="INFLIGHT=7 must be below NSTAGE=7"):
         C.plan(QWEN25_1_5B, extra={"INFLIGHT": 7})
-    with pytest.raises(C.CudaStepError, match="WPR_QKV=16 does not split a head's pairs"):
+    with pytest.raises(C.CudaStepError, match="WPR_QKV=16 does not split 8 warps or a head's pairs"):
         C.plan(QWEN25_1_5B, extra={"WPR_QKV": 16})
     assert C.plan(QWEN25_1_5B, nstage=2).defines["INFLIGHT"] == 1  # capped below the ring
 
