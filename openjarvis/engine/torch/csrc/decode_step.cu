@@ -317,7 +317,7 @@ struct Prod {
 // an L2 hit measured 0.3 µs with 2 x 24 KB in flight per SM and 1.4 µs with 7
 // (bench_stream.py), for 98 % and 107 % of copy bandwidth. The ring beyond INFLIGHT still
 // holds landed stages ahead of the consumers. 2 measured -4.5 % a step (1.5B @512), 1 worse
-// for the 1.5B, 3 between (runs 47-48).
+// for the 1.5B, 3 between (runs 46-47).
 #ifndef INFLIGHT
 #define INFLIGHT 0
 #endif
@@ -473,7 +473,7 @@ struct Cursor {
 // warps' partial sums meeting, the epilogue) is paid once a batch, with the UB units' chains
 // side by side, and lane b of a row's owning warp finishes unit b. With the tail paid once a
 // unit, the consumers with neither weights to wait for nor arithmetic to do spent 0.42 µs a
-// unit (the 1.5B's gate/up: 17 units a block, 7.2 µs a layer; run 45).
+// unit (the 1.5B's gate/up: 17 units a block, 7.2 µs a layer; run 44).
 #ifndef UB
 #define UB 4
 #endif
