@@ -92,20 +92,56 @@ async def _unload_when_idle(assistant: Any, idle_s: float) -> None:
             await asyncio.to_thread(assistant.unload)
 
 
-async def in_thread(call: Call, fn: Callable[[Callable[[], bool], Callable[[str, dict[str, Any]], None]], T]) -> T:
-    """Run ``fn(cancelled, notify)`` in a worker thread; cancelling the request stops it in one step."""
+class Cancellation:
+    """A request's cancellation as its worker thread sees it: calling it says whether the
+    request was cancelled (polled every generation step); ``commit()`` is the point after
+    which the work's effects stand (a conversation turn written), decided under one lock with
+    the cancel itself, so a request is either dropped with nothing kept, or answered with what
+    was kept, never told CANCELLED after its turn was saved."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._committed = False
+
+    def __call__(self) -> bool:
+        return self._cancelled
+
+    def commit(self) -> bool:
+        """True: the work is past the point of no return (a later cancel is answered with its
+        result); False: it was cancelled first and must keep nothing."""
+        with self._lock:
+            if not self._cancelled:
+                self._committed = True
+            return self._committed
+
+    def cancel(self) -> bool:
+        """Cancel unless the work has committed; True where it had (its result stands)."""
+        with self._lock:
+            if not self._committed:
+                self._cancelled = True
+            return self._committed
+
+
+async def in_thread(call: Call, fn: Callable[[Cancellation, Callable[[str, dict[str, Any]], None]], T]) -> T:
+    """Run ``fn(cancelled, notify)`` in a worker thread; cancelling the request stops it in one
+    step, unless the work has committed (``Cancellation.commit``): then its result is the answer."""
     loop = asyncio.get_running_loop()
-    stop = threading.Event()
+    stop = Cancellation()
 
     def notify(method: str, params: dict[str, Any]) -> None:
         params = {"request_id": call.id, **params}
         loop.call_soon_threadsafe(lambda: asyncio.ensure_future(call.notify(method, params)))
 
-    future = loop.run_in_executor(None, fn, stop.is_set, notify)
+    future = loop.run_in_executor(None, fn, stop, notify)
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
-        stop.set()
+        if stop.cancel():  # too late to drop: what the work kept is the answer
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            return await asyncio.shield(future)
         try:
             await future  # the worker stops within one step; never leave it running unseen
         except Exception:  # its own outcome no longer matters to anyone
@@ -233,7 +269,7 @@ async def chat(params: ChatParams, call: Call) -> ChatResult:
     st = _state(call.daemon)
     ws = st["workspaces"].get(params.workspace)
 
-    def work(cancelled: Callable[[], bool], notify: Callable[[str, dict[str, Any]], None]) -> ChatResult:
+    def work(cancelled: Cancellation, notify: Callable[[str, dict[str, Any]], None]) -> ChatResult:
         started = time.time()
         config = _workspace_config(ws.root)
         st["workspaces"].ensure_indexed(ws, lambda d, t: notify("index/progress", {"done": d, "total": t}))
@@ -255,7 +291,8 @@ async def chat(params: ChatParams, call: Call) -> ChatResult:
             sources = [SourceRef(s.path, s.symbol, s.start_line, s.end_line, round(s.score, 4)) for s in answer.sources]
             # A cancelled turn is not part of the conversation; that includes a cancel that came
             # just after the last token, which the caller is told about (CANCELLED) all the same.
-            dropped = answer.cancelled or cancelled()
+            # Past commit() the turn is kept, and a cancel that comes later gets this answer.
+            dropped = answer.cancelled or not cancelled.commit()
             if not dropped:
                 if conv is None:
                     conv = db.new_conversation(str(ws.root), params.message)
