@@ -221,12 +221,13 @@ __device__ __forceinline__ u64 gtime() {
 
 // ---- the schedule, shared by producer and consumers ----------------------------------------
 //
-// A matrix is cut into units of NCW * RPW rows; warp w of a block owns rows (j, w), j < RPW,
-// of each of its units start to finish. Pair kinds (qkv: NeoX pairs (i, i + HD/2) of a head;
-// gate/up: gate row j and up row j) have RPW = 2, the pair's two rows in one warp, so the
-// epilogue (RoPE, SiLU * up) needs nothing from another warp. Where a unit's rows do not fit
+// A matrix is cut into units of NCW / WPR * RPW rows; warp w of a block owns rows
+// (j, w / WPR), j < RPW, of each of its units start to finish (slice w % WPR of K). Pair kinds (qkv: NeoX pairs (i, i + HD/2) of a head;
+// gate/up: gate row j and up row j) have RPW = 2, the pair's two rows in the same warp(s), so
+// the epilogue (RoPE, SiLU * up) finds both sums in one place. Where a unit's rows do not fit
 // one stage, K is cut into NKC chunks, one stage each; a warp accumulates its rows across the
-// chunks in registers. No block-wide barrier per stage: each warp frees the stage itself.
+// chunks in registers (the plan prefers 2 warps a pair, each half of K, to chunks: whole rows
+// make long contiguous copies). No block-wide barrier per stage: each warp frees the stage.
 
 template <int KIND> struct Kind;
 // WPR warps share a row (each a slice of K; their sums meet in smem), so a unit has
