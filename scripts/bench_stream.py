@@ -32,6 +32,7 @@ import ctypes
 import json
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -57,6 +58,16 @@ from openjarvis.engine.torch.cuda_step import (  # noqa: E402  # same build and 
 )
 
 SOURCE = Path(__file__).with_name("stream_probe.cu")
+#: The decode kernel, whose ``<ptx-helpers>`` block (mbarriers, bulk copies) the probe kernels use.
+DECODE_SOURCE = Path(__file__).resolve().parent.parent / "openjarvis/engine/torch/csrc/decode_step.cu"
+
+
+def probe_source() -> str:
+    """stream_probe.cu with decode_step.cu's PTX helpers in place of its marker: the ring here
+    runs the decode kernel's own mbarrier and bulk-copy code, not a copy of it."""
+    decode = DECODE_SOURCE.read_text()
+    start, end = decode.index("// <ptx-helpers>"), decode.index("// </ptx-helpers>")
+    return SOURCE.read_text().replace("// @PTX_HELPERS@\n", decode[start:end], 1)
 STAGE = 24576  # bytes of one TMA stage (the decode kernel's are ~24-28 KB)
 #: The probe array (int64): a 16-entry header (see the source), then PROBE_N chain entries,
 #: one per 128-byte line (PROBE_STRIDE entries apart), so that hops spread over L2 slices.
@@ -173,11 +184,14 @@ class Builder:
         t = time.monotonic()
         if self.nvrtc is not None:
             how = "nvrtc"
-            cubin = _compile_nvrtc(self.nvrtc, SOURCE.read_text(),
+            cubin = _compile_nvrtc(self.nvrtc, probe_source(),
                                    [f"--gpu-architecture={self.arch}", "-std=c++17", *defs])
         elif self.nvcc is not None:
             how = "nvcc"
-            cubin = _compile_nvcc(self.nvcc, SOURCE, [f"-arch={self.arch}", "-O3", *defs])
+            with tempfile.TemporaryDirectory() as d:
+                src = Path(d) / "stream_probe.cu"
+                src.write_text(probe_source())
+                cubin = _compile_nvcc(self.nvcc, src, [f"-arch={self.arch}", "-O3", *defs])
         else:
             raise CudaStepError("neither NVRTC nor nvcc found")
         secs = time.monotonic() - t

@@ -14,7 +14,8 @@
 //               in L2 (ld.global.cg) while the block streams: the L2 round trip another warp
 //               sees under that stream. With nbytes == 0 it chases PROBE_HOPS hops unloaded.
 //
-// No includes, so NVRTC builds it as it builds decode_step.cu.
+// No includes, so NVRTC builds it as it builds decode_step.cu; the mbarrier and bulk-copy
+// helpers are decode_step.cu's own, spliced in by bench_stream.py, so both run the same PTX.
 //
 // The probe array (u64), prepared by the host:
 //   probe[0]  address of the first chain entry (each entry holds the address of the next, one
@@ -74,34 +75,16 @@ static_assert(COPY_BYTES % 16 == 0, "cp.async.bulk moves multiples of 16 bytes")
 static_assert(STAGE_BYTES % (16 * NCW) == 0, "every consumer warp reads the same share");
 static_assert(STAGE_BYTES < (1 << 20), "an mbarrier counts fewer than 2^20 transaction bytes");
 
-// ---- helpers (the same PTX as decode_step.cu) ------------------------------------------------
+// ---- helpers (decode_step.cu's own, spliced in by bench_stream.py) ---------------------------
 
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-  u32 a;
-  asm("{\n\t.reg .u64 t;\n\tcvta.to.shared.u64 t, %1;\n\tcvt.u32.u64 %0, t;\n\t}"
-      : "=r"(a)
-      : "l"(p));
-  return a;
-}
+// bench_stream.py puts decode_step.cu's <ptx-helpers> block (smem_u32, mbar_init,
+// mbar_expect_tx, mbar_arrive, bulk_load) in place of the next line.
+// @PTX_HELPERS@
 
 __device__ __forceinline__ u64 globaltimer() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
   return t;
-}
-
-__device__ __forceinline__ void mbar_init(u64* bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
-}
-
-__device__ __forceinline__ void mbar_expect_tx(u64* bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(u64* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 
 // decode_step.cu's wait, plus a watchdog checked every 4096 failed polls: a protocol error
@@ -123,16 +106,6 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
       else if (t - t0 > WATCHDOG_NS) asm volatile("trap;");
     }
   } while (!done);
-}
-
-// Bulk copy global -> shared, completion counted on ``bar``, evict-first in L2.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes, u64* bar,
-                                          u64 policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
-      "[%0], [%1], %2, [%3], %4;" ::"r"(smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
-      : "memory");
 }
 
 __device__ __forceinline__ u64 evict_first_policy() {

@@ -108,6 +108,7 @@ __device__ __forceinline__ bf16_t f2bf(float f) {  // round to nearest even (no 
   return (bf16_t)(u >> 16);
 }
 
+// <ptx-helpers> (scripts/bench_stream.py builds its kernels with this block too)
 __device__ __forceinline__ u32 smem_u32(const void* p) {
   u32 a;
   asm("{\n\t.reg .u64 t;\n\tcvta.to.shared.u64 t, %1;\n\tcvt.u32.u64 %0, t;\n\t}"
@@ -130,6 +131,18 @@ __device__ __forceinline__ void mbar_arrive(u64* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 
+// Bulk copy global -> shared, completion counted on ``bar``; the weights are read once per
+// step, so they are marked evict-first in L2.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes, u64* bar,
+                                          u64 policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+      "[%0], [%1], %2, [%3], %4;" ::"r"(smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
+      : "memory");
+}
+// </ptx-helpers>
+
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
   u32 done;
   do {
@@ -141,17 +154,6 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
         : "r"(smem_u32(bar)), "r"(parity)
         : "memory");
   } while (!done);
-}
-
-// Bulk copy global -> shared, completion counted on ``bar``; the weights are read once per
-// step, so they are marked evict-first in L2.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes, u64* bar,
-                                          u64 policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
-      "[%0], [%1], %2, [%3], %4;" ::"r"(smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
-      : "memory");
 }
 
 // The consumer warps' own barrier (the producer warp never joins it).
