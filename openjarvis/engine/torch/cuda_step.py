@@ -128,14 +128,16 @@ def plan(a: ModelArgs, stage_cap: int = STAGE_BYTES, nstage: int = 0,
             d[f"WPR_{kind}"] = wpr
         d[f"NKC_{kind}"] = nkc
         stage = max(stage, nr * rpw * (k // nkc) * 2)
-    fixed = _xmax(a) * 4 + MISC * 4
+    extra = extra or {}
+    fixed = _xmax(a) * 4 + _misc_floats({"NCW": NCW, "UB": UB, **d, **extra}) * 4
     depth = nstage or min(16, (smem_limit - fixed) // (stage + 16))
     defines = dict(
         DM=a.n_embd, FF=a.n_ff, NH=a.n_head, NKV=a.n_head_kv, HD=hd, NL=a.n_layer,
         NV=a.n_vocab, NCW=NCW, NSTAGE=depth, STAGE_BYTES=stage, SPLITS=SPLITS, ATILE=ATILE, UB=UB,
-        INFLIGHT=min(INFLIGHT, depth - 1),
         **d,
-    ) | (extra or {})
+    ) | extra
+    if "INFLIGHT" not in extra:  # below the ring's depth, whatever set it
+        defines["INFLIGHT"] = min(INFLIGHT, defines["NSTAGE"] - 1)
     return Plan(defines, _check_plan(a, defines, smem_limit))
 
 
@@ -148,9 +150,12 @@ def _xmax(a: ModelArgs) -> int:
 INFLIGHT = 2
 #: Units a consumer batch takes (``UB`` in the source: one reduction tail a batch).
 UB = 4
-#: Floats of the kernel's ``misc()`` area: reductions and softmax state at 0-48, cross-warp sums
-#: (2 buffers x NCW warps x UB units x up to 2 rows) at 64.
-MISC = 64 + 2 * NCW * UB * 2
+def _misc_floats(d: dict[str, int]) -> int:
+    """Floats of the kernel's ``misc()`` area for macros ``d``: reductions and softmax state at
+    0-48, then the cross-warp sums of rows that warps share (2 buffers x NCW warps x UB units x
+    the most rows a warp holds in such a kind)."""
+    rows = max([2] + [d.get(f"RPW_{k}", 1) for k in ("WO", "2") if d.get(f"WPR_{k}", 1) > 1])
+    return 64 + 2 * d["NCW"] * d["UB"] * rows
 
 
 def _check_plan(a: ModelArgs, d: dict[str, int], smem_limit: int) -> int:
@@ -166,15 +171,15 @@ def _check_plan(a: ModelArgs, d: dict[str, int], smem_limit: int) -> int:
     xmax = _xmax(a)
     if grp * hd + max(grp * atile, ncw * grp * hd) > xmax or 2 * grp * splits > xmax:
         problems.append("the attention's buffers do not fit the input-vector buffer")
-    for kind in ("QKV", "WO", "13", "2"):  # warps share rows evenly; pairs stay in their head
+    for kind in ("QKV", "WO", "13", "2"):  # warps share rows evenly; qkv pairs stay in a head
         wpr = d[f"WPR_{kind}"]
-        if wpr < 1 or ncw % wpr or (kind in ("QKV", "13") and (hd // 2) % (ncw // wpr)):
+        if wpr < 1 or ncw % wpr or (kind == "QKV" and (hd // 2) % (ncw // wpr)):
             problems.append(f"WPR_{kind}={wpr} does not split {ncw} warps"
-                            + (" or a head's pairs" if kind in ("QKV", "13") else ""))
+                            + (" or a head's pairs" if kind == "QKV" else ""))
     if not 0 <= d.get("INFLIGHT", 0) < d["NSTAGE"]:
         problems.append(f"INFLIGHT={d.get('INFLIGHT')} must be below NSTAGE={d['NSTAGE']}")
-    if grp > 16 or 64 + 2 * ncw * d["UB"] * 2 > MISC or not 1 <= d["UB"] <= 32:
-        problems.append("the softmax state or the cross-warp sums overflow misc()")
+    if grp > 16 or not 1 <= d["UB"] <= 32:
+        problems.append(f"UB={d['UB']} must be 1-32 units a batch, and a group at most 16 heads")
     units = (("QKV", a.n_embd, a.qkv_dim), ("13", a.n_embd, 2 * a.n_ff), ("WO", a.q_dim, a.n_embd),
              ("2", a.n_ff, a.n_embd), ("OUT", a.n_embd, a.n_vocab))
     for kind, k, n_rows in units:
@@ -184,7 +189,7 @@ def _check_plan(a: ModelArgs, d: dict[str, int], smem_limit: int) -> int:
                 or rows * (k // nkc) * 2 > d["STAGE_BYTES"]):
             problems.append(f"{kind}: units of {rows} rows x {k // max(nkc, 1)} columns do not tile "
                             f"the matrix in {d['STAGE_BYTES']}-byte stages")
-    smem = d["NSTAGE"] * (d["STAGE_BYTES"] + 16) + xmax * 4 + MISC * 4
+    smem = d["NSTAGE"] * (d["STAGE_BYTES"] + 16) + xmax * 4 + _misc_floats(d) * 4
     if d["NSTAGE"] < 2 or smem > smem_limit:
         problems.append(f"{d['NSTAGE']} stages need {smem} bytes of shared memory "
                         f"(this GPU gives a block {smem_limit})")

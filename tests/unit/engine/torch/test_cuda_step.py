@@ -96,6 +96,23 @@ def test_overrides_are_checked_like_the_defaults() -> None:
     assert C.plan(QWEN25_1_5B, nstage=2).defines["INFLIGHT"] == 1  # capped below the ring
 
 
+def test_shared_memory_grows_with_what_the_macros_ask_for() -> None:
+    base = C.plan(QWEN25_1_5B)
+    # 4 rows a warp where warps share rows: the cross-warp sums need twice the room
+    wide = C.plan(QWEN25_1_5B, extra={"RPW_WO": 4, "NKC_WO": 2})
+    assert wide.defines["WPR_WO"] == 2
+    assert C._misc_floats(wide.defines) == 64 + 2 * 8 * 4 * 4
+    assert wide.smem - base.smem == (C._misc_floats(wide.defines) - C._misc_floats(base.defines)) * 4
+    ub8 = C.plan(QWEN25_1_5B, extra={"UB": 8})  # more units a batch: a bigger misc(), still fits
+    assert ub8.smem > base.smem
+    with pytest.raises(C.CudaStepError, match="UB=40 must be 1-32"):
+        C.plan(QWEN25_1_5B, extra={"UB": 40})
+    # a shallower ring set by hand: INFLIGHT follows it unless set by hand too
+    assert C.plan(QWEN25_1_5B, extra={"NSTAGE": 2}).defines["INFLIGHT"] == 1
+    with pytest.raises(C.CudaStepError, match="INFLIGHT=2 must be below NSTAGE=2"):
+        C.plan(QWEN25_1_5B, extra={"NSTAGE": 2, "INFLIGHT": 2})
+
+
 def test_pair_kinds_copy_whole_rows_where_one_warp_a_pair_cannot() -> None:
     # 1.5B: 8 pairs of 3 KB rows overflow a stage, so 2 warps share a pair and a stage holds
     # whole rows (12 KB contiguous copies, not 1.5 KB row halves); 0.5B rows fit either way
