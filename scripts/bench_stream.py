@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import statistics
 import sys
@@ -62,12 +63,15 @@ SOURCE = Path(__file__).with_name("stream_probe.cu")
 DECODE_SOURCE = Path(__file__).resolve().parent.parent / "openjarvis/engine/torch/csrc/decode_step.cu"
 
 
+@functools.cache
 def probe_source() -> str:
     """stream_probe.cu with decode_step.cu's PTX helpers in place of its marker: the ring here
     runs the decode kernel's own mbarrier and bulk-copy code, not a copy of it."""
     decode = DECODE_SOURCE.read_text()
     start, end = decode.index("// <ptx-helpers>"), decode.index("// </ptx-helpers>")
     return SOURCE.read_text().replace("// @PTX_HELPERS@\n", decode[start:end], 1)
+
+
 STAGE = 24576  # bytes of one TMA stage (the decode kernel's are ~24-28 KB)
 #: The probe array (int64): a 16-entry header (see the source), then PROBE_N chain entries,
 #: one per 128-byte line (PROBE_STRIDE entries apart), so that hops spread over L2 slices.

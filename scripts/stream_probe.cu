@@ -78,7 +78,8 @@ static_assert(STAGE_BYTES < (1 << 20), "an mbarrier counts fewer than 2^20 trans
 // ---- helpers (decode_step.cu's own, spliced in by bench_stream.py) ---------------------------
 
 // bench_stream.py puts decode_step.cu's <ptx-helpers> block (smem_u32, mbar_init,
-// mbar_expect_tx, mbar_arrive, bulk_load) in place of the next line.
+// mbar_expect_tx, mbar_arrive, bulk_load, the ring's smem, ring(), full_bar(), empty_bar())
+// in place of the next line.
 // @PTX_HELPERS@
 
 __device__ __forceinline__ u64 globaltimer() {
@@ -167,14 +168,8 @@ __device__ void probe_chase(u64* probe, const u32* done, u32 ndone, bool stop_on
 // ---- the TMA ring ------------------------------------------------------------------------------
 
 // Shared memory: ring [NSTAGE][STAGE_BYTES] | full mbarriers [NSTAGE] | empty [NSTAGE] | done
-// (the host asks for NSTAGE * (STAGE_BYTES + 16) + 16 bytes).
-extern __shared__ __align__(128) unsigned char smem[];
-#define RING_BYTES ((u64)NSTAGE * STAGE_BYTES)
-__device__ __forceinline__ unsigned char* ring(int slot) { return smem + (u64)slot * STAGE_BYTES; }
-__device__ __forceinline__ u64* full_bar(int slot) { return (u64*)(smem + RING_BYTES) + slot; }
-__device__ __forceinline__ u64* empty_bar(int slot) {
-  return (u64*)(smem + RING_BYTES) + NSTAGE + slot;
-}
+// (the host asks for NSTAGE * (STAGE_BYTES + 16) + 16 bytes); smem, ring(), full_bar() and
+// empty_bar() come with decode_step.cu's helpers.
 __device__ __forceinline__ u32* done_ctr() { return (u32*)(smem + RING_BYTES + 16 * NSTAGE); }
 
 // Warps 0..NCW-1 consume, warp NCW produces, warp NCW+1 (PROBE=1) probes in block 0. The

@@ -150,6 +150,8 @@ def _xmax(a: ModelArgs) -> int:
 INFLIGHT = 2
 #: Units a consumer batch takes (``UB`` in the source: one reduction tail a batch).
 UB = 4
+
+
 def _misc_floats(d: dict[str, int]) -> int:
     """Floats of the kernel's ``misc()`` area for macros ``d``: reductions and softmax state at
     0-48, then the cross-warp sums of rows that warps share (2 buffers x NCW warps x UB units x

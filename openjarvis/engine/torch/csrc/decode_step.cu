@@ -108,7 +108,8 @@ __device__ __forceinline__ bf16_t f2bf(float f) {  // round to nearest even (no 
   return (bf16_t)(u >> 16);
 }
 
-// <ptx-helpers> (scripts/bench_stream.py builds its kernels with this block too)
+// <ptx-helpers> (scripts/bench_stream.py builds its kernels with this block too: the
+// mbarrier and bulk-copy PTX, and the ring's layout in shared memory)
 __device__ __forceinline__ u32 smem_u32(const void* p) {
   u32 a;
   asm("{\n\t.reg .u64 t;\n\tcvta.to.shared.u64 t, %1;\n\tcvt.u32.u64 %0, t;\n\t}"
@@ -140,6 +141,16 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes,
       "[%0], [%1], %2, [%3], %4;" ::"r"(smem_u32(dst)),
       "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
       : "memory");
+}
+
+// The ring: NSTAGE stages of STAGE_BYTES at the start of the one extern shared array, then
+// its full and empty mbarriers.
+extern __shared__ __align__(128) unsigned char smem[];
+#define RING_BYTES ((size_t)NSTAGE * STAGE_BYTES)
+__device__ __forceinline__ unsigned char* ring(int slot) { return smem + (size_t)slot * STAGE_BYTES; }
+__device__ __forceinline__ u64* full_bar(int slot) { return (u64*)(smem + RING_BYTES) + slot; }
+__device__ __forceinline__ u64* empty_bar(int slot) {
+  return (u64*)(smem + RING_BYTES) + NSTAGE + slot;
 }
 // </ptx-helpers>
 
@@ -276,14 +287,9 @@ __device__ __forceinline__ int row_of(int u, int j, int w) {
 // Shared memory, laid out at fixed offsets from the one extern array, so that every access
 // compiles to a shared-memory instruction (a struct of pointers passed to the non-inlined
 // attention made the compiler fall back to generic loads everywhere: run 32):
-//   ring [NSTAGE][STAGE_BYTES] | full mbarriers [NSTAGE] | empty [NSTAGE] | xs [XMAX] | misc [96]
-extern __shared__ __align__(128) unsigned char smem[];
-#define RING_BYTES ((size_t)NSTAGE * STAGE_BYTES)
-__device__ __forceinline__ unsigned char* ring(int slot) { return smem + (size_t)slot * STAGE_BYTES; }
-__device__ __forceinline__ u64* full_bar(int slot) { return (u64*)(smem + RING_BYTES) + slot; }
-__device__ __forceinline__ u64* empty_bar(int slot) {
-  return (u64*)(smem + RING_BYTES) + NSTAGE + slot;
-}
+//   ring [NSTAGE][STAGE_BYTES] | full mbarriers [NSTAGE] | empty [NSTAGE] | xs [XMAX] | misc
+// (misc's size: cuda_step._misc_floats). The ring and its barriers are declared with the PTX
+// helpers above.
 // the phase's input vector; the attention's q and scores alias it
 __device__ __forceinline__ float* xs() { return (float*)(smem + RING_BYTES + 16 * NSTAGE); }
 // Where float4 k of an N-float input vector sits in xs. XSPLIT: the first halves of every

@@ -122,6 +122,12 @@ def test_pair_kinds_copy_whole_rows_where_one_warp_a_pair_cannot() -> None:
     assert (d["WPR_QKV"], d["NKC_QKV"], d["WPR_13"], d["NKC_13"]) == (1, 1, 1, 1)
 
 
+def test_the_host_trace_buffer_matches_the_kernel_trace_points() -> None:
+    # a TRACE build writes [layer + head][NTP][block]: the host allocates TRACE_POINTS a layer
+    ntp = re.search(r"#define NTP (\d+)", C.SOURCE.read_text())
+    assert ntp is not None and int(ntp.group(1)) == C.TRACE_POINTS
+
+
 def test_the_host_params_match_the_kernel_struct_field_for_field() -> None:
     body = re.search(r"struct Params \{(.*?)\};", C.SOURCE.read_text(), re.S)
     assert body is not None
