@@ -59,7 +59,8 @@ from openjarvis.engine.torch.cuda_step import (  # noqa: E402  # same build and 
 )
 
 SOURCE = Path(__file__).with_name("stream_probe.cu")
-#: The decode kernel, whose ``<ptx-helpers>`` block (mbarriers, bulk copies) the probe kernels use.
+#: The decode kernel, whose ``<ptx-helpers>`` block (mbarriers, bulk copies, the ring's layout)
+#: the probe kernels use.
 DECODE_SOURCE = Path(__file__).resolve().parent.parent / "openjarvis/engine/torch/csrc/decode_step.cu"
 
 

@@ -78,8 +78,8 @@ static_assert(STAGE_BYTES < (1 << 20), "an mbarrier counts fewer than 2^20 trans
 // ---- helpers (decode_step.cu's own, spliced in by bench_stream.py) ---------------------------
 
 // bench_stream.py puts decode_step.cu's <ptx-helpers> block (smem_u32, mbar_init,
-// mbar_expect_tx, mbar_arrive, bulk_load, the ring's smem, ring(), full_bar(), empty_bar())
-// in place of the next line.
+// mbar_expect_tx, mbar_arrive, bulk_load, mbar_try_wait, the ring's smem, ring(),
+// full_bar(), empty_bar(), ring_init()) in place of the next line.
 // @PTX_HELPERS@
 
 __device__ __forceinline__ u64 globaltimer() {
@@ -91,16 +91,11 @@ __device__ __forceinline__ u64 globaltimer() {
 // decode_step.cu's wait, plus a watchdog checked every 4096 failed polls: a protocol error
 // traps (the launch fails) instead of spinning until the device run's time limit.
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
-  u32 done, polls = 0;
+  u32 polls = 0;
   u64 t0 = 0;
+  bool done;
   do {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
+    done = mbar_try_wait(bar, parity);
     if (!done && (++polls & 4095u) == 0) {
       const u64 t = globaltimer();
       if (t0 == 0) t0 = t;
@@ -178,12 +173,8 @@ extern "C" __global__ void __launch_bounds__(TMA_THREADS, MINB)
     tma_stream(const unsigned char* buf, u64 nbytes, float* out, u64* probe) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
-    for (int i = 0; i < NSTAGE; ++i) {
-      mbar_init(full_bar(i), 1);
-      mbar_init(empty_bar(i), NCW);
-    }
+    ring_init();
     *done_ctr() = 0;
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   u64 first, count, step;

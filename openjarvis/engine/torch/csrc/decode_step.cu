@@ -152,19 +152,34 @@ __device__ __forceinline__ u64* full_bar(int slot) { return (u64*)(smem + RING_B
 __device__ __forceinline__ u64* empty_bar(int slot) {
   return (u64*)(smem + RING_BYTES) + NSTAGE + slot;
 }
+
+// The ring's barriers, by one thread before the block's first barrier: a stage is full when
+// its one arming arrival and its bytes have landed, empty when the NCW consumer warps arrived.
+__device__ __forceinline__ void ring_init() {
+  for (int i = 0; i < NSTAGE; ++i) {
+    mbar_init(full_bar(i), 1);
+    mbar_init(empty_bar(i), NCW);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// One poll: has the phase of ``bar`` with this parity completed?
+__device__ __forceinline__ bool mbar_try_wait(u64* bar, u32 parity) {
+  u32 done;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+      "selp.u32 %0, 1, 0, p;\n\t}"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
 // </ptx-helpers>
 
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
-  u32 done;
-  do {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
+  while (!mbar_try_wait(bar, parity)) {
+  }
 }
 
 // The consumer warps' own barrier (the producer warp never joins it).
@@ -1035,13 +1050,7 @@ __device__ void consumer(const Params& p) {
 }
 
 extern "C" __global__ void __launch_bounds__(NCT + 32) decode_step(const __grid_constant__ Params p) {
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < NSTAGE; ++i) {
-      mbar_init(full_bar(i), 1);
-      mbar_init(empty_bar(i), NCW);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  if (threadIdx.x == 0) ring_init();
   __syncthreads();
   if (threadIdx.x >= NCT) {  // the producer warp
     Prod st{0, 0u, 0, 0, 0u, 0u};
