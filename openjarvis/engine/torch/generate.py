@@ -57,6 +57,8 @@ class Workspace:
     mega: Scratch | None = None
     #: [T, qkv_dim] float32 zeros: the split-K qkv accumulator of verify steps (``qkv_split``).
     qkv_acc: torch.Tensor | None = None
+    #: [heads] int32 zeros: the per-head arrival counters of the one-launch split-K qkv.
+    qkv_cnt: torch.Tensor | None = None
 
     @property
     def start(self) -> torch.Tensor:
@@ -95,6 +97,9 @@ class Runner:
         #: block_k). Filled by tuning (scripts/bench_gpu.py); defaults where absent.
         self.linear_configs: dict[tuple[str, int], object] = {}
         self.attn_block_s = 64
+        #: T > 1: (splits, keys per block) of the attention where they differ from the
+        #: one-token step's (``nsplit``, ``attn_block_s``); None: the same.
+        self.verify_attention: tuple[int, int] | None = None
         #: T = 1: merge the attention splits inside the o-projection (one launch fewer per
         #: layer; float atomics into the residual, so the last bits vary from run to run).
         self.fuse_attn_out = False
@@ -111,6 +116,9 @@ class Runner:
         #: T > 1: qkv as a split-K product plus a small RoPE/KV-write kernel (``kernels.qkv_split``)
         #: with these tiles, instead of the per-pair qkv kernel; None keeps the per-pair kernel.
         self.qkv_split: object | None = None
+        #: The split-K qkv in one launch, its last program per head finishing the head
+        #: (``kernels.qkv_split`` with ``counts``), rather than a second small kernel.
+        self.qkv_one_launch = False
         self._stacked: object | None = None
         #: Cache policy of the weight loads: "" or "evict_first" (a step reads each weight once).
         self.weight_evict = ""
@@ -119,8 +127,8 @@ class Runner:
         #: weights where K fits one tile, so the load overlaps the kernel before them.
         self.pdl_prologue: frozenset[str] = frozenset()
         #: Verify steps (T > 1): PDL mode per kernel ("qkv", "rope_kv", "attn", "combine", "wo",
-        #: "w13", "w2", "out"; others use ``pdl_by_t``). Kernels with swapped tiles never use
-        #: PDL, so they neither start early nor let the next kernel start early.
+        #: "w13", "w2", "out", "embed"; others use ``pdl_by_t``), ``kernels.PDL_LATE`` added
+        #: where the next kernel should launch only after this one's main loop.
         self.verify_pdl: dict[str, int] = {}
         #: Set by ``make_deterministic``; default tiles (shapes without tuning) never split K.
         self.deterministic = False
@@ -216,11 +224,18 @@ class Runner:
     def kernel_pdl(self, name: str, t: int) -> int:
         """PDL mode of kernel ``name`` in a T-token step: ``verify_pdl`` for T > 1 where it
         names the kernel, else the step's mode (``pdl_by_t``, ``pdl``), raised to 2 (weights
-        before the wait) for the ``pdl_prologue`` kernels where that mode is 1."""
+        before the wait) for the ``pdl_prologue`` kernels where that mode is 1 (5 to 6 with
+        ``PDL_LATE``)."""
         if t > 1 and name in self.verify_pdl:
             return self.verify_pdl[name]
         pdl = self.pdl_by_t.get(t, self.pdl)
-        return 2 if pdl == 1 and name in self.pdl_prologue else pdl
+        return pdl + 1 if pdl % 4 == 1 and name in self.pdl_prologue else pdl
+
+    def attention_tiles(self, t: int) -> tuple[int, int]:
+        """(splits of the sequence, keys per block) of the attention in a T-token step."""
+        if t > 1 and self.verify_attention is not None:
+            return self.verify_attention
+        return self.nsplit, self.attn_block_s
 
     @property
     def n_ctx(self) -> int:
@@ -290,12 +305,13 @@ class Runner:
             return ws
         a, dev, dt = self.args, self.device, self.model.dtype
         f32 = torch.float32
+        nsplit = self.attention_tiles(t)[0]
         ws = Workspace(
             inputs=torch.zeros(1 + t, dtype=torch.int64, device=dev),
             h=torch.empty(t, a.n_embd, dtype=f32, device=dev),
             q=torch.empty(t, a.n_head, a.head_dim, dtype=f32, device=dev),
-            o_part=torch.empty(self.nsplit, t, a.n_head, a.head_dim, dtype=f32, device=dev),
-            ml_part=torch.empty(self.nsplit, t, a.n_head, 2, dtype=f32, device=dev),
+            o_part=torch.empty(nsplit, t, a.n_head, a.head_dim, dtype=f32, device=dev),
+            ml_part=torch.empty(nsplit, t, a.n_head, 2, dtype=f32, device=dev),
             attn=torch.empty(t, a.q_dim, dtype=dt, device=dev),
             act=torch.empty(t, a.n_ff, dtype=dt, device=dev),
             logits=torch.empty(t, a.n_vocab, dtype=f32, device=dev),
@@ -372,6 +388,10 @@ class Runner:
             split = None
         if split is not None and ws.qkv_acc is None:
             ws.qkv_acc = torch.zeros(t, a.qkv_dim, dtype=torch.float32, device=self.device)
+        if split is not None and self.qkv_one_launch and ws.qkv_cnt is None:
+            ws.qkv_cnt = torch.zeros(a.n_head + 2 * a.n_head_kv, dtype=torch.int32,
+                                     device=self.device)
+        cnt = ws.qkv_cnt if self.qkv_one_launch else None
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pk("embed"))
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
@@ -379,7 +399,7 @@ class Runner:
                 assert ws.qkv_acc is not None
                 K.qkv_split(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                             kc, vc, ws.qkv_acc, a.rms_eps, cfg=split, pdl=pk("qkv"), evict=ev,
-                            pdl_rope=pk("rope_kv"))
+                            pdl_rope=pk("rope_kv"), counts=cnt)
             else:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
@@ -390,7 +410,8 @@ class Runner:
                                 pdl=pk("attn"))
             else:
                 K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
-                            block_s=self.attn_block_s, pdl=pk("attn"), pdl_combine=pk("combine"))
+                            block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
+                            pdl_combine=pk("combine"))
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pk("wo"), evict=ev)
             K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
                      cfg=lc("w13"), pdl=pk("w13"), evict=ev)

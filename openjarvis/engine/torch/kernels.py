@@ -32,6 +32,9 @@ import triton.language as tl
 
 # Linear modes
 STORE, ADD, SWIGLU = 0, 1, 2
+#: Added to a PDL mode (1 or 2; 3 in tests): the kernel lets its successor launch after its
+#: main loop (``_gdc_late``) instead of at its start.
+PDL_LATE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +78,22 @@ def _tile_dot(x, w, acc, BLOCK_T: tl.constexpr):
 
 @triton.jit
 def _gdc(PDL: tl.constexpr):
-    """Programmatic dependent launch: let the next kernel start its prologue, then wait until
-    the previous kernel has finished and its writes are visible. Everything before this point
-    may read only weights (never written during a step)."""
-    if PDL == 1 or PDL == 2:
-        tl.extra.cuda.gdc_launch_dependents()
+    """Programmatic dependent launch: let the next kernel start its prologue (here, unless
+    ``PDL_LATE`` moves that to ``_gdc_late``), then wait until the previous kernel has finished
+    and its writes are visible. Everything before this point may read only weights (never
+    written during a step)."""
+    if PDL % 4 == 1 or PDL % 4 == 2:
+        if PDL < 4:
+            tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _gdc_late(PDL: tl.constexpr):
+    """``PDL_LATE``: let the next kernel launch only once every program is past its main loop,
+    so its waiting programs never hold SM slots that this kernel's later programs need."""
+    if PDL == 5 or PDL == 6:
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -139,25 +152,16 @@ def _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out,
 
 
 @triton.jit
-def _linear_kernel(
-    x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
-    T, N, K, stride_x, stride_out, eps,
-    MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EVICT: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
-    k_lo = tl.program_id(1) * k_per
-    k_hi = tl.minimum(k_lo + k_per, K)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
-    rt = tl.arange(0, BLOCK_T)  # [BT]
-    nmask = rn < N
-    tmask = rt < T
+def _lin_main(x_ptr, w_ptr, g_ptr, rn, rt, nmask, tmask, k_lo, k_hi, N, K, stride_x,
+              MODE: tl.constexpr, NORM: tl.constexpr, BLOCK_T: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+              EVICT: tl.constexpr):
+    """The K loop of a [BT, BN] output tile over columns k_lo..k_hi (the PDL wait inside):
+    returns acc, acc2 (the up half of a SwiGLU pair) and the RMS statistics of x."""
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    if PDL >= 2:
+    if PDL % 4 >= 2:
         # The first K tile of the weights is loaded before waiting on the previous kernel.
         rk = k_lo + tl.arange(0, BLOCK_K)  # [BK]
         kmask = rk < k_hi
@@ -191,6 +195,28 @@ def _linear_kernel(
             if MODE == 2:
                 w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
                 acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
+    return acc, acc2, ss
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
+    T, N, K, stride_x, stride_out, eps,
+    MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr, EVICT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
+    k_lo = tl.program_id(1) * k_per
+    k_hi = tl.minimum(k_lo + k_per, K)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    rt = tl.arange(0, BLOCK_T)  # [BT]
+    nmask = rn < N
+    tmask = rt < T
+    acc, acc2, ss = _lin_main(x_ptr, w_ptr, g_ptr, rn, rt, nmask, tmask, k_lo, k_hi, N, K,
+                              stride_x, MODE, NORM, BLOCK_T, BLOCK_N, BLOCK_K, PDL, EVICT)
+    _gdc_late(PDL)
     _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
                 MODE, NORM, BIAS, SPLIT_K)
 
@@ -201,7 +227,7 @@ def _linear_swap_kernel(
     T, N, K, stride_x, stride_out, eps,
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    EVICT: tl.constexpr,
+    PDL: tl.constexpr, EVICT: tl.constexpr,
 ):
     """``_linear_kernel`` for T > 1 with the product transposed: accT [BN, BT] += W [BN, BK] .
     x^T [BK, BT]; transposed back once, before the same epilogue."""
@@ -216,7 +242,26 @@ def _linear_swap_kernel(
     acc_t = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
     acc2_t = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    k_first = k_lo
+    if PDL % 4 >= 2:  # the first weight tile before waiting on the previous kernel
+        rk = k_lo + tl.arange(0, BLOCK_K)
+        kmask = rk < k_hi
+        wmask = nmask[:, None] & kmask[None, :]
+        w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)
+        if MODE == 2:
+            w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
+        else:
+            w2 = w
+        _gdc(PDL)
+        x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
+        xt = tl.trans(x.to(w.dtype))
+        acc_t = tl.dot(w, xt, acc_t)
+        if MODE == 2:
+            acc2_t = tl.dot(w2, xt, acc2_t)
+        k_first = k_lo + BLOCK_K
+    else:
+        _gdc(PDL)
+    for k0 in range(k_first, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < k_hi
         x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
@@ -227,6 +272,7 @@ def _linear_swap_kernel(
         if MODE == 2:
             w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
             acc2_t = tl.dot(w2, xt, acc2_t)
+    _gdc_late(PDL)
     _linear_out(tl.trans(acc_t), tl.trans(acc2_t), ss, rn, rt, nmask, tmask, b_ptr, out_ptr,
                 stride_out, K, eps, MODE, NORM, BIAS, SPLIT_K)
 
@@ -253,7 +299,7 @@ def _qkv_rope_kernel(
     acc2 = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
     k_first = 0
-    if PDL >= 2:  # the first weight tile before waiting on the previous kernel
+    if PDL % 4 >= 2:  # the first weight tile before waiting on the previous kernel
         rk = tl.arange(0, BLOCK_K)
         kmask = rk < K
         w1 = _w_tile(w_ptr, r1, 0, rk, kmask[None, :], K, EVICT)
@@ -271,7 +317,22 @@ def _qkv_rope_kernel(
         w2 = _w_tile(w_ptr, r2, 0, rk, kmask[None, :], K, EVICT)
         acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
                                    acc2, ss, 2, True, BLOCK_T)
+    _gdc_late(PDL)
     inv = tl.rsqrt(ss / K + eps)
+    _rope_store(acc1, acc2, inv, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr, head, j, rt,
+                tmask, stride_ch, stride_cs, N_HEAD, N_KV, HD)
+
+
+@triton.jit
+def _rope_store(acc1, acc2, inv, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr, head, j, rt,
+                tmask, stride_ch, stride_cs,
+                N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr):
+    """Finish rows j and j + HD/2 of ``head`` (acc [BT, BP] each, (x * g) @ W^T): times the
+    tokens' 1/RMS ``inv`` [BT], plus the bias, NeoX RoPE for q and k, stored into q or the
+    cache at the tokens' positions."""
+    HALF: tl.constexpr = HD // 2
+    r1 = head * HD + j
+    r2 = r1 + HALF
     acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
     acc2 = acc2 * inv[:, None] + tl.load(b_ptr + r2).to(tl.float32)[None, :]
     pos = tl.load(start_ptr) + rt  # [BT]
@@ -315,6 +376,7 @@ def _rope_kv_kernel(
         d = d0 + tl.arange(0, BLOCK_D)
         x = tl.load(h_ptr + t * D + d, mask=d < D, other=0.0)
         ss += x * x
+    _gdc_late(PDL)
     inv = tl.rsqrt(tl.sum(ss, 0) / D + eps)
     QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
     j = tl.arange(0, HALF)
@@ -345,6 +407,56 @@ def _rope_kv_kernel(
         vp = vc_ptr + (head - N_HEAD - N_KV) * stride_ch + pos * stride_cs + j
         tl.store(vp, o1.to(vc_ptr.dtype.element_ty))
         tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _qkv_split_kernel(
+    x_ptr, w_ptr, g_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr, acc_ptr, cnt_ptr,
+    T, K, stride_x, stride_ch, stride_cs, eps,
+    N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_D: tl.constexpr, PDL: tl.constexpr, EVICT: tl.constexpr,
+):
+    """Split-K qkv of a verify step in one launch: program = (BLOCK_N rows of one head, K
+    split); partial sums of (x * g) @ W^T land in ``acc`` [T, QKV] with float atomics, and the
+    last program of a head to arrive (a counter per head) finishes it: 1/RMS, bias, RoPE, q
+    and the cache stored, its ``acc`` rows and counter zeroed for the next layer. One launch
+    instead of ``qkv_split``'s two, without the second one's gap."""
+    QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
+    HALF: tl.constexpr = HD // 2
+    PER_HEAD: tl.constexpr = (HD // BLOCK_N) * SPLIT_K
+    pid = tl.program_id(0)
+    k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
+    k_lo = tl.program_id(1) * k_per
+    k_hi = tl.minimum(k_lo + k_per, K)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rt = tl.arange(0, BLOCK_T)
+    nmask = rn < QKV
+    tmask = rt < T
+    acc, acc2, ss = _lin_main(x_ptr, w_ptr, g_ptr, rn, rt, nmask, tmask, k_lo, k_hi, QKV, K,
+                              stride_x, 1, 2, BLOCK_T, BLOCK_N, BLOCK_K, PDL, EVICT)
+    _gdc_late(PDL)
+    tl.atomic_add(acc_ptr + rt[:, None] * QKV + rn[None, :], acc, mask=tmask[:, None],
+                  sem="relaxed")
+    tl.debug_barrier()  # every thread's partial sums before the counter's release
+    head = pid * BLOCK_N // HD
+    if tl.atomic_add(cnt_ptr + head, 1, sem="acq_rel") == PER_HEAD - 1:
+        tl.store(cnt_ptr + head, 0)
+        ssq = tl.zeros([BLOCK_T], dtype=tl.float32)
+        for d0 in range(0, K, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            x = tl.load(x_ptr + rt[:, None] * stride_x + d[None, :],
+                        mask=tmask[:, None] & (d < K)[None, :], other=0.0)
+            ssq += tl.sum(x * x, axis=1)
+        j = tl.arange(0, HALF)
+        p1 = acc_ptr + rt[:, None] * QKV + head * HD + j[None, :]
+        a1 = tl.load(p1, mask=tmask[:, None], other=0.0, cache_modifier=".cg")
+        a2 = tl.load(p1 + HALF, mask=tmask[:, None], other=0.0, cache_modifier=".cg")
+        zero = tl.zeros([BLOCK_T, HALF], dtype=tl.float32)
+        tl.store(p1, zero, mask=tmask[:, None])
+        tl.store(p1 + HALF, zero, mask=tmask[:, None])
+        _rope_store(a1, a2, tl.rsqrt(ssq / K + eps), b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr,
+                    vc_ptr, head, j, rt, tmask, stride_ch, stride_cs, N_HEAD, N_KV, HD)
 
 
 @triton.jit
@@ -403,6 +515,7 @@ def _attn_split_kernel(
     _attn_item(q_ptr, kc_ptr, vc_ptr, tl.load(start_ptr), o_ptr, ml_ptr, T, tl.program_id(0),
                tl.program_id(1), stride_ch, stride_cs, scale, N_HEAD, G, HD, NSPLIT, BLOCK_R,
                BLOCK_S)
+    _gdc_late(PDL)
 
 
 @triton.jit
@@ -427,6 +540,7 @@ def _attn_combine_kernel(
 ):
     _gdc(PDL)
     _combine_item(o_ptr, ml_ptr, out_ptr, T, tl.program_id(0), N_HEAD, HD, NSPLIT)
+    _gdc_late(PDL)
 
 
 @triton.jit
@@ -465,6 +579,7 @@ def _embed_kernel(tok_ptr, emb_ptr, h_ptr, D, BLOCK_D: tl.constexpr, PDL: tl.con
         d = d0 + tl.arange(0, BLOCK_D)
         row = tl.load(emb_ptr + tok * D + d, mask=d < D, other=0.0)
         tl.store(h_ptr + t * D + d, row.to(tl.float32), mask=d < D)
+    _gdc_late(PDL)
 
 
 # --- launchers ------------------------------------------------------------------------------
@@ -484,14 +599,17 @@ def pdl_supported() -> bool:
 
 
 def _wait(pdl: int) -> int:
-    """The PDL flag of kernels without a weight prologue: wait first, or not at all."""
-    return 1 if pdl in (1, 2) else 0
+    """The PDL flag of kernels without a weight prologue: wait first (keeping ``PDL_LATE``),
+    or not at all."""
+    return (1 | (pdl & PDL_LATE)) if pdl % 4 in (1, 2) else 0
 
 
 def _launch(pdl: int) -> dict[str, bool]:
     """PDL modes: 0 off; 1 launched early, waits first; 2 also loads its first weight tile
-    before waiting (linear and qkv kernels); 3 the code of 2 without PDL (tests, interpreter)."""
-    return {"launch_pdl": True} if pdl in (1, 2) else {}
+    before waiting (linear and qkv kernels); 3 the code of 2 without PDL (tests, interpreter);
+    plus ``PDL_LATE`` (5, 6, 7): the next kernel is let go after the main loop, not at the
+    start."""
+    return {"launch_pdl": True} if pdl % 4 in (1, 2) else {}
 
 
 def linear(
@@ -523,7 +641,8 @@ def linear(
             t, n, k, x.stride(0), out.stride(0), eps,
             MODE=mode, NORM=0 if norm is None else 1 if norm_scale else 2, BIAS=bias is not None,
             BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-            EVICT=evict, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            PDL=pdl, EVICT=evict, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **_launch(pdl),
         )
         return out
     _linear_kernel[grid](
@@ -585,13 +704,29 @@ def qkv_split(
     pdl: int = 0,
     evict: str = "",
     pdl_rope: int | None = None,  # the second kernel's PDL mode; default: as ``pdl``
+    counts: torch.Tensor | None = None,  # [>= H + 2 Hkv] int32 zeros: one launch, see below
 ) -> None:
-    """``qkv_rope`` for verify steps in two launches: a split-K product (many programs; the
-    per-pair qkv kernel has only (heads x pairs / 16) of them at T > 1) and a small kernel that
-    applies what does not distribute over the splits (1/RMS, bias, RoPE) and stores."""
+    """``qkv_rope`` for verify steps as a split-K product (many programs; the per-pair qkv
+    kernel has only (heads x pairs / 16) of them at T > 1), then what does not distribute over
+    the splits (1/RMS, bias, RoPE) and the stores: in the same launch by the last program of
+    each head where ``counts`` (int32 zeros, one per head, left zero) is given, else in a
+    second small kernel."""
     t, d = x.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]
+    if counts is not None:
+        if cfg.swap or hd % cfg.block_n or counts.numel() < n_head + 2 * n_kv:
+            raise ValueError("the one-launch qkv needs unswapped tiles of whole heads' rows "
+                             "and a counter per head")
+        _qkv_split_kernel[(wqkv.shape[0] // cfg.block_n, cfg.split_k)](
+            x, wqkv, norm, bias, rope, start, q_out, k_cache, v_cache, acc, counts,
+            t, d, x.stride(0), k_cache.stride(0), k_cache.stride(1), eps,
+            N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_T=block_t(t), BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+            BLOCK_D=min(256, triton.next_power_of_2(d)), PDL=pdl, EVICT=evict,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
+        )
+        return
     linear(x, wqkv, acc, mode=ADD, norm=norm, eps=eps, cfg=cfg, pdl=pdl, norm_scale=False,
            evict=evict)
     _rope_kv_kernel[(t, n_head + 2 * n_kv)](

@@ -35,18 +35,21 @@ def g(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("peel", [0, 3, 9])  # 3: the loop PDL mode 2 runs; 9: swapped operands
+#: (PDL mode, swapped operands): 3 and 7 run the loop PDL modes 2 and 6 run (the first weight
+#: tile before the wait), without PDL itself, which the interpreter lacks.
+@pytest.mark.parametrize(("peel", "swap"), [(0, False), (3, False), (7, False), (0, True),
+                                            (3, True)])
 @pytest.mark.parametrize("t", [1, 3, 17])
 @pytest.mark.parametrize("mode", [K.STORE, K.ADD, K.SWIGLU])
-def test_linear_modes(t: int, mode: int, peel: int) -> None:
+def test_linear_modes(t: int, mode: int, peel: int, swap: bool) -> None:
     n, k = 40, 72  # not multiples of the tiles: the masks matter
     x, w = g(t, k, seed=1), g(2 * n if mode == K.SWIGLU else n, k, seed=2)
     norm, bias = g(k, seed=3) + 1, g(n, seed=4)
     h0 = g(t, n, seed=5)
     out = h0.clone() if mode == K.ADD else torch.full((t, n), POISON)
-    cfg = K.LinearConfig(block_n=8 if t == 1 else 16, block_k=32, swap=peel == 9)
+    cfg = K.LinearConfig(block_n=8 if t == 1 else 16, block_k=32, swap=swap)
     use_bias = bias if mode == K.STORE else None
-    K.linear(x, w, out, mode=mode, norm=norm, bias=use_bias, eps=1e-6, cfg=cfg, pdl=peel % 9)
+    K.linear(x, w, out, mode=mode, norm=norm, bias=use_bias, eps=1e-6, cfg=cfg, pdl=peel)
     y = rms_norm(x, norm, 1e-6) @ w.T
     if mode == K.STORE:
         ref = y + bias
@@ -92,6 +95,42 @@ def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
     assert rel(kc[:, start : start + t], rk) < 1e-5
     assert rel(vc[:, start : start + t], rv.view(t, a.n_head_kv, a.head_dim).transpose(0, 1)) < 1e-5
     assert kc[:, :start].isnan().all() and kc[:, start + t :].isnan().all()  # nothing else
+
+
+@pytest.mark.parametrize("one_launch", [False, True])
+@pytest.mark.parametrize("t", [2, 9])
+def test_split_k_qkv_writes_q_and_the_cache_and_leaves_its_scratch_zero(
+        t: int, one_launch: bool) -> None:
+    """The verify steps' split-K qkv, in two launches or in one (the last program of each head
+    to arrive finishes it): q and the cache as the reference, nothing else written, and the
+    accumulator and counters zero again for the next layer."""
+    a = ARGS
+    x, w, bias, norm = g(t, a.n_embd, seed=1), g(a.qkv_dim, a.n_embd, seed=2), g(a.qkv_dim, seed=3), g(a.n_embd, seed=4)
+    rope = rope_table(a, 64, "cpu")
+    start = 20
+    q = torch.full((t, a.n_head, a.head_dim), POISON)
+    kc = torch.full((a.n_head_kv, 40, a.head_dim), POISON)
+    vc = kc.clone()
+    acc = torch.zeros(t, a.qkv_dim)
+    counts = torch.zeros(a.n_head + 2 * a.n_head_kv, dtype=torch.int32) if one_launch else None
+    cfg = K.LinearConfig(16, 32, split_k=3)  # K 128 as splits of 64: the third is empty
+    for _ in range(2):  # a second layer on the same scratch
+        K.qkv_split(x, w, norm, bias, rope, torch.tensor([start]), q, kc, vc, acc, 1e-6, cfg=cfg,
+                    counts=counts)
+    y = rms_norm(x, norm, 1e-6) @ w.T + bias
+    rq, rk, rv = y.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
+    cs = rope[start : start + t]
+    assert rel(q, apply_rope(rq.view(t, a.n_head, a.head_dim), cs)) < 1e-5
+    rk = apply_rope(rk.view(t, a.n_head_kv, a.head_dim), cs).transpose(0, 1)
+    assert rel(kc[:, start : start + t], rk) < 1e-5
+    assert rel(vc[:, start : start + t], rv.view(t, a.n_head_kv, a.head_dim).transpose(0, 1)) < 1e-5
+    assert kc[:, :start].isnan().all() and kc[:, start + t :].isnan().all()
+    assert not acc.any()
+    if counts is not None:
+        assert not counts.any()
+        with pytest.raises(ValueError, match="whole heads"):
+            K.qkv_split(x, w, norm, bias, rope, torch.tensor([start]), q, kc, vc, acc, 1e-6,
+                        cfg=K.LinearConfig(48, 32, split_k=3), counts=counts)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,288 @@
+"""Verify steps (T = k + 1 tokens) of the Triton backend against its one-token step.
+
+Run on the lent H200 (``device`` tool): ``python3 scripts/bench_verify.py --out $OUT``.
+In one process, per model (1.5B and 0.5B shapes, random non-zero bf16 weights):
+
+1. correctness: every variant's T = 9 logits at one position against the default's, from the
+   same cache (split-K atomics make two default runs differ by ~6e-3 relative already), and
+   against a float32 reference of the same weights (``Runner`` with the torch kernels);
+2. timing: the one-token step and the T = 9 step of each variant at positions 512 and 4096, in
+   CUDA graphs, in alternating rounds (the machine drifts); each round the median of 7 x 50
+   replays, the figure the fastest round; the ratio to the one-token step of the same round;
+   k = 4 and k = 16 for the default and the best variant;
+3. where the T = 9 step's time goes: the step re-captured with one kind of launch left out
+   (its results are wrong by design), the difference to the whole step what that kind costs
+   inside it, launch gaps and overlap included (``--breakdown``).
+
+A variant is a JSON object of Runner settings: ``verify_pdl`` (PDL mode per kernel,
+``kernels.PDL_LATE`` added for a late trigger), ``qkv_one_launch``, ``verify_attention``
+([splits, keys per block]), ``pdl_by_t`` (keys as strings). Results go to
+``--out``/verify.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gpu import time_ms  # noqa: E402  # the same timer
+
+from openjarvis.engine.torch import kernels as K  # noqa: E402
+from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
+from openjarvis.engine.torch.generate import Runner  # noqa: E402
+from openjarvis.engine.torch.model import Transformer  # noqa: E402
+from openjarvis.engine.torch.weights import cast, random_weights  # noqa: E402
+
+T0 = time.monotonic()
+RES: dict[str, Any] = {}
+LATE = K.PDL_LATE
+#: Every verify kernel launched early, the next one let go after the main loop; the kernels
+#: with weights load their first tile before waiting.
+ALL_LATE = {"embed": 1 + LATE, "qkv": 2 + LATE, "rope_kv": 1 + LATE, "attn": 1 + LATE,
+            "combine": 1 + LATE, "wo": 2 + LATE, "w13": 2 + LATE, "w2": 2 + LATE,
+            "out": 2 + LATE}
+ALL_EARLY = {k: v - LATE for k, v in ALL_LATE.items()}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "late": {"verify_pdl": ALL_LATE},
+    "early": {"verify_pdl": ALL_EARLY},
+    "one_launch": {"qkv_one_launch": True},
+    "late_one_launch": {"verify_pdl": ALL_LATE, "qkv_one_launch": True},
+    "late_attn64x64": {"verify_pdl": ALL_LATE, "verify_attention": [64, 64]},
+    "late_attn64x32": {"verify_pdl": ALL_LATE, "verify_attention": [64, 32]},
+    "late_attn16x64": {"verify_pdl": ALL_LATE, "verify_attention": [16, 64]},
+}
+#: One-token variants timed beside the default one-token step (``pdl_by_t``).
+T1_VARIANTS: dict[str, dict[str, Any]] = {"t1_late": {"pdl_by_t": {"1": 1 + LATE}}}
+
+
+def log(*a: object) -> None:
+    print(f"[{time.monotonic() - T0:6.1f}s]", *a, flush=True)
+
+
+def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
+    """Runner settings of variant ``v`` (on top of the defaults saved in ``base``)."""
+    r.verify_pdl = dict(v.get("verify_pdl", base["verify_pdl"]))
+    r.qkv_one_launch = bool(v.get("qkv_one_launch", False))
+    att = v.get("verify_attention")
+    r.verify_attention = (int(att[0]), int(att[1])) if att else None
+    r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
+    r._steps.clear()
+
+
+def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
+    w = random_weights(a, torch.bfloat16, "cuda", seed=0)
+    r = Runner(Transformer(a, w, n_pos=n_ctx + 64), n_ctx, kernels="triton", graphs=True)
+    return r, {"verify_pdl": dict(r.verify_pdl), "pdl_by_t": {str(k): v for k, v in
+                                                              r.pdl_by_t.items()}}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def correctness(a: ModelArgs, variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """T = 9 logits at position 600 (after a 600-token prompt) of each variant against the
+    default's from the same cache, and against a float32 reference of the same weights."""
+    n_ctx = 1024
+    r, base = runner_for(a, n_ctx)
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, a.n_vocab, (600,), generator=gen).tolist()
+    toks = torch.randint(0, a.n_vocab, (9,), generator=gen).tolist()
+    r.logits(prompt, 0)
+    saved = (r.cache.k.clone(), r.cache.v.clone())
+    out: dict[str, Any] = {}
+    ref32 = None
+    try:
+        w32 = cast(r.model.weights, torch.float32)
+        f = Runner(Transformer(a, w32, n_pos=n_ctx + 64), n_ctx, kernels="torch", graphs=False)
+        f.logits(prompt + toks, 0)  # warm
+        ref32 = f.logits(prompt + toks, 0)[600:].clone()
+        del f, w32
+    except Exception as e:  # noqa: BLE001
+        out["ref32_error"] = str(e)[-300:]
+    base_logits = None
+    for name, v in variants.items():
+        configure(r, v, base)
+        r.cache.k.copy_(saved[0])
+        r.cache.v.copy_(saved[1])
+        got = r.logits(toks, 600).clone()
+        r.cache.k.copy_(saved[0])
+        r.cache.v.copy_(saved[1])
+        again = r.logits(toks, 600).clone()  # replayed from the captured graph
+        row: dict[str, Any] = {"finite": bool(torch.isfinite(got).all()),
+                               "replay_rel": rel(again, got)}
+        if base_logits is None:
+            base_logits = got
+        row["rel_vs_default"] = rel(got, base_logits)
+        row["top1_vs_default"] = float((got.argmax(-1) == base_logits.argmax(-1)).float().mean())
+        if ref32 is not None:
+            row["rel_vs_f32"] = rel(got, ref32)
+            row["top1_vs_f32"] = float((got.argmax(-1) == ref32.argmax(-1)).float().mean())
+        out[name] = row
+        log("correct", name, {k: round(x, 5) if isinstance(x, float) else x
+                              for k, x in row.items()})
+    return out
+
+
+def timing(a: ModelArgs, positions: list[int], variants: dict[str, dict[str, Any]],
+           rounds: int, extra_t: bool) -> dict[str, Any]:
+    r, base = runner_for(a, max(positions) + 64)
+    toks = list(range(100, 117))
+    out: dict[str, Any] = {}
+    for pos in positions:
+        best: dict[str, float] = {}
+        ratios: dict[str, list[float]] = {}
+        for rnd in range(rounds):
+            configure(r, {}, base)
+            r.step(toks[:1], pos)
+            t1 = time_ms(lambda: r.replay(1))
+            best["t1"] = min(best.get("t1", 1e9), t1)
+            for name, v in {**variants, **T1_VARIANTS}.items():
+                configure(r, v, base)
+                t = 1 if name in T1_VARIANTS else 9
+                try:
+                    r.step(toks[:t], pos)
+                    ms = time_ms(functools.partial(r.replay, t))
+                except Exception as e:  # noqa: BLE001
+                    log("variant", name, "failed:", str(e).splitlines()[0][:200])
+                    continue
+                best[name] = min(best.get(name, 1e9), ms)
+                ratios.setdefault(name, []).append(ms / t1)
+            log(f"round {rnd} @{pos}", {k: round(x, 4) for k, x in best.items()})
+        row: dict[str, Any] = {"ms": best,
+                               "ratio_to_t1": {k: min(x) for k, x in ratios.items()}}
+        if extra_t:
+            pick = min((k for k in variants if k in best), key=lambda k: best[k])
+            row["best"] = pick
+            for name in ("default", pick):
+                configure(r, variants[name], base)
+                for t in (5, 17):
+                    r.step(toks[:t], pos)
+                    row["ms"][f"{name}_T{t}"] = time_ms(functools.partial(r.replay, t))
+        out[str(pos)] = row
+        log("timing", pos, row)
+    return out
+
+
+class _Skip:
+    """A Triton kernel stand-in that launches nothing (``kernel[grid](...)``)."""
+
+    def __getitem__(self, grid: object) -> Any:
+        return _nothing
+
+
+def _nothing(*a: object, **k: object) -> None:
+    return None
+
+
+@contextmanager
+def left_out(r: Runner, kind: str) -> Iterator[None]:
+    """The step with one kind of launch left out: Triton kernels replaced by ``_Skip``, linear
+    launches filtered by which weight they read."""
+    w = r.model.weights
+    by_weight = {"qkv_prod": [lw.wqkv for lw in w.layers], "wo": [lw.wo for lw in w.layers],
+                 "w13": [lw.w13 for lw in w.layers], "w2": [lw.w2 for lw in w.layers],
+                 "out": [w.out]}
+    kernels = {"rope_kv": "_rope_kv_kernel", "attn_split": "_attn_split_kernel",
+               "combine": "_attn_combine_kernel", "embed": "_embed_kernel",
+               "qkv_one": "_qkv_split_kernel"}
+    saved: list[tuple[str, Any]] = []
+    try:
+        if kind in kernels:
+            saved.append((kernels[kind], getattr(K, kernels[kind])))
+            setattr(K, kernels[kind], _Skip())
+        else:
+            ids = {id(t) for t in by_weight[kind]}
+            orig = K.linear
+
+            def linear(x: torch.Tensor, wt: torch.Tensor, out: torch.Tensor,
+                       **kw: Any) -> torch.Tensor:
+                return out if id(wt) in ids else orig(x, wt, out, **kw)
+
+            saved.append(("linear", orig))
+            K.linear = linear  # type: ignore[assignment]
+        yield
+    finally:
+        for name, obj in saved:
+            setattr(K, name, obj)
+
+
+def breakdown(a: ModelArgs, pos: int, variant: dict[str, Any]) -> dict[str, Any]:
+    r, base = runner_for(a, pos + 64)
+    configure(r, variant, base)
+    toks = list(range(100, 109))
+    r.step(toks, pos)
+    whole = time_ms(lambda: r.replay(9))
+    kinds = ["embed", "qkv_prod", "rope_kv", "attn_split", "combine", "wo", "w13", "w2", "out"]
+    if variant.get("qkv_one_launch"):
+        kinds[1:3] = ["qkv_one"]
+    out: dict[str, Any] = {"whole_ms": whole, "without": {}, "cost_us_per_layer": {}}
+    for kind in kinds:
+        r._steps.clear()
+        with left_out(r, kind):
+            r.step(toks, pos)
+            ms = time_ms(lambda: r.replay(9))
+        r._steps.clear()
+        out["without"][kind] = ms
+        per = 1 if kind in ("embed", "out") else a.n_layer
+        out["cost_us_per_layer"][kind] = round(1e3 * (whole - ms) / per, 2)
+    r.step(toks, pos)
+    out["whole_ms_after"] = time_ms(lambda: r.replay(9))
+    log("breakdown", pos, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--models", default="1.5B,0.5B")
+    ap.add_argument("--positions", default="512,4096")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variants", default="", help="JSON {name: settings} replacing VARIANTS")
+    ap.add_argument("--breakdown", default="default",
+                    help="comma-separated variants whose T = 9 step is broken down @4096")
+    ap.add_argument("--no-correct", action="store_true")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_verify needs a CUDA GPU", file=sys.stderr)
+        return 2
+    variants = json.loads(args.variants) if args.variants else VARIANTS
+    variants = {"default": {}, **variants}
+    models = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}
+    positions = [int(p) for p in args.positions.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.models.split(","):
+        a = models[name]
+        res: dict[str, Any] = RES.setdefault(name, {})
+        for part, fn in (
+            ("correct", lambda a=a: None if args.no_correct else correctness(a, variants)),
+            ("timing", lambda a=a: timing(a, positions, variants, args.rounds, True)),
+            ("breakdown", lambda a=a: {v: breakdown(a, 4096, variants[v])
+                                       for v in args.breakdown.split(",") if v in variants}),
+        ):
+            try:
+                res[part] = fn()
+            except Exception:  # noqa: BLE001
+                res[part + "_error"] = traceback.format_exc()[-1500:]
+                log(part, "failed", res[part + "_error"])
+            (args.out / "verify.json").write_text(json.dumps(RES, indent=1, default=str))
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
