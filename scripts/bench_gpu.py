@@ -593,20 +593,20 @@ def tune_verify(name: str, positions: list[int], what: str = "swap") -> dict[str
         res["picked"] = tune(r, (9,), positions)
         res["changed"] = {f"{k[0]}": str(v) for k, v in r.linear_configs.items()
                           if k[1] == 9 and before.get(k) != v}
-        r._steps.pop(9, None)  # recapture T = 9 with the new tiles
+        r.drop_steps(9)  # recapture T = 9 with the new tiles
     else:
         res["qkv_split"] = {}
         for cand in [(32, 64, 4, 3, 8), (32, 128, 4, 3, 8, True), (32, 64, 4, 3, 8, True),
                      (64, 64, 4, 3, 8, True), (64, 128, 4, 3, 4, True)]:
             r.qkv_split = K.LinearConfig(*cand)
-            r._steps.pop(9, None)
+            r.drop_steps(9)
             row: dict[str, Any] = {}
             for pos in positions:
                 row[pos] = ours_step_ms(r, 9, pos) / res["before"][pos]["t1"]
             res["qkv_split"][str(cand)] = row
             log(name, "qkv split", cand, row)
         r.qkv_split = None
-        r._steps.pop(9, None)
+        r.drop_steps(9)
     r.cache.k.copy_(saved[0])
     r.cache.v.copy_(saved[1])
     got = r.step(toks, 600).clone()
@@ -786,7 +786,7 @@ def latency_variants(name: str, positions: list[int]) -> dict[str, Any]:
             r.uniform_pdl(0)
         if verify_pdl and PDL_OK:
             r.pdl_by_t.update({t: verify_pdl for t in range(2, MAX_STEP + 1)})
-        r._steps.clear()
+        r.drop_steps()
 
     none: frozenset[str] = frozenset()
     variants: dict[str, dict[str, Any]] = {

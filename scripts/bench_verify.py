@@ -12,11 +12,12 @@ In one process, per model (1.5B and 0.5B shapes, random non-zero bf16 weights):
    k = 4 and k = 16 for the default and the best variant;
 3. where the T = 9 step's time goes: the step re-captured with one kind of launch left out
    (its results are wrong by design), the difference to the whole step what that kind costs
-   inside it, launch gaps and overlap included (``--breakdown``).
+   inside it, launch gaps and overlap included (``--breakdown``, ``--breakdown-t``).
 
 A variant is a JSON object of Runner settings: ``verify_pdl`` (PDL mode per kernel,
-``kernels.PDL_LATE`` added for a late trigger), ``qkv_one_launch``, ``verify_attention``
-([splits, keys per block]), ``pdl_by_t`` (keys as strings). Results go to
+``kernels.PDL_LATE`` added for a late trigger), ``verify_attention``
+([splits, keys per block]), ``tiles`` ({matrix: LinearConfig fields} for T > 1); one-token
+variants ``pdl_by_t`` (keys as strings) and ``one_token_pdl``. Results go to
 ``--out``/verify.json.
 """
 
@@ -44,6 +45,7 @@ from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
 from openjarvis.engine.torch.generate import Runner  # noqa: E402
 from openjarvis.engine.torch.model import Transformer  # noqa: E402
+from openjarvis.engine.torch.tuning import VERIFY_PDL  # noqa: E402
 from openjarvis.engine.torch.weights import cast, random_weights  # noqa: E402
 
 T0 = time.monotonic()
@@ -59,14 +61,45 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "late": {"verify_pdl": ALL_LATE},
     "early": {"verify_pdl": ALL_EARLY},
-    "one_launch": {"qkv_one_launch": True},
-    "late_one_launch": {"verify_pdl": ALL_LATE, "qkv_one_launch": True},
-    "late_attn64x64": {"verify_pdl": ALL_LATE, "verify_attention": [64, 64]},
     "late_attn64x32": {"verify_pdl": ALL_LATE, "verify_attention": [64, 32]},
-    "late_attn16x64": {"verify_pdl": ALL_LATE, "verify_attention": [16, 64]},
 }
-#: One-token variants timed beside the default one-token step (``pdl_by_t``).
+#: One-token variants timed beside the default one-token step (``pdl_by_t``,
+#: ``one_token_pdl``).
 T1_VARIANTS: dict[str, dict[str, Any]] = {"t1_late": {"pdl_by_t": {"1": 1 + LATE}}}
+
+
+def each_variants(default_pdl: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """One change at a time from the default verify step: PDL with the late trigger at one
+    kernel boundary (the kernel before it lets go late, the one after launches early),
+    attention tiles, big-matrix tiles (run 53)."""
+    out: dict[str, dict[str, Any]] = {}
+    chain = ("embed", "qkv", "rope_kv", "attn", "combine", "wo", "w13", "w2", "qkv")
+    for before, after in zip(chain, chain[1:], strict=False):
+        pair = {before: ALL_LATE[before], after: ALL_LATE[after]}
+        out[f"late_{before}_{after}"] = {"verify_pdl": {**default_pdl, **pair}}
+    out["late_w2_out"] = {"verify_pdl": {**default_pdl, "w2": ALL_LATE["w2"],
+                                         "out": ALL_LATE["out"]}}
+    for sp, bs in ((64, 32), (128, 32), (32, 32)):
+        out[f"attn{sp}x{bs}"] = {"verify_attention": [sp, bs]}
+    for cfg in ((32, 64, 4, 4, 1, True), (32, 128, 4, 3, 1, True), (16, 128, 4, 3, 1, True)):
+        out["w13_" + "_".join(str(int(c)) for c in cfg[:2])] = {"tiles": {"w13": list(cfg)}}
+    for cfg in ((32, 128, 4, 3, 4, True), (16, 128, 4, 3, 8, True)):
+        out["w2_" + "_".join(str(int(c)) for c in (cfg[0], cfg[4]))] = {"tiles": {"w2": list(cfg)}}
+    return out
+
+
+#: ``--set``: named lists of variants.
+_T1_LATE = {"pdl_by_t": {"1": 1 + LATE}}
+_T1_MIXES: dict[str, dict[str, Any]] = {
+    "t1_late": _T1_LATE,
+    # late everywhere but w2 and the merge, whose successors (qkv, wo) load weights early
+    "t1_mix": {**_T1_LATE, "one_token_pdl": {"w2": 1, "combine": 1}},
+    "t1_mix_w2": {**_T1_LATE, "one_token_pdl": {"w2": 1}},
+    "t1_mix_combine": {**_T1_LATE, "one_token_pdl": {"combine": 1}},
+    "t1_mix_attn": {**_T1_LATE, "one_token_pdl": {"w2": 1, "combine": 1, "attn": 1}},
+    "t1_mix_qkv": {**_T1_LATE, "one_token_pdl": {"w2": 1, "combine": 1, "qkv": 2}},
+}
+T1_SETS: dict[str, dict[str, dict[str, Any]]] = {"each": _T1_MIXES, "t1": _T1_MIXES}
 
 
 def log(*a: object) -> None:
@@ -76,18 +109,21 @@ def log(*a: object) -> None:
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     """Runner settings of variant ``v`` (on top of the defaults saved in ``base``)."""
     r.verify_pdl = dict(v.get("verify_pdl", base["verify_pdl"]))
-    r.qkv_one_launch = bool(v.get("qkv_one_launch", False))
+    r.one_token_pdl = dict(v.get("one_token_pdl", {}))
+    r.linear_configs = dict(base["tiles"])
+    for name, cfg in v.get("tiles", {}).items():  # verify tiles: [bn, bk, warps, stages, split, swap]
+        r.linear_configs.update({(name, t): K.LinearConfig(*cfg) for t in range(2, 33)})
     att = v.get("verify_attention")
     r.verify_attention = (int(att[0]), int(att[1])) if att else None
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
-    r._steps.clear()
+    r.drop_steps()
 
 
 def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
     w = random_weights(a, torch.bfloat16, "cuda", seed=0)
     r = Runner(Transformer(a, w, n_pos=n_ctx + 64), n_ctx, kernels="triton", graphs=True)
-    return r, {"verify_pdl": dict(r.verify_pdl), "pdl_by_t": {str(k): v for k, v in
-                                                              r.pdl_by_t.items()}}
+    return r, {"verify_pdl": dict(r.verify_pdl), "tiles": dict(r.linear_configs),
+               "pdl_by_t": {str(k): v for k, v in r.pdl_by_t.items()}}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -199,7 +235,7 @@ def left_out(r: Runner, kind: str) -> Iterator[None]:
                  "out": [w.out]}
     kernels = {"rope_kv": "_rope_kv_kernel", "attn_split": "_attn_split_kernel",
                "combine": "_attn_combine_kernel", "embed": "_embed_kernel",
-               "qkv_one": "_qkv_split_kernel"}
+               "qkv_rope": "_qkv_rope_kernel"}
     saved: list[tuple[str, Any]] = []
     try:
         if kind in kernels:
@@ -221,27 +257,27 @@ def left_out(r: Runner, kind: str) -> Iterator[None]:
             setattr(K, name, obj)
 
 
-def breakdown(a: ModelArgs, pos: int, variant: dict[str, Any]) -> dict[str, Any]:
+def breakdown(a: ModelArgs, pos: int, variant: dict[str, Any], t: int) -> dict[str, Any]:
     r, base = runner_for(a, pos + 64)
     configure(r, variant, base)
-    toks = list(range(100, 109))
+    toks = list(range(100, 100 + t))
     r.step(toks, pos)
-    whole = time_ms(lambda: r.replay(9))
+    whole = time_ms(lambda: r.replay(t))
     kinds = ["embed", "qkv_prod", "rope_kv", "attn_split", "combine", "wo", "w13", "w2", "out"]
-    if variant.get("qkv_one_launch"):
-        kinds[1:3] = ["qkv_one"]
-    out: dict[str, Any] = {"whole_ms": whole, "without": {}, "cost_us_per_layer": {}}
+    if t == 1:
+        kinds[1:3] = ["qkv_rope"]
+    out: dict[str, Any] = {"t": t, "whole_ms": whole, "without": {}, "cost_us_per_layer": {}}
     for kind in kinds:
-        r._steps.clear()
+        r.drop_steps()
         with left_out(r, kind):
             r.step(toks, pos)
-            ms = time_ms(lambda: r.replay(9))
-        r._steps.clear()
+            ms = time_ms(lambda: r.replay(t))
+        r.drop_steps()
         out["without"][kind] = ms
         per = 1 if kind in ("embed", "out") else a.n_layer
         out["cost_us_per_layer"][kind] = round(1e3 * (whole - ms) / per, 2)
     r.step(toks, pos)
-    out["whole_ms_after"] = time_ms(lambda: r.replay(9))
+    out["whole_ms_after"] = time_ms(lambda: r.replay(t))
     log("breakdown", pos, out)
     return out
 
@@ -253,26 +289,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--positions", default="512,4096")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", default="", help="JSON {name: settings} replacing VARIANTS")
+    ap.add_argument("--t1-variants", default="", help="JSON replacing T1_VARIANTS")
+    ap.add_argument("--set", choices=sorted(T1_SETS), default="",
+                    help="a named set of variants (replaces VARIANTS and T1_VARIANTS)")
     ap.add_argument("--breakdown", default="default",
                     help="comma-separated variants whose T = 9 step is broken down @4096")
+    ap.add_argument("--breakdown-t", default="9", help="token counts of the breakdowns")
     ap.add_argument("--no-correct", action="store_true")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_verify needs a CUDA GPU", file=sys.stderr)
         return 2
     variants = json.loads(args.variants) if args.variants else VARIANTS
-    variants = {"default": {}, **variants}
+    if args.t1_variants or args.set:
+        T1_VARIANTS.clear()
+        T1_VARIANTS.update(json.loads(args.t1_variants) if args.t1_variants
+                           else T1_SETS[args.set])
     models = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}
     positions = [int(p) for p in args.positions.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.models.split(","):
         a = models[name]
+        vs = {"default": {}, **(each_variants(VERIFY_PDL.get((a.n_embd, a.n_ff), {}))
+                                if args.set == "each" else variants)}
         res: dict[str, Any] = RES.setdefault(name, {})
         for part, fn in (
-            ("correct", lambda a=a: None if args.no_correct else correctness(a, variants)),
-            ("timing", lambda a=a: timing(a, positions, variants, args.rounds, True)),
-            ("breakdown", lambda a=a: {v: breakdown(a, 4096, variants[v])
-                                       for v in args.breakdown.split(",") if v in variants}),
+            ("correct", lambda a=a, vs=vs: None if args.no_correct else correctness(a, vs)),
+            ("timing", lambda a=a, vs=vs: timing(a, positions, vs, args.rounds, True)),
+            ("breakdown", lambda a=a, vs=vs: {
+                f"{v}_T{t}": breakdown(a, 4096, {**vs.get(v, {}), **T1_VARIANTS.get(v, {})}, t)
+                for v in args.breakdown.split(",") if v in vs or v in T1_VARIANTS
+                for t in (int(x) for x in args.breakdown_t.split(","))}),
         ):
             try:
                 res[part] = fn()

@@ -14,6 +14,7 @@ Graphs are captured lazily, on the first call with a given T, and kept on the Ru
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -57,8 +58,6 @@ class Workspace:
     mega: Scratch | None = None
     #: [T, qkv_dim] float32 zeros: the split-K qkv accumulator of verify steps (``qkv_split``).
     qkv_acc: torch.Tensor | None = None
-    #: [heads] int32 zeros: the per-head arrival counters of the one-launch split-K qkv.
-    qkv_cnt: torch.Tensor | None = None
 
     @property
     def start(self) -> torch.Tensor:
@@ -116,9 +115,6 @@ class Runner:
         #: T > 1: qkv as a split-K product plus a small RoPE/KV-write kernel (``kernels.qkv_split``)
         #: with these tiles, instead of the per-pair qkv kernel; None keeps the per-pair kernel.
         self.qkv_split: object | None = None
-        #: The split-K qkv in one launch, its last program per head finishing the head
-        #: (``kernels.qkv_split`` with ``counts``), rather than a second small kernel.
-        self.qkv_one_launch = False
         self._stacked: object | None = None
         #: Cache policy of the weight loads: "" or "evict_first" (a step reads each weight once).
         self.weight_evict = ""
@@ -130,6 +126,8 @@ class Runner:
         #: "w13", "w2", "out", "embed"; others use ``pdl_by_t``), ``kernels.PDL_LATE`` added
         #: where the next kernel should launch only after this one's main loop.
         self.verify_pdl: dict[str, int] = {}
+        #: The same for one-token steps: PDL mode per kernel, over ``pdl_by_t[1]``.
+        self.one_token_pdl: dict[str, int] = {}
         #: Set by ``make_deterministic``; default tiles (shapes without tuning) never split K.
         self.deterministic = False
         #: One-token steps as one persistent CUDA kernel (``cuda_step.DecodeStep``, sm_90+);
@@ -173,7 +171,7 @@ class Runner:
         self._stacked = stack_layers(self.model.weights)
         self.mega = cfg or MegaConfig()
         self.mega_max_t = max_t
-        self._steps.clear()
+        self.drop_steps()
         if self.cuda_step is not None:  # bound to the old layout: rebind to the stacked one
             self.use_cuda_step(**self._cuda_step_kwargs)
 
@@ -185,14 +183,14 @@ class Runner:
 
         self.cuda_step = DecodeStep(self.model, self.cache, **kwargs)  # type: ignore[arg-type]
         self._cuda_step_kwargs = kwargs
-        self._steps.pop(1, None)
+        self.drop_steps(1)
 
     def uniform_pdl(self, mode: int = 0) -> None:
         """One PDL mode for every kernel of every step (0: none), instead of the measured
         per-T and per-kernel defaults (benchmarks, and GPUs without PDL)."""
-        self.pdl, self.pdl_by_t, self.verify_pdl = mode, {}, {}
+        self.pdl, self.pdl_by_t, self.verify_pdl, self.one_token_pdl = mode, {}, {}, {}
         self.pdl_prologue = frozenset()
-        self._steps.clear()
+        self.drop_steps()
 
     def make_deterministic(self) -> None:
         """Make every step bit-for-bit reproducible from run to run: no split-K (whose partial
@@ -201,7 +199,18 @@ class Runner:
         (``tiles``). The cost is measured in BENCHMARKS.md ("Deterministic steps"); the
         single-launch step is deterministic already."""
         self.deterministic = True
-        self._steps.clear()
+        self.drop_steps()
+
+    def drop_steps(self, t: int | None = None) -> None:
+        """Forget the step of ``t`` tokens (every step: None), so that the next call builds
+        and captures it anew with the settings of then. Each workspace's ``run`` refers back
+        to it; breaking that cycle frees its CUDA graph now rather than at some later garbage
+        collection, which, landing inside another capture, would fail that capture."""
+        for key in list(self._steps) if t is None else [t]:
+            ws = self._steps.pop(key, None)
+            if ws is not None:
+                ws.run = None
+                ws.graph = None
 
     def tiles(self, name: str, t: int) -> LinearConfig | None:
         """The tile the linear ``name`` ("wo", "w13", "w2", "out") of a T-token step runs with;
@@ -222,12 +231,14 @@ class Runner:
         return cfg
 
     def kernel_pdl(self, name: str, t: int) -> int:
-        """PDL mode of kernel ``name`` in a T-token step: ``verify_pdl`` for T > 1 where it
-        names the kernel, else the step's mode (``pdl_by_t``, ``pdl``), raised to 2 (weights
-        before the wait) for the ``pdl_prologue`` kernels where that mode is 1 (5 to 6 with
-        ``PDL_LATE``)."""
+        """PDL mode of kernel ``name`` in a T-token step: ``verify_pdl`` for T > 1 and
+        ``one_token_pdl`` for T = 1 where they name the kernel, else the step's mode
+        (``pdl_by_t``, ``pdl``), raised to 2 (weights before the wait) for the
+        ``pdl_prologue`` kernels where that mode is 1 (5 to 6 with ``PDL_LATE``)."""
         if t > 1 and name in self.verify_pdl:
             return self.verify_pdl[name]
+        if t == 1 and name in self.one_token_pdl:
+            return self.one_token_pdl[name]
         pdl = self.pdl_by_t.get(t, self.pdl)
         return pdl + 1 if pdl % 4 == 1 and name in self.pdl_prologue else pdl
 
@@ -346,6 +357,7 @@ class Runner:
             for _ in range(2):
                 ws.run()
         torch.cuda.current_stream().wait_stream(side)
+        gc.collect()  # no CUDA graph of a dropped step left to be freed during the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             out = ws.run()
@@ -388,10 +400,6 @@ class Runner:
             split = None
         if split is not None and ws.qkv_acc is None:
             ws.qkv_acc = torch.zeros(t, a.qkv_dim, dtype=torch.float32, device=self.device)
-        if split is not None and self.qkv_one_launch and ws.qkv_cnt is None:
-            ws.qkv_cnt = torch.zeros(a.n_head + 2 * a.n_head_kv, dtype=torch.int32,
-                                     device=self.device)
-        cnt = ws.qkv_cnt if self.qkv_one_launch else None
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pk("embed"))
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
@@ -399,7 +407,7 @@ class Runner:
                 assert ws.qkv_acc is not None
                 K.qkv_split(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                             kc, vc, ws.qkv_acc, a.rms_eps, cfg=split, pdl=pk("qkv"), evict=ev,
-                            pdl_rope=pk("rope_kv"), counts=cnt)
+                            pdl_rope=pk("rope_kv"))
             else:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],

@@ -152,12 +152,21 @@ def _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out,
 
 
 @triton.jit
-def _lin_main(x_ptr, w_ptr, g_ptr, rn, rt, nmask, tmask, k_lo, k_hi, N, K, stride_x,
-              MODE: tl.constexpr, NORM: tl.constexpr, BLOCK_T: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-              EVICT: tl.constexpr):
-    """The K loop of a [BT, BN] output tile over columns k_lo..k_hi (the PDL wait inside):
-    returns acc, acc2 (the up half of a SwiGLU pair) and the RMS statistics of x."""
+def _linear_kernel(
+    x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
+    T, N, K, stride_x, stride_out, eps,
+    MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr, EVICT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
+    k_lo = tl.program_id(1) * k_per
+    k_hi = tl.minimum(k_lo + k_per, K)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    rt = tl.arange(0, BLOCK_T)  # [BT]
+    nmask = rn < N
+    tmask = rt < T
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
@@ -195,27 +204,6 @@ def _lin_main(x_ptr, w_ptr, g_ptr, rn, rt, nmask, tmask, k_lo, k_hi, N, K, strid
             if MODE == 2:
                 w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
                 acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
-    return acc, acc2, ss
-
-
-@triton.jit
-def _linear_kernel(
-    x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
-    T, N, K, stride_x, stride_out, eps,
-    MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EVICT: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
-    k_lo = tl.program_id(1) * k_per
-    k_hi = tl.minimum(k_lo + k_per, K)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
-    rt = tl.arange(0, BLOCK_T)  # [BT]
-    nmask = rn < N
-    tmask = rt < T
-    acc, acc2, ss = _lin_main(x_ptr, w_ptr, g_ptr, rn, rt, nmask, tmask, k_lo, k_hi, N, K,
-                              stride_x, MODE, NORM, BLOCK_T, BLOCK_N, BLOCK_K, PDL, EVICT)
     _gdc_late(PDL)
     _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
                 MODE, NORM, BIAS, SPLIT_K)
@@ -319,20 +307,6 @@ def _qkv_rope_kernel(
                                    acc2, ss, 2, True, BLOCK_T)
     _gdc_late(PDL)
     inv = tl.rsqrt(ss / K + eps)
-    _rope_store(acc1, acc2, inv, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr, head, j, rt,
-                tmask, stride_ch, stride_cs, N_HEAD, N_KV, HD)
-
-
-@triton.jit
-def _rope_store(acc1, acc2, inv, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr, head, j, rt,
-                tmask, stride_ch, stride_cs,
-                N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr):
-    """Finish rows j and j + HD/2 of ``head`` (acc [BT, BP] each, (x * g) @ W^T): times the
-    tokens' 1/RMS ``inv`` [BT], plus the bias, NeoX RoPE for q and k, stored into q or the
-    cache at the tokens' positions."""
-    HALF: tl.constexpr = HD // 2
-    r1 = head * HD + j
-    r2 = r1 + HALF
     acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
     acc2 = acc2 * inv[:, None] + tl.load(b_ptr + r2).to(tl.float32)[None, :]
     pos = tl.load(start_ptr) + rt  # [BT]
@@ -407,56 +381,6 @@ def _rope_kv_kernel(
         vp = vc_ptr + (head - N_HEAD - N_KV) * stride_ch + pos * stride_cs + j
         tl.store(vp, o1.to(vc_ptr.dtype.element_ty))
         tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _qkv_split_kernel(
-    x_ptr, w_ptr, g_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr, acc_ptr, cnt_ptr,
-    T, K, stride_x, stride_ch, stride_cs, eps,
-    N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_D: tl.constexpr, PDL: tl.constexpr, EVICT: tl.constexpr,
-):
-    """Split-K qkv of a verify step in one launch: program = (BLOCK_N rows of one head, K
-    split); partial sums of (x * g) @ W^T land in ``acc`` [T, QKV] with float atomics, and the
-    last program of a head to arrive (a counter per head) finishes it: 1/RMS, bias, RoPE, q
-    and the cache stored, its ``acc`` rows and counter zeroed for the next layer. One launch
-    instead of ``qkv_split``'s two, without the second one's gap."""
-    QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
-    HALF: tl.constexpr = HD // 2
-    PER_HEAD: tl.constexpr = (HD // BLOCK_N) * SPLIT_K
-    pid = tl.program_id(0)
-    k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
-    k_lo = tl.program_id(1) * k_per
-    k_hi = tl.minimum(k_lo + k_per, K)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rt = tl.arange(0, BLOCK_T)
-    nmask = rn < QKV
-    tmask = rt < T
-    acc, acc2, ss = _lin_main(x_ptr, w_ptr, g_ptr, rn, rt, nmask, tmask, k_lo, k_hi, QKV, K,
-                              stride_x, 1, 2, BLOCK_T, BLOCK_N, BLOCK_K, PDL, EVICT)
-    _gdc_late(PDL)
-    tl.atomic_add(acc_ptr + rt[:, None] * QKV + rn[None, :], acc, mask=tmask[:, None],
-                  sem="relaxed")
-    tl.debug_barrier()  # every thread's partial sums before the counter's release
-    head = pid * BLOCK_N // HD
-    if tl.atomic_add(cnt_ptr + head, 1, sem="acq_rel") == PER_HEAD - 1:
-        tl.store(cnt_ptr + head, 0)
-        ssq = tl.zeros([BLOCK_T], dtype=tl.float32)
-        for d0 in range(0, K, BLOCK_D):
-            d = d0 + tl.arange(0, BLOCK_D)
-            x = tl.load(x_ptr + rt[:, None] * stride_x + d[None, :],
-                        mask=tmask[:, None] & (d < K)[None, :], other=0.0)
-            ssq += tl.sum(x * x, axis=1)
-        j = tl.arange(0, HALF)
-        p1 = acc_ptr + rt[:, None] * QKV + head * HD + j[None, :]
-        a1 = tl.load(p1, mask=tmask[:, None], other=0.0, cache_modifier=".cg")
-        a2 = tl.load(p1 + HALF, mask=tmask[:, None], other=0.0, cache_modifier=".cg")
-        zero = tl.zeros([BLOCK_T, HALF], dtype=tl.float32)
-        tl.store(p1, zero, mask=tmask[:, None])
-        tl.store(p1 + HALF, zero, mask=tmask[:, None])
-        _rope_store(a1, a2, tl.rsqrt(ssq / K + eps), b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr,
-                    vc_ptr, head, j, rt, tmask, stride_ch, stride_cs, N_HEAD, N_KV, HD)
 
 
 @triton.jit
@@ -704,29 +628,13 @@ def qkv_split(
     pdl: int = 0,
     evict: str = "",
     pdl_rope: int | None = None,  # the second kernel's PDL mode; default: as ``pdl``
-    counts: torch.Tensor | None = None,  # [>= H + 2 Hkv] int32 zeros: one launch, see below
 ) -> None:
-    """``qkv_rope`` for verify steps as a split-K product (many programs; the per-pair qkv
-    kernel has only (heads x pairs / 16) of them at T > 1), then what does not distribute over
-    the splits (1/RMS, bias, RoPE) and the stores: in the same launch by the last program of
-    each head where ``counts`` (int32 zeros, one per head, left zero) is given, else in a
-    second small kernel."""
+    """``qkv_rope`` for verify steps in two launches: a split-K product (many programs; the
+    per-pair qkv kernel has only (heads x pairs / 16) of them at T > 1) and a small kernel that
+    applies what does not distribute over the splits (1/RMS, bias, RoPE) and stores."""
     t, d = x.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]
-    if counts is not None:
-        if cfg.swap or hd % cfg.block_n or counts.numel() < n_head + 2 * n_kv:
-            raise ValueError("the one-launch qkv needs unswapped tiles of whole heads' rows "
-                             "and a counter per head")
-        _qkv_split_kernel[(wqkv.shape[0] // cfg.block_n, cfg.split_k)](
-            x, wqkv, norm, bias, rope, start, q_out, k_cache, v_cache, acc, counts,
-            t, d, x.stride(0), k_cache.stride(0), k_cache.stride(1), eps,
-            N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_T=block_t(t), BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-            BLOCK_D=min(256, triton.next_power_of_2(d)), PDL=pdl, EVICT=evict,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
-        )
-        return
     linear(x, wqkv, acc, mode=ADD, norm=norm, eps=eps, cfg=cfg, pdl=pdl, norm_scale=False,
            evict=evict)
     _rope_kv_kernel[(t, n_head + 2 * n_kv)](
