@@ -171,6 +171,21 @@ def correctness(a: ModelArgs, variants: dict[str, dict[str, Any]]) -> dict[str, 
         out[name] = row
         log("correct", name, {k: round(x, 5) if isinstance(x, float) else x
                               for k, x in row.items()})
+    base_t1 = None
+    for name, v in {"t1_default": {}, **T1_VARIANTS}.items():  # one-token steps, toks[0] @600
+        configure(r, v, base)
+        r.cache.k.copy_(saved[0])
+        r.cache.v.copy_(saved[1])
+        got = r.logits(toks[:1], 600).clone()
+        again = r.logits(toks[:1], 600).clone()
+        base_t1 = got if base_t1 is None else base_t1
+        row = {"finite": bool(torch.isfinite(got).all()), "replay_rel": rel(again, got),
+               "rel_vs_default": rel(got, base_t1)}
+        if ref32 is not None:
+            row["rel_vs_f32"] = rel(got, ref32[:1])
+            row["top1_vs_f32"] = float((got.argmax(-1) == ref32[:1].argmax(-1)).float().mean())
+        out[name] = row
+        log("correct", name, row)
     return out
 
 
