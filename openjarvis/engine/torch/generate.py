@@ -37,7 +37,14 @@ MAX_STEP = 32
 NSPLIT = 64
 #: PDL mode per T where supported (see ``Runner.pdl``): measured (docs/gpu-notes.md) to help
 #: the one-token step (0.5B: -9 %) and to hurt verify steps, whose waiting CTAs crowd the SMs.
-DEFAULT_PDL_BY_T = {1: 1}
+#: One-token kernels let the next one launch after their main loop (``PDL_LATE``), except
+#: those in ``DEFAULT_ONE_TOKEN_PDL`` (session 6 runs 53-54: 1.5B -4.3 to -5.3 %, 0.5B -5.9 to
+#: -7.4 % against launching every next kernel at the start).
+DEFAULT_PDL_BY_T = {1: 1 + 4}  # 4: kernels.PDL_LATE (kernels imports triton; this may not)
+#: Kernels of the one-token step that let the next kernel launch at their start: the
+#: attention (its merge is tiny), the merge and the down-projection, whose successors (wo,
+#: qkv) load all their weights before they wait, overlapping this kernel.
+DEFAULT_ONE_TOKEN_PDL = {"attn": 1, "combine": 1, "w2": 1}
 
 
 @dataclass(slots=True)
@@ -140,6 +147,7 @@ class Runner:
                 ATTENTION,
                 PDL_PROLOGUE,
                 QKV_SPLIT,
+                VERIFY_ATTENTION,
                 VERIFY_PDL,
                 WEIGHT_EVICT,
                 tuned_configs,
@@ -148,7 +156,9 @@ class Runner:
             shape = (self.args.n_embd, self.args.n_ff)  # what tuning.py's tables are keyed by
             if pdl_supported():
                 self.pdl_by_t = dict(DEFAULT_PDL_BY_T)
+                self.one_token_pdl = dict(DEFAULT_ONE_TOKEN_PDL)
                 self.verify_pdl = dict(VERIFY_PDL.get(shape, {}))
+            self.verify_attention = VERIFY_ATTENTION.get(shape)
             self.linear_configs = tuned_configs(self.args, MAX_STEP)
             self.qkv_split = QKV_SPLIT.get(shape)
             self.pdl_prologue = PDL_PROLOGUE.get(shape, frozenset())

@@ -4,7 +4,7 @@ docs/gpu-notes.md). Other shapes, or other GPUs, use ``kernels.default_linear_co
 from __future__ import annotations
 
 from openjarvis.engine.torch.config import ModelArgs
-from openjarvis.engine.torch.kernels import LinearConfig
+from openjarvis.engine.torch.kernels import PDL_LATE, LinearConfig
 
 L = LinearConfig
 #: Verify steps (T > 1). Session 2 run 14: gate/up, down and output (and the 0.5B's o-proj)
@@ -44,12 +44,22 @@ QKV_SPLIT: dict[tuple[int, int], LinearConfig] = {
 PDL_PROLOGUE: dict[tuple[int, int], frozenset[str]] = {
     (1536, 8960): frozenset({"qkv", "wo"}), (896, 4864): frozenset({"qkv", "wo"}),
 }
-#: (n_embd, n_ff) -> PDL mode per kernel in verify steps (T > 1), where the rest run without:
-#: the attention split launching the merge early (session 3 run 24, T = 9: 1.5B 1.528 -> 1.503
-#: ms, 0.5B 0.835 -> 0.825; PDL for every verify kernel was slower on the 1.5B, run 19).
+#: (n_embd, n_ff) -> PDL mode per kernel in verify steps (T > 1), where the rest run without.
+#: 1.5B: the attention split launching the merge early (session 3 run 24, T = 9: 1.528 -> 1.503
+#: ms; PDL for every verify kernel was slower, run 19, and so was a late trigger
+#: (``kernels.PDL_LATE``) at any one kernel boundary, session 6 run 53). 0.5B: every kernel
+#: launched early and letting the next one go after its main loop, with the attention tiles of
+#: ``VERIFY_ATTENTION`` (session 6 run 52: 0.824 -> 0.780 ms @512, 0.864 -> 0.791 @4096).
+_LATE = PDL_LATE
 VERIFY_PDL: dict[tuple[int, int], dict[str, int]] = {
-    (1536, 8960): {"attn": 1, "combine": 1}, (896, 4864): {"attn": 1, "combine": 1},
+    (1536, 8960): {"attn": 1, "combine": 1},
+    (896, 4864): {"embed": 1 + _LATE, "qkv": 2 + _LATE, "rope_kv": 1 + _LATE,
+                  "attn": 1 + _LATE, "combine": 1 + _LATE, "wo": 2 + _LATE, "w13": 2 + _LATE,
+                  "w2": 2 + _LATE, "out": 2 + _LATE},
 }
+#: (n_embd, n_ff) -> (attention splits, keys per block) of verify steps where they differ from
+#: ``ATTENTION`` (session 6 run 52, with ``VERIFY_PDL``).
+VERIFY_ATTENTION: dict[tuple[int, int], tuple[int, int]] = {(896, 4864): (64, 32)}
 #: Cache policy of the weight loads: each weight is read once a step, so it may leave L2 first
 #: (session 3 run 18: 0.5B 0.624 -> 0.605 ms alone; 1.5B unchanged).
 WEIGHT_EVICT = "evict_first"

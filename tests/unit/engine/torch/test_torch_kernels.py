@@ -15,7 +15,12 @@ pytest.importorskip("triton", reason="triton is not installed")
 from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.cache import KVCache  # noqa: E402
 from openjarvis.engine.torch.config import ModelArgs  # noqa: E402
-from openjarvis.engine.torch.generate import Runner, Workspace  # noqa: E402
+from openjarvis.engine.torch.generate import (  # noqa: E402
+    DEFAULT_ONE_TOKEN_PDL,
+    DEFAULT_PDL_BY_T,
+    Runner,
+    Workspace,
+)
 from openjarvis.engine.torch.model import Transformer, apply_rope, rms_norm, rope_table  # noqa: E402
 from openjarvis.engine.torch.weights import random_weights  # noqa: E402
 
@@ -330,6 +335,13 @@ def test_each_kernel_launch_gets_its_pdl_mode_cache_policy_and_tiles(
     assert modes(verify) == [("embed", 0), ("qkv_split", 0), ("attention", 1), ("wo", 0),
                              ("w13", 0), ("w2", 0), ("qkv_split", 0)]
     assert verify[1][1]["pdl_rope"] == 0 and verify[2][1]["pdl_combine"] == 1
+    # the GPU default: each kernel lets the next launch after its main loop (+4), but the
+    # attention, its merge and the down-projection let theirs launch at their start
+    r.pdl_by_t, r.one_token_pdl = dict(DEFAULT_PDL_BY_T), dict(DEFAULT_ONE_TOKEN_PDL)
+    late = plan(1)
+    assert modes(late) == [("embed", 5), ("qkv_rope", 6), ("attention", 1), ("wo", 6),
+                           ("w13", 5), ("w2", 1), ("qkv_rope", 6)]
+    assert late[2][1]["pdl_combine"] == 1
     r.fuse_attn_out = True
     assert [n for n, _ in plan(1)][:4] == ["embed", "qkv_rope", "attention_out", "w13"]
     r.make_deterministic()
