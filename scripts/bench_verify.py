@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gpu import time_ms  # noqa: E402  # the same timer
+from bench_gpu import copy_bandwidth, time_ms  # noqa: E402  # the same timer and floor
 
 from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
@@ -99,7 +99,15 @@ _T1_MIXES: dict[str, dict[str, Any]] = {
     "t1_mix_attn": {**_T1_LATE, "one_token_pdl": {"w2": 1, "combine": 1, "attn": 1}},
     "t1_mix_qkv": {**_T1_LATE, "one_token_pdl": {"w2": 1, "combine": 1, "qkv": 2}},
 }
-T1_SETS: dict[str, dict[str, dict[str, Any]]] = {"each": _T1_MIXES, "t1": _T1_MIXES}
+T1_SETS: dict[str, dict[str, dict[str, Any]]] = {
+    "each": _T1_MIXES, "t1": _T1_MIXES,
+    # the defaults of session 5: every next kernel launched at the start
+    "final": {"t1_session5": {"pdl_by_t": {"1": 1}, "one_token_pdl": {}}},
+}
+#: ``--set final``: the verify defaults of session 5 beside the current ones.
+FINAL_VARIANTS: dict[str, dict[str, Any]] = {
+    "session5": {"verify_pdl": {"attn": 1, "combine": 1}, "verify_attention": None},
+}
 
 
 def log(*a: object) -> None:
@@ -109,11 +117,11 @@ def log(*a: object) -> None:
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     """Runner settings of variant ``v`` (on top of the defaults saved in ``base``)."""
     r.verify_pdl = dict(v.get("verify_pdl", base["verify_pdl"]))
-    r.one_token_pdl = dict(v.get("one_token_pdl", {}))
+    r.one_token_pdl = dict(v.get("one_token_pdl", base["one_token_pdl"]))
     r.linear_configs = dict(base["tiles"])
     for name, cfg in v.get("tiles", {}).items():  # verify tiles: [bn, bk, warps, stages, split, swap]
         r.linear_configs.update({(name, t): K.LinearConfig(*cfg) for t in range(2, 33)})
-    att = v.get("verify_attention")
+    att = v.get("verify_attention", base["verify_attention"])  # null: the one-token tiles
     r.verify_attention = (int(att[0]), int(att[1])) if att else None
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
     r.drop_steps()
@@ -123,7 +131,8 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
     w = random_weights(a, torch.bfloat16, "cuda", seed=0)
     r = Runner(Transformer(a, w, n_pos=n_ctx + 64), n_ctx, kernels="triton", graphs=True)
     return r, {"verify_pdl": dict(r.verify_pdl), "tiles": dict(r.linear_configs),
-               "pdl_by_t": {str(k): v for k, v in r.pdl_by_t.items()}}
+               "pdl_by_t": {str(k): v for k, v in r.pdl_by_t.items()},
+               "one_token_pdl": dict(r.one_token_pdl), "verify_attention": r.verify_attention}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -216,6 +225,11 @@ def timing(a: ModelArgs, positions: list[int], variants: dict[str, dict[str, Any
             log(f"round {rnd} @{pos}", {k: round(x, 4) for k, x in best.items()})
         row: dict[str, Any] = {"ms": best,
                                "ratio_to_t1": {k: min(x) for k, x in ratios.items()}}
+        if "bandwidth" in RES:  # the floor: weight bytes and KV bytes read / copy bandwidth
+            floor = (r.model.weights.nbytes() + a.kv_bytes(pos + 1)) / RES["bandwidth"] * 1e3
+            row["floor_ms"] = floor
+            row["pct_floor"] = {k: 100 * floor / best[k] for k in ("t1", *T1_VARIANTS)
+                                if k in best}
         if extra_t:
             pick = min((k for k in variants if k in best), key=lambda k: best[k])
             row["best"] = pick
@@ -311,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated variants whose T = 9 step is broken down @4096")
     ap.add_argument("--breakdown-t", default="9", help="token counts of the breakdowns")
     ap.add_argument("--no-correct", action="store_true")
+    ap.add_argument("--bandwidth", action="store_true",
+                    help="measure copy bandwidth first; one-token steps as %% of the floor")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_verify needs a CUDA GPU", file=sys.stderr)
@@ -323,10 +339,14 @@ def main(argv: list[str] | None = None) -> int:
     models = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}
     positions = [int(p) for p in args.positions.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.bandwidth:
+        RES["bandwidth"] = copy_bandwidth()
+        log("copy bandwidth", round(RES["bandwidth"] / 1e9, 1), "GB/s")
     for name in args.models.split(","):
         a = models[name]
         vs = {"default": {}, **(each_variants(VERIFY_PDL.get((a.n_embd, a.n_ff), {}))
-                                if args.set == "each" else variants)}
+                                if args.set == "each" else FINAL_VARIANTS
+                                if args.set == "final" else variants)}
         res: dict[str, Any] = RES.setdefault(name, {})
         for part, fn in (
             ("correct", lambda a=a, vs=vs: None if args.no_correct else correctness(a, vs)),
