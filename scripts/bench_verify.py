@@ -99,10 +99,25 @@ _T1_MIXES: dict[str, dict[str, Any]] = {
     "t1_mix_attn": {**_T1_LATE, "one_token_pdl": {"w2": 1, "combine": 1, "attn": 1}},
     "t1_mix_qkv": {**_T1_LATE, "one_token_pdl": {"w2": 1, "combine": 1, "qkv": 2}},
 }
+_T1_TILES: dict[str, dict[str, Any]] = {
+    **{f"t1_attn{sp}x{bs}": {"attention": [sp, bs]}
+       for sp, bs in ((64, 64), (64, 32), (128, 32), (16, 64))},
+    "t1_fuse_attn_out": {"fuse_attn_out": True},
+    **{"t1_w13_" + "_".join(map(str, c[:3])): {"t1_tiles": {"w13": list(c)}}
+       for c in ((4, 512, 4, 2), (16, 256, 8, 2), (8, 512, 8, 2), (8, 128, 4, 2),
+                 (16, 128, 4, 2), (8, 256, 4, 3))},
+    **{"t1_w2_" + "_".join(map(str, (c[0], c[1], c[4]))): {"t1_tiles": {"w2": list(c)}}
+       for c in ((2, 1024, 4, 2, 1), (4, 1024, 4, 2, 2), (8, 512, 4, 2, 4), (4, 512, 4, 2, 4))},
+}
 T1_SETS: dict[str, dict[str, dict[str, Any]]] = {
-    "each": _T1_MIXES, "t1": _T1_MIXES,
+    "each": _T1_MIXES, "t1": _T1_MIXES, "tiles": _T1_TILES,
     # the defaults of session 5: every next kernel launched at the start
     "final": {"t1_session5": {"pdl_by_t": {"1": 1}, "one_token_pdl": {}}},
+}
+#: ``--set tiles``: split-K qkv tiles of verify steps (with the one-token tile variants).
+TILES_VARIANTS: dict[str, dict[str, Any]] = {
+    "qkv_" + "_".join(map(str, (c[0], c[1], c[4]))): {"qkv_split": list(c)}
+    for c in ((32, 64, 4, 3, 4), (64, 64, 4, 3, 8), (16, 64, 4, 3, 8), (32, 128, 4, 3, 4))
 }
 #: ``--set final``: the verify defaults of session 5 beside the current ones.
 FINAL_VARIANTS: dict[str, dict[str, Any]] = {
@@ -123,6 +138,12 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
         r.linear_configs.update({(name, t): K.LinearConfig(*cfg) for t in range(2, 33)})
     att = v.get("verify_attention", base["verify_attention"])  # null: the one-token tiles
     r.verify_attention = (int(att[0]), int(att[1])) if att else None
+    for name, cfg in v.get("t1_tiles", {}).items():  # one-token tiles ("qkv": [bp, bk])
+        r.linear_configs[(name, 1)] = tuple(cfg) if name == "qkv" else K.LinearConfig(*cfg)
+    r.nsplit, r.attn_block_s = v.get("attention", base["attention"])
+    r.fuse_attn_out = bool(v.get("fuse_attn_out", False))
+    qs = v.get("qkv_split")
+    r.qkv_split = K.LinearConfig(*qs) if qs else base["qkv_split"]
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
     r.drop_steps()
 
@@ -132,7 +153,8 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
     r = Runner(Transformer(a, w, n_pos=n_ctx + 64), n_ctx, kernels="triton", graphs=True)
     return r, {"verify_pdl": dict(r.verify_pdl), "tiles": dict(r.linear_configs),
                "pdl_by_t": {str(k): v for k, v in r.pdl_by_t.items()},
-               "one_token_pdl": dict(r.one_token_pdl), "verify_attention": r.verify_attention}
+               "one_token_pdl": dict(r.one_token_pdl), "verify_attention": r.verify_attention,
+               "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -346,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         a = models[name]
         vs = {"default": {}, **(each_variants(VERIFY_PDL.get((a.n_embd, a.n_ff), {}))
                                 if args.set == "each" else FINAL_VARIANTS
-                                if args.set == "final" else variants)}
+                                if args.set == "final" else TILES_VARIANTS
+                                if args.set == "tiles" else variants)}
         res: dict[str, Any] = RES.setdefault(name, {})
         for part, fn in (
             ("correct", lambda a=a, vs=vs: None if args.no_correct else correctness(a, vs)),
