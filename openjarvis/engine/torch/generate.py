@@ -35,11 +35,11 @@ Kernels = Literal["triton", "torch"]
 MAX_STEP = 32
 #: Sequence splits of the decode attention (grid = n_head_kv x NSPLIT programs).
 NSPLIT = 64
-#: PDL mode per T where supported (see ``Runner.pdl``): measured (docs/gpu-notes.md) to help
-#: the one-token step (0.5B: -9 %) and to hurt verify steps, whose waiting CTAs crowd the SMs.
-#: One-token kernels let the next one launch after their main loop (``PDL_LATE``), except
-#: those in ``DEFAULT_ONE_TOKEN_PDL`` (session 6 runs 53-54: 1.5B -4.3 to -5.3 %, 0.5B -5.9 to
-#: -7.4 % against launching every next kernel at the start).
+#: PDL mode per T where supported (see ``Runner.pdl``; verify steps take theirs per kernel
+#: from ``tuning.VERIFY_PDL``), measured in docs/gpu-notes.md. One-token kernels let the next
+#: one launch after their main loop (``PDL_LATE``), except those in ``DEFAULT_ONE_TOKEN_PDL``
+#: (session 6 runs 53-54: 1.5B -4.3 to -5.3 %, 0.5B -5.9 to -7.4 % against launching every
+#: next kernel at the start).
 DEFAULT_PDL_BY_T = {1: 1 + 4}  # 4: kernels.PDL_LATE (kernels imports triton; this may not)
 #: Kernels of the one-token step that let the next kernel launch at their start: the
 #: attention (its merge is tiny), the merge and the down-projection, whose successors (wo,

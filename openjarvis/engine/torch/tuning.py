@@ -44,22 +44,22 @@ QKV_SPLIT: dict[tuple[int, int], LinearConfig] = {
 PDL_PROLOGUE: dict[tuple[int, int], frozenset[str]] = {
     (1536, 8960): frozenset({"qkv", "wo"}), (896, 4864): frozenset({"qkv", "wo"}),
 }
-#: (n_embd, n_ff) -> PDL mode per kernel in verify steps (T > 1), where the rest run without.
-#: 1.5B: the attention split launching the merge early (session 3 run 24, T = 9: 1.528 -> 1.503
-#: ms; PDL for every verify kernel was slower, run 19, and so was a late trigger
-#: (``kernels.PDL_LATE``) at any one kernel boundary, session 6 run 53). 0.5B: every kernel
-#: launched early and letting the next one go after its main loop, with the attention tiles of
-#: ``VERIFY_ATTENTION`` (session 6 run 52: 0.824 -> 0.780 ms @512, 0.864 -> 0.791 @4096).
-_LATE = PDL_LATE
+#: (n_embd, n_ff) -> PDL mode per kernel in verify steps (T > 1), where the rest run without:
+#: every kernel launched early, waiting before it loads anything (no weight prologue: that
+#: was what made PDL lose in the 1.5B's verify steps, session 3 run 19 and session 6 runs
+#: 52-53), and letting the next one launch after its main loop (``kernels.PDL_LATE``).
+#: Session 6 runs 57-58, with ``VERIFY_ATTENTION``, k = 8 against session 5's settings:
+#: 1.5B 1.507 -> 1.465 ms @512, 1.627 -> 1.553 @4096; 0.5B 0.781 -> 0.729, 0.831 -> 0.779.
+_ALL_LATE = {k: 1 + PDL_LATE for k in
+             ("embed", "qkv", "rope_kv", "attn", "combine", "wo", "w13", "w2", "out")}
 VERIFY_PDL: dict[tuple[int, int], dict[str, int]] = {
-    (1536, 8960): {"attn": 1, "combine": 1},
-    (896, 4864): {"embed": 1 + _LATE, "qkv": 2 + _LATE, "rope_kv": 1 + _LATE,
-                  "attn": 1 + _LATE, "combine": 1 + _LATE, "wo": 2 + _LATE, "w13": 2 + _LATE,
-                  "w2": 2 + _LATE, "out": 2 + _LATE},
+    (1536, 8960): dict(_ALL_LATE), (896, 4864): dict(_ALL_LATE),
 }
 #: (n_embd, n_ff) -> (attention splits, keys per block) of verify steps where they differ from
-#: ``ATTENTION`` (session 6 run 52, with ``VERIFY_PDL``).
-VERIFY_ATTENTION: dict[tuple[int, int], tuple[int, int]] = {(896, 4864): (64, 32)}
+#: ``ATTENTION`` (session 6 run 58: 1.5B -2.0 % @4096, +1.5 % @512; 0.5B even).
+VERIFY_ATTENTION: dict[tuple[int, int], tuple[int, int]] = {
+    (1536, 8960): (64, 32), (896, 4864): (64, 32),
+}
 #: Cache policy of the weight loads: each weight is read once a step, so it may leave L2 first
 #: (session 3 run 18: 0.5B 0.624 -> 0.605 ms alone; 1.5B unchanged).
 WEIGHT_EVICT = "evict_first"
