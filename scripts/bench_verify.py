@@ -142,6 +142,10 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
         r.linear_configs[(name, 1)] = tuple(cfg) if name == "qkv" else K.LinearConfig(*cfg)
     r.nsplit, r.attn_block_s = v.get("attention", base["attention"])
     r.fuse_attn_out = bool(v.get("fuse_attn_out", False))
+    for key in ("combine_warps", "rope_warps"):  # {T: warps}, or warps for every T > 1
+        val = v.get(key, {})
+        setattr(r, key, {t: val for t in range(2, 33)} if isinstance(val, int)
+                else {int(t): w for t, w in val.items()})
     qs = v.get("qkv_split")
     r.qkv_split = K.LinearConfig(*qs) if qs else base["qkv_split"]
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}

@@ -106,6 +106,10 @@ class Runner:
         #: T > 1: (splits, keys per block) of the attention where they differ from the
         #: one-token step's (``nsplit``, ``attn_block_s``); None: the same.
         self.verify_attention: tuple[int, int] | None = None
+        #: Warps of each (token, head) program of the attention's merge and of the verify
+        #: steps' RoPE kernel, per T (absent: 1).
+        self.combine_warps: dict[int, int] = {}
+        self.rope_warps: dict[int, int] = {}
         #: T = 1: merge the attention splits inside the o-projection (one launch fewer per
         #: layer; float atomics into the residual, so the last bits vary from run to run).
         self.fuse_attn_out = False
@@ -417,7 +421,7 @@ class Runner:
                 assert ws.qkv_acc is not None
                 K.qkv_split(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                             kc, vc, ws.qkv_acc, a.rms_eps, cfg=split, pdl=pk("qkv"), evict=ev,
-                            pdl_rope=pk("rope_kv"))
+                            pdl_rope=pk("rope_kv"), rope_warps=self.rope_warps.get(t, 1))
             else:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
@@ -429,7 +433,7 @@ class Runner:
             else:
                 K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
                             block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
-                            pdl_combine=pk("combine"))
+                            pdl_combine=pk("combine"), combine_warps=self.combine_warps.get(t, 1))
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pk("wo"), evict=ev)
             K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
                      cfg=lc("w13"), pdl=pk("w13"), evict=ev)

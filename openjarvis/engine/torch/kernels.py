@@ -628,6 +628,7 @@ def qkv_split(
     pdl: int = 0,
     evict: str = "",
     pdl_rope: int | None = None,  # the second kernel's PDL mode; default: as ``pdl``
+    rope_warps: int = 1,  # warps of each (token, head) program of the second kernel
 ) -> None:
     """``qkv_rope`` for verify steps in two launches: a split-K product (many programs; the
     per-pair qkv kernel has only (heads x pairs / 16) of them at T > 1) and a small kernel that
@@ -641,7 +642,7 @@ def qkv_split(
         acc, x, bias, rope, start, q_out, k_cache, v_cache,
         d, k_cache.stride(0), k_cache.stride(1), eps,
         N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_D=min(1024, triton.next_power_of_2(d)),
-        PDL=_wait(pdl if pdl_rope is None else pdl_rope), num_warps=1,
+        PDL=_wait(pdl if pdl_rope is None else pdl_rope), num_warps=rope_warps,
         **_launch(pdl if pdl_rope is None else pdl_rope),
     )
 
@@ -658,6 +659,7 @@ def attention(
     num_warps: int = 4,
     pdl: int = 0,
     pdl_combine: int | None = None,  # the merge kernel's PDL mode; default: as ``pdl``
+    combine_warps: int = 1,  # warps of each (token, head) program of the merge
 ) -> torch.Tensor:
     t, n_head, hd = q.shape
     n_kv = k_cache.shape[0]
@@ -673,7 +675,8 @@ def attention(
     )
     pc = pdl if pdl_combine is None else pdl_combine
     _attn_combine_kernel[(t * n_head,)](
-        o_part, ml_part, out, t, N_HEAD=n_head, HD=hd, NSPLIT=nsplit, PDL=_wait(pc), num_warps=1,
+        o_part, ml_part, out, t, N_HEAD=n_head, HD=hd, NSPLIT=nsplit, PDL=_wait(pc),
+        num_warps=combine_warps,
         **_launch(pc),
     )
     return out
