@@ -121,7 +121,8 @@ TILES_VARIANTS: dict[str, dict[str, Any]] = {
 }
 #: ``--set final``: the verify defaults of session 5 beside the current ones.
 FINAL_VARIANTS: dict[str, dict[str, Any]] = {
-    "session5": {"verify_pdl": {"attn": 1, "combine": 1}, "verify_attention": None},
+    "session5": {"verify_pdl": {"attn": 1, "combine": 1}, "verify_attention": None,
+                 "combine_warps": {}},
 }
 
 
@@ -143,7 +144,7 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.nsplit, r.attn_block_s = v.get("attention", base["attention"])
     r.fuse_attn_out = bool(v.get("fuse_attn_out", False))
     for key in ("combine_warps", "rope_warps"):  # {T: warps}, or warps for every T > 1
-        val = v.get(key, {})
+        val = v.get(key, base[key])
         setattr(r, key, {t: val for t in range(2, 33)} if isinstance(val, int)
                 else {int(t): w for t, w in val.items()})
     qs = v.get("qkv_split")
@@ -158,7 +159,8 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
     return r, {"verify_pdl": dict(r.verify_pdl), "tiles": dict(r.linear_configs),
                "pdl_by_t": {str(k): v for k, v in r.pdl_by_t.items()},
                "one_token_pdl": dict(r.one_token_pdl), "verify_attention": r.verify_attention,
-               "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split}
+               "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
+               "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps)}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -152,6 +152,7 @@ class Runner:
                 PDL_PROLOGUE,
                 QKV_SPLIT,
                 VERIFY_ATTENTION,
+                VERIFY_COMBINE_WARPS,
                 VERIFY_PDL,
                 WEIGHT_EVICT,
                 tuned_configs,
@@ -163,6 +164,9 @@ class Runner:
                 self.one_token_pdl = dict(DEFAULT_ONE_TOKEN_PDL)
                 self.verify_pdl = dict(VERIFY_PDL.get(shape, {}))
             self.verify_attention = VERIFY_ATTENTION.get(shape)
+            if shape in VERIFY_COMBINE_WARPS:
+                self.combine_warps = dict.fromkeys(range(2, MAX_STEP + 1),
+                                                   VERIFY_COMBINE_WARPS[shape])
             self.linear_configs = tuned_configs(self.args, MAX_STEP)
             self.qkv_split = QKV_SPLIT.get(shape)
             self.pdl_prologue = PDL_PROLOGUE.get(shape, frozenset())

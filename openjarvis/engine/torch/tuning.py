@@ -60,6 +60,10 @@ VERIFY_PDL: dict[tuple[int, int], dict[str, int]] = {
 VERIFY_ATTENTION: dict[tuple[int, int], tuple[int, int]] = {
     (1536, 8960): (64, 32), (896, 4864): (64, 32),
 }
+#: (n_embd, n_ff) -> warps of each (token, head) program of the attention's merge in verify
+#: steps (session 6 run 60, 1.5B, 64 splits of 128 values to merge: k = 8 1.454 -> 1.420 ms
+#: @512, 1.542 -> 1.507 @4096; 4 or 8 warps, the 0.5B and one-token steps: no better than 1).
+VERIFY_COMBINE_WARPS: dict[tuple[int, int], int] = {(1536, 8960): 2}
 #: Cache policy of the weight loads: each weight is read once a step, so it may leave L2 first
 #: (session 3 run 18: 0.5B 0.624 -> 0.605 ms alone; 1.5B unchanged).
 WEIGHT_EVICT = "evict_first"

@@ -341,7 +341,9 @@ def test_each_kernel_launch_gets_its_pdl_mode_cache_policy_and_tiles(
     late = plan(1)
     assert modes(late) == [("embed", 5), ("qkv_rope", 6), ("attention", 1), ("wo", 6),
                            ("w13", 5), ("w2", 1), ("qkv_rope", 6)]
-    assert late[2][1]["pdl_combine"] == 1
+    assert late[2][1]["pdl_combine"] == 1 and late[2][1]["combine_warps"] == 1
+    r.combine_warps = {3: 2}  # the merge's warps per T (tuning.VERIFY_COMBINE_WARPS)
+    assert plan(3)[2][1]["combine_warps"] == 2 and plan(1)[2][1]["combine_warps"] == 1
     r.fuse_attn_out = True
     assert [n for n, _ in plan(1)][:4] == ["embed", "qkv_rope", "attention_out", "w13"]
     r.make_deterministic()
