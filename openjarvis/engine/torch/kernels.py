@@ -230,26 +230,11 @@ def _linear_swap_kernel(
     acc_t = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
     acc2_t = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    k_first = k_lo
-    if PDL % 4 >= 2:  # the first weight tile before waiting on the previous kernel
-        rk = k_lo + tl.arange(0, BLOCK_K)
-        kmask = rk < k_hi
-        wmask = nmask[:, None] & kmask[None, :]
-        w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)
-        if MODE == 2:
-            w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
-        else:
-            w2 = w
-        _gdc(PDL)
-        x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
-        xt = tl.trans(x.to(w.dtype))
-        acc_t = tl.dot(w, xt, acc_t)
-        if MODE == 2:
-            acc2_t = tl.dot(w2, xt, acc2_t)
-        k_first = k_lo + BLOCK_K
-    else:
-        _gdc(PDL)
-    for k0 in range(k_first, k_hi, BLOCK_K):
+    # No weight prologue here (PDL modes 2 and 6 wait first, like 1 and 5): peeling the first
+    # tile out of the pipelined loop lost 1-4 % in every verify step it was tried in (session 6
+    # runs 52-58; the peeled version is in commit c2f5d97).
+    _gdc(PDL)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < k_hi
         x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)

@@ -41,8 +41,9 @@ def g(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-#: (PDL mode, swapped operands): 3 and 7 run the loop PDL modes 2 and 6 run (the first weight
-#: tile before the wait), without PDL itself, which the interpreter lacks.
+#: (PDL mode, swapped operands): 3 and 7 run the code PDL modes 2 and 6 run in the unswapped
+#: kernel (the first weight tile before the wait), without PDL itself, which the interpreter
+#: lacks; the swapped kernel takes any mode and waits first.
 @pytest.mark.parametrize(("peel", "swap"), [(0, False), (3, False), (7, False), (0, True),
                                             (3, True)])
 @pytest.mark.parametrize("t", [1, 3, 17])
