@@ -731,7 +731,8 @@ def variant_correctness() -> dict[str, Any]:
         r = Runner(Transformer(a, w16, n_pos=256), 128, kernels="triton")
         if not PDL_OK:
             r.uniform_pdl(0)
-        if name == "verify_pdl1":
+        if name == "verify_pdl1":  # one mode for every verify kernel, not tuning.VERIFY_PDL's
+            r.verify_pdl = {}
             r.pdl_by_t.update({t: 1 for t in range(2, 33)} if PDL_OK else {})
         elif name == "deterministic":
             r.make_deterministic()
@@ -766,12 +767,18 @@ def latency_variants(name: str, positions: list[int]) -> dict[str, Any]:
     p0 = positions[0]
     tuned = dict(r.linear_configs)
     pro0, ev0, vp0 = r.pdl_prologue, r.weight_evict, dict(r.verify_pdl)
+    ot0, va0, cw0 = dict(r.one_token_pdl), r.verify_attention, dict(r.combine_warps)
     res: dict[str, Any] = {}
 
     def setup(evict: str | None = None, prologue: frozenset[str] | None = None, qkv_bk: int = 0,
               verify_pdl: int = 0, tiles: dict[tuple[str, int], Any] | None = None,
-              vpdl: dict[str, int] | None = None) -> None:
+              vpdl: dict[str, int] | None = None, session2: bool = False) -> None:
         r.verify_pdl = dict(vp0 if vpdl is None else vpdl)
+        # session 2 (and 3): every one-token kernel let the next launch at its start, the
+        # verify steps took the one-token attention tiles and a one-warp merge
+        r.one_token_pdl = {} if session2 else dict(ot0)
+        r.verify_attention = None if session2 else va0
+        r.combine_warps = {} if session2 else dict(cw0)
         r.linear_configs = dict(tuned)
         r.linear_configs.update(tiles or {})
         r.qkv_split = QKV_SPLIT_DEFAULT.get((a.n_embd, a.n_ff))
@@ -781,16 +788,17 @@ def latency_variants(name: str, positions: list[int]) -> dict[str, Any]:
             bp = r.linear_configs.get(("qkv", 1), (1, 1024))
             assert isinstance(bp, tuple)
             r.linear_configs[("qkv", 1)] = (bp[0], qkv_bk)
-        r.pdl_by_t = dict(DEFAULT_PDL_BY_T) if PDL_OK else {}
+        r.pdl_by_t = ({1: 1} if session2 else dict(DEFAULT_PDL_BY_T)) if PDL_OK else {}
         if not PDL_OK:
             r.uniform_pdl(0)
-        if verify_pdl and PDL_OK:
+        if verify_pdl and PDL_OK:  # one mode for every verify kernel
+            r.verify_pdl = {}
             r.pdl_by_t.update({t: verify_pdl for t in range(2, MAX_STEP + 1)})
         r.drop_steps()
 
     none: frozenset[str] = frozenset()
     variants: dict[str, dict[str, Any]] = {
-        "session2": {"evict": "", "prologue": none, "qkv_bk": 1024, "vpdl": {}},
+        "session2": {"evict": "", "prologue": none, "qkv_bk": 1024, "vpdl": {}, "session2": True},
         "default": {},
         "no_evict": {"evict": ""},
         "plus_w2": {"prologue": pro0 | {"w2"}},
@@ -811,7 +819,8 @@ def latency_variants(name: str, positions: list[int]) -> dict[str, Any]:
     variants["qkv_bp2"] = {"tiles": {("qkv", 1): (2, kt)}}
     for bn, warps in ((1, 4), (2, 4), (2, 8), (4, 8)):
         variants[f"wo_{bn}x{bk_wo}_w{warps}"] = {"tiles": {("wo", 1): LCfg(bn, bk_wo, warps, 2)}}
-    # verify steps: PDL for the small kernels only (the big ones use swapped tiles, no PDL)
+    # verify steps: PDL for the small kernels only (session 3's question; tuning.VERIFY_PDL
+    # now gives every verify kernel PDL with the late trigger, session 6)
     small = {"rope_kv": 1, "attn": 1, "combine": 1}
     variants["vpdl_attn_combine"] = {"vpdl": {"attn": 1, "combine": 1}}
     variants["vpdl_small"] = {"vpdl": small}

@@ -45,7 +45,6 @@ from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
 from openjarvis.engine.torch.generate import Runner  # noqa: E402
 from openjarvis.engine.torch.model import Transformer  # noqa: E402
-from openjarvis.engine.torch.tuning import VERIFY_PDL  # noqa: E402
 from openjarvis.engine.torch.weights import cast, random_weights  # noqa: E402
 
 T0 = time.monotonic()
@@ -69,9 +68,10 @@ T1_VARIANTS: dict[str, dict[str, Any]] = {"t1_late": {"pdl_by_t": {"1": 1 + LATE
 
 
 def each_variants(default_pdl: dict[str, int]) -> dict[str, dict[str, Any]]:
-    """One change at a time from the default verify step: PDL with the late trigger at one
-    kernel boundary (the kernel before it lets go late, the one after launches early),
-    attention tiles, big-matrix tiles (run 53)."""
+    """One change at a time from the verify step of ``default_pdl`` (runs 53-54 passed session
+    5's: the attention and its merge early, the rest without PDL): PDL with the late trigger
+    and the weight prologue (dropped from the swapped kernel since) at one kernel boundary,
+    attention tiles, big-matrix tiles."""
     out: dict[str, dict[str, Any]] = {}
     chain = ("embed", "qkv", "rope_kv", "attn", "combine", "wo", "w13", "w2", "qkv")
     for before, after in zip(chain, chain[1:], strict=False):
@@ -89,14 +89,14 @@ def each_variants(default_pdl: dict[str, int]) -> dict[str, dict[str, Any]]:
 
 
 #: ``--set``: named lists of variants.
-_T1_LATE = {"pdl_by_t": {"1": 1 + LATE}}
+_T1_LATE = {"pdl_by_t": {"1": 1 + LATE}, "one_token_pdl": {}}
 _T1_MIXES: dict[str, dict[str, Any]] = {
     "t1_late": _T1_LATE,
     # late everywhere but w2 and the merge, whose successors (qkv, wo) load weights early
     "t1_mix": {**_T1_LATE, "one_token_pdl": {"w2": 1, "combine": 1}},
     "t1_mix_w2": {**_T1_LATE, "one_token_pdl": {"w2": 1}},
     "t1_mix_combine": {**_T1_LATE, "one_token_pdl": {"combine": 1}},
-    "t1_mix_attn": {**_T1_LATE, "one_token_pdl": {"w2": 1, "combine": 1, "attn": 1}},
+    "t1_mix_attn": {**_T1_LATE, "one_token_pdl": {"w2": 1, "combine": 1, "attn": 1}},  # adopted
     "t1_mix_qkv": {**_T1_LATE, "one_token_pdl": {"w2": 1, "combine": 1, "qkv": 2}},
 }
 _T1_TILES: dict[str, dict[str, Any]] = {
@@ -120,10 +120,14 @@ TILES_VARIANTS: dict[str, dict[str, Any]] = {
     for c in ((32, 64, 4, 3, 4), (64, 64, 4, 3, 8), (16, 64, 4, 3, 8), (32, 128, 4, 3, 4))
 }
 #: ``--set final``: the verify defaults of session 5 beside the current ones.
+SESSION5_VERIFY_PDL = {"attn": 1, "combine": 1}
 FINAL_VARIANTS: dict[str, dict[str, Any]] = {
-    "session5": {"verify_pdl": {"attn": 1, "combine": 1}, "verify_attention": None,
+    "session5": {"verify_pdl": SESSION5_VERIFY_PDL, "verify_attention": None,
                  "combine_warps": {}},
 }
+#: The settings a variant may name (anything else is a typo that would time the default).
+KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
+         "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t"}
 
 
 def log(*a: object) -> None:
@@ -132,6 +136,10 @@ def log(*a: object) -> None:
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     """Runner settings of variant ``v`` (on top of the defaults saved in ``base``)."""
+    unknown = set(v) - KNOWN
+    if unknown:
+        raise SystemExit(f"bench_verify: unknown variant settings {sorted(unknown)}; "
+                         f"known: {sorted(KNOWN)}")
     r.verify_pdl = dict(v.get("verify_pdl", base["verify_pdl"]))
     r.one_token_pdl = dict(v.get("one_token_pdl", base["one_token_pdl"]))
     r.linear_configs = dict(base["tiles"])
@@ -372,10 +380,10 @@ def main(argv: list[str] | None = None) -> int:
         log("copy bandwidth", round(RES["bandwidth"] / 1e9, 1), "GB/s")
     for name in args.models.split(","):
         a = models[name]
-        vs = {"default": {}, **(each_variants(VERIFY_PDL.get((a.n_embd, a.n_ff), {}))
-                                if args.set == "each" else FINAL_VARIANTS
-                                if args.set == "final" else TILES_VARIANTS
-                                if args.set == "tiles" else variants)}
+        vs = {"default": {}, **(each_variants(SESSION5_VERIFY_PDL) if args.set == "each"
+                                else FINAL_VARIANTS if args.set == "final"
+                                else TILES_VARIANTS if args.set == "tiles"
+                                else {} if args.set == "t1" else variants)}
         res: dict[str, Any] = RES.setdefault(name, {})
         for part, fn in (
             ("correct", lambda a=a, vs=vs: None if args.no_correct else correctness(a, vs)),

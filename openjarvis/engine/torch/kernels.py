@@ -476,6 +476,7 @@ def _attn_out_kernel(
     o = tl.load(o_ptr + idx[:, None] * HD + d[None, :])  # [NSPLIT, HD]
     ov = tl.sum(o * wgt[:, None], 0) / tl.sum(wgt * den, 0)  # [HD]
     y = tl.sum(w.to(tl.float32) * ov[None, :], 1)  # [BLOCK_N]
+    _gdc_late(PDL)
     tl.atomic_add(h_ptr + rn, y, mask=nmask)
 
 

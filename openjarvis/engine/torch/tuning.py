@@ -48,8 +48,10 @@ PDL_PROLOGUE: dict[tuple[int, int], frozenset[str]] = {
 #: every kernel launched early, waiting before it loads anything (no weight prologue: that
 #: was what made PDL lose in the 1.5B's verify steps, session 3 run 19 and session 6 runs
 #: 52-53), and letting the next one launch after its main loop (``kernels.PDL_LATE``).
-#: Session 6 runs 57-58, with ``VERIFY_ATTENTION``, k = 8 against session 5's settings:
-#: 1.5B 1.507 -> 1.465 ms @512, 1.627 -> 1.553 @4096; 0.5B 0.781 -> 0.729, 0.831 -> 0.779.
+#: Session 6 runs 57-58, with ``VERIFY_ATTENTION``, k = 8 against the settings before (1.5B:
+#: session 5's; 0.5B: run 55's, every kernel late with the weight prologue): 1.5B 1.507 ->
+#: 1.465 ms @512, 1.627 -> 1.553 @4096; 0.5B 0.781 -> 0.729, 0.831 -> 0.779. Against session
+#: 5's for both: BENCHMARKS.md, run 61.
 _ALL_LATE = {k: 1 + PDL_LATE for k in
              ("embed", "qkv", "rope_kv", "attn", "combine", "wo", "w13", "w2", "out")}
 VERIFY_PDL: dict[tuple[int, int], dict[str, int]] = {

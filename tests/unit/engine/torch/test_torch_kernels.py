@@ -268,6 +268,14 @@ def test_evict_first_weight_loads_and_the_deterministic_tiles_compute_the_same_l
         assert rel(torch.cat(rows), ref) < 1e-5
 
 
+def test_pdl_modes_never_launch_early_without_waiting() -> None:
+    """The launch attribute (start before the previous kernel ends) goes exactly with the modes
+    whose kernels wait before they read activations (1, 2 and, with the late trigger, 5, 6);
+    kernels without a weight prologue get the plain wait of the same mode."""
+    assert [bool(K._launch(m)) for m in range(8)] == [False, True, True, False] * 2
+    assert [K._wait(m) for m in range(8)] == [0, 1, 1, 0, 0, 5, 5, 0]
+
+
 def test_dropped_steps_go_at_once_not_at_a_later_garbage_collection() -> None:
     """A CUDA graph that the garbage collector frees in the middle of another capture fails
     that capture (seen on the H200, session 6 run 53), so a dropped step must be freed when it
@@ -345,6 +353,12 @@ def test_each_kernel_launch_gets_its_pdl_mode_cache_policy_and_tiles(
     assert late[2][1]["pdl_combine"] == 1 and late[2][1]["combine_warps"] == 1
     r.combine_warps = {3: 2}  # the merge's warps per T (tuning.VERIFY_COMBINE_WARPS)
     assert plan(3)[2][1]["combine_warps"] == 2 and plan(1)[2][1]["combine_warps"] == 1
+    r.rope_warps, r.verify_attention = {3: 4}, (2, 16)  # verify steps' own attention tiles
+    verify = plan(3)
+    assert verify[1][1]["rope_warps"] == 4
+    assert verify[2][1]["block_s"] == 16 and r._steps[3].o_part.shape[0] == 2
+    one = plan(1)
+    assert one[2][1]["block_s"] == r.attn_block_s and r._steps[1].o_part.shape[0] == 4
     r.fuse_attn_out = True
     assert [n for n, _ in plan(1)][:4] == ["embed", "qkv_rope", "attention_out", "w13"]
     r.make_deterministic()
