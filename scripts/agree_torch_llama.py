@@ -225,7 +225,7 @@ def _subclasses() -> tuple[type, type]:
         def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             if func is not F.linear:
-                return super().__torch_function__(func, types, args, kwargs)
+                return super().__torch_function__(func, types, args, kwargs)  # type: ignore[no-untyped-call]
             x, w = args[0], args[1]
             b = args[2] if len(args) > 2 else kwargs.get("bias")
             with torch._C.DisableTorchFunctionSubclass():
@@ -243,7 +243,7 @@ def _subclasses() -> tuple[type, type]:
         def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             if func is not F.scaled_dot_product_attention:
-                return super().__torch_function__(func, types, args, kwargs)
+                return super().__torch_function__(func, types, args, kwargs)  # type: ignore[no-untyped-call]
             with torch._C.DisableTorchFunctionSubclass():
                 q, k, v = (a.as_subclass(torch.Tensor) for a in args[:3])  # [H, T, hd], [Hkv, S, hd]
                 mask = kwargs["attn_mask"]  # [1, T, S] bool
@@ -310,7 +310,7 @@ class Window:
 
 def windows(tokenize: Callable[[str], list[int]], length: int, count: int) -> list[Window]:
     """The middle ``length`` tokens of each source long enough (code, past the module docstring)."""
-    out = []
+    out: list[Window] = []
     for src in SOURCES:
         if len(out) == count:
             break

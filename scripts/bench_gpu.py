@@ -24,6 +24,7 @@ runs the same code on tiny shapes (on the CPU where no GPU is present) to catch 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -78,7 +79,8 @@ def time_ms(fn: Callable[[], object], iters: int = 50, reps: int = 7) -> float:
         return statistics.median(ts)
     ts = []
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        b = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         a.record()
         for _ in range(iters):
             fn()
@@ -127,12 +129,12 @@ def hf_model(a: ModelArgs, w: Weights, dtype: torch.dtype, device: str) -> Any:
     q, kv, f = a.q_dim, a.kv_dim, a.n_ff
     for i, lw in enumerate(w.layers):
         p = f"model.layers.{i}."
-        for name, t in zip(("q", "k", "v"), lw.wqkv.split([q, kv, kv]), strict=True):
+        for name, t in zip(("q", "k", "v"), torch.split(lw.wqkv, [q, kv, kv]), strict=True):
             sd[p + f"self_attn.{name}_proj.weight"] = t
-        for name, t in zip(("q", "k", "v"), lw.bqkv.split([q, kv, kv]), strict=True):
+        for name, t in zip(("q", "k", "v"), torch.split(lw.bqkv, [q, kv, kv]), strict=True):
             sd[p + f"self_attn.{name}_proj.bias"] = t
         sd[p + "self_attn.o_proj.weight"] = lw.wo
-        sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = lw.w13.split([f, f])
+        sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = torch.split(lw.w13, [f, f])
         sd[p + "mlp.down_proj.weight"] = lw.w2
         sd[p + "input_layernorm.weight"] = lw.attn_norm
         sd[p + "post_attention_layernorm.weight"] = lw.ffn_norm
@@ -292,7 +294,7 @@ def tune(runner: Runner, ts: tuple[int, ...], positions: list[int]) -> dict[str,
                 if left() < 240:
                     break
                 try:
-                    us = graph_us(lambda n=name, x=cand: job(n, x), 1 if name == "out" else nl)
+                    us = graph_us(functools.partial(job, name, cand), 1 if name == "out" else nl)
                 except Exception as exc:  # a tile the compiler rejects is skipped
                     log("tune", name, t, cand, "failed:", str(exc).splitlines()[0][:100])
                     continue
@@ -312,9 +314,12 @@ def tune(runner: Runner, ts: tuple[int, ...], positions: list[int]) -> dict[str,
         tot = 0.0
         for pos in positions:
             st = torch.tensor([pos], device=dev)
-            tot += graph_us(lambda st=st, op=op, ml=ml, bs=bs: [
-                K.attention(q, c.k[i], c.v[i], st, o, op, ml, block_s=bs)
-                for i in range(nl)] and None, nl)
+            def every_layer(st: torch.Tensor = st, op: torch.Tensor = op,
+                            ml: torch.Tensor = ml, bs: int = bs) -> None:
+                for i in range(nl):
+                    K.attention(q, c.k[i], c.v[i], st, o, op, ml, block_s=bs)
+
+            tot += graph_us(every_layer, nl)
         log(f"tune attention nsplit={nsplit} block_s={bs}: {tot:.2f} us/launch summed over "
             f"{positions}")
         if best_a is None or tot < best_a[0]:
@@ -331,14 +336,14 @@ def breakdown(runner: Runner, pos: int) -> dict[str, float]:
 
     runner.step([100], pos)
     ws, a, w, c = runner._steps[1], runner.args, runner.model.weights, runner.cache
-    cfg = runner.linear_configs
-    qkv_t = cfg.get(("qkv", 1)) or (None, None)
+    qkv_t = runner.linear_configs.get(("qkv", 1)) or (None, None)
+    assert isinstance(qkv_t, tuple)
 
     def job(name: str) -> None:
         if name == "embed":
             K.embed(ws.tokens, w.tok_emb, ws.h)
         elif name == "out":
-            K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, cfg=cfg.get(("out", 1)))
+            K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, cfg=runner.tiles("out", 1))
         for i, lw in enumerate(w.layers):
             if name == "qkv_rope":
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, runner.model.rope, ws.start,
@@ -350,12 +355,12 @@ def breakdown(runner: Runner, pos: int) -> dict[str, float]:
                 K.attention(ws.q, c.k[i], c.v[i], ws.start, ws.attn, ws.o_part, ws.ml_part,
                             block_s=runner.attn_block_s)
             elif name == "wo":
-                K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=cfg.get(("wo", 1)))
+                K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=runner.tiles("wo", 1))
             elif name == "w13":
                 K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm,
-                         cfg=cfg.get(("w13", 1)))
+                         cfg=runner.tiles("w13", 1))
             elif name == "w2":
-                K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=cfg.get(("w2", 1)))
+                K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=runner.tiles("w2", 1))
 
     out: dict[str, float] = {}
     for name in ["embed", "qkv_rope", "attention", "wo", "attention_out", "w13", "w2", "out"]:
@@ -596,11 +601,13 @@ def tune_verify(name: str, positions: list[int], what: str = "swap") -> dict[str
         r.drop_steps(9)  # recapture T = 9 with the new tiles
     else:
         res["qkv_split"] = {}
-        for cand in [(32, 64, 4, 3, 8), (32, 128, 4, 3, 8, True), (32, 64, 4, 3, 8, True),
-                     (64, 64, 4, 3, 8, True), (64, 128, 4, 3, 4, True)]:
+        cands: list[tuple[Any, ...]] = [
+            (32, 64, 4, 3, 8), (32, 128, 4, 3, 8, True), (32, 64, 4, 3, 8, True),
+            (64, 64, 4, 3, 8, True), (64, 128, 4, 3, 4, True)]
+        for cand in cands:
             r.qkv_split = K.LinearConfig(*cand)
             r.drop_steps(9)
-            row: dict[str, Any] = {}
+            row: dict[int, float] = {}
             for pos in positions:
                 row[pos] = ours_step_ms(r, 9, pos) / res["before"][pos]["t1"]
             res["qkv_split"][str(cand)] = row
@@ -698,8 +705,8 @@ def barrier_check(n: int = 2000) -> dict[str, Any]:
 
     from openjarvis.engine.torch.megakernel import _sync
 
-    @triton.jit
-    def spin(bar_ptr, out_ptr, n, NPROG: tl.constexpr):
+    @triton.jit  # type: ignore[untyped-decorator]
+    def spin(bar_ptr: Any, out_ptr: Any, n: Any, NPROG: tl.constexpr) -> None:
         for i in range(n):
             _sync(bar_ptr, i + 1, NPROG)
         tl.store(out_ptr + tl.program_id(0), tl.atomic_add(bar_ptr, 0))
@@ -884,8 +891,12 @@ def mega_trace(r: Runner, t: int, pos: int) -> dict[str, Any]:
     ws = r._workspace(t)
     assert ws.mega is not None
     trace = torch.zeros(ws.mega.programs, 256, 2, dtype=torch.int64, device="cuda")
-    run = lambda: megakernel.step(r.args, r.model.weights, r._stacked, r.model.rope,  # noqa: E731
-                                  r.cache.k, r.cache.v, ws.inputs, ws.mega, r.mega, trace)
+    stacked, cfg, scratch = r._stacked, r.mega, ws.mega
+    assert isinstance(stacked, megakernel.Stacked) and cfg is not None
+
+    def run() -> None:
+        megakernel.step(r.args, r.model.weights, stacked, r.model.rope, r.cache.k, r.cache.v,
+                        ws.inputs, scratch, cfg, trace)
     for _ in range(3):
         run()
     sync()
