@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gpu import copy_bandwidth, time_ms  # noqa: E402  # the same timer and floor
+from bench_gpu import copy_bandwidth, log, step_floor_ms, time_ms  # noqa: E402  # the same timer and floor
 
 from openjarvis.engine.torch import cuda_step  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
@@ -43,12 +43,7 @@ from openjarvis.engine.torch.generate import Runner  # noqa: E402
 from openjarvis.engine.torch.model import Transformer  # noqa: E402
 from openjarvis.engine.torch.weights import cast, random_weights  # noqa: E402
 
-T0 = time.monotonic()
 RES: dict[str, Any] = {}
-
-
-def log(*a: object) -> None:
-    print(f"[{time.monotonic() - T0:6.1f}s]", *a, flush=True)
 
 
 def builds() -> dict[str, Any]:
@@ -136,7 +131,7 @@ def timing(a: ModelArgs, name: str, bw: float, positions: list[int], rounds: int
             log(name, vname, "unavailable:", traceback.format_exc(limit=2))
     res: dict[str, Any] = {"weight_bytes": w.nbytes()}
     for pos in positions:
-        floor = (w.nbytes() + a.kv_bytes(pos + 1)) / bw * 1e3
+        floor = step_floor_ms(w.nbytes(), a, pos, bw)
         times: dict[str, list[float]] = {k: [] for k in runners}
         for r in runners.values():
             r.step([100], pos)

@@ -90,6 +90,12 @@ def time_ms(fn: Callable[[], object], iters: int = 50, reps: int = 7) -> float:
     return statistics.median(ts)
 
 
+def step_floor_ms(weight_bytes: int, a: ModelArgs, pos: int, bw: float) -> float:
+    """The bandwidth floor of a one-token step at ``pos``: every weight byte it reads and the
+    K/V of ``pos + 1`` positions, over the copy bandwidth ``bw`` (bytes/s)."""
+    return (weight_bytes + a.kv_bytes(pos + 1)) / bw * 1e3
+
+
 def copy_bandwidth() -> float:
     """Bytes/s of a device-to-device copy of 2 GiB (read + written counted)."""
     n = 1 << 30
@@ -476,7 +482,7 @@ def bench_model(name: str, a: ModelArgs, bw: float, positions: list[int], smoke:
     except Exception:
         log("single-launch step unavailable:", traceback.format_exc(limit=3))
     for pos in positions:
-        floor_ms = (wbytes + a.kv_bytes(pos + 1)) / bw * 1e3
+        floor_ms = step_floor_ms(wbytes, a, pos, bw)
         row: dict[str, Any] = {"floor_ms": floor_ms}
         for k in (0, 4, 8, 16):  # k = 0: the one-token decode step
             times: dict[str, float] = {}
@@ -971,7 +977,7 @@ def mega_explore(name: str, positions: list[int]) -> dict[str, Any]:
             res[f"correct_{rname}"] = {"rel_err": err, "top1": top1, "replays_identical": stable}
             log(name, rname, res[f"correct_{rname}"])
     for pos in positions:
-        floor_ms = (wbytes + a.kv_bytes(pos + 1)) / bw * 1e3
+        floor_ms = step_floor_ms(wbytes, a, pos, bw)
         row: dict[str, Any] = {"floor_ms": floor_ms}
         for t in (1, 9):
             for rname, r in [("per_kernel", base), *runners.items()]:

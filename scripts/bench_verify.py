@@ -27,7 +27,6 @@ import argparse
 import functools
 import json
 import sys
-import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gpu import copy_bandwidth, time_ms  # noqa: E402  # the same timer and floor
+from bench_gpu import copy_bandwidth, log, step_floor_ms, time_ms  # noqa: E402  # the same timer and floor
 
 from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
@@ -47,7 +46,6 @@ from openjarvis.engine.torch.generate import Runner  # noqa: E402
 from openjarvis.engine.torch.model import Transformer  # noqa: E402
 from openjarvis.engine.torch.weights import cast, random_weights  # noqa: E402
 
-T0 = time.monotonic()
 RES: dict[str, Any] = {}
 LATE = K.PDL_LATE
 #: Every verify kernel launched early, the next one let go after the main loop; the kernels
@@ -128,10 +126,6 @@ FINAL_VARIANTS: dict[str, dict[str, Any]] = {
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t"}
-
-
-def log(*a: object) -> None:
-    print(f"[{time.monotonic() - T0:6.1f}s]", *a, flush=True)
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -261,8 +255,8 @@ def timing(a: ModelArgs, positions: list[int], variants: dict[str, dict[str, Any
             log(f"round {rnd} @{pos}", {k: round(x, 4) for k, x in best.items()})
         row: dict[str, Any] = {"ms": best,
                                "ratio_to_t1": {k: min(x) for k, x in ratios.items()}}
-        if "bandwidth" in RES:  # the floor: weight bytes and KV bytes read / copy bandwidth
-            floor = (r.model.weights.nbytes() + a.kv_bytes(pos + 1)) / RES["bandwidth"] * 1e3
+        if "bandwidth" in RES:
+            floor = step_floor_ms(r.model.weights.nbytes(), a, pos, RES["bandwidth"])
             row["floor_ms"] = floor
             row["pct_floor"] = {k: 100 * floor / best[k] for k in ("t1", *T1_VARIANTS)
                                 if k in best}
