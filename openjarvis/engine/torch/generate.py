@@ -15,8 +15,8 @@ Graphs are captured lazily, on the first call with a given T, and kept on the Ru
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # importing megakernel imports triton: only where the step is
     from openjarvis.engine.torch.megakernel import MegaConfig, Scratch
 
 Kernels = Literal["triton", "torch"]
+StepPath = Literal["cuda_step", "mega", "triton", "torch"]
 
 #: Largest T run as one fixed-shape step (a k=16 verify is 17 tokens; prefill chunks are this).
 MAX_STEP = 32
@@ -60,7 +61,11 @@ class Workspace:
     act: torch.Tensor  # [T, F]
     logits: torch.Tensor  # [T, V] float32
     graph: torch.cuda.CUDAGraph | None = None
-    run: Callable[[], torch.Tensor] | None = field(default=None)
+    #: Which forward pass runs this T (``Runner._run``): fixed when the workspace is built. A
+    #: name rather than a closure, so nothing in the workspace refers back to it or the Runner
+    #: and a dropped step (its CUDA graph) is freed at once, never by a garbage collection that
+    #: might land inside another capture and fail it (seen on the H200, session 6 run 53).
+    path: StepPath = "torch"
     #: The single-launch step's buffers (``megakernel.py``), when that path runs this T.
     mega: Scratch | None = None
     #: [T, qkv_dim] float32 zeros: the split-K qkv accumulator of verify steps (``qkv_split``).
@@ -221,14 +226,11 @@ class Runner:
 
     def drop_steps(self, t: int | None = None) -> None:
         """Forget the step of ``t`` tokens (every step: None), so that the next call builds
-        and captures it anew with the settings of then. Each workspace's ``run`` refers back
-        to it; breaking that cycle frees its CUDA graph now rather than at some later garbage
-        collection, which, landing inside another capture, would fail that capture."""
-        for key in list(self._steps) if t is None else [t]:
-            ws = self._steps.pop(key, None)
-            if ws is not None:
-                ws.run = None
-                ws.graph = None
+        and captures it anew with the settings of then (its CUDA graph is freed here)."""
+        if t is None:
+            self._steps.clear()
+        else:
+            self._steps.pop(t, None)
 
     def tiles(self, name: str, t: int) -> LinearConfig | None:
         """The tile the linear ``name`` ("wo", "w13", "w2", "out") of a T-token step runs with;
@@ -302,8 +304,7 @@ class Runner:
         if ws.graph is not None:
             ws.graph.replay()
             return ws.logits
-        assert ws.run is not None
-        return ws.run()
+        return self._run(ws)
 
     def warmup(self, ts: Sequence[int]) -> None:
         """Build (and on the GPU compile and capture) the steps of each T now rather than on
@@ -316,8 +317,8 @@ class Runner:
         ws = self._steps[t]
         if ws.graph is not None:
             ws.graph.replay()
-        elif ws.run is not None:
-            ws.run()
+        else:
+            self._run(ws)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -346,21 +347,27 @@ class Runner:
             logits=torch.empty(t, a.n_vocab, dtype=f32, device=dev),
         )
         if t == 1 and self.cuda_step is not None:
-            step = self.cuda_step
-            ws.logits = step.logits
-            ws.run = lambda: step(ws.inputs)
+            ws.path, ws.logits = "cuda_step", self.cuda_step.logits
         elif self.mega is not None and t <= self.mega_max_t:
             from openjarvis.engine.torch.megakernel import scratch
 
             ws.mega = scratch(a, t, self.mega.for_t(t).nsplit, dev)
-            ws.logits = ws.mega.logits
-            ws.run = lambda: self._mega_forward(ws)
-        elif self.kernels == "triton":
-            ws.run = lambda: self._triton_forward(ws)
+            ws.path, ws.logits = "mega", ws.mega.logits
         else:
-            ws.run = lambda: self._torch_forward(ws)
+            ws.path = self.kernels
         self._steps[t] = ws
         return ws
+
+    def _run(self, ws: Workspace) -> torch.Tensor:
+        """One step on the inputs ``ws`` holds, by the path it was built for; its logits."""
+        if ws.path == "cuda_step":
+            assert self.cuda_step is not None  # use_cuda_step drops the step it replaces
+            return self.cuda_step(ws.inputs)
+        if ws.path == "mega":
+            return self._mega_forward(ws)
+        if ws.path == "triton":
+            return self._triton_forward(ws)
+        return self._torch_forward(ws)
 
     def _capture(self, ws: Workspace) -> None:
         """Warm up (compiles kernels) on a side stream, then capture one step into a graph.
@@ -368,17 +375,18 @@ class Runner:
         Warm-up runs the step the inputs hold (a step is idempotent: it rewrites the same K/V
         positions with the same values), so the inputs must be filled first.
         """
-        assert ws.run is not None
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                ws.run()
+                self._run(ws)
         torch.cuda.current_stream().wait_stream(side)
-        gc.collect()  # no CUDA graph of a dropped step left to be freed during the capture
+        # No CUDA graph left for the collector to free during the capture (a Runner dropped
+        # whole, or a workspace some caller kept in a cycle of its own).
+        gc.collect()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = ws.run()
+            out = self._run(ws)
         ws.logits = out
         ws.graph = graph
 
