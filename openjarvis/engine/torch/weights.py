@@ -49,11 +49,16 @@ class Weights:
     out: torch.Tensor  # [V, D]; the same storage as tok_emb when tied
 
     def nbytes(self) -> int:
-        """Bytes one decode step reads (the output matrix once; the embedding row is noise)."""
+        """Bytes one decode step reads: every matrix once. The output projection reads all of
+        ``out``; the embedding lookup one row of ``tok_emb`` (noise), so an untied ``tok_emb``
+        is left out, but a tied one is ``out`` and counts. (Before session 7 a tied ``out``
+        was left out with it: every floor in BENCHMARKS.md up to then lacks the output matrix.)"""
         seen: set[int] = set()
         total = 0
         for t in self._tensors():
-            if t.data_ptr() not in seen and t is not self.tok_emb:
+            if t is self.tok_emb and self.out is not self.tok_emb:
+                continue
+            if t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
         return total

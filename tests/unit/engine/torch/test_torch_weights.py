@@ -76,3 +76,23 @@ def test_q8_0_block_layout_by_hand(tmp_path: Path) -> None:
     w.close()
     _, tensors = read_gguf(path)
     np.testing.assert_array_equal(tensors["m.weight"], 0.5 * q.astype(np.float32)[None, :])
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_step_bytes_count_the_output_matrix_once_tied_or_not(tied: bool) -> None:
+    """The bandwidth floor's numerator: a step reads every layer matrix and the whole output
+    matrix, but only one row of an untied embedding. A tied output matrix is the embedding
+    and is read whole; leaving it out (as before session 7) understated every floor."""
+    import dataclasses
+
+    import torch
+
+    from openjarvis.engine.torch.config import ModelArgs
+    from openjarvis.engine.torch.weights import random_weights
+
+    a = ModelArgs("qwen2", 2, 64, 96, 4, 2, 300)
+    w = random_weights(a, torch.bfloat16, "cpu", seed=0)
+    if not tied:
+        w = dataclasses.replace(w, out=w.tok_emb.clone())
+    layer = (a.qkv_dim * 64 + a.qkv_dim + 64 * a.q_dim + 2 * 96 * 64 + 64 * 96 + 2 * 64) * 2
+    assert w.nbytes() == a.n_layer * layer + (300 * 64 + 64) * 2
