@@ -17,8 +17,8 @@ In one process, per model (1.5B and 0.5B shapes, random non-zero bf16 weights):
 A variant is a JSON object of Runner settings: ``verify_pdl`` (PDL mode per kernel,
 ``kernels.PDL_LATE`` added for a late trigger), ``verify_attention``
 ([splits, keys per block]), ``tiles`` ({matrix: LinearConfig fields} for T > 1); one-token
-variants ``pdl_by_t`` (keys as strings) and ``one_token_pdl``. Results go to
-``--out``/verify.json.
+variants ``pdl_by_t`` (keys as strings) and ``one_token_pdl``; for both, ``trim_merge``
+(false: the merge reads every split, as before session 7). Results go to ``--out``/verify.json.
 """
 
 from __future__ import annotations
@@ -107,25 +107,58 @@ _T1_TILES: dict[str, dict[str, Any]] = {
     **{"t1_w2_" + "_".join(map(str, (c[0], c[1], c[4]))): {"t1_tiles": {"w2": list(c)}}
        for c in ((2, 1024, 4, 2, 1), (4, 1024, 4, 2, 2), (8, 512, 4, 2, 4), (4, 512, 4, 2, 4))},
 }
+#: ``--set attn`` (session 7): the merge reading every split (``trim_merge`` off, as before
+#: session 7), and split counts that a trimmed merge may favour, one-token steps here. (Runs
+#: 63-64 also loaded the attention's first K/V block before the PDL wait, and split the
+#: merge over blocks of a head: both lost or were even, and were removed.)
+_T1_ATTN: dict[str, dict[str, Any]] = {
+    "t1_no_trim": {"trim_merge": False},
+    **{f"t1_attn{sp}x{bs}": {"attention": [sp, bs]} for sp, bs in ((64, 64), (16, 64))},
+}
+#: ``--set ffn`` (session 7): the gate/up and down products of one-token steps loading their
+#: first weight tile before the PDL wait (as qkv and wo do); the merge fused into wo again,
+#: now that it reads only the splits that hold keys.
+_T1_DEFAULT_PDL = {"attn": 1, "combine": 1, "w2": 1}  # generate.DEFAULT_ONE_TOKEN_PDL
+_T1_FFN: dict[str, dict[str, Any]] = {
+    "t1_w13p": {"one_token_pdl": {**_T1_DEFAULT_PDL, "w13": 2 + LATE}},
+    "t1_w2p": {"one_token_pdl": {**_T1_DEFAULT_PDL, "w2": 2}},
+    "t1_w13p_w2p": {"one_token_pdl": {**_T1_DEFAULT_PDL, "w13": 2 + LATE, "w2": 2}},
+    "t1_fuse_attn_out": {"fuse_attn_out": True},
+}
 T1_SETS: dict[str, dict[str, dict[str, Any]]] = {
-    "each": _T1_MIXES, "t1": _T1_MIXES, "tiles": _T1_TILES,
+    "each": _T1_MIXES, "t1": _T1_MIXES, "tiles": _T1_TILES, "attn": _T1_ATTN, "ffn": _T1_FFN,
     # the defaults of session 5: every next kernel launched at the start
-    "final": {"t1_session5": {"pdl_by_t": {"1": 1}, "one_token_pdl": {}}},
+    "final": {"t1_session5": {"pdl_by_t": {"1": 1}, "one_token_pdl": {}, "trim_merge": False},
+              "t1_session6": {"trim_merge": False}},
 }
 #: ``--set tiles``: split-K qkv tiles of verify steps (with the one-token tile variants).
 TILES_VARIANTS: dict[str, dict[str, Any]] = {
     "qkv_" + "_".join(map(str, (c[0], c[1], c[4]))): {"qkv_split": list(c)}
     for c in ((32, 64, 4, 3, 4), (64, 64, 4, 3, 8), (16, 64, 4, 3, 8), (32, 128, 4, 3, 4))
 }
-#: ``--set final``: the verify defaults of session 5 beside the current ones.
+#: ``--set final``: the verify defaults of sessions 5 and 6 beside the current ones.
 SESSION5_VERIFY_PDL = {"attn": 1, "combine": 1}
+#: The verify default since session 6 (``tuning.VERIFY_PDL``): every kernel early and late.
+_ALL_LATE_NOW = {k: 1 + LATE for k in ALL_LATE}
 FINAL_VARIANTS: dict[str, dict[str, Any]] = {
     "session5": {"verify_pdl": SESSION5_VERIFY_PDL, "verify_attention": None,
-                 "combine_warps": {}},
+                 "combine_warps": {}, "trim_merge": False},
+    "session6": {"trim_merge": False},
+}
+#: ``--set attn``: the same for verify steps.
+ATTN_VARIANTS: dict[str, dict[str, Any]] = {
+    "no_trim": {"trim_merge": False},
+    **{f"attn{sp}x{bs}": {"verify_attention": [sp, bs]} for sp, bs in ((32, 64), (64, 64))},
+}
+#: ``--set ffn``: the per-pair qkv kernel instead of split-K qkv and its RoPE kernel (one
+#: launch fewer), and gate/up's first weight tile before the wait, in verify steps.
+FFN_VARIANTS: dict[str, dict[str, Any]] = {
+    "per_pair_qkv": {"qkv_split": False},
+    "w13p": {"verify_pdl": {**_ALL_LATE_NOW, "w13": 2 + LATE}},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
-         "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t"}
+         "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -145,12 +178,13 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
         r.linear_configs[(name, 1)] = tuple(cfg) if name == "qkv" else K.LinearConfig(*cfg)
     r.nsplit, r.attn_block_s = v.get("attention", base["attention"])
     r.fuse_attn_out = bool(v.get("fuse_attn_out", False))
+    r.trim_merge = bool(v.get("trim_merge", base["trim_merge"]))
     for key in ("combine_warps", "rope_warps"):  # {T: warps}, or warps for every T > 1
         val = v.get(key, base[key])
         setattr(r, key, {t: val for t in range(2, 33)} if isinstance(val, int)
                 else {int(t): w for t, w in val.items()})
-    qs = v.get("qkv_split")
-    r.qkv_split = K.LinearConfig(*qs) if qs else base["qkv_split"]
+    qs = v.get("qkv_split")  # tiles; false: the per-pair qkv kernel
+    r.qkv_split = (None if qs is False else K.LinearConfig(*qs) if qs else base["qkv_split"])
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
     r.drop_steps()
 
@@ -162,7 +196,8 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "pdl_by_t": {str(k): v for k, v in r.pdl_by_t.items()},
                "one_token_pdl": dict(r.one_token_pdl), "verify_attention": r.verify_attention,
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
-               "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps)}
+               "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
+               "trim_merge": r.trim_merge}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -377,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         vs = {"default": {}, **(each_variants(SESSION5_VERIFY_PDL) if args.set == "each"
                                 else FINAL_VARIANTS if args.set == "final"
                                 else TILES_VARIANTS if args.set == "tiles"
+                                else ATTN_VARIANTS if args.set == "attn"
+                                else FFN_VARIANTS if args.set == "ffn"
                                 else {} if args.set == "t1" else variants)}
         res: dict[str, Any] = RES.setdefault(name, {})
         for part, fn in (

@@ -118,6 +118,8 @@ class Runner:
         #: T = 1: merge the attention splits inside the o-projection (one launch fewer per
         #: layer; float atomics into the residual, so the last bits vary from run to run).
         self.fuse_attn_out = False
+        #: The attention's merge reads only the splits that hold keys (``kernels.attention``).
+        self.trim_merge = True
         self.attn_out_block_n = 128
         #: Programmatic dependent launch of the Triton kernels (Hopper), per T: 0 off, 1 each
         #: kernel launched while the previous one finishes, 2 also loading its first weight
@@ -441,11 +443,12 @@ class Runner:
             if t == 1 and self.fuse_attn_out and not self.deterministic:
                 K.attention_out(ws.q, kc, vc, ws.start, lw.wo, ws.h, ws.o_part, ws.ml_part,
                                 block_s=self.attn_block_s, block_n=self.attn_out_block_n,
-                                pdl=pk("attn"))
+                                pdl=pk("attn"), trim=self.trim_merge)
             else:
                 K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
                             block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
-                            pdl_combine=pk("combine"), combine_warps=self.combine_warps.get(t, 1))
+                            pdl_combine=pk("combine"), combine_warps=self.combine_warps.get(t, 1),
+                            trim=self.trim_merge)
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pk("wo"), evict=ev)
             K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
                      cfg=lc("w13"), pdl=pk("w13"), evict=ev)

@@ -369,44 +369,74 @@ def _rope_kv_kernel(
 
 
 @triton.jit
+def _split_chunk(total, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Keys per split of a sequence of ``total`` keys: whole blocks, as few splits as fit."""
+    return tl.cdiv(tl.cdiv(total, NSPLIT), BLOCK_S) * BLOCK_S
+
+
+@triton.jit
+def _splits_used(total, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
+    """How many of the ``NSPLIT`` splits hold keys; the rest are empty (at position 512 with
+    64 splits of 64-key blocks, 55 of 64), and a trimmed merge never reads them."""
+    return tl.cdiv(total, _split_chunk(total, NSPLIT, BLOCK_S))
+
+
+@triton.jit
+def _attn_update(q, kt, vt, s, smask, qpos, m, den, acc):
+    """One block of keys into the running (max, sum, output) of the query rows."""
+    sc = tl.dot(q.to(kt.dtype), tl.trans(kt))  # [R, S]
+    valid = smask[None, :] & (s[None, :] <= qpos[:, None])
+    sc = tl.where(valid, sc, float("-inf"))
+    m_new = tl.maximum(m, tl.max(sc, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(sc - m_safe[:, None])
+    alpha = tl.exp(m - m_safe)
+    den = den * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+    return m_new, den, acc
+
+
+@triton.jit
 def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_ch, stride_cs, scale,
                N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
-               BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+               BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+               TRIM: tl.constexpr):
     """Flash-decoding partials of one (kv head, split of the sequence): rows r = t * G + g of
-    the query tile (all query heads of the group, all T tokens) share one K/V stream."""
+    the query tile (all query heads of the group, all T tokens) share one K/V stream.
+
+    ``PDL``: wait for the previous kernel (``_gdc``) first. ``TRIM``: empty splits store
+    nothing (a trimmed merge reads only the splits that hold keys).
+
+    Loading the first K/V block before the wait (positions before ``start`` are written by
+    earlier steps) was measured in session 7 (runs 63-64) and lost 1-3 % in every step: the
+    split holding this step's positions must load after the wait all the same."""
     r = tl.arange(0, BLOCK_R)
     t = r // G
     head = kvh * G + r % G
     rmask = t < T
     d = tl.arange(0, HD)
-    q = tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
-                mask=rmask[:, None], other=0.0) * scale  # [R, HD] float32
     total = start + T
-    chunk = tl.cdiv(tl.cdiv(total, NSPLIT), BLOCK_S) * BLOCK_S
+    chunk = _split_chunk(total, NSPLIT, BLOCK_S)
     s_lo = sp * chunk
     s_hi = tl.minimum(s_lo + chunk, total)
+    kbase = kc_ptr + kvh * stride_ch
+    vbase = vc_ptr + kvh * stride_ch
+    _gdc(PDL)
+    q = tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
+                mask=rmask[:, None], other=0.0) * scale  # [R, HD] float32
     qpos = start + t  # [R]
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     den = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
-    kbase = kc_ptr + kvh * stride_ch
-    vbase = vc_ptr + kvh * stride_ch
     for s0 in range(s_lo, s_hi, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         smask = s < s_hi
         kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
-        sc = tl.dot(q.to(kt.dtype), tl.trans(kt))  # [R, S]
-        valid = smask[None, :] & (s[None, :] <= qpos[:, None])
-        sc = tl.where(valid, sc, float("-inf"))
-        m_new = tl.maximum(m, tl.max(sc, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(sc - m_safe[:, None])
-        alpha = tl.exp(m - m_safe)
-        den = den * alpha + tl.sum(p, 1)
         vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-        m = m_new
+        m, den, acc = _attn_update(q, kt, vt, s, smask, qpos, m, den, acc)
     idx = (sp * T + t) * N_HEAD + head  # partials [NSPLIT, T, H, ...]
+    if TRIM:
+        rmask = rmask & (s_lo + t * 0 < total)  # (a block: the interpreter's masks are)
     tl.store(o_ptr + idx[:, None] * HD + d[None, :], acc, mask=rmask[:, None])
     tl.store(ml_ptr + idx * 2, m, mask=rmask)
     tl.store(ml_ptr + idx * 2 + 1, den, mask=rmask)
@@ -417,46 +447,53 @@ def _attn_split_kernel(
     q_ptr, kc_ptr, vc_ptr, start_ptr, o_ptr, ml_ptr,
     T, stride_ch, stride_cs, scale,
     N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr, TRIM: tl.constexpr,
 ):
-    """Program = (kv head, split): ``_attn_item``."""
-    _gdc(PDL)
+    """Program = (kv head, split): ``_attn_item``. ``start`` is written before the step's
+    graph is launched, so it is read before the PDL wait."""
     _attn_item(q_ptr, kc_ptr, vc_ptr, tl.load(start_ptr), o_ptr, ml_ptr, T, tl.program_id(0),
                tl.program_id(1), stride_ch, stride_cs, scale, N_HEAD, G, HD, NSPLIT, BLOCK_R,
-               BLOCK_S)
+               BLOCK_S, PDL, TRIM)
     _gdc_late(PDL)
 
 
 @triton.jit
-def _combine_item(o_ptr, ml_ptr, out_ptr, T, item, N_HEAD: tl.constexpr, HD: tl.constexpr,
-                  NSPLIT: tl.constexpr):
-    """Merge the splits' (max, sum, partial output) of item = t * N_HEAD + head."""
+def _combine_item(o_ptr, ml_ptr, out_ptr, T, item, n_used, N_HEAD: tl.constexpr,
+                  HD: tl.constexpr, NSPLIT: tl.constexpr):
+    """Merge the first ``n_used`` splits' (max, sum, partial output) of item = t * N_HEAD +
+    head; the others are never read."""
     sp = tl.arange(0, NSPLIT)
+    used = sp < n_used
     d = tl.arange(0, HD)
     idx = sp * T * N_HEAD + item
-    m = tl.load(ml_ptr + idx * 2)
-    den = tl.load(ml_ptr + idx * 2 + 1)
+    m = tl.load(ml_ptr + idx * 2, mask=used, other=float("-inf"))
+    den = tl.load(ml_ptr + idx * 2 + 1, mask=used, other=0.0)
     wgt = tl.exp(m - tl.max(m, 0))  # empty splits carry m = -inf -> weight 0
-    o = tl.load(o_ptr + idx[:, None] * HD + d[None, :])  # [NSPLIT, HD]
+    o = tl.load(o_ptr + idx[:, None] * HD + d[None, :], mask=used[:, None], other=0.0)
     res = tl.sum(o * wgt[:, None], 0) / tl.sum(wgt * den, 0)
     tl.store(out_ptr + item * HD + d, res.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
 def _attn_combine_kernel(
-    o_ptr, ml_ptr, out_ptr, T,
-    N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr, PDL: tl.constexpr,
+    o_ptr, ml_ptr, out_ptr, start_ptr, T,
+    N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr, TRIM: tl.constexpr,
 ):
+    """Program = (token, head)."""
+    n_used = NSPLIT
+    if TRIM:
+        n_used = _splits_used(tl.load(start_ptr) + T, NSPLIT, BLOCK_S)
     _gdc(PDL)
-    _combine_item(o_ptr, ml_ptr, out_ptr, T, tl.program_id(0), N_HEAD, HD, NSPLIT)
+    _combine_item(o_ptr, ml_ptr, out_ptr, T, tl.program_id(0), n_used, N_HEAD, HD, NSPLIT)
     _gdc_late(PDL)
 
 
 @triton.jit
 def _attn_out_kernel(
-    o_ptr, ml_ptr, w_ptr, h_ptr, N, QD,
+    o_ptr, ml_ptr, w_ptr, h_ptr, start_ptr, N, QD,
     N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-    PDL: tl.constexpr,
+    BLOCK_S: tl.constexpr, PDL: tl.constexpr, TRIM: tl.constexpr,
 ):
     """T = 1: merge head ``h``'s splits and add its share of the o-projection into ``h``.
 
@@ -468,12 +505,16 @@ def _attn_out_kernel(
     d = tl.arange(0, HD)
     nmask = rn < N
     w = tl.load(w_ptr + rn[:, None] * QD + head * HD + d[None, :], mask=nmask[:, None], other=0.0)
+    sp = tl.arange(0, NSPLIT)
+    used = sp < NSPLIT
+    if TRIM:
+        used = sp < _splits_used(tl.load(start_ptr) + 1, NSPLIT, BLOCK_S)
     _gdc(PDL)
-    idx = tl.arange(0, NSPLIT) * N_HEAD + head  # partials [NSPLIT, 1, H, ...]
-    m = tl.load(ml_ptr + idx * 2)
-    den = tl.load(ml_ptr + idx * 2 + 1)
+    idx = sp * N_HEAD + head  # partials [NSPLIT, 1, H, ...]
+    m = tl.load(ml_ptr + idx * 2, mask=used, other=float("-inf"))
+    den = tl.load(ml_ptr + idx * 2 + 1, mask=used, other=0.0)
     wgt = tl.exp(m - tl.max(m, 0))  # empty splits carry m = -inf -> weight 0
-    o = tl.load(o_ptr + idx[:, None] * HD + d[None, :])  # [NSPLIT, HD]
+    o = tl.load(o_ptr + idx[:, None] * HD + d[None, :], mask=used[:, None], other=0.0)
     ov = tl.sum(o * wgt[:, None], 0) / tl.sum(wgt * den, 0)  # [HD]
     y = tl.sum(w.to(tl.float32) * ov[None, :], 1)  # [BLOCK_N]
     _gdc_late(PDL)
@@ -646,7 +687,10 @@ def attention(
     pdl: int = 0,
     pdl_combine: int | None = None,  # the merge kernel's PDL mode; default: as ``pdl``
     combine_warps: int = 1,  # warps of each (token, head) program of the merge
+    trim: bool = True,  # the merge reads only the splits that hold keys
 ) -> torch.Tensor:
+    """Attention of T query tokens over the cache in two launches: partials per (kv head,
+    split), then their merge."""
     t, n_head, hd = q.shape
     n_kv = k_cache.shape[0]
     g = n_head // n_kv
@@ -657,13 +701,13 @@ def attention(
         q, k_cache, v_cache, start, o_part, ml_part,
         t, k_cache.stride(0), k_cache.stride(1), hd**-0.5,
         N_HEAD=n_head, G=g, HD=hd, NSPLIT=nsplit,
-        BLOCK_R=block_r, BLOCK_S=block_s, PDL=_wait(pdl), num_warps=num_warps, **_launch(pdl),
+        BLOCK_R=block_r, BLOCK_S=block_s, PDL=_wait(pdl), TRIM=trim, num_warps=num_warps,
+        **_launch(pdl),
     )
     pc = pdl if pdl_combine is None else pdl_combine
     _attn_combine_kernel[(t * n_head,)](
-        o_part, ml_part, out, t, N_HEAD=n_head, HD=hd, NSPLIT=nsplit, PDL=_wait(pc),
-        num_warps=combine_warps,
-        **_launch(pc),
+        o_part, ml_part, out, start, t, N_HEAD=n_head, HD=hd, NSPLIT=nsplit, BLOCK_S=block_s,
+        PDL=_wait(pc), TRIM=trim, num_warps=combine_warps, **_launch(pc),
     )
     return out
 
@@ -680,8 +724,10 @@ def attention_out(
     block_s: int = 64,
     block_n: int = 128,
     pdl: int = 0,
+    trim: bool = True,
 ) -> torch.Tensor:
-    """The one-token step's attention and o-projection in two launches instead of three."""
+    """The one-token step's attention and o-projection in two launches instead of three
+    (``pdl`` and ``trim`` as in ``attention``)."""
     t, n_head, hd = q.shape
     if t != 1 or h.dtype != torch.float32:
         raise ValueError("attention_out serves the one-token step into a float32 residual")
@@ -692,13 +738,13 @@ def attention_out(
         1, k_cache.stride(0), k_cache.stride(1), hd**-0.5,
         N_HEAD=n_head, G=n_head // n_kv, HD=hd, NSPLIT=nsplit,
         BLOCK_R=max(16, triton.next_power_of_2(n_head // n_kv)), BLOCK_S=block_s,
-        PDL=_wait(pdl), num_warps=4, **_launch(pdl),
+        PDL=_wait(pdl), TRIM=trim, num_warps=4, **_launch(pdl),
     )
     n = wo.shape[0]
     _attn_out_kernel[(triton.cdiv(n, block_n), n_head)](
-        o_part, ml_part, wo, h, n, wo.shape[1],
-        N_HEAD=n_head, HD=hd, NSPLIT=nsplit, BLOCK_N=block_n, PDL=_wait(pdl), num_warps=4,
-        **_launch(pdl),
+        o_part, ml_part, wo, h, start, n, wo.shape[1],
+        N_HEAD=n_head, HD=hd, NSPLIT=nsplit, BLOCK_N=block_n, BLOCK_S=block_s, PDL=_wait(pdl),
+        TRIM=trim, num_warps=4, **_launch(pdl),
     )
     return h
 

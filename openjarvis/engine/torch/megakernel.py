@@ -453,7 +453,8 @@ def _attn_phase(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, stride_ch, strid
     """Items = (kv head, split of the sequence), as ``kernels._attn_split_kernel``'s programs."""
     for item in range(pid, N_KV * NSPLIT, NPROG):
         _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, item // NSPLIT, item % NSPLIT,
-                   stride_ch, stride_cs, scale, N_HEAD, N_HEAD // N_KV, HD, NSPLIT, BLOCK_R, BLOCK_S)
+                   stride_ch, stride_cs, scale, N_HEAD, N_HEAD // N_KV, HD, NSPLIT, BLOCK_R, BLOCK_S,
+                   0, False)
 
 
 @triton.jit
@@ -462,7 +463,7 @@ def _combine_phase(o_ptr, ml_ptr, out_ptr, T, pid,
                    NPROG: tl.constexpr):
     """Items = (token, head): merge the splits (``kernels._combine_item``)."""
     for item in range(pid, T * N_HEAD, NPROG):
-        _combine_item(o_ptr, ml_ptr, out_ptr, T, item, N_HEAD, HD, NSPLIT)
+        _combine_item(o_ptr, ml_ptr, out_ptr, T, item, NSPLIT, N_HEAD, HD, NSPLIT)
 
 
 @triton.jit

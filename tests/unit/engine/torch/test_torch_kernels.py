@@ -105,9 +105,11 @@ def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("t", "start", "h", "hd"), [(1, 0, 6, 32), (1, 77, 6, 32), (4, 50, 6, 32), (2, 90, 14, 64)]
+    ("t", "start", "h", "hd", "trim"),
+    [(1, 0, 6, 32, True), (1, 77, 6, 32, True), (4, 50, 6, 32, True), (2, 90, 14, 64, True),
+     (1, 77, 6, 32, False), (4, 50, 6, 32, False)],
 )
-def test_split_attention(t: int, start: int, h: int, hd: int) -> None:
+def test_split_attention(t: int, start: int, h: int, hd: int, trim: bool) -> None:
     hkv, s = 2, 160
     q = g(t, h, hd, seed=1)
     kc, vc = g(hkv, s, hd, seed=2), g(hkv, s, hd, seed=3)
@@ -115,8 +117,9 @@ def test_split_attention(t: int, start: int, h: int, hd: int) -> None:
     vc[:, start + t :] = POISON
     out = torch.full((t, h * hd), POISON)
     nsplit = 8
-    K.attention(q, kc, vc, torch.tensor([start]), out, torch.empty(nsplit, t, h, hd),
-                torch.empty(nsplit, t, h, 2), block_s=16)
+    # partials of empty splits are not written when trimmed: the merge must not read them
+    K.attention(q, kc, vc, torch.tensor([start]), out, torch.full((nsplit, t, h, hd), POISON),
+                torch.full((nsplit, t, h, 2), POISON), block_s=16, trim=trim)
     keys = kc.repeat_interleave(h // hkv, 0)[:, : start + t]
     vals = vc.repeat_interleave(h // hkv, 0)[:, : start + t]
     pos = torch.arange(start, start + t)
@@ -128,8 +131,8 @@ def test_split_attention(t: int, start: int, h: int, hd: int) -> None:
     assert rel(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("start", [0, 70])
-def test_attention_fused_with_the_output_projection(start: int) -> None:
+@pytest.mark.parametrize(("start", "trim"), [(0, True), (70, True), (70, False)])
+def test_attention_fused_with_the_output_projection(start: int, trim: bool) -> None:
     h, hkv, hd, s, d = 6, 2, 32, 128, 80
     q = g(1, h, hd, seed=1)
     kc, vc = g(hkv, s, hd, seed=2), g(hkv, s, hd, seed=3)
@@ -138,8 +141,9 @@ def test_attention_fused_with_the_output_projection(start: int) -> None:
     wo, h0 = g(d, h * hd, seed=4), g(1, d, seed=5)
     out = h0.clone()
     nsplit = 8
-    K.attention_out(q, kc, vc, torch.tensor([start]), wo, out, torch.empty(nsplit, 1, h, hd),
-                    torch.empty(nsplit, 1, h, 2), block_s=16, block_n=32)
+    K.attention_out(q, kc, vc, torch.tensor([start]), wo, out,
+                    torch.full((nsplit, 1, h, hd), POISON), torch.full((nsplit, 1, h, 2), POISON),
+                    block_s=16, block_n=32, trim=trim)
     keys = kc.repeat_interleave(h // hkv, 0)[:, : start + 1]
     vals = vc.repeat_interleave(h // hkv, 0)[:, : start + 1]
     att = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), keys, vals)
