@@ -603,6 +603,32 @@ __device__ __forceinline__ void pick(const float (&acc)[UB][RPW], int b, float (
       for (int j = 0; j < RPW; ++j) v[j] = acc[bb][j];
 }
 
+// The o- and down-projection stages: every row a warp owns gets its dot added to the
+// residual h, or, in the first layer's o-projection, to the embedding row h is not yet
+// written with (``emb_row``; nullptr: h). One body for both stages.
+template <int KIND>
+__device__ __forceinline__ void residual_units(Cursor& c, int u0, int u1, float* h,
+                                               const bf16_t* emb_row) {
+  constexpr int RPW = Kind<KIND>::RPW, WPR = Kind<KIND>::WPR;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int u = u0; u < u1; u += UB) {
+    const int nu = min(UB, u1 - u);
+    const bool own = owns_unit<KIND>(nu);
+    float base[RPW], acc[UB][RPW], v[RPW];
+#pragma unroll
+    for (int j = 0; j < RPW; ++j) {
+      const int row = row_of<KIND>(u + lane, j, warp / WPR);
+      base[j] = !own ? 0.f : emb_row ? bf2f(emb_row[row]) : __ldcg(h + row);
+    }
+    unit_dots<KIND>(c, nu, acc);
+    if (own) {
+      pick(acc, lane, v);
+#pragma unroll
+      for (int j = 0; j < RPW; ++j) h[row_of<KIND>(u + lane, j, warp / WPR)] = base[j] + v[j];
+    }
+  }
+}
+
 #ifndef KV_EARLY
 #define KV_EARLY 1
 #endif
@@ -969,22 +995,7 @@ __device__ void consumer(const Params& p) {
     my_units<K_WO>(l, &u0, &u1);
     if (u1 > u0) load_vec<QD>((const float*)p.attn);
     TR(p, l, 7);
-    for (int u = u0; u < u1; u += UB) {
-      const int nu = min(UB, u1 - u);
-      const bool own = owns_unit<K_WO>(nu);
-      float base[RPW_WO], acc[UB][RPW_WO], v[RPW_WO];
-#pragma unroll
-      for (int j = 0; j < RPW_WO; ++j) {
-        const int row = row_of<K_WO>(u + lane, j, warp / WPR_WO);
-        base[j] = !own ? 0.f : l == 0 ? bf2f(emb_row[row]) : __ldcg(h + row);
-      }
-      unit_dots<K_WO>(c, nu, acc);
-      if (own) {
-        pick(acc, lane, v);
-#pragma unroll
-        for (int j = 0; j < RPW_WO; ++j) h[row_of<K_WO>(u + lane, j, warp / WPR_WO)] = base[j] + v[j];
-      }
-    }
+    residual_units<K_WO>(c, u0, u1, h, l == 0 ? emb_row : nullptr);
     TR(p, l, 8);
     TRACE_WAIT(l, 1);
     grid_sync(bar + l * NBAR_LAYER + 2);
@@ -1010,20 +1021,7 @@ __device__ void consumer(const Params& p) {
     my_units<K_2>(l, &u0, &u1);
     if (u1 > u0) load_vec<FF>((const float*)p.act);
     TR(p, l, 13);
-    for (int u = u0; u < u1; u += UB) {
-      const int nu = min(UB, u1 - u);
-      const bool own = owns_unit<K_2>(nu);
-      float base[RPW_2], acc[UB][RPW_2], v[RPW_2];
-#pragma unroll
-      for (int j = 0; j < RPW_2; ++j)
-        base[j] = own ? __ldcg(h + row_of<K_2>(u + lane, j, warp / WPR_2)) : 0.f;
-      unit_dots<K_2>(c, nu, acc);
-      if (own) {
-        pick(acc, lane, v);
-#pragma unroll
-        for (int j = 0; j < RPW_2; ++j) h[row_of<K_2>(u + lane, j, warp / WPR_2)] = base[j] + v[j];
-      }
-    }
+    residual_units<K_2>(c, u0, u1, h, nullptr);
     TR(p, l, 14);
     TRACE_WAIT(l, 3);
     grid_sync(bar + l * NBAR_LAYER + 4);
