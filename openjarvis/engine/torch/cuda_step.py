@@ -441,7 +441,8 @@ class DecodeStep:
                    "loading the CUDA step")
             _check(self._lib, self._lib.cuModuleGetFunction(ctypes.byref(fn), mod, b"decode_step"),
                    "finding decode_step")
-            self._module, self._fn = mod, fn
+            self._module: ctypes.c_void_p | None = mod
+            self._fn: ctypes.c_void_p | None = fn
             _check(self._lib, self._lib.cuFuncSetAttribute(fn, 8, self.plan.smem),  # max dyn. smem
                    "reserving shared memory")
             occ = ctypes.c_int()
@@ -452,9 +453,23 @@ class DecodeStep:
             raise CudaStepError(f"{self.blocks} blocks of the CUDA step do not fit this GPU at once")
         self._attr = _LaunchAttr(id=_COOPERATIVE, value=1)
 
+    def close(self) -> None:
+        """Unload the kernel's module (the GPU memory of its code). Only once nothing can
+        launch it any more: no CUDA graph captured with this step may be replayed after
+        (``Runner.use_cuda_step`` drops its one-token graph first). Waits for the device's
+        queued work, which may still be running the kernel. A closed step refuses to run."""
+        if self._module is None:
+            return
+        torch.cuda.synchronize(self.device)
+        with torch.cuda.device(self.device):
+            _check(self._lib, self._lib.cuModuleUnload(self._module), "unloading the CUDA step")
+        self._module = self._fn = None
+
     def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
         """Run one token: ``inputs`` is int64 ``[2]`` (position, token) on the device; returns
         the logits ``[1, V]`` (a buffer the next call overwrites)."""
+        if self._fn is None:
+            raise CudaStepError("this CUDA step was closed; build a new one")
         self.counters.zero_()
         self._params.inputs = inputs.data_ptr()
         argv = (ctypes.c_void_p * 1)(ctypes.c_void_p(ctypes.addressof(self._params)))

@@ -206,9 +206,12 @@ class Runner:
         before. Raises ``CudaStepError`` where it cannot run; verify steps are unchanged."""
         from openjarvis.engine.torch.cuda_step import DecodeStep
 
-        self.cuda_step = DecodeStep(self.model, self.cache, **kwargs)  # type: ignore[arg-type]
+        new = DecodeStep(self.model, self.cache, **kwargs)  # type: ignore[arg-type]
+        self.drop_steps(1)  # its graph may launch the step replaced here: gone before that is
+        old, self.cuda_step = self.cuda_step, new
         self._cuda_step_kwargs = kwargs
-        self.drop_steps(1)
+        if old is not None:
+            old.close()
 
     def uniform_pdl(self, mode: int = 0) -> None:
         """One PDL mode for every kernel of every step (0: none), instead of the measured

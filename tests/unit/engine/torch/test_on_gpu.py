@@ -111,3 +111,10 @@ def test_cuda_step_agrees_with_float32_and_replays_bit_identical(
     assert rel(out, expect[180:190]) < BF16_REL
     again = r.logits(toks[189:190], 189)
     assert torch.equal(again, got[-1])  # no float atomics: the same bits on every replay
+    # replaced (a cached build): the old step's graph goes, then its module is unloaded
+    first = r.cuda_step
+    assert first is not None
+    r.use_cuda_step()
+    assert torch.equal(r.logits(toks[189:190], 189), got[-1])
+    with pytest.raises(cuda_step.CudaStepError, match="closed"):
+        first(r._steps[1].inputs)
