@@ -356,10 +356,10 @@ def breakdown(runner: Runner, pos: int) -> dict[str, float]:
                            ws.q, c.k[i], c.v[i], a.rms_eps, *qkv_t)
             elif name == "attention_out":
                 K.attention_out(ws.q, c.k[i], c.v[i], ws.start, lw.wo, ws.h, ws.o_part,
-                                ws.ml_part, block_s=runner.attn_block_s)
+                                ws.ml_part, block_s=runner.attn_block_s, trim=runner.trim_merge)
             elif name == "attention":
                 K.attention(ws.q, c.k[i], c.v[i], ws.start, ws.attn, ws.o_part, ws.ml_part,
-                            block_s=runner.attn_block_s)
+                            block_s=runner.attn_block_s, trim=runner.trim_merge)
             elif name == "wo":
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=runner.tiles("wo", 1))
             elif name == "w13":

@@ -107,7 +107,9 @@ def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
 @pytest.mark.parametrize(
     ("t", "start", "h", "hd", "trim"),
     [(1, 0, 6, 32, True), (1, 77, 6, 32, True), (4, 50, 6, 32, True), (2, 90, 14, 64, True),
-     (1, 77, 6, 32, False), (4, 50, 6, 32, False)],
+     (1, 77, 6, 32, False), (4, 50, 6, 32, False),
+     # splits of two blocks (143 keys: 32 a split, 5 of 8 used), and every split used
+     (3, 140, 6, 32, True), (1, 120, 6, 32, True)],
 )
 def test_split_attention(t: int, start: int, h: int, hd: int, trim: bool) -> None:
     hkv, s = 2, 160
@@ -131,7 +133,7 @@ def test_split_attention(t: int, start: int, h: int, hd: int, trim: bool) -> Non
     assert rel(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize(("start", "trim"), [(0, True), (70, True), (70, False)])
+@pytest.mark.parametrize(("start", "trim"), [(0, True), (70, True), (70, False), (126, True)])
 def test_attention_fused_with_the_output_projection(start: int, trim: bool) -> None:
     h, hkv, hd, s, d = 6, 2, 32, 128, 80
     q = g(1, h, hd, seed=1)
@@ -166,6 +168,23 @@ def test_triton_runner_matches_the_reference_path(fuse: bool) -> None:
     rows.append(fast.logits(seq[7:], 7))
     out = torch.cat(rows)
     assert rel(out, ref) < 1e-5
+
+
+def test_a_trimmed_merge_never_reads_partials_left_by_a_longer_sequence() -> None:
+    """Short attention blocks, so one-token steps use more splits as the sequence grows; then
+    a new sequence from position 0 in the same Runner: its steps use fewer splits again, and
+    the partials the longer one left in the unused splits must never be read."""
+    w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
+    model = Transformer(ARGS, w, n_pos=128)
+    fast = Runner(model, 64, kernels="triton", nsplit=4)
+    fast.attn_block_s = 4
+    gen = torch.Generator().manual_seed(5)
+    for n in (14, 5):  # 14 keys: 4 splits of 4; then 1 and 2 splits
+        seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (n,), generator=gen)]
+        ref = model.forward(torch.tensor(seq), torch.arange(n), KVCache(ARGS, 64, torch.float32,
+                                                                          "cpu"))
+        got = torch.cat([fast.logits(seq[i : i + 1], i).clone() for i in range(n)])
+        assert rel(got, ref) < 1e-5
 
 
 @pytest.mark.parametrize(("max_t", "bk"), [(1, 64), (32, 64), (1, 256)])  # 256: K in one tile
