@@ -33,7 +33,6 @@ import functools
 import json
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -49,13 +48,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gpu import copy_bandwidth  # noqa: E402  # the same floor as the decode benchmarks
 
 from openjarvis.engine.torch.cuda_step import (  # noqa: E402  # same build and launch path
-    CudaStepError,
     _check,
-    _compile_nvcc,
-    _compile_nvrtc,
     _driver,
-    _nvcc,
-    _nvrtc,
+    compile_cached,
+    load_function,
 )
 
 SOURCE = Path(__file__).with_name("stream_probe.cu")
@@ -84,8 +80,6 @@ SMEM_OPTIN = 232448
 SMEM_PER_SM = 233472
 RESERVED_PER_BLOCK = 1024  # shared memory the system keeps per resident block on sm_90
 #: ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``, ``..._PREFERRED_SHARED_MEMORY_CARVEOUT``
-ATTR_MAX_DYN_SMEM = 8
-ATTR_CARVEOUT = 9
 
 T0 = time.monotonic()
 RES: dict[str, Any] = {}
@@ -172,12 +166,11 @@ def followups(best: Config) -> list[Config]:
 
 @dataclass
 class Builder:
-    """Compiles the source per macro set (NVRTC, else nvcc) and loads it; cached in memory."""
+    """Compiles the source per macro set (``cuda_step.compile_cached``: NVRTC, else nvcc) and
+    loads it; cached in memory."""
 
     arch: str
     lib: ctypes.CDLL = field(default_factory=_driver)
-    nvrtc: ctypes.CDLL | None = field(default_factory=_nvrtc)
-    nvcc: str | None = field(default_factory=_nvcc)
     modules: dict[tuple[tuple[str, int], ...], tuple[ctypes.c_void_p, str, float]] = field(
         default_factory=dict)
 
@@ -185,20 +178,8 @@ class Builder:
         """(module, compiler, build seconds) for ``macros``."""
         if macros in self.modules:
             return self.modules[macros]
-        defs = [f"-D{k}={v}" for k, v in macros]
         t = time.monotonic()
-        if self.nvrtc is not None:
-            how = "nvrtc"
-            cubin = _compile_nvrtc(self.nvrtc, probe_source(),
-                                   [f"--gpu-architecture={self.arch}", "-std=c++17", *defs])
-        elif self.nvcc is not None:
-            how = "nvcc"
-            with tempfile.TemporaryDirectory() as d:
-                src = Path(d) / "stream_probe.cu"
-                src.write_text(probe_source())
-                cubin = _compile_nvcc(self.nvcc, src, [f"-arch={self.arch}", "-O3", *defs])
-        else:
-            raise CudaStepError("neither NVRTC nor nvcc found")
+        cubin, how = compile_cached(probe_source(), dict(macros), self.arch, name="stream_probe")
         secs = time.monotonic() - t
         mod = ctypes.c_void_p()
         _check(self.lib, self.lib.cuModuleLoadData(ctypes.byref(mod), cubin), "loading the module")
@@ -209,16 +190,8 @@ class Builder:
         """The kernel of ``cfg``, with ``smem`` bytes of dynamic shared memory allowed (all of
         it carved out for shared memory), and how it was built and how many blocks fit an SM."""
         mod, how, secs = self.module(cfg.macros)
-        fn = ctypes.c_void_p()
-        _check(self.lib, self.lib.cuModuleGetFunction(ctypes.byref(fn), mod, cfg.kernel.encode()),
-               f"finding {cfg.kernel}")
-        _check(self.lib, self.lib.cuFuncSetAttribute(fn, ATTR_MAX_DYN_SMEM, smem),
-               "reserving shared memory")
-        _check(self.lib, self.lib.cuFuncSetAttribute(fn, ATTR_CARVEOUT, 100), "setting the carveout")
-        occ = ctypes.c_int()
-        _check(self.lib, self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            ctypes.byref(occ), fn, cfg.threads, ctypes.c_size_t(smem)), "reading occupancy")
-        return fn, {"compiler": how, "build_s": round(secs, 3), "occupancy": occ.value}
+        fn, occ = load_function(self.lib, mod, cfg.kernel, smem, cfg.threads, carveout=100)
+        return fn, {"compiler": how, "build_s": round(secs, 3), "occupancy": occ}
 
     def launch(self, fn: ctypes.c_void_p, grid: int, threads: int, smem: int,
                args: list[int]) -> None:
@@ -389,7 +362,6 @@ def main() -> int:
                   torch.empty(1 << 20, dtype=torch.float32, device="cuda"),
                   props.multi_processor_count, smem_per_sm, copy_Bps, args.reps)
     RES["nbytes"] = nbytes
-    RES["compiler"] = "nvrtc" if bench.b.nvrtc is not None else "nvcc"
     RES["torch"] = torch_baselines(buf, copy_Bps, args.reps)
     save()
 

@@ -129,7 +129,7 @@ def plan(a: ModelArgs, stage_cap: int = STAGE_BYTES, nstage: int = 0,
         d[f"NKC_{kind}"] = nkc
         stage = max(stage, nr * rpw * (k // nkc) * 2)
     extra = extra or {}
-    fixed = _xmax(a) * 4 + _misc_floats({"NCW": NCW, "UB": UB, **d, **extra}) * 4
+    fixed = _fixed_smem(a, {"NCW": NCW, "UB": UB, **d, **extra})
     depth = nstage or min(16, (smem_limit - fixed) // (stage + 16))
     defines = dict(
         DM=a.n_embd, FF=a.n_ff, NH=a.n_head, NKV=a.n_head_kv, HD=hd, NL=a.n_layer,
@@ -158,6 +158,12 @@ def _misc_floats(d: dict[str, int]) -> int:
     the most rows a warp holds in such a kind)."""
     rows = max([2] + [d.get(f"RPW_{k}", 1) for k in ("WO", "2") if d.get(f"WPR_{k}", 1) > 1])
     return 64 + 2 * d["NCW"] * d["UB"] * rows
+
+
+def _fixed_smem(a: ModelArgs, d: dict[str, int]) -> int:
+    """Shared memory besides the ring (each stage and its two mbarriers): the input vector
+    (``xs``) and ``misc``."""
+    return _xmax(a) * 4 + _misc_floats(d) * 4
 
 
 def _check_plan(a: ModelArgs, d: dict[str, int], smem_limit: int) -> int:
@@ -191,7 +197,7 @@ def _check_plan(a: ModelArgs, d: dict[str, int], smem_limit: int) -> int:
                 or rows * (k // nkc) * 2 > d["STAGE_BYTES"]):
             problems.append(f"{kind}: units of {rows} rows x {k // max(nkc, 1)} columns do not tile "
                             f"the matrix in {d['STAGE_BYTES']}-byte stages")
-    smem = d["NSTAGE"] * (d["STAGE_BYTES"] + 16) + xmax * 4 + _misc_floats(d) * 4
+    smem = d["NSTAGE"] * (d["STAGE_BYTES"] + 16) + _fixed_smem(a, d)
     if d["NSTAGE"] < 2 or smem > smem_limit:
         problems.append(f"{d['NSTAGE']} stages need {smem} bytes of shared memory "
                         f"(this GPU gives a block {smem_limit})")
@@ -225,9 +231,9 @@ def _nvrtc() -> ctypes.CDLL | None:
     return None
 
 
-def _compile_nvrtc(lib: ctypes.CDLL, src: str, opts: list[str]) -> bytes:
+def _compile_nvrtc(lib: ctypes.CDLL, src: str, opts: list[str], name: str) -> bytes:
     prog = ctypes.c_void_p()
-    ok = lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"decode_step.cu", 0, None,
+    ok = lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), f"{name}.cu".encode(), 0, None,
                                 None)
     if ok:
         raise CudaStepError(f"nvrtcCreateProgram failed ({ok})")
@@ -251,10 +257,11 @@ def _compile_nvrtc(lib: ctypes.CDLL, src: str, opts: list[str]) -> bytes:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
-def _compile_nvcc(nvcc: str, src: Path, opts: list[str]) -> bytes:
-    with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "step.cubin"
-        cmd = [nvcc, "-cubin", *opts, "-o", str(out), str(src)]
+def _compile_nvcc(nvcc: str, src: str, opts: list[str], name: str) -> bytes:
+    with tempfile.TemporaryDirectory() as d:  # the source by its name: errors point into it
+        out, path = Path(d) / f"{name}.cubin", Path(d) / f"{name}.cu"
+        path.write_text(src)
+        cmd = [nvcc, "-cubin", *opts, "-o", str(out), str(path)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode:
             raise CudaStepError("nvcc could not compile the CUDA step: " + proc.stderr[-2000:])
@@ -278,13 +285,19 @@ def _nvcc_version(nvcc: str) -> str:
 
 
 def build(p: Plan, arch: str = "sm_90", compiler: str = "auto") -> tuple[bytes, str]:
-    """The cubin for ``p``, and how it was had ("nvrtc", "nvcc", or either + " (cached)").
+    """The cubin for ``p``, and how it was had ("nvrtc", "nvcc", or either + " (cached)")."""
+    return compile_cached(SOURCE.read_text(), p.defines, arch, compiler, "decode_step")
+
+
+def compile_cached(src: str, macros: dict[str, int], arch: str, compiler: str = "auto",
+                   name: str = "kernel") -> tuple[bytes, str]:
+    """The cubin of CUDA source ``src`` with ``macros`` for ``arch``, and how it was had
+    ("nvrtc", "nvcc", or either + " (cached)"); the decode step and the benchmarks' probes.
 
     ``compiler``: "auto" (NVRTC where found, else nvcc), "nvrtc" or "nvcc". The cache key is
     the source, the macros, the target, the compiler and its version and options, so a binary
     is never reused across any of them."""
-    src = SOURCE.read_text()
-    defs = [f"-D{k}={v}" for k, v in sorted(p.defines.items())]
+    defs = [f"-D{k}={v}" for k, v in sorted(macros.items())]
     lib = _nvrtc() if compiler in ("auto", "nvrtc") else None
     nvcc = _nvcc() if lib is None and compiler in ("auto", "nvcc") else None
     if lib is not None:
@@ -295,14 +308,14 @@ def build(p: Plan, arch: str = "sm_90", compiler: str = "auto") -> tuple[bytes, 
         wanted = "NVRTC" if compiler == "nvrtc" else "nvcc" if compiler == "nvcc" else "a CUDA compiler"
         raise CudaStepError(f"no {wanted} found: install PyTorch's CUDA wheels (NVRTC) or the CUDA toolkit")
     key = hashlib.sha256("\0".join([src, *defs, arch, version, *opts]).encode()).hexdigest()[:24]
-    cached = _cache_dir() / f"decode_step-{key}.cubin"
+    cached = _cache_dir() / f"{name}-{key}.cubin"
     if cached.is_file():
         return cached.read_bytes(), f"{kind} (cached)"
     if lib is not None:
-        cubin = _compile_nvrtc(lib, src, [*opts, *defs])
+        cubin = _compile_nvrtc(lib, src, [*opts, *defs], name)
     else:
         assert nvcc is not None
-        cubin = _compile_nvcc(nvcc, SOURCE, [*opts, *defs])
+        cubin = _compile_nvcc(nvcc, src, [*opts, *defs], name)
     try:  # a cache that cannot be written only costs the next start a compile
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
@@ -347,6 +360,22 @@ class _LaunchConfig(ctypes.Structure):
 
 #: ``CU_LAUNCH_ATTRIBUTE_COOPERATIVE``: the driver starts every block at once or refuses.
 _COOPERATIVE = 2
+
+
+def load_function(lib: ctypes.CDLL, module: ctypes.c_void_p, name: str, smem: int,
+                  threads: int, carveout: int | None = None) -> tuple[ctypes.c_void_p, int]:
+    """Kernel ``name`` of a loaded module, allowed ``smem`` bytes of dynamic shared memory
+    (``carveout``: the % of L1 it prefers as shared memory), and how many of its blocks of
+    ``threads`` fit one SM (in the current context)."""
+    fn, occ = ctypes.c_void_p(), ctypes.c_int()
+    _check(lib, lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()),
+           f"finding {name}")
+    _check(lib, lib.cuFuncSetAttribute(fn, 8, smem), "reserving shared memory")  # max dyn. smem
+    if carveout is not None:
+        _check(lib, lib.cuFuncSetAttribute(fn, 9, carveout), "setting the carveout")
+    _check(lib, lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(occ), fn, threads, ctypes.c_size_t(smem)), "reading occupancy")
+    return fn, occ.value
 
 
 def _driver() -> ctypes.CDLL:
@@ -436,20 +465,13 @@ class DecodeStep:
         self._lib = _driver()
         with torch.cuda.device(dev):  # the driver calls below use the current context
             torch.cuda.current_stream(dev).synchronize()  # the primary context exists now
-            mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+            mod = ctypes.c_void_p()
             _check(self._lib, self._lib.cuModuleLoadData(ctypes.byref(mod), self.cubin),
                    "loading the CUDA step")
-            _check(self._lib, self._lib.cuModuleGetFunction(ctypes.byref(fn), mod, b"decode_step"),
-                   "finding decode_step")
             self._module: ctypes.c_void_p | None = mod
+            fn, occ = load_function(self._lib, mod, "decode_step", self.plan.smem, THREADS)
             self._fn: ctypes.c_void_p | None = fn
-            _check(self._lib, self._lib.cuFuncSetAttribute(fn, 8, self.plan.smem),  # max dyn. smem
-                   "reserving shared memory")
-            occ = ctypes.c_int()
-            _check(self._lib, self._lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                ctypes.byref(occ), fn, THREADS, ctypes.c_size_t(self.plan.smem)),
-                "reading occupancy")
-        if occ.value < 1 or self.blocks > occ.value * props.multi_processor_count:
+        if occ < 1 or self.blocks > occ * props.multi_processor_count:
             raise CudaStepError(f"{self.blocks} blocks of the CUDA step do not fit this GPU at once")
         self._attr = _LaunchAttr(id=_COOPERATIVE, value=1)
 
