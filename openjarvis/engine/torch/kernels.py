@@ -458,20 +458,37 @@ def _attn_split_kernel(
 
 
 @triton.jit
-def _combine_item(o_ptr, ml_ptr, out_ptr, T, item, n_used, N_HEAD: tl.constexpr,
-                  HD: tl.constexpr, NSPLIT: tl.constexpr):
-    """Merge the first ``n_used`` splits' (max, sum, partial output) of item = t * N_HEAD +
-    head; the others are never read."""
+def _merged(o_ptr, ml_ptr, T, item, n_used, N_HEAD: tl.constexpr, HD: tl.constexpr,
+            NSPLIT: tl.constexpr):
+    """The attention output [HD] (float32) of item = t * N_HEAD + head: the first ``n_used``
+    splits' (max, sum, partial output) merged; the others are never read."""
     sp = tl.arange(0, NSPLIT)
     used = sp < n_used
     d = tl.arange(0, HD)
-    idx = sp * T * N_HEAD + item
+    idx = sp * T * N_HEAD + item  # partials [NSPLIT, T, H, ...]
     m = tl.load(ml_ptr + idx * 2, mask=used, other=float("-inf"))
     den = tl.load(ml_ptr + idx * 2 + 1, mask=used, other=0.0)
     wgt = tl.exp(m - tl.max(m, 0))  # empty splits carry m = -inf -> weight 0
     o = tl.load(o_ptr + idx[:, None] * HD + d[None, :], mask=used[:, None], other=0.0)
-    res = tl.sum(o * wgt[:, None], 0) / tl.sum(wgt * den, 0)
-    tl.store(out_ptr + item * HD + d, res.to(out_ptr.dtype.element_ty))
+    return tl.sum(o * wgt[:, None], 0) / tl.sum(wgt * den, 0)
+
+
+@triton.jit
+def _n_used(start_ptr, T, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, TRIM: tl.constexpr):
+    """The splits a merge reads: those that hold keys (``TRIM``), else all. ``start`` is
+    written before the step's graph is launched, so this may run before the PDL wait."""
+    n = NSPLIT
+    if TRIM:
+        n = _splits_used(tl.load(start_ptr) + T, NSPLIT, BLOCK_S)
+    return n
+
+
+@triton.jit
+def _combine_item(o_ptr, ml_ptr, out_ptr, T, item, n_used, N_HEAD: tl.constexpr,
+                  HD: tl.constexpr, NSPLIT: tl.constexpr):
+    """Merge the splits of item = t * N_HEAD + head (``_merged``) into ``out``."""
+    res = _merged(o_ptr, ml_ptr, T, item, n_used, N_HEAD, HD, NSPLIT)
+    tl.store(out_ptr + item * HD + tl.arange(0, HD), res.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -481,9 +498,7 @@ def _attn_combine_kernel(
     PDL: tl.constexpr, TRIM: tl.constexpr,
 ):
     """Program = (token, head)."""
-    n_used = NSPLIT
-    if TRIM:
-        n_used = _splits_used(tl.load(start_ptr) + T, NSPLIT, BLOCK_S)
+    n_used = _n_used(start_ptr, T, NSPLIT, BLOCK_S, TRIM)
     _gdc(PDL)
     _combine_item(o_ptr, ml_ptr, out_ptr, T, tl.program_id(0), n_used, N_HEAD, HD, NSPLIT)
     _gdc_late(PDL)
@@ -505,17 +520,9 @@ def _attn_out_kernel(
     d = tl.arange(0, HD)
     nmask = rn < N
     w = tl.load(w_ptr + rn[:, None] * QD + head * HD + d[None, :], mask=nmask[:, None], other=0.0)
-    sp = tl.arange(0, NSPLIT)
-    used = sp < NSPLIT
-    if TRIM:
-        used = sp < _splits_used(tl.load(start_ptr) + 1, NSPLIT, BLOCK_S)
+    n_used = _n_used(start_ptr, 1, NSPLIT, BLOCK_S, TRIM)
     _gdc(PDL)
-    idx = sp * N_HEAD + head  # partials [NSPLIT, 1, H, ...]
-    m = tl.load(ml_ptr + idx * 2, mask=used, other=float("-inf"))
-    den = tl.load(ml_ptr + idx * 2 + 1, mask=used, other=0.0)
-    wgt = tl.exp(m - tl.max(m, 0))  # empty splits carry m = -inf -> weight 0
-    o = tl.load(o_ptr + idx[:, None] * HD + d[None, :], mask=used[:, None], other=0.0)
-    ov = tl.sum(o * wgt[:, None], 0) / tl.sum(wgt * den, 0)  # [HD]
+    ov = _merged(o_ptr, ml_ptr, 1, head, n_used, N_HEAD, HD, NSPLIT)  # [HD]
     y = tl.sum(w.to(tl.float32) * ov[None, :], 1)  # [BLOCK_N]
     _gdc_late(PDL)
     tl.atomic_add(h_ptr + rn, y, mask=nmask)
