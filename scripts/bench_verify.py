@@ -42,8 +42,9 @@ from bench_gpu import copy_bandwidth, log, step_floor_ms, time_ms  # noqa: E402 
 
 from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
-from openjarvis.engine.torch.generate import Runner  # noqa: E402
+from openjarvis.engine.torch.generate import DEFAULT_ONE_TOKEN_PDL, Runner  # noqa: E402
 from openjarvis.engine.torch.model import Transformer  # noqa: E402
+from openjarvis.engine.torch.tuning import VERIFY_PDL  # noqa: E402
 from openjarvis.engine.torch.weights import cast, random_weights  # noqa: E402
 
 RES: dict[str, Any] = {}
@@ -118,11 +119,10 @@ _T1_ATTN: dict[str, dict[str, Any]] = {
 #: ``--set ffn`` (session 7): the gate/up and down products of one-token steps loading their
 #: first weight tile before the PDL wait (as qkv and wo do); the merge fused into wo again,
 #: now that it reads only the splits that hold keys.
-_T1_DEFAULT_PDL = {"attn": 1, "combine": 1, "w2": 1}  # generate.DEFAULT_ONE_TOKEN_PDL
 _T1_FFN: dict[str, dict[str, Any]] = {
-    "t1_w13p": {"one_token_pdl": {**_T1_DEFAULT_PDL, "w13": 2 + LATE}},
-    "t1_w2p": {"one_token_pdl": {**_T1_DEFAULT_PDL, "w2": 2}},
-    "t1_w13p_w2p": {"one_token_pdl": {**_T1_DEFAULT_PDL, "w13": 2 + LATE, "w2": 2}},
+    "t1_w13p": {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w13": 2 + LATE}},
+    "t1_w2p": {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w2": 2}},
+    "t1_w13p_w2p": {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w13": 2 + LATE, "w2": 2}},
     "t1_fuse_attn_out": {"fuse_attn_out": True},
 }
 T1_SETS: dict[str, dict[str, dict[str, Any]]] = {
@@ -138,8 +138,8 @@ TILES_VARIANTS: dict[str, dict[str, Any]] = {
 }
 #: ``--set final``: the verify defaults of sessions 5 and 6 beside the current ones.
 SESSION5_VERIFY_PDL = {"attn": 1, "combine": 1}
-#: The verify default since session 6 (``tuning.VERIFY_PDL``): every kernel early and late.
-_ALL_LATE_NOW = {k: 1 + LATE for k in ALL_LATE}
+#: The verify default since session 6: every kernel early and late (the same for both shapes).
+_ALL_LATE_NOW = VERIFY_PDL[(1536, 8960)]
 FINAL_VARIANTS: dict[str, dict[str, Any]] = {
     "session5": {"verify_pdl": SESSION5_VERIFY_PDL, "verify_attention": None,
                  "combine_warps": {}, "trim_merge": False},
@@ -155,6 +155,11 @@ ATTN_VARIANTS: dict[str, dict[str, Any]] = {
 FFN_VARIANTS: dict[str, dict[str, Any]] = {
     "per_pair_qkv": {"qkv_split": False},
     "w13p": {"verify_pdl": {**_ALL_LATE_NOW, "w13": 2 + LATE}},
+}
+#: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
+VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
+    "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
+    "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
@@ -409,12 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         log("copy bandwidth", round(RES["bandwidth"] / 1e9, 1), "GB/s")
     for name in args.models.split(","):
         a = models[name]
-        vs = {"default": {}, **(each_variants(SESSION5_VERIFY_PDL) if args.set == "each"
-                                else FINAL_VARIANTS if args.set == "final"
-                                else TILES_VARIANTS if args.set == "tiles"
-                                else ATTN_VARIANTS if args.set == "attn"
-                                else FFN_VARIANTS if args.set == "ffn"
-                                else {} if args.set == "t1" else variants)}
+        vs = {"default": {}, **(VERIFY_SETS[args.set] if args.set else variants)}
         res: dict[str, Any] = RES.setdefault(name, {})
         for part, fn in (
             ("correct", lambda a=a, vs=vs: None if args.no_correct else correctness(a, vs)),
