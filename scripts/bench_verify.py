@@ -18,9 +18,7 @@ A variant is a JSON object of Runner settings: ``verify_pdl`` (PDL mode per kern
 ``kernels.PDL_LATE`` added for a late trigger), ``verify_attention``
 ([splits, keys per block]), ``tiles`` ({matrix: LinearConfig fields} for T > 1); one-token
 variants ``pdl_by_t`` (keys as strings) and ``one_token_pdl``; for both, ``trim_merge``
-(false: the merge reads every split, as before session 7); ``qkv_swap`` ([rows a program,
-block_k, warps, stages] of the one-launch transposed qkv kernel, null: the default's).
-Results go to ``--out``/verify.json.
+(false: the merge reads every split, as before session 7). Results go to ``--out``/verify.json.
 """
 
 from __future__ import annotations
@@ -129,7 +127,6 @@ _T1_FFN: dict[str, dict[str, Any]] = {
 }
 T1_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": _T1_MIXES, "t1": _T1_MIXES, "tiles": _T1_TILES, "attn": _T1_ATTN, "ffn": _T1_FFN,
-    "qkv": {},
     # the defaults of session 5: every next kernel launched at the start
     "final": {"t1_session5": {"pdl_by_t": {"1": 1}, "one_token_pdl": {}, "trim_merge": False},
               "t1_session6": {"trim_merge": False}},
@@ -159,26 +156,14 @@ FFN_VARIANTS: dict[str, dict[str, Any]] = {
     "per_pair_qkv": {"qkv_split": False},
     "w13p": {"verify_pdl": {**_ALL_LATE_NOW, "w13": 2 + LATE}},
 }
-#: ``--set qkv`` (session 8): qkv in one launch of the transposed per-pair kernel (``qkv_swap``:
-#: [rows a program, block_k, warps, stages]) instead of the split-K product and its RoPE
-#: kernel; one with its first weight tile loaded before the PDL wait (mode 6).
-QKV_VARIANTS: dict[str, dict[str, Any]] = {
-    **{"swap_" + "_".join(map(str, c)): {"qkv_swap": list(c)}
-       for c in ((16, 512, 4, 3), (16, 256, 4, 4), (16, 128, 4, 4), (32, 256, 4, 3),
-                 (16, 256, 8, 4))},
-    "swap_16_512_4_3_pro": {"qkv_swap": [16, 512, 4, 3],
-                            "verify_pdl": {**_ALL_LATE_NOW, "qkv": 2 + LATE}},
-}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
-    "qkv": QKV_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
-         "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "qkv_swap"}
+         "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -205,8 +190,6 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
                 else {int(t): w for t, w in val.items()})
     qs = v.get("qkv_split")  # tiles; false: the per-pair qkv kernel
     r.qkv_split = (None if qs is False else K.LinearConfig(*qs) if qs else base["qkv_split"])
-    sw = v.get("qkv_swap", base["qkv_swap"])  # [rows, block_k, warps, stages]; null: none
-    r.qkv_swap = K.LinearConfig(*sw, swap=True) if isinstance(sw, list) else sw
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
     r.drop_steps()
 
@@ -219,7 +202,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "one_token_pdl": dict(r.one_token_pdl), "verify_attention": r.verify_attention,
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
-               "trim_merge": r.trim_merge, "qkv_swap": r.qkv_swap}
+               "trim_merge": r.trim_merge}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -351,7 +334,7 @@ def left_out(r: Runner, kind: str) -> Iterator[None]:
                  "out": [w.out]}
     kernels = {"rope_kv": "_rope_kv_kernel", "attn_split": "_attn_split_kernel",
                "combine": "_attn_combine_kernel", "embed": "_embed_kernel",
-               "qkv_rope": "_qkv_rope_kernel", "qkv_swap": "_qkv_rope_swap_kernel"}
+               "qkv_rope": "_qkv_rope_kernel"}
     saved: list[tuple[str, Any]] = []
     try:
         if kind in kernels:
@@ -382,8 +365,6 @@ def breakdown(a: ModelArgs, pos: int, variant: dict[str, Any], t: int) -> dict[s
     kinds = ["embed", "qkv_prod", "rope_kv", "attn_split", "combine", "wo", "w13", "w2", "out"]
     if t == 1:
         kinds[1:3] = ["qkv_rope"]
-    elif r.qkv_swap is not None:
-        kinds[1:3] = ["qkv_swap"]
     out: dict[str, Any] = {"t": t, "whole_ms": whole, "without": {}, "cost_us_per_layer": {}}
     for kind in kinds:
         r.drop_steps()

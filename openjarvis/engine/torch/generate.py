@@ -133,10 +133,6 @@ class Runner:
         #: T > 1: qkv as a split-K product plus a small RoPE/KV-write kernel (``kernels.qkv_split``)
         #: with these tiles, instead of the per-pair qkv kernel; None keeps the per-pair kernel.
         self.qkv_split: object | None = None
-        #: T > 1: qkv in one launch of the transposed per-pair kernel (``kernels.qkv_rope``'s
-        #: ``swap``) with these tiles; before ``qkv_split`` where both are set. No atomics, so
-        #: deterministic steps keep it.
-        self.qkv_swap: LinearConfig | None = None
         self._stacked: object | None = None
         #: Cache policy of the weight loads: "" or "evict_first" (a step reads each weight once).
         self.weight_evict = ""
@@ -437,9 +433,8 @@ class Runner:
         qkv_tiles = self.linear_configs.get(("qkv", t)) or (None, None)
         assert isinstance(qkv_tiles, tuple)
         ev = self.weight_evict
-        swap = self.qkv_swap if t > 1 else None
         split = self.qkv_split if t > 1 and isinstance(self.qkv_split, K.LinearConfig) else None
-        if self.deterministic or swap is not None:
+        if self.deterministic:
             split = None
         if split is not None and ws.qkv_acc is None:
             ws.qkv_acc = torch.zeros(t, a.qkv_dim, dtype=torch.float32, device=self.device)
@@ -454,7 +449,7 @@ class Runner:
             else:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
-                           pdl=pk("qkv"), evict=ev, swap=swap)
+                           pdl=pk("qkv"), evict=ev)
             if t == 1 and self.fuse_attn_out and not self.deterministic:
                 K.attention_out(ws.q, kc, vc, ws.start, lw.wo, ws.h, ws.o_part, ws.ml_part,
                                 block_s=self.attn_block_s, block_n=self.attn_out_block_n,

@@ -317,75 +317,6 @@ def _qkv_rope_kernel(
 
 
 @triton.jit
-def _qkv_rope_swap_kernel(
-    x_ptr, w_ptr, g_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
-    T, K, stride_x, stride_ch, stride_cs, eps,
-    N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    EVICT: tl.constexpr,
-):
-    """``_qkv_rope_kernel`` for T > 1 with the product transposed, as in ``_linear_swap_kernel``:
-    one weight tile of 2 BP rows (BP pairs' rows j, then their partners j + HD/2) is the MMA's
-    M operand, so 8 pairs already fill it (the unswapped kernel's M is the padded tokens, and
-    its two N = BP tiles need BP >= 16: half the programs). Every program sees all of K, so it
-    finishes its rows itself (1/RMS, bias, RoPE, the stores): no split-K accumulator to zero,
-    no float atomics, no second kernel."""
-    HALF: tl.constexpr = HD // 2
-    PER_HEAD: tl.constexpr = HALF // BLOCK_P
-    pid = tl.program_id(0)
-    head = pid // PER_HEAD
-    j0 = (pid % PER_HEAD) * BLOCK_P
-    i = tl.arange(0, 2 * BLOCK_P)
-    rows = head * HD + j0 + i % BLOCK_P + (i // BLOCK_P) * HALF  # [2 BP]
-    rt = tl.arange(0, BLOCK_T)
-    tmask = rt < T
-    acc = tl.zeros([2 * BLOCK_P, BLOCK_T], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    k_first = 0
-    if PDL % 4 >= 2:  # the first weight tile before waiting on the previous kernel
-        rk = tl.arange(0, BLOCK_K)
-        kmask = rk < K
-        w = _w_tile(w_ptr, rows, 0, rk, kmask[None, :], K, EVICT)
-        _gdc(PDL)
-        x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, True)
-        acc = tl.dot(w, tl.trans(x.to(w.dtype)), acc)
-        k_first = BLOCK_K
-    else:
-        _gdc(PDL)
-    for k0 in range(k_first, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        kmask = rk < K
-        w = _w_tile(w_ptr, rows, 0, rk, kmask[None, :], K, EVICT)
-        x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, True)
-        acc = tl.dot(w, tl.trans(x.to(w.dtype)), acc)
-    _gdc_late(PDL)
-    acc = acc * tl.rsqrt(ss / K + eps)[None, :] + tl.load(b_ptr + rows).to(tl.float32)[:, None]
-    # [2 BP, BT] -> the rows j [BP, BT] and their partners j + HD/2
-    a1, a2 = tl.split(tl.permute(tl.reshape(acc, [2, BLOCK_P, BLOCK_T]), [1, 2, 0]))
-    j = j0 + tl.arange(0, BLOCK_P)
-    pos = tl.load(start_ptr) + rt  # [BT]
-    cs = rope_ptr + pos[None, :] * HD + 2 * j[:, None]  # [BP, BT]
-    cos = tl.load(cs, mask=tmask[None, :], other=1.0)
-    sin = tl.load(cs + 1, mask=tmask[None, :], other=0.0)
-    is_rope = head < N_HEAD + N_KV
-    o1 = tl.where(is_rope, a1 * cos - a2 * sin, a1)
-    o2 = tl.where(is_rope, a2 * cos + a1 * sin, a2)
-    m = tmask[None, :]
-    if head < N_HEAD:
-        qp = q_ptr + rt[None, :] * (N_HEAD * HD) + head * HD + j[:, None]  # q [T, H, HD]
-        tl.store(qp, o1, mask=m)
-        tl.store(qp + HALF, o2, mask=m)
-    elif head < N_HEAD + N_KV:
-        kp = kc_ptr + (head - N_HEAD) * stride_ch + pos[None, :] * stride_cs + j[:, None]
-        tl.store(kp, o1.to(kc_ptr.dtype.element_ty), mask=m)
-        tl.store(kp + HALF, o2.to(kc_ptr.dtype.element_ty), mask=m)
-    else:
-        vp = vc_ptr + (head - N_HEAD - N_KV) * stride_ch + pos[None, :] * stride_cs + j[:, None]
-        tl.store(vp, o1.to(vc_ptr.dtype.element_ty), mask=m)
-        tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty), mask=m)
-
-
-@triton.jit
 def _rope_kv_kernel(
     qkv_ptr, h_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
     D, stride_ch, stride_cs, eps,
@@ -699,27 +630,10 @@ def qkv_rope(
     num_warps: int = 4,
     pdl: int = 0,
     evict: str = "",
-    swap: LinearConfig | None = None,
 ) -> None:
-    """Program = ``block_p`` NeoX pairs of one head. ``swap`` (T > 1 only): the transposed
-    kernel instead, ``swap.block_n`` rows (half as many pairs) a program, with its ``block_k``,
-    warps and stages (``swap.split_k`` must be 1: every program finishes its rows)."""
     t, k = x.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]
-    if swap is not None and t > 1:
-        bp = swap.block_n // 2
-        if swap.split_k != 1 or bp < 8 or bp & (bp - 1) or (hd // 2) % bp:
-            raise ValueError(f"a swapped qkv tile needs a power of two 16 <= block_n <= "
-                             f"head_dim and no split-K; got {swap}")
-        _qkv_rope_swap_kernel[((n_head + 2 * n_kv) * (hd // 2 // bp),)](
-            x, wqkv, norm, bias, rope, start, q_out, k_cache, v_cache,
-            t, k, x.stride(0), k_cache.stride(0), k_cache.stride(1), eps,
-            N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_T=block_t(t), BLOCK_P=bp,
-            BLOCK_K=swap.block_k, PDL=pdl, EVICT=evict, num_warps=swap.num_warps,
-            num_stages=swap.num_stages, **_launch(pdl),
-        )
-        return
     bp = block_p or (4 if t == 1 and x.device.type == "cuda" else 16)
     bp = min(bp, hd // 2)
     grid = ((n_head + 2 * n_kv) * (hd // 2 // bp),)

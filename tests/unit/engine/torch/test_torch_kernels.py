@@ -82,18 +82,9 @@ def test_split_k_adds_partial_sums_into_the_residual(t: int) -> None:
     assert rel(swapped, h0 + x @ w.T) < 1e-5
 
 
-#: The transposed verify kernel: 8 pairs (16 rows) a program, two programs a head of 16
-#: pairs, K = 128 in two tiles or one (the first before the wait with ``peel`` 3); 16 pairs.
-SWAP_QKV = [K.LinearConfig(16, 64, swap=True), K.LinearConfig(16, 128, swap=True),
-            K.LinearConfig(32, 64, swap=True)]
-
-
-@pytest.mark.parametrize(
-    ("t", "peel", "swap"),
-    [(1, 0, None), (1, 3, None), (5, 0, None), (5, 3, None),
-     *[(t, peel, s) for t in (5, 17) for peel in (0, 3) for s in SWAP_QKV]],
-)
-def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int, swap: K.LinearConfig | None) -> None:
+@pytest.mark.parametrize("peel", [0, 3])
+@pytest.mark.parametrize("t", [1, 5])
+def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
     a = ARGS
     x, w, bias, norm = g(t, a.n_embd, seed=1), g(a.qkv_dim, a.n_embd, seed=2), g(a.qkv_dim, seed=3), g(a.n_embd, seed=4)
     rope = rope_table(a, 64, "cpu")
@@ -102,7 +93,7 @@ def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int, swap: K.LinearConfig
     kc = torch.full((a.n_head_kv, 40, a.head_dim), POISON)
     vc = kc.clone()
     K.qkv_rope(x, w, norm, bias, rope, torch.tensor([start]), q, kc, vc, 1e-6, block_k=64,
-               pdl=peel, swap=swap)
+               pdl=peel)
     y = rms_norm(x, norm, 1e-6) @ w.T + bias
     rq, rk, rv = y.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
     cs = rope[start : start + t]
@@ -259,39 +250,6 @@ def test_runner_with_split_k_qkv_for_verify_steps_matches_the_reference_path() -
     assert fast._steps[5].qkv_acc is not None and not fast._steps[5].qkv_acc.any()
 
 
-def test_swapped_qkv_tiles_it_cannot_run_are_refused_with_the_reason() -> None:
-    a, t = ARGS, 3
-    x, w = g(t, a.n_embd), g(a.qkv_dim, a.n_embd)
-    q = torch.zeros(t, a.n_head, a.head_dim)
-    kc = torch.zeros(a.n_head_kv, 16, a.head_dim)
-    for bad in (K.LinearConfig(8, 64, swap=True), K.LinearConfig(64, 64, swap=True),
-                K.LinearConfig(24, 64, swap=True), K.LinearConfig(16, 64, split_k=2, swap=True)):
-        with pytest.raises(ValueError, match="swapped qkv tile"):
-            K.qkv_rope(x, w, x[0], w[:, 0], rope_table(a, 64, "cpu"), torch.tensor([0]), q, kc,
-                       kc.clone(), 1e-6, swap=bad)
-
-
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_runner_with_the_swapped_qkv_for_verify_steps_matches_the_reference_path(
-        deterministic: bool) -> None:
-    """Verify steps through the one-launch transposed qkv kernel (before a split-K qkv also
-    set, and kept by deterministic steps: it has no atomics), one-token steps unchanged."""
-    w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
-    model = Transformer(ARGS, w, n_pos=128)
-    fast = Runner(model, 64, kernels="triton", nsplit=4)
-    fast.qkv_split = K.LinearConfig(16, 32, split_k=2)
-    fast.qkv_swap = K.LinearConfig(16, 64, swap=True)
-    if deterministic:
-        fast.make_deterministic()
-    ref_cache = KVCache(ARGS, 64, torch.float32, "cpu")
-    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (12,), generator=torch.Generator().manual_seed(0))]
-    ref = model.forward(torch.tensor(seq), torch.arange(12), ref_cache)
-    rows = [fast.logits(seq[:5], 0).clone(), fast.logits(seq[5:6], 5).clone()]
-    rows.append(fast.logits(seq[6:], 6))
-    assert rel(torch.cat(rows), ref) < 1e-5
-    assert fast._steps[5].qkv_acc is None  # the split-K path never ran
-
-
 def test_a_prompt_longer_than_one_step_runs_in_chunks() -> None:
     w = random_weights(ARGS, torch.float32, "cpu", seed=4, scale=0.1)
     model = Transformer(ARGS, w, n_pos=128)
@@ -432,6 +390,3 @@ def test_each_kernel_launch_gets_its_pdl_mode_cache_policy_and_tiles(
     assert [n for n, _ in det][:4] == ["embed", "qkv_rope", "attention", "wo"]
     assert det[5][1]["cfg"] == K.LinearConfig(2, 32)
     assert [n for n, _ in plan(3)][1] == "qkv_rope"  # no split-K qkv either
-    assert plan(3)[1][1]["swap"] is None and plan(1)[1][1]["swap"] is None
-    r.qkv_swap = K.LinearConfig(16, 64, swap=True)  # verify steps only, deterministic or not
-    assert plan(3)[1][1]["swap"] == r.qkv_swap and plan(1)[1][1]["swap"] is None
