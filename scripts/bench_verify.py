@@ -127,6 +127,7 @@ _T1_FFN: dict[str, dict[str, Any]] = {
 }
 T1_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": _T1_MIXES, "t1": _T1_MIXES, "tiles": _T1_TILES, "attn": _T1_ATTN, "ffn": _T1_FFN,
+    "one_tile": {},
     # the defaults of session 5: every next kernel launched at the start
     "final": {"t1_session5": {"pdl_by_t": {"1": 1}, "one_token_pdl": {}, "trim_merge": False},
               "t1_session6": {"trim_merge": False}},
@@ -156,14 +157,31 @@ FFN_VARIANTS: dict[str, dict[str, Any]] = {
     "per_pair_qkv": {"qkv_split": False},
     "w13p": {"verify_pdl": {**_ALL_LATE_NOW, "w13": 2 + LATE}},
 }
+#: ``--set one_tile`` (session 8): the verify RoPE kernel loading before its wait what a step
+#: never writes (``kernels.ROPE_EARLY``); split-K tiles of one K tile a program for qkv, wo and
+#: down, so that with PDL mode 6 all of a program's weights load before the wait, as in the
+#: one-token step (session 6 found the prologue losing only where it broke a pipelined loop).
+_PRO = {**_ALL_LATE_NOW, "qkv": 2 + LATE, "wo": 2 + LATE}
+ONE_TILE_VARIANTS: dict[str, dict[str, Any]] = {
+    "rope_early": {"rope_early": True},
+    "qkv1": {"qkv_split": [32, 256, 4, 1, 6], "verify_pdl": {**_ALL_LATE_NOW, "qkv": 2 + LATE}},
+    "qkv1_wait": {"qkv_split": [32, 256, 4, 1, 6]},
+    "wo1": {"tiles": {"wo": [32, 256, 4, 1, 6]}, "verify_pdl": {**_ALL_LATE_NOW, "wo": 2 + LATE}},
+    "wo1_wait": {"tiles": {"wo": [32, 256, 4, 1, 6]}},
+    "w2_1": {"tiles": {"w2": [32, 256, 4, 1, 35]}, "verify_pdl": {**_ALL_LATE_NOW, "w2": 2 + LATE}},
+    "qkv1_wo1_rope": {"qkv_split": [32, 256, 4, 1, 6], "tiles": {"wo": [32, 256, 4, 1, 6]},
+                      "verify_pdl": _PRO, "rope_early": True},
+}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
+    "one_tile": ONE_TILE_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
-         "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge"}
+         "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
+         "rope_early"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -191,6 +209,7 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     qs = v.get("qkv_split")  # tiles; false: the per-pair qkv kernel
     r.qkv_split = (None if qs is False else K.LinearConfig(*qs) if qs else base["qkv_split"])
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
+    K.ROPE_EARLY = bool(v.get("rope_early", base["rope_early"]))  # read when a step is captured
     r.drop_steps()
 
 
@@ -202,7 +221,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "one_token_pdl": dict(r.one_token_pdl), "verify_attention": r.verify_attention,
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
-               "trim_merge": r.trim_merge}
+               "trim_merge": r.trim_merge, "rope_early": K.ROPE_EARLY}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -35,6 +35,9 @@ STORE, ADD, SWIGLU = 0, 1, 2
 #: Added to a PDL mode (1 or 2; 3 in tests): the kernel lets its successor launch after its
 #: main loop (``_gdc_late``) instead of at its start.
 PDL_LATE = 4
+#: Session 8, being measured: the verify RoPE kernel loads what a step never writes before its
+#: PDL wait, and the product's rows beside h rather than after it.
+ROPE_EARLY = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,15 +324,29 @@ def _rope_kv_kernel(
     qkv_ptr, h_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
     D, stride_ch, stride_cs, eps,
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr,
 ):
     """Program = (token, head of q, k or v): finish a split-K qkv product. ``qkv [T, QKV]``
     holds (x * g) @ W^T summed over the splits; scale by the token's 1/RMS, add the bias, RoPE
     q and k, store q and the cache, and zero the rows read so the next layer can accumulate."""
-    _gdc(PDL)
     HALF: tl.constexpr = HD // 2
+    QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
     t = tl.program_id(0)
     head = tl.program_id(1)
+    j = tl.arange(0, HALF)
+    r1 = head * HD + j
+    r2 = r1 + HALF
+    if EARLY:  # what never changes in a step (bias, position, its RoPE row) before the wait
+        b1 = tl.load(b_ptr + r1).to(tl.float32)
+        b2 = tl.load(b_ptr + r2).to(tl.float32)
+        pos = tl.load(start_ptr) + t
+        cos = tl.load(rope_ptr + pos * HD + 2 * j)
+        sin = tl.load(rope_ptr + pos * HD + 2 * j + 1)
+        _gdc(PDL)
+        p1 = tl.load(qkv_ptr + t * QKV + r1)  # the product's rows beside h, not after it
+        p2 = tl.load(qkv_ptr + t * QKV + r2)
+    else:
+        _gdc(PDL)
     ss = tl.zeros([BLOCK_D], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
@@ -337,17 +354,18 @@ def _rope_kv_kernel(
         ss += x * x
     _gdc_late(PDL)
     inv = tl.rsqrt(tl.sum(ss, 0) / D + eps)
-    QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
-    j = tl.arange(0, HALF)
-    r1 = head * HD + j
-    r2 = r1 + HALF
-    a1 = tl.load(qkv_ptr + t * QKV + r1) * inv + tl.load(b_ptr + r1).to(tl.float32)
-    a2 = tl.load(qkv_ptr + t * QKV + r2) * inv + tl.load(b_ptr + r2).to(tl.float32)
+    if not EARLY:
+        b1 = tl.load(b_ptr + r1).to(tl.float32)
+        b2 = tl.load(b_ptr + r2).to(tl.float32)
+        p1 = tl.load(qkv_ptr + t * QKV + r1)
+        p2 = tl.load(qkv_ptr + t * QKV + r2)
+        pos = tl.load(start_ptr) + t
+        cos = tl.load(rope_ptr + pos * HD + 2 * j)
+        sin = tl.load(rope_ptr + pos * HD + 2 * j + 1)
+    a1 = p1 * inv + b1
+    a2 = p2 * inv + b2
     tl.store(qkv_ptr + t * QKV + r1, tl.zeros([HALF], dtype=tl.float32))
     tl.store(qkv_ptr + t * QKV + r2, tl.zeros([HALF], dtype=tl.float32))
-    pos = tl.load(start_ptr) + t
-    cos = tl.load(rope_ptr + pos * HD + 2 * j)
-    sin = tl.load(rope_ptr + pos * HD + 2 * j + 1)
     if head < N_HEAD + N_KV:
         o1 = a1 * cos - a2 * sin
         o2 = a2 * cos + a1 * sin
@@ -675,8 +693,9 @@ def qkv_split(
     _rope_kv_kernel[(t, n_head + 2 * n_kv)](
         acc, x, bias, rope, start, q_out, k_cache, v_cache,
         d, k_cache.stride(0), k_cache.stride(1), eps,
-        N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_D=min(1024, triton.next_power_of_2(d)),
-        PDL=_wait(pdl if pdl_rope is None else pdl_rope), num_warps=rope_warps,
+        N_HEAD=n_head, N_KV=n_kv, HD=hd,
+        BLOCK_D=triton.next_power_of_2(d) if ROPE_EARLY else min(1024, triton.next_power_of_2(d)),
+        PDL=_wait(pdl if pdl_rope is None else pdl_rope), EARLY=ROPE_EARLY, num_warps=rope_warps,
         **_launch(pdl if pdl_rope is None else pdl_rope),
     )
 
