@@ -24,6 +24,7 @@ variants ``pdl_by_t`` (keys as strings) and ``one_token_pdl``; for both, ``trim_
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import sys
@@ -125,9 +126,19 @@ _T1_FFN: dict[str, dict[str, Any]] = {
     "t1_w13p_w2p": {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w13": 2 + LATE, "w2": 2}},
     "t1_fuse_attn_out": {"fuse_attn_out": True},
 }
+#: ``--set gemv`` (session 8): one-token GEMV loops software-pipelined (``kernels.GEMV_PIPELINE``:
+#: without it Triton keeps one K tile in flight a program in loops without a tl.dot), at the
+#: stage counts of the model's own tiles (2) or ``t1_stages``; stages 1 leaves a matrix as it was.
+_PIPE = {"gemv_pipeline": True}
+_T1_GEMV: dict[str, dict[str, Any]] = {
+    "t1_pipe2": _PIPE,
+    **{f"t1_pipe{n}": {**_PIPE, "t1_stages": {"w13": n, "w2": n, "out": n}} for n in (3, 4)},
+    **{f"t1_pipe3_{m}": {**_PIPE, "t1_stages": {k: 3 if k == m else 1 for k in ("w13", "w2", "out")}}
+       for m in ("w13", "w2", "out")},
+}
 T1_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": _T1_MIXES, "t1": _T1_MIXES, "tiles": _T1_TILES, "attn": _T1_ATTN, "ffn": _T1_FFN,
-    "one_tile": {},
+    "one_tile": {}, "gemv": _T1_GEMV,
     # the defaults of session 5: every next kernel launched at the start
     "final": {"t1_session5": {"pdl_by_t": {"1": 1}, "one_token_pdl": {}, "trim_merge": False},
               "t1_session6": {"trim_merge": False}},
@@ -176,12 +187,12 @@ ONE_TILE_VARIANTS: dict[str, dict[str, Any]] = {
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
-    "one_tile": ONE_TILE_VARIANTS,
+    "one_tile": ONE_TILE_VARIANTS, "gemv": {"rope_early": {"rope_early": True}},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "rope_early"}
+         "rope_early", "gemv_pipeline", "t1_stages"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -209,7 +220,12 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     qs = v.get("qkv_split")  # tiles; false: the per-pair qkv kernel
     r.qkv_split = (None if qs is False else K.LinearConfig(*qs) if qs else base["qkv_split"])
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
+    for name, n in v.get("t1_stages", {}).items():  # the model's own one-token tile, n stages
+        cfg = r.linear_configs[(name, 1)]
+        assert isinstance(cfg, K.LinearConfig)
+        r.linear_configs[(name, 1)] = dataclasses.replace(cfg, num_stages=int(n))
     K.ROPE_EARLY = bool(v.get("rope_early", base["rope_early"]))  # read when a step is captured
+    K.GEMV_PIPELINE = bool(v.get("gemv_pipeline", base["gemv_pipeline"]))
     r.drop_steps()
 
 
@@ -221,7 +237,8 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "one_token_pdl": dict(r.one_token_pdl), "verify_attention": r.verify_attention,
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
-               "trim_merge": r.trim_merge, "rope_early": K.ROPE_EARLY}
+               "trim_merge": r.trim_merge, "rope_early": K.ROPE_EARLY,
+               "gemv_pipeline": K.GEMV_PIPELINE}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

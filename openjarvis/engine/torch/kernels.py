@@ -38,6 +38,9 @@ PDL_LATE = 4
 #: Session 8, being measured: the verify RoPE kernel loads what a step never writes before its
 #: PDL wait, and the product's rows beside h rather than after it.
 ROPE_EARLY = False
+#: Session 8, being measured: one-token GEMV loops software-pipelined (``LinearConfig.num_stages``
+#: deep) rather than one K tile in flight a program.
+GEMV_PIPELINE = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +163,7 @@ def _linear_kernel(
     T, N, K, stride_x, stride_out, eps,
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EVICT: tl.constexpr,
+    PDL: tl.constexpr, EVICT: tl.constexpr, LOOP_STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
@@ -197,7 +200,9 @@ def _linear_kernel(
                                       acc2, ss, MODE, NORM, BLOCK_T)
     else:
         _gdc(PDL)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
+        # Triton pipelines a loop's loads only where they feed a tl.dot unless the loop asks:
+        # at T = 1 (reductions, no dot) ``LOOP_STAGES`` > 1 asks (``GEMV_PIPELINE``).
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
             rk = k0 + tl.arange(0, BLOCK_K)  # [BK]
             kmask = rk < k_hi
             x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
@@ -626,7 +631,8 @@ def linear(
         t, n, k, x.stride(0), out.stride(0), eps,
         MODE=mode, NORM=0 if norm is None else 1 if norm_scale else 2, BIAS=bias is not None,
         BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        PDL=pdl, EVICT=evict, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl, EVICT=evict, LOOP_STAGES=cfg.num_stages if t > 1 or GEMV_PIPELINE else 1,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **_launch(pdl),
     )
     return out
