@@ -24,7 +24,6 @@ variants ``pdl_by_t`` (keys as strings) and ``one_token_pdl``; for both, ``trim_
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 import sys
@@ -126,19 +125,9 @@ _T1_FFN: dict[str, dict[str, Any]] = {
     "t1_w13p_w2p": {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w13": 2 + LATE, "w2": 2}},
     "t1_fuse_attn_out": {"fuse_attn_out": True},
 }
-#: ``--set gemv`` (session 8): one-token GEMV loops software-pipelined (``kernels.GEMV_PIPELINE``:
-#: without it Triton keeps one K tile in flight a program in loops without a tl.dot), at the
-#: stage counts of the model's own tiles (2) or ``t1_stages``; stages 1 leaves a matrix as it was.
-_PIPE = {"gemv_pipeline": True}
-_T1_GEMV: dict[str, dict[str, Any]] = {
-    "t1_pipe2": _PIPE,
-    **{f"t1_pipe{n}": {**_PIPE, "t1_stages": {"w13": n, "w2": n, "out": n}} for n in (3, 4)},
-    **{f"t1_pipe3_{m}": {**_PIPE, "t1_stages": {k: 3 if k == m else 1 for k in ("w13", "w2", "out")}}
-       for m in ("w13", "w2", "out")},
-}
 T1_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": _T1_MIXES, "t1": _T1_MIXES, "tiles": _T1_TILES, "attn": _T1_ATTN, "ffn": _T1_FFN,
-    "one_tile": {}, "gemv": _T1_GEMV,
+    "one_tile": {},
     # the defaults of session 5: every next kernel launched at the start
     "final": {"t1_session5": {"pdl_by_t": {"1": 1}, "one_token_pdl": {}, "trim_merge": False},
               "t1_session6": {"trim_merge": False}},
@@ -168,31 +157,31 @@ FFN_VARIANTS: dict[str, dict[str, Any]] = {
     "per_pair_qkv": {"qkv_split": False},
     "w13p": {"verify_pdl": {**_ALL_LATE_NOW, "w13": 2 + LATE}},
 }
-#: ``--set one_tile`` (session 8): the verify RoPE kernel loading before its wait what a step
-#: never writes (``kernels.ROPE_EARLY``); split-K tiles of one K tile a program for qkv, wo and
-#: down, so that with PDL mode 6 all of a program's weights load before the wait, as in the
-#: one-token step (session 6 found the prologue losing only where it broke a pipelined loop).
+#: ``--set one_tile`` (session 8, run 75; all lost or even): split-K tiles of one K tile a
+#: program for qkv, wo and down, so that with PDL mode 6 all of a program's weights load before
+#: the wait, as in the one-token step (session 6 found the prologue losing where it broke a
+#: pipelined loop; here there is no loop). Run 75 also timed the RoPE kernel's early loads
+#: (adopted since) as a variant.
 _PRO = {**_ALL_LATE_NOW, "qkv": 2 + LATE, "wo": 2 + LATE}
 ONE_TILE_VARIANTS: dict[str, dict[str, Any]] = {
-    "rope_early": {"rope_early": True},
     "qkv1": {"qkv_split": [32, 256, 4, 1, 6], "verify_pdl": {**_ALL_LATE_NOW, "qkv": 2 + LATE}},
     "qkv1_wait": {"qkv_split": [32, 256, 4, 1, 6]},
     "wo1": {"tiles": {"wo": [32, 256, 4, 1, 6]}, "verify_pdl": {**_ALL_LATE_NOW, "wo": 2 + LATE}},
     "wo1_wait": {"tiles": {"wo": [32, 256, 4, 1, 6]}},
     "w2_1": {"tiles": {"w2": [32, 256, 4, 1, 35]}, "verify_pdl": {**_ALL_LATE_NOW, "w2": 2 + LATE}},
-    "qkv1_wo1_rope": {"qkv_split": [32, 256, 4, 1, 6], "tiles": {"wo": [32, 256, 4, 1, 6]},
-                      "verify_pdl": _PRO, "rope_early": True},
+    "qkv1_wo1": {"qkv_split": [32, 256, 4, 1, 6], "tiles": {"wo": [32, 256, 4, 1, 6]},
+                 "verify_pdl": _PRO},
 }
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
-    "one_tile": ONE_TILE_VARIANTS, "gemv": {"rope_early": {"rope_early": True}},
+    "one_tile": ONE_TILE_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "rope_early", "gemv_pipeline", "t1_stages"}
+}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -220,12 +209,7 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     qs = v.get("qkv_split")  # tiles; false: the per-pair qkv kernel
     r.qkv_split = (None if qs is False else K.LinearConfig(*qs) if qs else base["qkv_split"])
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
-    for name, n in v.get("t1_stages", {}).items():  # the model's own one-token tile, n stages
-        cfg = r.linear_configs[(name, 1)]
-        assert isinstance(cfg, K.LinearConfig)
-        r.linear_configs[(name, 1)] = dataclasses.replace(cfg, num_stages=int(n))
-    K.ROPE_EARLY = bool(v.get("rope_early", base["rope_early"]))  # read when a step is captured
-    K.GEMV_PIPELINE = bool(v.get("gemv_pipeline", base["gemv_pipeline"]))
+
     r.drop_steps()
 
 
@@ -237,8 +221,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "one_token_pdl": dict(r.one_token_pdl), "verify_attention": r.verify_attention,
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
-               "trim_merge": r.trim_merge, "rope_early": K.ROPE_EARLY,
-               "gemv_pipeline": K.GEMV_PIPELINE}
+               "trim_merge": r.trim_merge}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -417,6 +400,55 @@ def breakdown(a: ModelArgs, pos: int, variant: dict[str, Any], t: int) -> dict[s
     return out
 
 
+def norm_cost(a: ModelArgs) -> dict[str, Any]:
+    """What the RMSNorm inside a product's K loop costs it: each normed product (qkv, gate/up,
+    output) of all layers captured alone in a graph, with its tiles at T = 1 and 9, (a) as in
+    the step (float32 h, squares summed and norm weight applied per K tile), (b) without the
+    norm on the same float32 input, (c) on a bfloat16 input without the norm (what a producer
+    writing x * g in bfloat16 would hand it). Microseconds per layer (output: per step)."""
+    from bench_gpu import graph_us
+
+    r, _ = runner_for(a, 1024)
+    w = r.model.weights
+    split = r.qkv_split if isinstance(r.qkv_split, K.LinearConfig) else None
+    alt = K.LinearConfig(64, 128, 4, 3, swap=True)  # gate/up in half the K loop's iterations
+
+    def job(name: str, t: int, x: torch.Tensor, nrm: bool, buf: torch.Tensor) -> None:
+        if name == "out":
+            K.linear(x, w.out, buf, norm=w.out_norm if nrm else None, cfg=r.tiles("out", t))
+            return
+        for lw in w.layers:
+            if name == "qkv_prod":
+                K.linear(x, lw.wqkv, buf, mode=K.ADD, norm=lw.attn_norm if nrm else None,
+                         cfg=split, norm_scale=False)
+            else:
+                K.linear(x, lw.w13, buf, mode=K.SWIGLU, norm=lw.ffn_norm if nrm else None,
+                         cfg=alt if name == "w13_64x128" else r.tiles("w13", t))
+
+    out: dict[str, Any] = {}
+    for t in (1, 9):
+        h = torch.randn(t, a.n_embd, device=r.device)
+        bufs = {"w13": torch.empty(t, a.n_ff, device=r.device, dtype=torch.bfloat16),
+                "out": torch.empty(t, a.n_vocab, device=r.device)}
+        if t > 1:
+            bufs["w13_64x128"] = bufs["w13"]
+            if split is not None:
+                bufs["qkv_prod"] = torch.zeros(t, a.qkv_dim, device=r.device)
+        for name, buf in bufs.items():
+            row: dict[str, Any] = {}
+            for case, x, nrm in (("norm", h, True), ("no_norm", h, False),
+                                 ("bf16_no_norm", h.to(torch.bfloat16), False)):
+                try:
+                    us = graph_us(functools.partial(job, name, t, x, nrm, buf),
+                                  1 if name == "out" else a.n_layer)
+                    row[case] = round(us, 2)
+                except Exception as e:  # noqa: BLE001
+                    row[case] = str(e).splitlines()[0][:120]
+            out[f"{name}_T{t}"] = row
+            log("norm cost", name, t, row)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("."))
@@ -431,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated variants whose T = 9 step is broken down @4096")
     ap.add_argument("--breakdown-t", default="9", help="token counts of the breakdowns")
     ap.add_argument("--no-correct", action="store_true")
+    ap.add_argument("--norm-cost", action="store_true",
+                    help="only: what the in-loop RMSNorm costs the normed products")
     ap.add_argument("--bandwidth", action="store_true",
                     help="measure copy bandwidth first; one-token steps as %% of the floor")
     args = ap.parse_args(argv)
@@ -448,6 +482,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.bandwidth:
         RES["bandwidth"] = copy_bandwidth()
         log("copy bandwidth", round(RES["bandwidth"] / 1e9, 1), "GB/s")
+    if args.norm_cost:
+        for name in args.models.split(","):
+            RES.setdefault(name, {})["norm_cost"] = norm_cost(models[name])
+            (args.out / "verify.json").write_text(json.dumps(RES, indent=1, default=str))
+        return 0
     for name in args.models.split(","):
         a = models[name]
         vs = {"default": {}, **(VERIFY_SETS[args.set] if args.set else variants)}

@@ -35,12 +35,6 @@ STORE, ADD, SWIGLU = 0, 1, 2
 #: Added to a PDL mode (1 or 2; 3 in tests): the kernel lets its successor launch after its
 #: main loop (``_gdc_late``) instead of at its start.
 PDL_LATE = 4
-#: Session 8, being measured: the verify RoPE kernel loads what a step never writes before its
-#: PDL wait, and the product's rows beside h rather than after it.
-ROPE_EARLY = False
-#: Session 8, being measured: one-token GEMV loops software-pipelined (``LinearConfig.num_stages``
-#: deep) rather than one K tile in flight a program.
-GEMV_PIPELINE = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +157,7 @@ def _linear_kernel(
     T, N, K, stride_x, stride_out, eps,
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EVICT: tl.constexpr, LOOP_STAGES: tl.constexpr,
+    PDL: tl.constexpr, EVICT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
@@ -200,9 +194,10 @@ def _linear_kernel(
                                       acc2, ss, MODE, NORM, BLOCK_T)
     else:
         _gdc(PDL)
-        # Triton pipelines a loop's loads only where they feed a tl.dot unless the loop asks:
-        # at T = 1 (reductions, no dot) ``LOOP_STAGES`` > 1 asks (``GEMV_PIPELINE``).
-        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
+        # At T = 1 (reductions, no tl.dot) Triton does not pipeline this loop's loads; asking
+        # it to (``tl.range(..., num_stages=n)``, cp.async into shared memory) lost 2.5-8 %
+        # (session 8 run 76): the many resident programs already keep the bytes in flight.
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)  # [BK]
             kmask = rk < k_hi
             x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
@@ -329,11 +324,15 @@ def _rope_kv_kernel(
     qkv_ptr, h_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
     D, stride_ch, stride_cs, eps,
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program = (token, head of q, k or v): finish a split-K qkv product. ``qkv [T, QKV]``
     holds (x * g) @ W^T summed over the splits; scale by the token's 1/RMS, add the bias, RoPE
-    q and k, store q and the cache, and zero the rows read so the next layer can accumulate."""
+    q and k, store q and the cache, and zero the rows read so the next layer can accumulate.
+
+    What a step never writes (bias, position, its RoPE row) loads before the PDL wait, and the
+    product's rows beside h in one round trip rather than after it (session 8 runs 75-76:
+    k = 8 verify -0.3 to -0.4 % for the 1.5B, -0.2 to 0 % for the 0.5B, never worse)."""
     HALF: tl.constexpr = HD // 2
     QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
     t = tl.program_id(0)
@@ -341,32 +340,21 @@ def _rope_kv_kernel(
     j = tl.arange(0, HALF)
     r1 = head * HD + j
     r2 = r1 + HALF
-    if EARLY:  # what never changes in a step (bias, position, its RoPE row) before the wait
-        b1 = tl.load(b_ptr + r1).to(tl.float32)
-        b2 = tl.load(b_ptr + r2).to(tl.float32)
-        pos = tl.load(start_ptr) + t
-        cos = tl.load(rope_ptr + pos * HD + 2 * j)
-        sin = tl.load(rope_ptr + pos * HD + 2 * j + 1)
-        _gdc(PDL)
-        p1 = tl.load(qkv_ptr + t * QKV + r1)  # the product's rows beside h, not after it
-        p2 = tl.load(qkv_ptr + t * QKV + r2)
-    else:
-        _gdc(PDL)
+    b1 = tl.load(b_ptr + r1).to(tl.float32)
+    b2 = tl.load(b_ptr + r2).to(tl.float32)
+    pos = tl.load(start_ptr) + t
+    cos = tl.load(rope_ptr + pos * HD + 2 * j)
+    sin = tl.load(rope_ptr + pos * HD + 2 * j + 1)
+    _gdc(PDL)
+    p1 = tl.load(qkv_ptr + t * QKV + r1)
+    p2 = tl.load(qkv_ptr + t * QKV + r2)
     ss = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):
+    for d0 in range(0, D, BLOCK_D):  # one pass where D <= 2048 (the launcher's BLOCK_D)
         d = d0 + tl.arange(0, BLOCK_D)
         x = tl.load(h_ptr + t * D + d, mask=d < D, other=0.0)
         ss += x * x
     _gdc_late(PDL)
     inv = tl.rsqrt(tl.sum(ss, 0) / D + eps)
-    if not EARLY:
-        b1 = tl.load(b_ptr + r1).to(tl.float32)
-        b2 = tl.load(b_ptr + r2).to(tl.float32)
-        p1 = tl.load(qkv_ptr + t * QKV + r1)
-        p2 = tl.load(qkv_ptr + t * QKV + r2)
-        pos = tl.load(start_ptr) + t
-        cos = tl.load(rope_ptr + pos * HD + 2 * j)
-        sin = tl.load(rope_ptr + pos * HD + 2 * j + 1)
     a1 = p1 * inv + b1
     a2 = p2 * inv + b2
     tl.store(qkv_ptr + t * QKV + r1, tl.zeros([HALF], dtype=tl.float32))
@@ -631,8 +619,7 @@ def linear(
         t, n, k, x.stride(0), out.stride(0), eps,
         MODE=mode, NORM=0 if norm is None else 1 if norm_scale else 2, BIAS=bias is not None,
         BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        PDL=pdl, EVICT=evict, LOOP_STAGES=cfg.num_stages if t > 1 or GEMV_PIPELINE else 1,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl, EVICT=evict, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **_launch(pdl),
     )
     return out
@@ -699,9 +686,8 @@ def qkv_split(
     _rope_kv_kernel[(t, n_head + 2 * n_kv)](
         acc, x, bias, rope, start, q_out, k_cache, v_cache,
         d, k_cache.stride(0), k_cache.stride(1), eps,
-        N_HEAD=n_head, N_KV=n_kv, HD=hd,
-        BLOCK_D=triton.next_power_of_2(d) if ROPE_EARLY else min(1024, triton.next_power_of_2(d)),
-        PDL=_wait(pdl if pdl_rope is None else pdl_rope), EARLY=ROPE_EARLY, num_warps=rope_warps,
+        N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_D=min(2048, triton.next_power_of_2(d)),
+        PDL=_wait(pdl if pdl_rope is None else pdl_rope), num_warps=rope_warps,
         **_launch(pdl if pdl_rope is None else pdl_rope),
     )
 
