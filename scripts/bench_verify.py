@@ -18,7 +18,8 @@ A variant is a JSON object of Runner settings: ``verify_pdl`` (PDL mode per kern
 ``kernels.PDL_LATE`` added for a late trigger), ``verify_attention``
 ([splits, keys per block]), ``tiles`` ({matrix: LinearConfig fields} for T > 1); one-token
 variants ``pdl_by_t`` (keys as strings) and ``one_token_pdl``; for both, ``trim_merge``
-(false: the merge reads every split, as before session 7). Results go to ``--out``/verify.json.
+(false: the merge reads every split, as before session 7); one-token ``norm_handoff`` (the
+o-projection hands the feed-forward norm to gate/up, ``kernels.NormHandoff``). Results go to ``--out``/verify.json.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ _T1_FFN: dict[str, dict[str, Any]] = {
 }
 T1_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": _T1_MIXES, "t1": _T1_MIXES, "tiles": _T1_TILES, "attn": _T1_ATTN, "ffn": _T1_FFN,
-    "one_tile": {},
+    "one_tile": {}, "handoff": {"t1_handoff": {"norm_handoff": True}},
     # the defaults of session 5: every next kernel launched at the start
     "final": {"t1_session5": {"pdl_by_t": {"1": 1}, "one_token_pdl": {}, "trim_merge": False},
               "t1_session6": {"trim_merge": False}},
@@ -176,12 +177,12 @@ ONE_TILE_VARIANTS: dict[str, dict[str, Any]] = {
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
-    "one_tile": ONE_TILE_VARIANTS,
+    "one_tile": ONE_TILE_VARIANTS, "handoff": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-}
+         "norm_handoff"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -209,6 +210,7 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     qs = v.get("qkv_split")  # tiles; false: the per-pair qkv kernel
     r.qkv_split = (None if qs is False else K.LinearConfig(*qs) if qs else base["qkv_split"])
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
+    r.norm_handoff = bool(v.get("norm_handoff", base["norm_handoff"]))
 
     r.drop_steps()
 
@@ -221,7 +223,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "one_token_pdl": dict(r.one_token_pdl), "verify_attention": r.verify_attention,
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
-               "trim_merge": r.trim_merge}
+               "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -26,7 +26,7 @@ from openjarvis.engine.torch.model import Transformer
 
 if TYPE_CHECKING:  # importing megakernel imports triton: only where the step is used
     from openjarvis.engine.torch.cuda_step import DecodeStep
-    from openjarvis.engine.torch.kernels import LinearConfig
+    from openjarvis.engine.torch.kernels import LinearConfig, NormHandoff
     from openjarvis.engine.torch.megakernel import MegaConfig, Scratch
 
 Kernels = Literal["triton", "torch"]
@@ -70,6 +70,10 @@ class Workspace:
     mega: Scratch | None = None
     #: [T, qkv_dim] float32 zeros: the split-K qkv accumulator of verify steps (``qkv_split``).
     qkv_acc: torch.Tensor | None = None
+    #: The o-projection's hand-off to gate/up (``Runner.norm_handoff``): x * g in the weights'
+    #: dtype, and per-program sums of squares.
+    xg: torch.Tensor | None = None
+    ss_part: torch.Tensor | None = None
 
     @property
     def start(self) -> torch.Tensor:
@@ -120,6 +124,9 @@ class Runner:
         self.fuse_attn_out = False
         #: The attention's merge reads only the splits that hold keys (``kernels.attention``).
         self.trim_merge = True
+        #: T = 1: the o-projection hands the feed-forward norm to gate/up (``kernels.NormHandoff``)
+        #: instead of gate/up normalizing h inside its K loop; needs an unsplit o-projection.
+        self.norm_handoff = False
         self.attn_out_block_n = 128
         #: Programmatic dependent launch of the Triton kernels (Hopper), per T: 0 off, 1 each
         #: kernel launched while the previous one finishes, 2 also loading its first weight
@@ -450,6 +457,7 @@ class Runner:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
                            pdl=pk("qkv"), evict=ev)
+            hand = None
             if t == 1 and self.fuse_attn_out and not self.deterministic:
                 K.attention_out(ws.q, kc, vc, ws.start, lw.wo, ws.h, ws.o_part, ws.ml_part,
                                 block_s=self.attn_block_s, block_n=self.attn_out_block_n,
@@ -459,13 +467,40 @@ class Runner:
                             block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
                             pdl_combine=pk("combine"), combine_warps=self.combine_warps.get(t, 1),
                             trim=self.trim_merge)
-                K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pk("wo"), evict=ev)
-            K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
-                     cfg=lc("w13"), pdl=pk("w13"), evict=ev)
+                hand = self._handoff(ws, lw.ffn_norm)
+                K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pk("wo"), evict=ev,
+                         hand_out=hand)
+            if hand is not None:
+                K.linear(hand.xg, lw.w13, ws.act, mode=K.SWIGLU, eps=a.rms_eps, cfg=lc("w13"),
+                         pdl=pk("w13"), evict=ev, hand_in=hand)
+            else:
+                K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
+                         cfg=lc("w13"), pdl=pk("w13"), evict=ev)
             K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"), pdl=pk("w2"), evict=ev)
         K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"),
                  pdl=pk("out"), evict=ev)
         return ws.logits
+
+
+    def _handoff(self, ws: Workspace, weight: torch.Tensor) -> NormHandoff | None:
+        """The o-projection's hand-off of the feed-forward norm to gate/up, where it applies:
+        ``norm_handoff``, a one-token step, and an o-projection tile without split-K (each
+        program must own whole columns of the new residual)."""
+        from openjarvis.engine.torch import kernels as K
+
+        t = ws.tokens.shape[0]
+        if not self.norm_handoff or t != 1:
+            return None
+        a = self.args
+        cfg = self.tiles("wo", t) or K.default_linear_config(t, a.n_embd, a.q_dim,
+                                                              self.device.type == "cuda")
+        if cfg.split_k > 1:
+            return None
+        n_prog = -(-a.n_embd // cfg.block_n)
+        if ws.xg is None or ws.ss_part is None or ws.ss_part.shape[1] != n_prog:
+            ws.xg = torch.empty(t, a.n_embd, dtype=self.model.dtype, device=self.device)
+            ws.ss_part = torch.empty(t, n_prog, dtype=torch.float32, device=self.device)
+        return K.NormHandoff(ws.xg, ws.ss_part, weight)
 
 
 def _has_triton() -> bool:

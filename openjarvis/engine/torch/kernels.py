@@ -51,6 +51,20 @@ class LinearConfig:
     swap: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class NormHandoff:
+    """An RMSNorm handed from the kernel that writes a residual to the product that reads it
+    (the o-projection to gate/up in one-token steps): the producer, whose programs each own
+    whole columns of the new residual, writes ``xg = h * weight`` (bfloat16 on the GPU) and each
+    program's sum of squares into its slot of ``ss_part``; the consumer reads ``xg`` as its
+    input and sums the slots for 1/RMS, so its K loop does no norm work (session 8 run 77:
+    that work costs the 1.5B's one-token gate/up 1.6 of its 17 us a layer)."""
+
+    xg: torch.Tensor  # [T, K] in the weights' dtype
+    ss_part: torch.Tensor  # [T, producer programs] float32
+    weight: torch.Tensor  # [K] the norm's weight
+
+
 def block_t(t: int) -> int:
     return 1 if t == 1 else max(16, triton.next_power_of_2(t))
 
@@ -149,16 +163,33 @@ def _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out,
         if MODE == 2:
             acc = acc * tl.sigmoid(acc) * acc2
         tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=omask)
+    return acc
+
+
+@triton.jit
+def _hand_off(h, rn, rt, nmask, tmask, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, pid):
+    """``NormHandoff`` producer: this program's columns of the new residual h [BT, BN] as the
+    next norm's input, h * g2 (in ``xg``'s dtype), and their squares summed into slot ``pid``."""
+    m = tmask[:, None] & nmask[None, :]
+    hm = tl.where(m, h, 0.0)
+    tl.store(ssp_ptr + rt * NP + pid, tl.sum(hm * hm, axis=1), mask=tmask)
+    g2 = tl.load(g2_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+    tl.store(xg_ptr + rt[:, None] * stride_xg + rn[None, :],
+             (hm * g2[None, :]).to(xg_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
 def _linear_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
     T, N, K, stride_x, stride_out, eps,
+    g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP,
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EVICT: tl.constexpr,
+    PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
 ):
+    """``HAND`` (``NormHandoff``): 1, also hand the new rows of ``out`` (a residual) to the
+    next norm (``_hand_off``); 2, ``x`` is such a hand-off (x * g in bfloat16) and the RMS
+    statistics are the ``NP`` partial sums at ``ssp``: no squares or norm weight in the loop."""
     pid = tl.program_id(0)
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     k_lo = tl.program_id(1) * k_per
@@ -208,8 +239,17 @@ def _linear_kernel(
                 w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
                 acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
     _gdc_late(PDL)
-    _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
-                MODE, NORM, BIAS, SPLIT_K)
+    if HAND == 2:
+        sp = tl.arange(0, NP_BLOCK)
+        ss = tl.sum(tl.load(ssp_ptr + rt[:, None] * NP + sp[None, :],
+                            mask=tmask[:, None] & (sp < NP)[None, :], other=0.0), axis=1)
+        _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
+                    MODE, 1, BIAS, SPLIT_K)
+    else:
+        h = _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
+                        MODE, NORM, BIAS, SPLIT_K)
+        if HAND == 1:
+            _hand_off(h, rn, rt, nmask, tmask, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, pid)
 
 
 @triton.jit
@@ -594,14 +634,27 @@ def linear(
     pdl: int = 0,
     norm_scale: bool = True,  # False: multiply by the norm weight only (split-K safe)
     evict: str = "",  # cache policy of the weight loads: "" or "evict_first"
+    hand_out: NormHandoff | None = None,  # ADD into a residual: also hand it to the next norm
+    hand_in: NormHandoff | None = None,  # x is hand_in.xg: normalize with its statistics
 ) -> torch.Tensor:
     t, k = x.shape
     n = w.shape[0] // 2 if mode == SWIGLU else w.shape[0]
     cfg = cfg or default_linear_config(t, n, k, x.device.type == "cuda")
     if cfg.split_k > 1 and (mode != ADD or (norm is not None and norm_scale) or bias is not None
-                            or out.dtype != torch.float32):
-        raise ValueError("split_k > 1 needs mode=ADD into float32, without a norm scale or bias")
+                            or out.dtype != torch.float32 or hand_out is not None):
+        raise ValueError("split_k > 1 needs mode=ADD into float32, without a norm scale, bias "
+                         "or hand-off")
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    hand = hand_out or hand_in
+    if hand is not None:
+        if (cfg.swap and t > 1) or norm is not None or (hand_out is not None) == (hand_in is not None):
+            raise ValueError("a norm hand-off runs in the unswapped kernel, one side at a time, "
+                             "instead of a norm")
+        if hand_out is not None and (mode != ADD or hand.ss_part.shape[1] != grid[0]):
+            raise ValueError(f"a hand-off producer adds into the residual with one statistics "
+                             f"slot a program ({grid[0]}); got {hand.ss_part.shape[1]} slots")
+        if hand_in is not None and x.data_ptr() != hand.xg.data_ptr():
+            raise ValueError("a hand-off consumer reads x from the hand-off (hand_in.xg)")
     if cfg.swap and t > 1:
         if cfg.block_n < 16:
             raise ValueError("a swapped tile needs block_n >= 16 (it is the MMA's M)")
@@ -617,9 +670,13 @@ def linear(
     _linear_kernel[grid](
         x, w, norm if norm is not None else w, bias if bias is not None else w, out,
         t, n, k, x.stride(0), out.stride(0), eps,
+        hand.weight if hand else w, hand.xg if hand else w, hand.ss_part if hand else out,
+        hand.xg.stride(0) if hand else 0, hand.ss_part.shape[1] if hand else 1,
         MODE=mode, NORM=0 if norm is None else 1 if norm_scale else 2, BIAS=bias is not None,
         BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        PDL=pdl, EVICT=evict, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl, EVICT=evict, HAND=1 if hand_out else 2 if hand_in else 0,
+        NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **_launch(pdl),
     )
     return out
