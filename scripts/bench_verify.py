@@ -18,8 +18,9 @@ A variant is a JSON object of Runner settings: ``verify_pdl`` (PDL mode per kern
 ``kernels.PDL_LATE`` added for a late trigger), ``verify_attention``
 ([splits, keys per block]), ``tiles`` ({matrix: LinearConfig fields} for T > 1); one-token
 variants ``pdl_by_t`` (keys as strings) and ``one_token_pdl``; for both, ``trim_merge``
-(false: the merge reads every split, as before session 7); one-token ``norm_handoff`` (the
-o-projection hands the feed-forward norm to gate/up, ``kernels.NormHandoff``). Results go to ``--out``/verify.json.
+(false: the merge reads every split, as before session 7); ``norm_handoff`` (one-token steps)
+and ``verify_handoff``: the o-projection hands the feed-forward norm to gate/up
+(``kernels.NormHandoff``). Results go to ``--out``/verify.json.
 """
 
 from __future__ import annotations
@@ -128,11 +129,14 @@ _T1_FFN: dict[str, dict[str, Any]] = {
 }
 T1_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": _T1_MIXES, "t1": _T1_MIXES, "tiles": _T1_TILES, "attn": _T1_ATTN, "ffn": _T1_FFN,
-    "one_tile": {}, "handoff": {"t1_handoff": {"norm_handoff": True}},
-    # the defaults of session 5: every next kernel launched at the start
-    "final": {"t1_session5": {"pdl_by_t": {"1": 1}, "one_token_pdl": {}, "trim_merge": False},
-              "t1_session6": {"trim_merge": False}},
+    "one_tile": {},
+    # the one-token defaults of sessions 5 (every next kernel launched at the start), 6 and 7
+    "final": {"t1_session5": {"pdl_by_t": {"1": 1}, "one_token_pdl": {}, "trim_merge": False,
+                              "norm_handoff": False},
+              "t1_session6": {"trim_merge": False, "norm_handoff": False},
+              "t1_session7": {"norm_handoff": False}},
 }
+T1_SETS["handoff"] = T1_SETS["final"]
 #: ``--set tiles``: split-K qkv tiles of verify steps (with the one-token tile variants).
 TILES_VARIANTS: dict[str, dict[str, Any]] = {
     "qkv_" + "_".join(map(str, (c[0], c[1], c[4]))): {"qkv_split": list(c)}
@@ -173,16 +177,25 @@ ONE_TILE_VARIANTS: dict[str, dict[str, Any]] = {
     "qkv1_wo1": {"qkv_split": [32, 256, 4, 1, 6], "tiles": {"wo": [32, 256, 4, 1, 6]},
                  "verify_pdl": _PRO},
 }
+#: ``--set handoff`` (session 8): the o-projection handing the feed-forward norm to gate/up in
+#: verify steps too (``verify_handoff``: needs an unsplit, unswapped o-projection tile, here of
+#: 16 or 32 rows; one of them alone, to price the unsplit o-projection), beside ``final``'s.
+HANDOFF_VARIANTS: dict[str, dict[str, Any]] = {
+    **FINAL_VARIANTS,
+    **{f"handoff_wo{c[0]}_{c[1]}": {"verify_handoff": True, "tiles": {"wo": list(c)}}
+       for c in ((16, 128, 4, 3, 1), (32, 128, 4, 3, 1), (16, 64, 4, 4, 1))},
+    "wo16_128": {"tiles": {"wo": [16, 128, 4, 3, 1]}},
+}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
-    "one_tile": ONE_TILE_VARIANTS, "handoff": {},
+    "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "norm_handoff"}
+         "norm_handoff", "verify_handoff"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -211,6 +224,7 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.qkv_split = (None if qs is False else K.LinearConfig(*qs) if qs else base["qkv_split"])
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
     r.norm_handoff = bool(v.get("norm_handoff", base["norm_handoff"]))
+    r.verify_handoff = bool(v.get("verify_handoff", base["verify_handoff"]))
 
     r.drop_steps()
 
@@ -223,7 +237,8 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "one_token_pdl": dict(r.one_token_pdl), "verify_attention": r.verify_attention,
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
-               "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff}
+               "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
+               "verify_handoff": r.verify_handoff}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -66,6 +66,10 @@ VERIFY_ATTENTION: dict[tuple[int, int], tuple[int, int]] = {
 #: steps (session 6 run 60, 1.5B, 64 splits of 128 values to merge: k = 8 1.454 -> 1.420 ms
 #: @512, 1.542 -> 1.507 @4096; 4 or 8 warps, the 0.5B and one-token steps: no better than 1).
 VERIFY_COMBINE_WARPS: dict[tuple[int, int], int] = {(1536, 8960): 2}
+#: (n_embd, n_ff) whose one-token steps hand the feed-forward RMSNorm from the o-projection
+#: to gate/up (``kernels.NormHandoff``; session 8 run 78, x * g in bfloat16 then: 1.5B 1.119 ->
+#: 1.085 ms @512, 1.216 -> 1.178 @4096; run 79 with float32 in BENCHMARKS.md).
+NORM_HANDOFF: frozenset[tuple[int, int]] = frozenset({(1536, 8960), (896, 4864)})
 #: Cache policy of the weight loads: each weight is read once a step, so it may leave L2 first
 #: (session 3 run 18: 0.5B 0.624 -> 0.605 ms alone; 1.5B unchanged).
 WEIGHT_EVICT = "evict_first"
