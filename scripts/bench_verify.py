@@ -18,9 +18,8 @@ A variant is a JSON object of Runner settings: ``verify_pdl`` (PDL mode per kern
 ``kernels.PDL_LATE`` added for a late trigger), ``verify_attention``
 ([splits, keys per block]), ``tiles`` ({matrix: LinearConfig fields} for T > 1); one-token
 variants ``pdl_by_t`` (keys as strings) and ``one_token_pdl``; for both, ``trim_merge``
-(false: the merge reads every split, as before session 7); ``norm_handoff`` (one-token steps)
-and ``verify_handoff``: the o-projection hands the feed-forward norm to gate/up
-(``kernels.NormHandoff``). Results go to ``--out``/verify.json.
+(false: the merge reads every split, as before session 7); ``norm_handoff`` (one-token steps:
+the o-projection hands the feed-forward norm to gate/up, ``kernels.NormHandoff``). Results go to ``--out``/verify.json.
 """
 
 from __future__ import annotations
@@ -177,14 +176,11 @@ ONE_TILE_VARIANTS: dict[str, dict[str, Any]] = {
     "qkv1_wo1": {"qkv_split": [32, 256, 4, 1, 6], "tiles": {"wo": [32, 256, 4, 1, 6]},
                  "verify_pdl": _PRO},
 }
-#: ``--set handoff`` (session 8): the o-projection handing the feed-forward norm to gate/up in
-#: verify steps too (``verify_handoff``: needs an unsplit, unswapped o-projection tile, here of
-#: 16 or 32 rows; one of them alone, to price the unsplit o-projection), beside ``final``'s.
+#: ``--set handoff`` (session 8, run 79): ``final``'s variants and the unsplit o-projection
+#: tile a hand-off in verify steps would need (run 79 also ran that hand-off, since removed:
+#: +0.4 to +2.1 %).
 HANDOFF_VARIANTS: dict[str, dict[str, Any]] = {
-    **FINAL_VARIANTS,
-    **{f"handoff_wo{c[0]}_{c[1]}": {"verify_handoff": True, "tiles": {"wo": list(c)}}
-       for c in ((16, 128, 4, 3, 1), (32, 128, 4, 3, 1), (16, 64, 4, 4, 1))},
-    "wo16_128": {"tiles": {"wo": [16, 128, 4, 3, 1]}},
+    **FINAL_VARIANTS, "wo16_128": {"tiles": {"wo": [16, 128, 4, 3, 1]}},
 }
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
@@ -195,7 +191,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "norm_handoff", "verify_handoff"}
+         "norm_handoff"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -224,7 +220,6 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.qkv_split = (None if qs is False else K.LinearConfig(*qs) if qs else base["qkv_split"])
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
     r.norm_handoff = bool(v.get("norm_handoff", base["norm_handoff"]))
-    r.verify_handoff = bool(v.get("verify_handoff", base["verify_handoff"]))
 
     r.drop_steps()
 
@@ -237,8 +232,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "one_token_pdl": dict(r.one_token_pdl), "verify_attention": r.verify_attention,
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
-               "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
-               "verify_handoff": r.verify_handoff}
+               "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

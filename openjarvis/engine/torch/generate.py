@@ -70,8 +70,8 @@ class Workspace:
     mega: Scratch | None = None
     #: [T, qkv_dim] float32 zeros: the split-K qkv accumulator of verify steps (``qkv_split``).
     qkv_acc: torch.Tensor | None = None
-    #: The o-projection's hand-off to gate/up (``Runner.norm_handoff``, ``verify_handoff``):
-    #: x * g (float32 at T = 1, else the weights' dtype) and per-program sums of squares.
+    #: The one-token o-projection's hand-off to gate/up (``Runner.norm_handoff``): x * g
+    #: (float32) and per-program sums of squares.
     xg: torch.Tensor | None = None
     ss_part: torch.Tensor | None = None
 
@@ -128,9 +128,6 @@ class Runner:
         #: instead of gate/up normalizing h inside its K loop; needs an unsplit o-projection.
         #: On by default for the shapes in ``tuning.NORM_HANDOFF``.
         self.norm_handoff = False
-        #: The same for verify steps (T > 1), where the o-projection's tile must be unsplit and
-        #: unswapped; x * g is handed over in the weights' dtype, the MMA's input.
-        self.verify_handoff = False
         self.attn_out_block_n = 128
         #: Programmatic dependent launch of the Triton kernels (Hopper), per T: 0 off, 1 each
         #: kernel launched while the previous one finishes, 2 also loading its first weight
@@ -490,23 +487,21 @@ class Runner:
 
     def _handoff(self, ws: Workspace, weight: torch.Tensor) -> NormHandoff | None:
         """The o-projection's hand-off of the feed-forward norm to gate/up, where it applies:
-        ``norm_handoff`` (one-token steps) or ``verify_handoff``, and an o-projection tile
-        without split-K or swapped operands (each program must own whole columns of the new
-        residual)."""
+        ``norm_handoff``, a one-token step, and an o-projection tile without split-K (each
+        program must own whole columns of the new residual)."""
         from openjarvis.engine.torch import kernels as K
 
         t = ws.tokens.shape[0]
-        if not (self.norm_handoff if t == 1 else self.verify_handoff):
+        if not self.norm_handoff or t != 1:
             return None
         a = self.args
         cfg = self.tiles("wo", t) or K.default_linear_config(t, a.n_embd, a.q_dim,
                                                               self.device.type == "cuda")
-        if cfg.split_k > 1 or (cfg.swap and t > 1):
+        if cfg.split_k > 1:
             return None
         n_prog = -(-a.n_embd // cfg.block_n)
-        dtype = torch.float32 if t == 1 else self.model.dtype  # T > 1: the MMA's input
         if ws.xg is None or ws.ss_part is None or ws.ss_part.shape[1] != n_prog:
-            ws.xg = torch.empty(t, a.n_embd, dtype=dtype, device=self.device)
+            ws.xg = torch.empty(t, a.n_embd, dtype=torch.float32, device=self.device)
             ws.ss_part = torch.empty(t, n_prog, dtype=torch.float32, device=self.device)
         return K.NormHandoff(ws.xg, ws.ss_part, weight)
 

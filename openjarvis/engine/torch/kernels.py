@@ -58,10 +58,11 @@ class NormHandoff:
     whole columns of the new residual, writes ``xg = h * weight`` and each program's sum of
     squares into its slot of ``ss_part``; the consumer reads ``xg`` as its input and sums the
     slots for 1/RMS, so its K loop does no norm work (session 8 run 77: that work costs the
-    1.5B's one-token gate/up 1.6 of its 17 us a layer). In one-token steps ``xg`` stays
-    float32: as bfloat16 it was slower for the 0.5B and rounded x * g (run 78)."""
+    1.5B's one-token gate/up 1.6 of its 17 us a layer). ``xg`` stays float32: as bfloat16 it
+    was slower for the 0.5B and rounded x * g (run 78). Verify steps do not hand off: their
+    o-projection would have to give up split-K, which cost more than gate/up gained (run 79)."""
 
-    xg: torch.Tensor  # [T, K] float32 (T = 1), or the weights' dtype for an MMA
+    xg: torch.Tensor  # [T, K] float32
     ss_part: torch.Tensor  # [T, producer programs] float32
     weight: torch.Tensor  # [K] the norm's weight
 
@@ -262,14 +263,13 @@ def _linear_kernel(
 @triton.jit
 def _linear_swap_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
-    T, N, K, stride_x, stride_out, eps, ssp_ptr, NP,
+    T, N, K, stride_x, stride_out, eps,
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
+    PDL: tl.constexpr, EVICT: tl.constexpr,
 ):
     """``_linear_kernel`` for T > 1 with the product transposed: accT [BN, BT] += W [BN, BK] .
-    x^T [BK, BT]; transposed back once, before the same epilogue. ``HAND`` 2: a hand-off's
-    consumer (as in ``_linear_kernel``), its x loaded in its own dtype straight into the MMA."""
+    x^T [BK, BT]; transposed back once, before the same epilogue."""
     pid = tl.program_id(0)
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     k_lo = tl.program_id(1) * k_per
@@ -288,26 +288,17 @@ def _linear_swap_kernel(
     for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < k_hi
+        x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
         wmask = nmask[:, None] & kmask[None, :]
         w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)
-        if HAND == 2:
-            x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
-                        mask=tmask[:, None] & kmask[None, :], other=0.0)
-        else:
-            x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
         xt = tl.trans(x.to(w.dtype))  # [BK, BT]
         acc_t = tl.dot(w, xt, acc_t)
         if MODE == 2:
             w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
             acc2_t = tl.dot(w2, xt, acc2_t)
     _gdc_late(PDL)
-    if HAND == 2:
-        ss = _handed_ss(ssp_ptr, rt, tmask, NP, NP_BLOCK)
-        _linear_out(tl.trans(acc_t), tl.trans(acc2_t), ss, rn, rt, nmask, tmask, b_ptr, out_ptr,
-                    stride_out, K, eps, MODE, 1, BIAS, SPLIT_K)
-    else:
-        _linear_out(tl.trans(acc_t), tl.trans(acc2_t), ss, rn, rt, nmask, tmask, b_ptr, out_ptr,
-                    stride_out, K, eps, MODE, NORM, BIAS, SPLIT_K)
+    _linear_out(tl.trans(acc_t), tl.trans(acc2_t), ss, rn, rt, nmask, tmask, b_ptr, out_ptr,
+                stride_out, K, eps, MODE, NORM, BIAS, SPLIT_K)
 
 
 @triton.jit
@@ -664,10 +655,9 @@ def linear(
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     hand = hand_out or hand_in
     if hand is not None:
-        if norm is not None or (hand_out is not None) == (hand_in is not None):
-            raise ValueError("a norm hand-off runs one side at a time, instead of a norm")
-        if hand_out is not None and cfg.swap and t > 1:
-            raise ValueError("a hand-off producer runs in the unswapped kernel")
+        if (cfg.swap and t > 1) or norm is not None or (hand_out is not None) == (hand_in is not None):
+            raise ValueError("a norm hand-off runs in the unswapped kernel, one side at a time, "
+                             "instead of a norm")
         if hand_out is not None and (mode != ADD or hand.ss_part.shape[1] != grid[0]):
             raise ValueError(f"a hand-off producer adds into the residual with one statistics "
                              f"slot a program ({grid[0]}); got {hand.ss_part.shape[1]} slots")
@@ -679,12 +669,9 @@ def linear(
         _linear_swap_kernel[grid](
             x, w, norm if norm is not None else w, bias if bias is not None else w, out,
             t, n, k, x.stride(0), out.stride(0), eps,
-            hand.ss_part if hand else out, hand.ss_part.shape[1] if hand else 1,
             MODE=mode, NORM=0 if norm is None else 1 if norm_scale else 2, BIAS=bias is not None,
             BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-            PDL=pdl, EVICT=evict, HAND=2 if hand_in else 0,
-            NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            PDL=pdl, EVICT=evict, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             **_launch(pdl),
         )
         return out

@@ -69,11 +69,8 @@ def test_linear_modes(t: int, mode: int, peel: int, swap: bool) -> None:
     assert rel(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize(("t", "peel", "bn", "swap"),
-                         [(1, 0, 8, False), (1, 3, 8, False), (1, 0, 16, False), (3, 0, 16, False),
-                          (3, 0, 16, True)])
-def test_the_norm_hand_off_from_the_residual_add_to_gate_up(t: int, peel: int, bn: int,
-                                                             swap: bool) -> None:
+@pytest.mark.parametrize(("t", "peel", "bn"), [(1, 0, 8), (1, 3, 8), (1, 0, 16), (3, 0, 16)])
+def test_the_norm_hand_off_from_the_residual_add_to_gate_up(t: int, peel: int, bn: int) -> None:
     """The o-projection adds into h and hands the next RMSNorm to gate/up (h * g, sums of
     squares per program); gate/up computes SwiGLU(RMSNorm(h) W13^T) from them. 40
     columns in tiles of 8 or 16: the last program's columns are partly masked."""
@@ -89,8 +86,7 @@ def test_the_norm_hand_off_from_the_residual_add_to_gate_up(t: int, peel: int, b
     assert rel(hand.xg, ref_h * g2) < 1e-5
     assert rel(hand.ss_part.sum(1), (ref_h * ref_h).sum(1)) < 1e-5
     act = torch.full((t, f), POISON)
-    K.linear(hand.xg, w13, act, mode=K.SWIGLU, eps=1e-6,  # swapped: the verify consumer
-             cfg=K.LinearConfig(16, 32, swap=True) if swap else K.LinearConfig(8, 32),
+    K.linear(hand.xg, w13, act, mode=K.SWIGLU, eps=1e-6, cfg=K.LinearConfig(8, 32),
              hand_in=hand)
     gate, up = (rms_norm(ref_h, g2, 1e-6) @ w13.T).split(f, dim=-1)
     assert not act.isnan().any()
@@ -104,6 +100,10 @@ def test_a_norm_hand_off_it_cannot_run_is_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match="unswapped kernel"):  # T > 1 for the swapped kernel
         K.linear(g(3, k), wo, g(3, n), mode=K.ADD, cfg=K.LinearConfig(16, 32, swap=True),
                  hand_out=K.NormHandoff(torch.zeros(3, n), torch.zeros(3, 3), g(n)))
+    with pytest.raises(ValueError, match="unswapped kernel"):
+        K.linear(torch.zeros(3, n), g(16, n), torch.zeros(3, 8), mode=K.SWIGLU,
+                 cfg=K.LinearConfig(16, 32, swap=True),
+                 hand_in=K.NormHandoff(torch.zeros(3, n), torch.zeros(3, 3), g(n)))
     cases = [
         (dict(cfg=K.LinearConfig(8, 32, split_k=2), hand_out=hand), "split_k"),
         (dict(cfg=K.LinearConfig(16, 32), hand_out=hand), "one statistics slot a program"),
@@ -297,12 +297,11 @@ def test_runner_with_split_k_qkv_for_verify_steps_matches_the_reference_path() -
     assert fast._steps[5].qkv_acc is not None and not fast._steps[5].qkv_acc.any()
 
 
-@pytest.mark.parametrize("setting", ["plain", "deterministic", "split_wo", "verify"])
+@pytest.mark.parametrize("setting", ["plain", "deterministic", "split_wo"])
 def test_runner_with_the_norm_hand_off_matches_the_reference_path(setting: str) -> None:
     """One-token steps with the o-projection handing the feed-forward norm to gate/up: the
     reference logits; a split-K o-projection tile (no program owns whole columns) falls back
-    to the norm inside gate/up; verify steps hand off only with ``verify_handoff`` (here into
-    a swapped gate/up tile)."""
+    to the norm inside gate/up; verify steps never hand off."""
     w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
     model = Transformer(ARGS, w, n_pos=128)
     fast = Runner(model, 64, kernels="triton", nsplit=4)
@@ -310,10 +309,6 @@ def test_runner_with_the_norm_hand_off_matches_the_reference_path(setting: str) 
     fast.linear_configs[("wo", 1)] = K.LinearConfig(16, 64, split_k=2 if setting == "split_wo" else 1)
     if setting == "deterministic":
         fast.make_deterministic()
-    if setting == "verify":
-        fast.verify_handoff = True
-        fast.linear_configs[("wo", 5)] = K.LinearConfig(16, 64)
-        fast.linear_configs[("w13", 5)] = K.LinearConfig(16, 64, swap=True)
     seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (9,), generator=torch.Generator().manual_seed(5))]
     ref = model.forward(torch.tensor(seq), torch.arange(9), KVCache(ARGS, 64, torch.float32, "cpu"))
     rows = [fast.logits(seq[:5], 0).clone()]
@@ -321,7 +316,7 @@ def test_runner_with_the_norm_hand_off_matches_the_reference_path(setting: str) 
     assert rel(torch.cat(rows), ref) < 1e-5
     handed = fast._steps[1].ss_part is not None
     assert handed == (setting != "split_wo")
-    assert (fast._steps[5].ss_part is not None) == (setting == "verify")
+    assert fast._steps[5].ss_part is None
 
 
 def test_a_prompt_longer_than_one_step_runs_in_chunks() -> None:
