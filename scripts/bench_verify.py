@@ -136,8 +136,6 @@ T1_SETS: dict[str, dict[str, dict[str, Any]]] = {
               "t1_session7": {"norm_handoff": False}},
 }
 T1_SETS["handoff"] = T1_SETS["final"]
-#: ``--set defer`` (session 8): one-token GEMVs reducing their K loop once, after it.
-T1_SETS["defer"] = {"t1_defer": {"gemv_defer": True}}
 #: ``--set tiles``: split-K qkv tiles of verify steps (with the one-token tile variants).
 TILES_VARIANTS: dict[str, dict[str, Any]] = {
     "qkv_" + "_".join(map(str, (c[0], c[1], c[4]))): {"qkv_split": list(c)}
@@ -188,12 +186,12 @@ HANDOFF_VARIANTS: dict[str, dict[str, Any]] = {
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
-    "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "defer": {},
+    "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "norm_handoff", "gemv_defer"}
+         "norm_handoff"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -222,7 +220,6 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.qkv_split = (None if qs is False else K.LinearConfig(*qs) if qs else base["qkv_split"])
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
     r.norm_handoff = bool(v.get("norm_handoff", base["norm_handoff"]))
-    r.gemv_defer = bool(v.get("gemv_defer", base["gemv_defer"]))
 
     r.drop_steps()
 
@@ -235,8 +232,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "one_token_pdl": dict(r.one_token_pdl), "verify_attention": r.verify_attention,
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
-               "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
-               "gemv_defer": r.gemv_defer}
+               "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

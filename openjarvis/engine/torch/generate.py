@@ -128,9 +128,6 @@ class Runner:
         #: instead of gate/up normalizing h inside its K loop; needs an unsplit o-projection.
         #: On by default for the shapes in ``tuning.NORM_HANDOFF``.
         self.norm_handoff = False
-        #: T = 1, being measured: the GEMVs reduce their K loop once, after it
-        #: (``kernels.linear``'s ``defer``).
-        self.gemv_defer = False
         self.attn_out_block_n = 128
         #: Programmatic dependent launch of the Triton kernels (Hopper), per T: 0 off, 1 each
         #: kernel launched while the previous one finishes, 2 also loading its first weight
@@ -446,7 +443,6 @@ class Runner:
         qkv_tiles = self.linear_configs.get(("qkv", t)) or (None, None)
         assert isinstance(qkv_tiles, tuple)
         ev = self.weight_evict
-        df = self.gemv_defer
         split = self.qkv_split if t > 1 and isinstance(self.qkv_split, K.LinearConfig) else None
         if self.deterministic:
             split = None
@@ -476,17 +472,16 @@ class Runner:
                             trim=self.trim_merge)
                 hand = self._handoff(ws, lw.ffn_norm)
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pk("wo"), evict=ev,
-                         hand_out=hand, defer=df)
+                         hand_out=hand)
             if hand is not None:
                 K.linear(hand.xg, lw.w13, ws.act, mode=K.SWIGLU, eps=a.rms_eps, cfg=lc("w13"),
-                         pdl=pk("w13"), evict=ev, hand_in=hand, defer=df)
+                         pdl=pk("w13"), evict=ev, hand_in=hand)
             else:
                 K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
-                         cfg=lc("w13"), pdl=pk("w13"), evict=ev, defer=df)
-            K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"), pdl=pk("w2"), evict=ev,
-                     defer=df)
+                         cfg=lc("w13"), pdl=pk("w13"), evict=ev)
+            K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"), pdl=pk("w2"), evict=ev)
         K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"),
-                 pdl=pk("out"), evict=ev, defer=df)
+                 pdl=pk("out"), evict=ev)
         return ws.logits
 
 

@@ -196,13 +196,10 @@ def _linear_kernel(
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
-    DEFER: tl.constexpr,
 ):
     """``HAND`` (``NormHandoff``): 1, also hand the new rows of ``out`` (a residual) to the
     next norm (``_hand_off``); 2, ``x`` is such a hand-off (x * g) and the RMS statistics are
-    the ``NP`` partial sums at ``ssp``: no squares or norm weight in the loop. ``DEFER`` (T = 1,
-    being measured): the K loop accumulates element-wise products and reduces them once after
-    it, instead of a cross-lane sum per K tile."""
+    the ``NP`` partial sums at ``ssp``: no squares or norm weight in the loop."""
     pid = tl.program_id(0)
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     k_lo = tl.program_id(1) * k_per
@@ -236,30 +233,13 @@ def _linear_kernel(
                 w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
             acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
                                       acc2, ss, MODE, NORM, BLOCK_T)
-    elif BLOCK_T == 1 and DEFER:
-        _gdc(PDL)
-        accw = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        accw2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        ssw = tl.zeros([1, BLOCK_K], dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            kmask = rk < k_hi
-            x = tl.load(x_ptr + rk[None, :], mask=kmask[None, :], other=0.0).to(tl.float32)
-            if NORM:
-                ssw += x * x
-                x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
-            wmask = nmask[:, None] & kmask[None, :]
-            accw += x * _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT).to(tl.float32)
-            if MODE == 2:
-                accw2 += x * _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT).to(tl.float32)
-        acc = tl.sum(accw, axis=1)[None, :]
-        acc2 = tl.sum(accw2, axis=1)[None, :]
-        ss = tl.sum(ssw, axis=1)
     else:
         _gdc(PDL)
         # At T = 1 (reductions, no tl.dot) Triton does not pipeline this loop's loads; asking
         # it to (``tl.range(..., num_stages=n)``, cp.async into shared memory) lost 2.5-8 %
         # (session 8 run 76): the many resident programs already keep the bytes in flight.
+        # Element-wise accumulators reduced once after the loop lost 4-12 % (run 80): 40 -> 70
+        # registers for gate/up, too few programs resident.
         for k0 in range(k_lo, k_hi, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)  # [BK]
             kmask = rk < k_hi
@@ -666,7 +646,6 @@ def linear(
     evict: str = "",  # cache policy of the weight loads: "" or "evict_first"
     hand_out: NormHandoff | None = None,  # ADD into a residual: also hand it to the next norm
     hand_in: NormHandoff | None = None,  # x is hand_in.xg: normalize with its statistics
-    defer: bool = False,  # T = 1: reduce the K loop's products once, after it
 ) -> torch.Tensor:
     t, k = x.shape
     n = w.shape[0] // 2 if mode == SWIGLU else w.shape[0]
@@ -707,7 +686,7 @@ def linear(
         BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         PDL=pdl, EVICT=evict, HAND=1 if hand_out else 2 if hand_in else 0,
         NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1,
-        DEFER=defer and t == 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **_launch(pdl),
     )
     return out
