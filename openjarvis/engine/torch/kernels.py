@@ -17,7 +17,8 @@ a padded [BLOCK_T, BLOCK_K] tile: a verify step reads the weights once for all T
 Everything reads positions from ``start`` on the device, so one CUDA graph per T serves every
 position. Optional, measured in docs/gpu-notes.md: split-K with float atomics for the residual
 GEMVs (tiles in ``tuning.py``), programmatic dependent launch (``pdl``), and, for T = 1,
-``attention_out`` merging the splits inside the o-projection. Run on the CPU under
+``attention_out`` merging the splits inside the o-projection and ``NormHandoff`` (the
+o-projection normalizing for gate/up, on by default). Run on the CPU under
 ``TRITON_INTERPRET=1`` for tests (float32; the interpreter's bf16 ``tl.dot`` is wrong, so bf16
 is checked on the GPU by scripts/bench_gpu.py).
 """

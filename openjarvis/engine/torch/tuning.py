@@ -67,8 +67,8 @@ VERIFY_ATTENTION: dict[tuple[int, int], tuple[int, int]] = {
 #: @512, 1.542 -> 1.507 @4096; 4 or 8 warps, the 0.5B and one-token steps: no better than 1).
 VERIFY_COMBINE_WARPS: dict[tuple[int, int], int] = {(1536, 8960): 2}
 #: (n_embd, n_ff) whose one-token steps hand the feed-forward RMSNorm from the o-projection
-#: to gate/up (``kernels.NormHandoff``; session 8 run 78, x * g in bfloat16 then: 1.5B 1.119 ->
-#: 1.085 ms @512, 1.216 -> 1.178 @4096; run 79 with float32 in BENCHMARKS.md).
+#: to gate/up (``kernels.NormHandoff``; session 8 run 81: 1.5B 1.122 -> 1.084 ms @512, 1.217 ->
+#: 1.177 @4096; 0.5B 0.550 -> 0.536, 0.615 -> 0.583).
 NORM_HANDOFF: frozenset[tuple[int, int]] = frozenset({(1536, 8960), (896, 4864)})
 #: Cache policy of the weight loads: each weight is read once a step, so it may leave L2 first
 #: (session 3 run 18: 0.5B 0.624 -> 0.605 ms alone; 1.5B unchanged).
