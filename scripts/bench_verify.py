@@ -19,7 +19,8 @@ A variant is a JSON object of Runner settings: ``verify_pdl`` (PDL mode per kern
 ([splits, keys per block]), ``tiles`` ({matrix: LinearConfig fields} for T > 1); one-token
 variants ``pdl_by_t`` (keys as strings) and ``one_token_pdl``; for both, ``trim_merge``
 (false: the merge reads every split, as before session 7); ``norm_handoff`` (one-token steps:
-the o-projection hands the feed-forward norm to gate/up, ``kernels.NormHandoff``). Results go to ``--out``/verify.json.
+the o-projection hands the feed-forward norm to gate/up, ``kernels.NormHandoff``). Results go
+to ``--out``/verify.json; ``--norm-cost`` instead prices the norm inside each normed product.
 """
 
 from __future__ import annotations
@@ -220,7 +221,6 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.qkv_split = (None if qs is False else K.LinearConfig(*qs) if qs else base["qkv_split"])
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
     r.norm_handoff = bool(v.get("norm_handoff", base["norm_handoff"]))
-
     r.drop_steps()
 
 

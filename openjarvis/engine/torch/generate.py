@@ -484,7 +484,6 @@ class Runner:
                  pdl=pk("out"), evict=ev)
         return ws.logits
 
-
     def _handoff(self, ws: Workspace, weight: torch.Tensor) -> NormHandoff | None:
         """The o-projection's hand-off of the feed-forward norm to gate/up, where it applies:
         ``norm_handoff``, a one-token step, and an o-projection tile without split-K (each
