@@ -129,14 +129,14 @@ _T1_FFN: dict[str, dict[str, Any]] = {
 }
 T1_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": _T1_MIXES, "t1": _T1_MIXES, "tiles": _T1_TILES, "attn": _T1_ATTN, "ffn": _T1_FFN,
-    "one_tile": {},
+    "one_tile": {},  # verify variants only
     # the one-token defaults of sessions 5 (every next kernel launched at the start), 6 and 7
     "final": {"t1_session5": {"pdl_by_t": {"1": 1}, "one_token_pdl": {}, "trim_merge": False,
                               "norm_handoff": False},
               "t1_session6": {"trim_merge": False, "norm_handoff": False},
               "t1_session7": {"norm_handoff": False}},
 }
-T1_SETS["handoff"] = T1_SETS["final"]
+T1_SETS["handoff"] = dict(T1_SETS["final"])
 #: ``--set tiles``: split-K qkv tiles of verify steps (with the one-token tile variants).
 TILES_VARIANTS: dict[str, dict[str, Any]] = {
     "qkv_" + "_".join(map(str, (c[0], c[1], c[4]))): {"qkv_split": list(c)}

@@ -18,7 +18,7 @@ Everything reads positions from ``start`` on the device, so one CUDA graph per T
 position. Optional, measured in docs/gpu-notes.md: split-K with float atomics for the residual
 GEMVs (tiles in ``tuning.py``), programmatic dependent launch (``pdl``), and, for T = 1,
 ``attention_out`` merging the splits inside the o-projection and ``NormHandoff`` (the
-o-projection normalizing for gate/up, on by default). Run on the CPU under
+o-projection normalizing for gate/up; on by default for the shapes in ``tuning.NORM_HANDOFF``). Run on the CPU under
 ``TRITON_INTERPRET=1`` for tests (float32; the interpreter's bf16 ``tl.dot`` is wrong, so bf16
 is checked on the GPU by scripts/bench_gpu.py).
 """
@@ -97,8 +97,9 @@ def _tile_dot(x, w, acc, BLOCK_T: tl.constexpr):
 def _gdc(PDL: tl.constexpr):
     """Programmatic dependent launch: let the next kernel start its prologue (here, unless
     ``PDL_LATE`` moves that to ``_gdc_late``), then wait until the previous kernel has finished
-    and its writes are visible. Everything before this point may read only weights (never
-    written during a step)."""
+    and its writes are visible. Everything before this point may read only what no kernel of
+    the step writes: weights, the RoPE table, and ``start`` (the host writes it before the
+    step's graph runs)."""
     if PDL % 4 == 1 or PDL % 4 == 2:
         if PDL < 4:
             tl.extra.cuda.gdc_launch_dependents()
@@ -237,8 +238,9 @@ def _linear_kernel(
     else:
         _gdc(PDL)
         # At T = 1 (reductions, no tl.dot) Triton does not pipeline this loop's loads; asking
-        # it to (``tl.range(..., num_stages=n)``, cp.async into shared memory) lost 2.5-8 %
-        # (session 8 run 76): the many resident programs already keep the bytes in flight.
+        # it to (``tl.range(..., num_stages=n)``, cp.async into shared memory) lost or was even
+        # (session 8 run 76: +0.4 to +18 % for the 1.5B, -0.2 to +30 % for the 0.5B): the many
+        # resident programs already keep the bytes in flight.
         # Element-wise accumulators reduced once after the loop lost 4-12 % (run 80): 40 -> 70
         # registers for gate/up, too few programs resident.
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -661,9 +663,17 @@ def linear(
         if (cfg.swap and t > 1) or norm is not None or (hand_out is not None) == (hand_in is not None):
             raise ValueError("a norm hand-off runs in the unswapped kernel, one side at a time, "
                              "instead of a norm")
-        if hand_out is not None and (mode != ADD or hand.ss_part.shape[1] != grid[0]):
-            raise ValueError(f"a hand-off producer adds into the residual with one statistics "
-                             f"slot a program ({grid[0]}); got {hand.ss_part.shape[1]} slots")
+        if hand_out is not None and (mode != ADD or out.dtype != torch.float32
+                                     or hand.ss_part.shape[1] != grid[0]):
+            raise ValueError(f"a hand-off producer adds into a float32 residual with one "
+                             f"statistics slot a program ({grid[0]}); got "
+                             f"{hand.ss_part.shape[1]} slots")
+        width = n if hand_out is not None else k
+        if (tuple(hand.xg.shape) != (t, width) or hand.ss_part.shape[0] != t
+                or not (hand.xg.is_contiguous() and hand.ss_part.is_contiguous())):
+            raise ValueError(f"a hand-off needs contiguous xg [{t}, {width}] and ss_part "
+                             f"[{t}, slots]; got {tuple(hand.xg.shape)} and "
+                             f"{tuple(hand.ss_part.shape)}")
         if hand_in is not None and x.data_ptr() != hand.xg.data_ptr():
             raise ValueError("a hand-off consumer reads x from the hand-off (hand_in.xg)")
     if cfg.swap and t > 1:

@@ -107,6 +107,9 @@ def test_a_norm_hand_off_it_cannot_run_is_refused_with_the_reason() -> None:
     cases = [
         (dict(cfg=K.LinearConfig(8, 32, split_k=2), hand_out=hand), "split_k"),
         (dict(cfg=K.LinearConfig(16, 32), hand_out=hand), "one statistics slot a program"),
+        (dict(cfg=K.LinearConfig(8, 32), hand_out=K.NormHandoff(torch.zeros(t, n - 1),
+                                                                 torch.zeros(t, 5), g(n))),
+         r"contiguous xg \[1, 40\]"),
         (dict(cfg=K.LinearConfig(8, 32), hand_out=hand, hand_in=hand), "one side at a time"),
     ]
     for kw, msg in cases:
@@ -297,26 +300,34 @@ def test_runner_with_split_k_qkv_for_verify_steps_matches_the_reference_path() -
     assert fast._steps[5].qkv_acc is not None and not fast._steps[5].qkv_acc.any()
 
 
-@pytest.mark.parametrize("setting", ["plain", "deterministic", "split_wo"])
+@pytest.mark.parametrize("setting", ["plain", "deterministic", "split_wo", "fused"])
 def test_runner_with_the_norm_hand_off_matches_the_reference_path(setting: str) -> None:
     """One-token steps with the o-projection handing the feed-forward norm to gate/up: the
     reference logits; a split-K o-projection tile (no program owns whole columns) falls back
-    to the norm inside gate/up; verify steps never hand off."""
+    to the norm inside gate/up, unless deterministic steps unsplit it; so does the o-projection
+    fused with the attention's merge; verify steps never hand off."""
     w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
     model = Transformer(ARGS, w, n_pos=128)
     fast = Runner(model, 64, kernels="triton", nsplit=4)
     fast.norm_handoff = True
-    fast.linear_configs[("wo", 1)] = K.LinearConfig(16, 64, split_k=2 if setting == "split_wo" else 1)
+    split = 2 if setting in ("split_wo", "deterministic") else 1
+    fast.linear_configs[("wo", 1)] = K.LinearConfig(16, 64, split_k=split)
     if setting == "deterministic":
-        fast.make_deterministic()
+        fast.make_deterministic()  # the split-K tile becomes an unsplit one: hands off again
+    fast.fuse_attn_out = setting == "fused"
     seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (9,), generator=torch.Generator().manual_seed(5))]
     ref = model.forward(torch.tensor(seq), torch.arange(9), KVCache(ARGS, 64, torch.float32, "cpu"))
     rows = [fast.logits(seq[:5], 0).clone()]
     rows += [fast.logits(seq[i : i + 1], i).clone() for i in range(5, 9)]
     assert rel(torch.cat(rows), ref) < 1e-5
     handed = fast._steps[1].ss_part is not None
-    assert handed == (setting != "split_wo")
+    assert handed == (setting in ("plain", "deterministic"))
     assert fast._steps[5].ss_part is None
+    if setting == "plain":  # new tiles in the same workspace: new slots, the same logits
+        fast.linear_configs[("wo", 1)] = K.LinearConfig(8, 64)
+        again = fast.logits(seq[8:9], 8)
+        assert fast._steps[1].ss_part is not None and fast._steps[1].ss_part.shape[1] == 16  # 128 / 8
+        assert rel(again, ref[8:]) < 1e-5
 
 
 def test_a_prompt_longer_than_one_step_runs_in_chunks() -> None:
