@@ -475,3 +475,89 @@ def test_each_kernel_launch_gets_its_pdl_mode_cache_policy_and_tiles(
     assert one[3][1]["hand_out"] is one[4][1]["hand_in"] is not None
     assert one[4][1].get("norm") is None and one[3][1]["hand_out"].weight is w.layers[0].ffn_norm
     assert plan(3)[3][1]["hand_out"] is None and "hand_in" not in plan(3)[4][1]
+
+
+class _PdlWatch:
+    """Watches the interpreter run a step's kernels: in a kernel launched early (PDL), a program
+    may read only what no kernel of the step writes (weights, the RoPE table, ``start``) before
+    its wait (``_gdc``); reading an activation or the KV cache there reads a value that the
+    kernel before it may not have written yet, a bug only a race on the GPU would show."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from triton.runtime import interpreter as I
+
+        self.ranges: list[tuple[int, int]] = []
+        self.kernel, self.early, self.waited = "", False, False
+        self.early_launches: list[str] = []
+        self.violations: list[str] = []
+        builder = I.interpreter_builder
+        load, set_idx, call = builder.create_masked_load, builder.set_grid_idx, I.GridExecutor.__call__
+
+        def masked_load(ptrs, mask, other, cache_policy, is_volatile):  # noqa: ANN001, ANN202
+            if self.early and not self.waited:
+                addr = ptrs.data[mask.data.astype(bool)].astype("int64")
+                if any(((addr >= lo) & (addr < hi)).any() for lo, hi in self.ranges):
+                    self.violations.append(f"{self.kernel} {builder.grid_idx}")
+            return load(ptrs, mask, other, cache_policy, is_volatile)
+
+        def set_grid_idx(x: int, y: int, z: int) -> None:
+            self.waited = False  # a new program
+            set_idx(x, y, z)
+
+        def grid_call(ex, *args, **kwargs):  # noqa: ANN001, ANN202
+            self.kernel, self.early = ex.fn.__name__, bool(kwargs.get("launch_pdl"))
+            if self.early:
+                self.early_launches.append(self.kernel)
+            return call(ex, *args, **kwargs)
+
+        def gdc(pdl: int) -> None:
+            if pdl % 4 in (1, 2):
+                self.waited = True
+
+        monkeypatch.setattr(builder, "create_masked_load", masked_load)
+        monkeypatch.setattr(builder, "set_grid_idx", set_grid_idx)
+        monkeypatch.setattr(I.GridExecutor, "__call__", grid_call)
+        monkeypatch.setattr(K, "_gdc", gdc)  # the interpreter has no PDL: the wait is a mark
+        monkeypatch.setattr(K, "_gdc_late", lambda pdl: None)
+
+    def guard(self, tensors: list[torch.Tensor]) -> None:
+        """Watch reads of these from now on."""
+        self.ranges = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors]
+        self.early_launches.clear()
+
+
+@pytest.mark.parametrize("setting", ["default", "fused", "deterministic"])
+def test_kernels_launched_early_read_activations_only_after_their_wait(
+        monkeypatch: pytest.MonkeyPatch, setting: str) -> None:
+    """The GPU's PDL settings (one-token steps late-triggered with qkv and wo loading weights
+    before the wait, verify steps all early), the split-K qkv, the norm hand-off: in every
+    program of every kernel launched early, no read of the residual, the scratch buffers or
+    the KV cache comes before the program's wait."""
+    from openjarvis.engine.torch.tuning import VERIFY_PDL
+
+    w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
+    model = Transformer(ARGS, w, n_pos=128)
+    r = Runner(model, 64, kernels="triton", nsplit=4)
+    r.pdl_by_t, r.one_token_pdl = dict(DEFAULT_PDL_BY_T), dict(DEFAULT_ONE_TOKEN_PDL)
+    r.pdl_prologue, r.verify_pdl = frozenset({"qkv", "wo"}), dict(VERIFY_PDL[(1536, 8960)])
+    r.qkv_split, r.norm_handoff = K.LinearConfig(16, 32, split_k=2), True
+    r.fuse_attn_out = setting == "fused"
+    if setting == "deterministic":
+        r.make_deterministic()
+    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (7,), generator=torch.Generator().manual_seed(6))]
+    watch = _PdlWatch(monkeypatch)
+    r.logits(seq[:5], 0)  # builds both workspaces' buffers, then watch their reads
+    r.logits(seq[5:6], 5)
+    guarded = [r.cache.k, r.cache.v]
+    for ws in r._steps.values():
+        guarded += [b for b in (ws.h, ws.q, ws.o_part, ws.ml_part, ws.attn, ws.act, ws.logits,
+                                ws.qkv_acc, ws.xg, ws.ss_part) if b is not None]
+    watch.guard(guarded)
+    ref = model.forward(torch.tensor(seq), torch.arange(7), KVCache(ARGS, 64, torch.float32, "cpu"))
+    got = torch.cat([r.logits(seq[:5], 0).clone(), r.logits(seq[5:6], 5).clone(),
+                     r.logits(seq[6:7], 6).clone()])
+    assert rel(got, ref) < 1e-5
+    kinds = {"_qkv_rope_kernel", "_linear_kernel", "_attn_split_kernel"}
+    kinds |= set() if setting == "deterministic" else {"_rope_kv_kernel"}  # split-K qkv
+    assert kinds <= set(watch.early_launches)  # the watch saw early launches of each kind
+    assert not watch.violations, sorted(set(watch.violations))[:5]
