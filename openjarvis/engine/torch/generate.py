@@ -26,7 +26,7 @@ from openjarvis.engine.torch.model import Transformer
 
 if TYPE_CHECKING:  # importing megakernel imports triton: only where the step is used
     from openjarvis.engine.torch.cuda_step import DecodeStep
-    from openjarvis.engine.torch.kernels import LinearConfig, NormHandoff
+    from openjarvis.engine.torch.kernels import LinearConfig
     from openjarvis.engine.torch.megakernel import MegaConfig, Scratch
 
 Kernels = Literal["triton", "torch"]
@@ -448,6 +448,8 @@ class Runner:
             split = None
         if split is not None and ws.qkv_acc is None:
             ws.qkv_acc = torch.zeros(t, a.qkv_dim, dtype=torch.float32, device=self.device)
+        fused = t == 1 and self.fuse_attn_out and not self.deterministic
+        hand_bufs = None if fused else self._handoff_buffers(ws)
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pk("embed"))
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
@@ -461,7 +463,7 @@ class Runner:
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
                            pdl=pk("qkv"), evict=ev)
             hand = None
-            if t == 1 and self.fuse_attn_out and not self.deterministic:
+            if fused:
                 K.attention_out(ws.q, kc, vc, ws.start, lw.wo, ws.h, ws.o_part, ws.ml_part,
                                 block_s=self.attn_block_s, block_n=self.attn_out_block_n,
                                 pdl=pk("attn"), trim=self.trim_merge)
@@ -470,7 +472,8 @@ class Runner:
                             block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
                             pdl_combine=pk("combine"), combine_warps=self.combine_warps.get(t, 1),
                             trim=self.trim_merge)
-                hand = self._handoff(ws, lw.ffn_norm)
+                if hand_bufs is not None:
+                    hand = K.NormHandoff(*hand_bufs, lw.ffn_norm)
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pk("wo"), evict=ev,
                          hand_out=hand)
             if hand is not None:
@@ -484,10 +487,11 @@ class Runner:
                  pdl=pk("out"), evict=ev)
         return ws.logits
 
-    def _handoff(self, ws: Workspace, weight: torch.Tensor) -> NormHandoff | None:
-        """The o-projection's hand-off of the feed-forward norm to gate/up, where it applies:
-        ``norm_handoff``, a one-token step, and an o-projection tile without split-K (each
-        program must own whole columns of the new residual)."""
+    def _handoff_buffers(self, ws: Workspace) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The buffers (x * g, per-program sums of squares) of the o-projection's hand-off of
+        the feed-forward norm to gate/up (``kernels.NormHandoff``; every layer reuses them),
+        where it applies: ``norm_handoff``, a one-token step, and an o-projection tile without
+        split-K (each program must own whole columns of the new residual)."""
         from openjarvis.engine.torch import kernels as K
 
         t = ws.tokens.shape[0]
@@ -502,7 +506,7 @@ class Runner:
         if ws.xg is None or ws.ss_part is None or ws.ss_part.shape[1] != n_prog:
             ws.xg = torch.empty(t, a.n_embd, dtype=torch.float32, device=self.device)
             ws.ss_part = torch.empty(t, n_prog, dtype=torch.float32, device=self.device)
-        return K.NormHandoff(ws.xg, ws.ss_part, weight)
+        return ws.xg, ws.ss_part
 
 
 def _has_triton() -> bool:

@@ -18,9 +18,9 @@ Everything reads positions from ``start`` on the device, so one CUDA graph per T
 position. Optional, measured in docs/gpu-notes.md: split-K with float atomics for the residual
 GEMVs (tiles in ``tuning.py``), programmatic dependent launch (``pdl``), and, for T = 1,
 ``attention_out`` merging the splits inside the o-projection and ``NormHandoff`` (the
-o-projection normalizing for gate/up; on by default for the shapes in ``tuning.NORM_HANDOFF``). Run on the CPU under
-``TRITON_INTERPRET=1`` for tests (float32; the interpreter's bf16 ``tl.dot`` is wrong, so bf16
-is checked on the GPU by scripts/bench_gpu.py).
+o-projection normalizing for gate/up; on by default for the shapes in
+``tuning.NORM_HANDOFF``). Run on the CPU under ``TRITON_INTERPRET=1`` for tests (float32; the
+interpreter's bf16 ``tl.dot`` is wrong, so bf16 is checked on the GPU by scripts/bench_gpu.py).
 """
 
 from __future__ import annotations
