@@ -41,6 +41,20 @@ def g(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
+def _model() -> Transformer:
+    """The small model the Runner tests step through: float32, random weights (seed 3)."""
+    return Transformer(ARGS, random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1),
+                       n_pos=128)
+
+
+def _seq_and_ref(model: Transformer, n: int, seed: int) -> tuple[list[int], torch.Tensor]:
+    """``n`` random tokens and the reference forward's logits for them from position 0."""
+    gen = torch.Generator().manual_seed(seed)
+    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (n,), generator=gen)]
+    ref = model.forward(torch.tensor(seq), torch.arange(n), KVCache(ARGS, 64, torch.float32, "cpu"))
+    return seq, ref
+
+
 #: (PDL mode, swapped operands): 3 and 7 run the code PDL modes 2 and 6 run in the unswapped
 #: kernel (the first weight tile before the wait), without PDL itself, which the interpreter
 #: lacks; the swapped kernel takes any mode and waits first.
@@ -205,13 +219,10 @@ def test_attention_fused_with_the_output_projection(start: int, trim: bool) -> N
 
 @pytest.mark.parametrize("fuse", [False, True])
 def test_triton_runner_matches_the_reference_path(fuse: bool) -> None:
-    w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
-    model = Transformer(ARGS, w, n_pos=128)
+    model = _model()
+    seq, ref = _seq_and_ref(model, 12, seed=0)
     fast = Runner(model, 64, kernels="triton", nsplit=4)
     fast.fuse_attn_out = fuse
-    ref_cache = KVCache(ARGS, 64, torch.float32, "cpu")
-    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (12,), generator=torch.Generator().manual_seed(0))]
-    ref = model.forward(torch.tensor(seq), torch.arange(12), ref_cache)
     rows = [fast.logits(seq[:5], 0).clone()]
     rows += [fast.logits(seq[i : i + 1], i).clone() for i in (5, 6)]  # views: clone
     fast.logits([7, 8, 9], 7)  # a rejected draft, rolled back by position
@@ -224,8 +235,7 @@ def test_a_trimmed_merge_never_reads_partials_left_by_a_longer_sequence() -> Non
     """Short attention blocks, so one-token steps use more splits as the sequence grows; then
     a new sequence from position 0 in the same Runner: its steps use fewer splits again, and
     the partials the longer one left in the unused splits must never be read."""
-    w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
-    model = Transformer(ARGS, w, n_pos=128)
+    model = _model()
     fast = Runner(model, 64, kernels="triton", nsplit=4)
     fast.attn_block_s = 4
     gen = torch.Generator().manual_seed(5)
@@ -243,11 +253,9 @@ def test_single_launch_step_matches_the_reference_path(max_t: int, bk: int) -> N
     what the reference forward does, for one-token steps and (max_t 32) verify-sized steps."""
     from openjarvis.engine.torch.megakernel import MegaConfig
 
-    w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
-    model = Transformer(ARGS, w, n_pos=128)
-    ref_cache = KVCache(ARGS, 64, torch.float32, "cpu")
-    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (12,), generator=torch.Generator().manual_seed(0))]
-    ref = model.forward(torch.tensor(seq), torch.arange(12), ref_cache)
+    model = _model()
+    w = model.weights
+    seq, ref = _seq_and_ref(model, 12, seed=0)
     fast = Runner(model, 64, kernels="triton")
     fast.use_megakernel(MegaConfig(bk=bk, bk_down=bk, nsplit=4, block_s=16, num_warps=4), max_t=max_t)
     assert w.layers[1].wqkv.data_ptr() != w.layers[0].wqkv.data_ptr()  # views of one stack
@@ -287,13 +295,10 @@ def test_split_k_qkv_equals_the_per_pair_kernel_and_leaves_its_buffer_zero(t: in
 
 
 def test_runner_with_split_k_qkv_for_verify_steps_matches_the_reference_path() -> None:
-    w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
-    model = Transformer(ARGS, w, n_pos=128)
+    model = _model()
+    seq, ref = _seq_and_ref(model, 12, seed=0)
     fast = Runner(model, 64, kernels="triton", nsplit=4)
     fast.qkv_split = K.LinearConfig(16, 32, split_k=2)
-    ref_cache = KVCache(ARGS, 64, torch.float32, "cpu")
-    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (12,), generator=torch.Generator().manual_seed(0))]
-    ref = model.forward(torch.tensor(seq), torch.arange(12), ref_cache)
     rows = [fast.logits(seq[:5], 0).clone(), fast.logits(seq[5:6], 5).clone()]
     rows.append(fast.logits(seq[6:], 6))
     assert rel(torch.cat(rows), ref) < 1e-5
@@ -306,8 +311,7 @@ def test_runner_with_the_norm_hand_off_matches_the_reference_path(setting: str) 
     reference logits; a split-K o-projection tile (no program owns whole columns) falls back
     to the norm inside gate/up, unless deterministic steps unsplit it; so does the o-projection
     fused with the attention's merge; verify steps never hand off."""
-    w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
-    model = Transformer(ARGS, w, n_pos=128)
+    model = _model()
     fast = Runner(model, 64, kernels="triton", nsplit=4)
     fast.norm_handoff = True
     split = 2 if setting in ("split_wo", "deterministic") else 1
@@ -315,8 +319,7 @@ def test_runner_with_the_norm_hand_off_matches_the_reference_path(setting: str) 
     if setting == "deterministic":
         fast.make_deterministic()  # the split-K tile becomes an unsplit one: hands off again
     fast.fuse_attn_out = setting == "fused"
-    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (9,), generator=torch.Generator().manual_seed(5))]
-    ref = model.forward(torch.tensor(seq), torch.arange(9), KVCache(ARGS, 64, torch.float32, "cpu"))
+    seq, ref = _seq_and_ref(model, 9, seed=5)
     rows = [fast.logits(seq[:5], 0).clone()]
     rows += [fast.logits(seq[i : i + 1], i).clone() for i in range(5, 9)]
     assert rel(torch.cat(rows), ref) < 1e-5
@@ -347,10 +350,8 @@ def test_evict_first_weight_loads_and_the_deterministic_tiles_compute_the_same_l
     """``weight_evict`` changes only a cache hint; ``make_deterministic`` swaps every split-K
     tile (float atomics: the last bits vary on a GPU) for an unsplit one and drops the split-K
     qkv and the fused attention output, and the step still computes the reference logits."""
-    w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
-    model = Transformer(ARGS, w, n_pos=128)
-    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (9,), generator=torch.Generator().manual_seed(2))]
-    ref = model.forward(torch.tensor(seq), torch.arange(9), KVCache(ARGS, 64, torch.float32, "cpu"))
+    model = _model()
+    seq, ref = _seq_and_ref(model, 9, seed=2)
     fast = Runner(model, 64, kernels="triton", nsplit=4)
     fast.weight_evict = "evict_first"
     fast.qkv_split = K.LinearConfig(16, 32, split_k=2)
@@ -384,8 +385,7 @@ def test_dropped_steps_go_at_once_not_at_a_later_garbage_collection() -> None:
     that capture (seen on the H200, session 6 run 53), so a dropped step must be freed when it
     is dropped: nothing in a workspace may refer back to it (it names its path instead of
     holding a closure)."""
-    w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
-    r = Runner(Transformer(ARGS, w, n_pos=128), 64, kernels="triton", nsplit=4)
+    r = Runner(_model(), 64, kernels="triton", nsplit=4)
 
     def alive() -> int:
         return sum(type(o) is Workspace for o in gc.get_objects())
@@ -410,8 +410,8 @@ def test_each_kernel_launch_gets_its_pdl_mode_cache_policy_and_tiles(
     """The launch plan of a step, recorded instead of run: one-token steps launch early (PDL 1)
     with qkv and wo loading weights first (2); verify steps use PDL only for the kernels named
     in ``verify_pdl``; a deterministic step launches no split-K and no fused attention output."""
-    w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
-    r = Runner(Transformer(ARGS, w, n_pos=128), 64, kernels="triton", nsplit=4)
+    r = Runner(_model(), 64, kernels="triton", nsplit=4)
+    w = r.model.weights
     r.pdl_by_t, r.pdl_prologue = {1: 1}, frozenset({"qkv", "wo"})
     r.verify_pdl = {"attn": 1, "combine": 1}
     r.weight_evict = "evict_first"
@@ -535,8 +535,8 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
     the KV cache comes before the program's wait."""
     from openjarvis.engine.torch.tuning import VERIFY_PDL
 
-    w = random_weights(ARGS, torch.float32, "cpu", seed=3, scale=0.1)
-    model = Transformer(ARGS, w, n_pos=128)
+    model = _model()
+    seq, ref = _seq_and_ref(model, 7, seed=6)
     r = Runner(model, 64, kernels="triton", nsplit=4)
     r.pdl_by_t, r.one_token_pdl = dict(DEFAULT_PDL_BY_T), dict(DEFAULT_ONE_TOKEN_PDL)
     r.pdl_prologue, r.verify_pdl = frozenset({"qkv", "wo"}), dict(VERIFY_PDL[(1536, 8960)])
@@ -544,7 +544,6 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
     r.fuse_attn_out = setting == "fused"
     if setting == "deterministic":
         r.make_deterministic()
-    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (7,), generator=torch.Generator().manual_seed(6))]
     watch = _PdlWatch(monkeypatch)
     r.logits(seq[:5], 0)  # builds both workspaces' buffers, then watch their reads
     r.logits(seq[5:6], 5)
@@ -553,7 +552,6 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
         guarded += [b for b in (ws.h, ws.q, ws.o_part, ws.ml_part, ws.attn, ws.act, ws.logits,
                                 ws.qkv_acc, ws.xg, ws.ss_part) if b is not None]
     watch.guard(guarded)
-    ref = model.forward(torch.tensor(seq), torch.arange(7), KVCache(ARGS, 64, torch.float32, "cpu"))
     got = torch.cat([r.logits(seq[:5], 0).clone(), r.logits(seq[5:6], 5).clone(),
                      r.logits(seq[6:7], 6).clone()])
     assert rel(got, ref) < 1e-5
