@@ -129,6 +129,13 @@ class Runner:
         #: On by default for the shapes in ``tuning.NORM_HANDOFF``.
         self.norm_handoff = False
         self.attn_out_block_n = 128
+        #: T = 1: gate/up, SwiGLU and the down projection in one launch (``kernels.ffn``) with
+        #: these tiles, where the norm is handed off and steps need not be deterministic;
+        #: None keeps the two products.
+        self.fuse_ffn: object | None = None
+        #: Memory semantics of split-K partials' float atomics (``kernels.ATOMIC_SEMS``).
+        self.atomic_sem = "acq_rel"
+        self._w2t: list[torch.Tensor] | None = None
         #: Programmatic dependent launch of the Triton kernels (Hopper), per T: 0 off, 1 each
         #: kernel launched while the previous one finishes, 2 also loading its first weight
         #: tile before waiting. ``pdl`` is the mode for any T not in ``pdl_by_t``.
@@ -450,6 +457,10 @@ class Runner:
             ws.qkv_acc = torch.zeros(t, a.qkv_dim, dtype=torch.float32, device=self.device)
         fused = t == 1 and self.fuse_attn_out and not self.deterministic
         hand_bufs = None if fused else self._handoff_buffers(ws)
+        sem = self.atomic_sem
+        ffn = self.fuse_ffn if hand_bufs is not None and not self.deterministic else None
+        assert ffn is None or isinstance(ffn, K.FfnConfig)
+        w2s = self._down_weights(ffn.w2t) if ffn is not None else []
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pk("embed"))
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
@@ -457,7 +468,8 @@ class Runner:
                 assert ws.qkv_acc is not None
                 K.qkv_split(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                             kc, vc, ws.qkv_acc, a.rms_eps, cfg=split, pdl=pk("qkv"), evict=ev,
-                            pdl_rope=pk("rope_kv"), rope_warps=self.rope_warps.get(t, 1))
+                            pdl_rope=pk("rope_kv"), rope_warps=self.rope_warps.get(t, 1),
+                            atomic_sem=sem)
             else:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
@@ -466,7 +478,7 @@ class Runner:
             if fused:
                 K.attention_out(ws.q, kc, vc, ws.start, lw.wo, ws.h, ws.o_part, ws.ml_part,
                                 block_s=self.attn_block_s, block_n=self.attn_out_block_n,
-                                pdl=pk("attn"), trim=self.trim_merge)
+                                pdl=pk("attn"), trim=self.trim_merge, atomic_sem=sem)
             else:
                 K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
                             block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
@@ -475,17 +487,31 @@ class Runner:
                 if hand_bufs is not None:
                     hand = K.NormHandoff(*hand_bufs, lw.ffn_norm)
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pk("wo"), evict=ev,
-                         hand_out=hand)
+                         hand_out=hand, atomic_sem=sem)
+            if hand is not None and ffn is not None:
+                K.ffn(hand, lw.w13, w2s[i], ws.h, eps=a.rms_eps, cfg=ffn, pdl=pk("ffn"),
+                      evict=ev, atomic_sem=sem)
+                continue
             if hand is not None:
                 K.linear(hand.xg, lw.w13, ws.act, mode=K.SWIGLU, eps=a.rms_eps, cfg=lc("w13"),
                          pdl=pk("w13"), evict=ev, hand_in=hand)
             else:
                 K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
                          cfg=lc("w13"), pdl=pk("w13"), evict=ev)
-            K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"), pdl=pk("w2"), evict=ev)
+            K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"), pdl=pk("w2"), evict=ev,
+                     atomic_sem=sem)
         K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"),
                  pdl=pk("out"), evict=ev)
         return ws.logits
+
+    def _down_weights(self, transposed: bool) -> list[torch.Tensor]:
+        """Each layer's down-projection weights for the fused feed-forward: as loaded [D, F],
+        or a transposed copy [F, D] made once (it costs the down weights' memory again)."""
+        if not transposed:
+            return [lw.w2 for lw in self.model.weights.layers]
+        if self._w2t is None:
+            self._w2t = [lw.w2.t().contiguous() for lw in self.model.weights.layers]
+        return self._w2t
 
     def _handoff_buffers(self, ws: Workspace) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The buffers (x * g, per-program sums of squares) of the o-projection's hand-off of

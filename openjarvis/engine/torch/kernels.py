@@ -33,6 +33,9 @@ import triton.language as tl
 
 # Linear modes
 STORE, ADD, SWIGLU = 0, 1, 2
+#: Memory semantics a split-K partial's float atomic may take: nothing reads the sum before the
+#: kernel ends, so "relaxed" orders nothing that matters; "acq_rel" is Triton's default.
+ATOMIC_SEMS = ("acq_rel", "relaxed")
 #: Added to a PDL mode (1 or 2; 3 in tests): the kernel lets its successor launch after its
 #: main loop (``_gdc_late``) instead of at its start.
 PDL_LATE = 4
@@ -66,6 +69,23 @@ class NormHandoff:
     xg: torch.Tensor  # [T, K] float32
     ss_part: torch.Tensor  # [T, producer programs] float32
     weight: torch.Tensor  # [K] the norm's weight
+
+
+@dataclass(frozen=True, slots=True)
+class FfnConfig:
+    """Tiles of the fused one-token feed-forward (``ffn``): each program owns ``block_f`` rows
+    of gate/up, which are also ``block_f`` columns of the down projection."""
+
+    block_f: int = 8
+    block_k: int = 256  # K tile of the gate/up loop
+    block_d: int = 512  # output tile of the down loop
+    num_warps: int = 4
+    #: Where the next kernel is let go under ``PDL_LATE``: 1 after the gate/up loop, 2 after
+    #: the down loop.
+    late_at: int = 2
+    #: The down weights as a transposed copy [F, D] (each program's rows contiguous) instead
+    #: of [D, F] (``block_f`` elements of each of D rows).
+    w2t: bool = False
 
 
 def block_t(t: int) -> int:
@@ -148,9 +168,10 @@ def _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc, acc2, ss
 @triton.jit
 def _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
                 MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
-                SPLIT_K: tl.constexpr):
+                SPLIT_K: tl.constexpr, SEM: tl.constexpr):
     """The linear kernels' epilogue on acc [BT, BN]: 1/RMS (NORM 1; NORM 2 leaves it to the
-    caller), bias, then store, add into out, SwiGLU, or (split-K) atomically add a partial."""
+    caller), bias, then store, add into out, SwiGLU, or (split-K) atomically add a partial
+    with memory semantics ``SEM`` (the kernel boundary orders the partials, not the atomic)."""
     if NORM == 1:
         inv = tl.rsqrt(ss / K + eps)
         acc = acc * inv[:, None]
@@ -160,7 +181,7 @@ def _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out,
     omask = tmask[:, None] & nmask[None, :]
     optr = out_ptr + rt[:, None] * stride_out + rn[None, :]
     if SPLIT_K > 1:  # MODE 1 only: out (float32) += this split's partial sum
-        tl.atomic_add(optr, acc, mask=omask)
+        tl.atomic_add(optr, acc, mask=omask, sem=SEM)
     else:
         if MODE == 1:
             acc += tl.load(optr, mask=omask, other=0.0).to(tl.float32)
@@ -198,6 +219,7 @@ def _linear_kernel(
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
+    SEM: tl.constexpr,
 ):
     """``HAND`` (``NormHandoff``): 1, also hand the new rows of ``out`` (a residual) to the
     next norm (``_hand_off``); 2, ``x`` is such a hand-off (x * g) and the RMS statistics are
@@ -257,10 +279,10 @@ def _linear_kernel(
     if HAND == 2:
         ss = _handed_ss(ssp_ptr, rt, tmask, NP, NP_BLOCK)
         _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
-                    MODE, 1, BIAS, SPLIT_K)
+                    MODE, 1, BIAS, SPLIT_K, SEM)
     else:
         h = _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
-                        MODE, NORM, BIAS, SPLIT_K)
+                        MODE, NORM, BIAS, SPLIT_K, SEM)
         if HAND == 1:
             _hand_off(h, rn, rt, nmask, tmask, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, pid)
 
@@ -271,7 +293,7 @@ def _linear_swap_kernel(
     T, N, K, stride_x, stride_out, eps,
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EVICT: tl.constexpr,
+    PDL: tl.constexpr, EVICT: tl.constexpr, SEM: tl.constexpr,
 ):
     """``_linear_kernel`` for T > 1 with the product transposed: accT [BN, BT] += W [BN, BK] .
     x^T [BK, BT]; transposed back once, before the same epilogue."""
@@ -303,7 +325,56 @@ def _linear_swap_kernel(
             acc2_t = tl.dot(w2, xt, acc2_t)
     _gdc_late(PDL)
     _linear_out(tl.trans(acc_t), tl.trans(acc2_t), ss, rn, rt, nmask, tmask, b_ptr, out_ptr,
-                stride_out, K, eps, MODE, NORM, BIAS, SPLIT_K)
+                stride_out, K, eps, MODE, NORM, BIAS, SPLIT_K, SEM)
+
+
+@triton.jit
+def _ffn_kernel(
+    xg_ptr, ssp_ptr, w13_ptr, w2_ptr, h_ptr, D, F, NP, eps,
+    BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    NP_BLOCK: tl.constexpr, W2T: tl.constexpr, PDL: tl.constexpr, LATE_AT: tl.constexpr,
+    EVICT: tl.constexpr, SEM: tl.constexpr,
+):
+    """T = 1, program = ``BLOCK_F`` rows f of gate/up: act[f] = SiLU(gate) * up over the
+    hand-off x * g (``NormHandoff``), then h += W2[:, f] act[f] with float atomics. The down
+    projection is split over F by the same programs, so no kernel boundary (and no act
+    buffer) sits between the two products; h is not read here, which is why the input must be
+    the hand-off."""
+    pid = tl.program_id(0)
+    rf = pid * BLOCK_F + tl.arange(0, BLOCK_F)
+    fmask = rf < F
+    acc = tl.zeros([BLOCK_F], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_F], dtype=tl.float32)
+    _gdc(PDL)
+    for k0 in range(0, D, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < D
+        x = tl.load(xg_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+        wmask = fmask[:, None] & kmask[None, :]
+        w = _w_tile(w13_ptr, rf, 0, rk, wmask, D, EVICT)
+        acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        w = _w_tile(w13_ptr, rf, F, rk, wmask, D, EVICT)
+        acc2 += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    if LATE_AT == 1:
+        _gdc_late(PDL)
+    sp = tl.arange(0, NP_BLOCK)
+    inv = tl.rsqrt(tl.sum(tl.load(ssp_ptr + sp, mask=sp < NP, other=0.0), 0) / D + eps)
+    g = acc * inv
+    act = g * tl.sigmoid(g) * (acc2 * inv)
+    # rounded as the unfused step's act buffer (the weights' dtype) rounds it
+    act = tl.where(fmask, act.to(w2_ptr.dtype.element_ty).to(tl.float32), 0.0)
+    for d0 in range(0, D, BLOCK_D):
+        rd = d0 + tl.arange(0, BLOCK_D)
+        dmask = rd < D
+        if W2T:  # [F, D]
+            wp = w2_ptr + rf[:, None] * D + rd[None, :]
+        else:  # [D, F]
+            wp = w2_ptr + rd[None, :] * F + rf[:, None]
+        w = tl.load(wp, mask=fmask[:, None] & dmask[None, :], other=0.0, eviction_policy=EVICT)
+        tl.atomic_add(h_ptr + rd, tl.sum(w.to(tl.float32) * act[:, None], axis=0), mask=dmask,
+                      sem=SEM)
+    if LATE_AT == 2:
+        _gdc_late(PDL)
 
 
 @triton.jit
@@ -572,7 +643,7 @@ def _attn_combine_kernel(
 def _attn_out_kernel(
     o_ptr, ml_ptr, w_ptr, h_ptr, start_ptr, N, QD,
     N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_S: tl.constexpr, PDL: tl.constexpr, TRIM: tl.constexpr,
+    BLOCK_S: tl.constexpr, PDL: tl.constexpr, TRIM: tl.constexpr, SEM: tl.constexpr,
 ):
     """T = 1: merge head ``h``'s splits and add its share of the o-projection into ``h``.
 
@@ -589,7 +660,7 @@ def _attn_out_kernel(
     ov = _merged(o_ptr, ml_ptr, 1, head, n_used, N_HEAD, HD, NSPLIT)  # [HD]
     y = tl.sum(w.to(tl.float32) * ov[None, :], 1)  # [BLOCK_N]
     _gdc_late(PDL)
-    tl.atomic_add(h_ptr + rn, y, mask=nmask)
+    tl.atomic_add(h_ptr + rn, y, mask=nmask, sem=SEM)
 
 
 @triton.jit
@@ -649,8 +720,11 @@ def linear(
     evict: str = "",  # cache policy of the weight loads: "" or "evict_first"
     hand_out: NormHandoff | None = None,  # ADD into a residual: also hand it to the next norm
     hand_in: NormHandoff | None = None,  # x is hand_in.xg: normalize with its statistics
+    atomic_sem: str = "acq_rel",  # split-K: memory semantics of the partials' atomics
 ) -> torch.Tensor:
     t, k = x.shape
+    if atomic_sem not in ATOMIC_SEMS:
+        raise ValueError(f"atomic_sem must be one of {ATOMIC_SEMS}, not {atomic_sem!r}")
     n = w.shape[0] // 2 if mode == SWIGLU else w.shape[0]
     cfg = cfg or default_linear_config(t, n, k, x.device.type == "cuda")
     if cfg.split_k > 1 and (mode != ADD or (norm is not None and norm_scale) or bias is not None
@@ -684,8 +758,8 @@ def linear(
             t, n, k, x.stride(0), out.stride(0), eps,
             MODE=mode, NORM=0 if norm is None else 1 if norm_scale else 2, BIAS=bias is not None,
             BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-            PDL=pdl, EVICT=evict, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            **_launch(pdl),
+            PDL=pdl, EVICT=evict, SEM=atomic_sem, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, **_launch(pdl),
         )
         return out
     _linear_kernel[grid](
@@ -696,11 +770,50 @@ def linear(
         MODE=mode, NORM=0 if norm is None else 1 if norm_scale else 2, BIAS=bias is not None,
         BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         PDL=pdl, EVICT=evict, HAND=1 if hand_out else 2 if hand_in else 0,
-        NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1,
+        NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1, SEM=atomic_sem,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **_launch(pdl),
     )
     return out
+
+
+def ffn(
+    hand: NormHandoff,  # the o-projection's hand-off of the feed-forward norm: x = hand.xg
+    w13: torch.Tensor,  # [2F, D]
+    w2: torch.Tensor,  # [D, F], or [F, D] with cfg.w2t
+    h: torch.Tensor,  # [1, D] float32 residual: h += down(SwiGLU(gate/up(x)))
+    *,
+    eps: float,
+    cfg: FfnConfig | None = None,
+    pdl: int = 0,
+    evict: str = "",
+    atomic_sem: str = "relaxed",
+) -> torch.Tensor:
+    """The one-token feed-forward in one launch (``_ffn_kernel``): gate/up, SwiGLU and the
+    down projection, split over F, adding into ``h`` with float atomics, so its last bits vary
+    from run to run (deterministic steps keep the two products)."""
+    cfg = cfg or FfnConfig()
+    d = h.shape[1]
+    f = w13.shape[0] // 2
+    want = (f, d) if cfg.w2t else (d, f)
+    if h.shape[0] != 1 or h.dtype != torch.float32 or not h.is_contiguous():
+        raise ValueError("ffn serves the one-token step: h must be a contiguous float32 [1, D]")
+    if tuple(w13.shape) != (2 * f, d) or tuple(w2.shape) != want:
+        raise ValueError(f"ffn needs w13 [2F, D] = [{2 * f}, {d}] and w2 {list(want)}; got "
+                         f"{list(w13.shape)} and {list(w2.shape)}")
+    if tuple(hand.xg.shape) != (1, d) or hand.ss_part.shape[0] != 1:
+        raise ValueError(f"ffn needs the hand-off of a [1, {d}] residual; got xg "
+                         f"{list(hand.xg.shape)}")
+    if atomic_sem not in ATOMIC_SEMS:
+        raise ValueError(f"atomic_sem must be one of {ATOMIC_SEMS}, not {atomic_sem!r}")
+    np_ = hand.ss_part.shape[1]
+    _ffn_kernel[(triton.cdiv(f, cfg.block_f),)](
+        hand.xg, hand.ss_part, w13, w2, h, d, f, np_, eps,
+        BLOCK_F=cfg.block_f, BLOCK_K=cfg.block_k, BLOCK_D=cfg.block_d,
+        NP_BLOCK=triton.next_power_of_2(np_), W2T=cfg.w2t, PDL=_wait(pdl), LATE_AT=cfg.late_at,
+        EVICT=evict, SEM=atomic_sem, num_warps=cfg.num_warps, **_launch(pdl),
+    )
+    return h
 
 
 def qkv_rope(
@@ -752,6 +865,7 @@ def qkv_split(
     evict: str = "",
     pdl_rope: int | None = None,  # the second kernel's PDL mode; default: as ``pdl``
     rope_warps: int = 1,  # warps of each (token, head) program of the second kernel
+    atomic_sem: str = "acq_rel",
 ) -> None:
     """``qkv_rope`` for verify steps in two launches: a split-K product (many programs; the
     per-pair qkv kernel has only (heads x pairs / 16) of them at T > 1) and a small kernel that
@@ -760,7 +874,7 @@ def qkv_split(
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]
     linear(x, wqkv, acc, mode=ADD, norm=norm, eps=eps, cfg=cfg, pdl=pdl, norm_scale=False,
-           evict=evict)
+           evict=evict, atomic_sem=atomic_sem)
     _rope_kv_kernel[(t, n_head + 2 * n_kv)](
         acc, x, bias, rope, start, q_out, k_cache, v_cache,
         d, k_cache.stride(0), k_cache.stride(1), eps,
@@ -821,6 +935,7 @@ def attention_out(
     block_n: int = 128,
     pdl: int = 0,
     trim: bool = True,
+    atomic_sem: str = "acq_rel",
 ) -> torch.Tensor:
     """The one-token step's attention and o-projection in two launches instead of three
     (``pdl`` and ``trim`` as in ``attention``)."""
@@ -840,7 +955,7 @@ def attention_out(
     _attn_out_kernel[(triton.cdiv(n, block_n), n_head)](
         o_part, ml_part, wo, h, start, n, wo.shape[1],
         N_HEAD=n_head, HD=hd, NSPLIT=nsplit, BLOCK_N=block_n, BLOCK_S=block_s, PDL=_wait(pdl),
-        TRIM=trim, num_warps=4, **_launch(pdl),
+        TRIM=trim, SEM=atomic_sem, num_warps=4, **_launch(pdl),
     )
     return h
 
