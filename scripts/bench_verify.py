@@ -20,7 +20,6 @@ A variant is a JSON object of Runner settings: ``verify_pdl`` (PDL mode per kern
 variants ``pdl_by_t`` (keys as strings) and ``one_token_pdl``; for both, ``trim_merge``
 (false: the merge reads every split, as before session 7); ``norm_handoff`` (one-token steps:
 the o-projection hands the feed-forward norm to gate/up, ``kernels.NormHandoff``);
-``fuse_ffn`` (one-token steps: ``kernels.FfnConfig`` fields, the feed-forward in one launch);
 ``atomic_sem`` (split-K atomics: "acq_rel" or "relaxed"). Results go
 to ``--out``/verify.json; ``--norm-cost`` instead prices the norm inside each normed product.
 """
@@ -134,28 +133,17 @@ T1_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "one_tile": {},  # verify variants only
     # the one-token defaults of sessions 5 (every next kernel launched at the start), 6 and 7
     "final": {"t1_session5": {"pdl_by_t": {"1": 1}, "one_token_pdl": {}, "trim_merge": False,
-                              "norm_handoff": False},
-              "t1_session6": {"trim_merge": False, "norm_handoff": False},
-              "t1_session7": {"norm_handoff": False}},
+                              "norm_handoff": False, "atomic_sem": "acq_rel"},
+              "t1_session6": {"trim_merge": False, "norm_handoff": False, "atomic_sem": "acq_rel"},
+              "t1_session7": {"norm_handoff": False, "atomic_sem": "acq_rel"},
+              "t1_session8": {"atomic_sem": "acq_rel"}},
 }
 T1_SETS["handoff"] = dict(T1_SETS["final"])
-#: ``--set fuse`` (session 9): split-K atomics relaxed instead of Triton's default acq_rel;
-#: the one-token feed-forward in one launch (``kernels.ffn``: [block_f, block_k, block_d,
-#: warps, late_at, w2t], relaxed atomics), its next kernel let go after the down loop
-#: (late_at 2), after gate/up (1) or at its start (``ffn`` PDL 1, as w2's is).
-_FFN = {"atomic_sem": "relaxed"}
-T1_SETS["fuse"] = {
-    "t1_relaxed": {"atomic_sem": "relaxed"},
-    **{"t1_ffn_" + "_".join(str(int(c)) for c in (cfg[0], cfg[1], cfg[2], cfg[3], cfg[5])):
-       {**_FFN, "fuse_ffn": list(cfg)}
-       for cfg in ((8, 256, 512, 4, 2, False), (8, 256, 512, 4, 2, True),
-                   (8, 256, 256, 4, 2, True), (16, 256, 512, 4, 2, True),
-                   (4, 512, 512, 4, 2, True), (2, 1024, 1024, 4, 2, True),
-                   (8, 256, 512, 8, 2, True))},
-    "t1_ffn_late1": {**_FFN, "fuse_ffn": [8, 256, 512, 4, 1, True]},
-    "t1_ffn_early": {**_FFN, "fuse_ffn": [8, 256, 512, 4, 2, True],
-                     "one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "ffn": 1}},
-}
+#: ``--set fuse`` (session 9, run 83): split-K atomics with Triton's default acq_rel, as before
+#: session 9 (relaxed is the default since). Run 83 also timed the one-token feed-forward in
+#: one launch (gate/up, SwiGLU and the down projection split over F, float atomics into h;
+#: commit 5daee8c): +14 to +30 %, removed.
+T1_SETS["fuse"] = {"t1_acq_rel": {"atomic_sem": "acq_rel"}}
 #: ``--set tiles``: split-K qkv tiles of verify steps (with the one-token tile variants).
 TILES_VARIANTS: dict[str, dict[str, Any]] = {
     "qkv_" + "_".join(map(str, (c[0], c[1], c[4]))): {"qkv_split": list(c)}
@@ -167,8 +155,9 @@ SESSION5_VERIFY_PDL = {"attn": 1, "combine": 1}
 _ALL_LATE_NOW = VERIFY_PDL[(1536, 8960)]
 FINAL_VARIANTS: dict[str, dict[str, Any]] = {
     "session5": {"verify_pdl": SESSION5_VERIFY_PDL, "verify_attention": None,
-                 "combine_warps": {}, "trim_merge": False},
-    "session6": {"trim_merge": False},
+                 "combine_warps": {}, "trim_merge": False, "atomic_sem": "acq_rel"},
+    "session6": {"trim_merge": False, "atomic_sem": "acq_rel"},
+    "session8": {"atomic_sem": "acq_rel"},
 }
 #: ``--set attn``: the same for verify steps.
 ATTN_VARIANTS: dict[str, dict[str, Any]] = {
@@ -202,8 +191,8 @@ ONE_TILE_VARIANTS: dict[str, dict[str, Any]] = {
 HANDOFF_VARIANTS: dict[str, dict[str, Any]] = {
     **FINAL_VARIANTS, "wo16_128": {"tiles": {"wo": [16, 128, 4, 3, 1]}},
 }
-#: ``--set fuse``: the same relaxed atomics in verify steps (split-K qkv, wo, down).
-FUSE_VARIANTS: dict[str, dict[str, Any]] = {"relaxed": {"atomic_sem": "relaxed"}}
+#: ``--set fuse``: the same in verify steps (split-K qkv, wo, down).
+FUSE_VARIANTS: dict[str, dict[str, Any]] = {"acq_rel": {"atomic_sem": "acq_rel"}}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -213,7 +202,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "norm_handoff", "fuse_ffn", "atomic_sem"}
+         "norm_handoff", "atomic_sem"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -242,8 +231,6 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.qkv_split = (None if qs is False else K.LinearConfig(*qs) if qs else base["qkv_split"])
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
     r.norm_handoff = bool(v.get("norm_handoff", base["norm_handoff"]))
-    ffn = v.get("fuse_ffn", base["fuse_ffn"])  # FfnConfig fields, or null: two products
-    r.fuse_ffn = K.FfnConfig(*ffn) if isinstance(ffn, list) else ffn
     r.atomic_sem = v.get("atomic_sem", base["atomic_sem"])
     r.drop_steps()
 
@@ -257,7 +244,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
-               "fuse_ffn": r.fuse_ffn, "atomic_sem": r.atomic_sem}
+               "atomic_sem": r.atomic_sem}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -389,7 +376,7 @@ def left_out(r: Runner, kind: str) -> Iterator[None]:
                  "out": [w.out]}
     kernels = {"rope_kv": "_rope_kv_kernel", "attn_split": "_attn_split_kernel",
                "combine": "_attn_combine_kernel", "embed": "_embed_kernel",
-               "qkv_rope": "_qkv_rope_kernel", "ffn": "_ffn_kernel"}
+               "qkv_rope": "_qkv_rope_kernel"}
     saved: list[tuple[str, Any]] = []
     try:
         if kind in kernels:
@@ -420,8 +407,6 @@ def breakdown(a: ModelArgs, pos: int, variant: dict[str, Any], t: int) -> dict[s
     kinds = ["embed", "qkv_prod", "rope_kv", "attn_split", "combine", "wo", "w13", "w2", "out"]
     if t == 1:
         kinds[1:3] = ["qkv_rope"]
-        if r.fuse_ffn is not None:
-            kinds[kinds.index("w13"):kinds.index("w2") + 1] = ["ffn"]
     out: dict[str, Any] = {"t": t, "whole_ms": whole, "without": {}, "cost_us_per_layer": {}}
     for kind in kinds:
         r.drop_steps()

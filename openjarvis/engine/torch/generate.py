@@ -129,13 +129,8 @@ class Runner:
         #: On by default for the shapes in ``tuning.NORM_HANDOFF``.
         self.norm_handoff = False
         self.attn_out_block_n = 128
-        #: T = 1: gate/up, SwiGLU and the down projection in one launch (``kernels.ffn``) with
-        #: these tiles, where the norm is handed off and steps need not be deterministic;
-        #: None keeps the two products.
-        self.fuse_ffn: object | None = None
         #: Memory semantics of split-K partials' float atomics (``kernels.ATOMIC_SEMS``).
-        self.atomic_sem = "acq_rel"
-        self._w2t: list[torch.Tensor] | None = None
+        self.atomic_sem = "relaxed"
         #: Programmatic dependent launch of the Triton kernels (Hopper), per T: 0 off, 1 each
         #: kernel launched while the previous one finishes, 2 also loading its first weight
         #: tile before waiting. ``pdl`` is the mode for any T not in ``pdl_by_t``.
@@ -458,9 +453,6 @@ class Runner:
         fused = t == 1 and self.fuse_attn_out and not self.deterministic
         hand_bufs = None if fused else self._handoff_buffers(ws)
         sem = self.atomic_sem
-        ffn = self.fuse_ffn if hand_bufs is not None and not self.deterministic else None
-        assert ffn is None or isinstance(ffn, K.FfnConfig)
-        w2s = self._down_weights(ffn.w2t) if ffn is not None else []
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pk("embed"))
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
@@ -488,10 +480,6 @@ class Runner:
                     hand = K.NormHandoff(*hand_bufs, lw.ffn_norm)
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pk("wo"), evict=ev,
                          hand_out=hand, atomic_sem=sem)
-            if hand is not None and ffn is not None:
-                K.ffn(hand, lw.w13, w2s[i], ws.h, eps=a.rms_eps, cfg=ffn, pdl=pk("ffn"),
-                      evict=ev, atomic_sem=sem)
-                continue
             if hand is not None:
                 K.linear(hand.xg, lw.w13, ws.act, mode=K.SWIGLU, eps=a.rms_eps, cfg=lc("w13"),
                          pdl=pk("w13"), evict=ev, hand_in=hand)
@@ -503,15 +491,6 @@ class Runner:
         K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"),
                  pdl=pk("out"), evict=ev)
         return ws.logits
-
-    def _down_weights(self, transposed: bool) -> list[torch.Tensor]:
-        """Each layer's down-projection weights for the fused feed-forward: as loaded [D, F],
-        or a transposed copy [F, D] made once (it costs the down weights' memory again)."""
-        if not transposed:
-            return [lw.w2 for lw in self.model.weights.layers]
-        if self._w2t is None:
-            self._w2t = [lw.w2.t().contiguous() for lw in self.model.weights.layers]
-        return self._w2t
 
     def _handoff_buffers(self, ws: Workspace) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The buffers (x * g, per-program sums of squares) of the o-projection's hand-off of

@@ -33,9 +33,11 @@ import triton.language as tl
 
 # Linear modes
 STORE, ADD, SWIGLU = 0, 1, 2
-#: Memory semantics a split-K partial's float atomic may take: nothing reads the sum before the
-#: kernel ends, so "relaxed" orders nothing that matters; "acq_rel" is Triton's default.
-ATOMIC_SEMS = ("acq_rel", "relaxed")
+#: Memory semantics a split-K partial's float atomic may take. Nothing reads a sum before the
+#: kernel that adds it ends, so the atomic need not order anything: "relaxed" (the default)
+#: rather than Triton's own default "acq_rel", whose fences cost (session 9 run 83: one-token
+#: steps -0.9 to -2.2 %, k = 16 verify -4 to -7 %).
+ATOMIC_SEMS = ("relaxed", "acq_rel")
 #: Added to a PDL mode (1 or 2; 3 in tests): the kernel lets its successor launch after its
 #: main loop (``_gdc_late``) instead of at its start.
 PDL_LATE = 4
@@ -69,23 +71,6 @@ class NormHandoff:
     xg: torch.Tensor  # [T, K] float32
     ss_part: torch.Tensor  # [T, producer programs] float32
     weight: torch.Tensor  # [K] the norm's weight
-
-
-@dataclass(frozen=True, slots=True)
-class FfnConfig:
-    """Tiles of the fused one-token feed-forward (``ffn``): each program owns ``block_f`` rows
-    of gate/up, which are also ``block_f`` columns of the down projection."""
-
-    block_f: int = 8
-    block_k: int = 256  # K tile of the gate/up loop
-    block_d: int = 512  # output tile of the down loop
-    num_warps: int = 4
-    #: Where the next kernel is let go under ``PDL_LATE``: 1 after the gate/up loop, 2 after
-    #: the down loop.
-    late_at: int = 2
-    #: The down weights as a transposed copy [F, D] (each program's rows contiguous) instead
-    #: of [D, F] (``block_f`` elements of each of D rows).
-    w2t: bool = False
 
 
 def block_t(t: int) -> int:
@@ -326,55 +311,6 @@ def _linear_swap_kernel(
     _gdc_late(PDL)
     _linear_out(tl.trans(acc_t), tl.trans(acc2_t), ss, rn, rt, nmask, tmask, b_ptr, out_ptr,
                 stride_out, K, eps, MODE, NORM, BIAS, SPLIT_K, SEM)
-
-
-@triton.jit
-def _ffn_kernel(
-    xg_ptr, ssp_ptr, w13_ptr, w2_ptr, h_ptr, D, F, NP, eps,
-    BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-    NP_BLOCK: tl.constexpr, W2T: tl.constexpr, PDL: tl.constexpr, LATE_AT: tl.constexpr,
-    EVICT: tl.constexpr, SEM: tl.constexpr,
-):
-    """T = 1, program = ``BLOCK_F`` rows f of gate/up: act[f] = SiLU(gate) * up over the
-    hand-off x * g (``NormHandoff``), then h += W2[:, f] act[f] with float atomics. The down
-    projection is split over F by the same programs, so no kernel boundary (and no act
-    buffer) sits between the two products; h is not read here, which is why the input must be
-    the hand-off."""
-    pid = tl.program_id(0)
-    rf = pid * BLOCK_F + tl.arange(0, BLOCK_F)
-    fmask = rf < F
-    acc = tl.zeros([BLOCK_F], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_F], dtype=tl.float32)
-    _gdc(PDL)
-    for k0 in range(0, D, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        kmask = rk < D
-        x = tl.load(xg_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
-        wmask = fmask[:, None] & kmask[None, :]
-        w = _w_tile(w13_ptr, rf, 0, rk, wmask, D, EVICT)
-        acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-        w = _w_tile(w13_ptr, rf, F, rk, wmask, D, EVICT)
-        acc2 += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-    if LATE_AT == 1:
-        _gdc_late(PDL)
-    sp = tl.arange(0, NP_BLOCK)
-    inv = tl.rsqrt(tl.sum(tl.load(ssp_ptr + sp, mask=sp < NP, other=0.0), 0) / D + eps)
-    g = acc * inv
-    act = g * tl.sigmoid(g) * (acc2 * inv)
-    # rounded as the unfused step's act buffer (the weights' dtype) rounds it
-    act = tl.where(fmask, act.to(w2_ptr.dtype.element_ty).to(tl.float32), 0.0)
-    for d0 in range(0, D, BLOCK_D):
-        rd = d0 + tl.arange(0, BLOCK_D)
-        dmask = rd < D
-        if W2T:  # [F, D]
-            wp = w2_ptr + rf[:, None] * D + rd[None, :]
-        else:  # [D, F]
-            wp = w2_ptr + rd[None, :] * F + rf[:, None]
-        w = tl.load(wp, mask=fmask[:, None] & dmask[None, :], other=0.0, eviction_policy=EVICT)
-        tl.atomic_add(h_ptr + rd, tl.sum(w.to(tl.float32) * act[:, None], axis=0), mask=dmask,
-                      sem=SEM)
-    if LATE_AT == 2:
-        _gdc_late(PDL)
 
 
 @triton.jit
@@ -720,7 +656,7 @@ def linear(
     evict: str = "",  # cache policy of the weight loads: "" or "evict_first"
     hand_out: NormHandoff | None = None,  # ADD into a residual: also hand it to the next norm
     hand_in: NormHandoff | None = None,  # x is hand_in.xg: normalize with its statistics
-    atomic_sem: str = "acq_rel",  # split-K: memory semantics of the partials' atomics
+    atomic_sem: str = "relaxed",  # split-K: memory semantics of the partials' atomics
 ) -> torch.Tensor:
     t, k = x.shape
     if atomic_sem not in ATOMIC_SEMS:
@@ -777,45 +713,6 @@ def linear(
     return out
 
 
-def ffn(
-    hand: NormHandoff,  # the o-projection's hand-off of the feed-forward norm: x = hand.xg
-    w13: torch.Tensor,  # [2F, D]
-    w2: torch.Tensor,  # [D, F], or [F, D] with cfg.w2t
-    h: torch.Tensor,  # [1, D] float32 residual: h += down(SwiGLU(gate/up(x)))
-    *,
-    eps: float,
-    cfg: FfnConfig | None = None,
-    pdl: int = 0,
-    evict: str = "",
-    atomic_sem: str = "relaxed",
-) -> torch.Tensor:
-    """The one-token feed-forward in one launch (``_ffn_kernel``): gate/up, SwiGLU and the
-    down projection, split over F, adding into ``h`` with float atomics, so its last bits vary
-    from run to run (deterministic steps keep the two products)."""
-    cfg = cfg or FfnConfig()
-    d = h.shape[1]
-    f = w13.shape[0] // 2
-    want = (f, d) if cfg.w2t else (d, f)
-    if h.shape[0] != 1 or h.dtype != torch.float32 or not h.is_contiguous():
-        raise ValueError("ffn serves the one-token step: h must be a contiguous float32 [1, D]")
-    if tuple(w13.shape) != (2 * f, d) or tuple(w2.shape) != want:
-        raise ValueError(f"ffn needs w13 [2F, D] = [{2 * f}, {d}] and w2 {list(want)}; got "
-                         f"{list(w13.shape)} and {list(w2.shape)}")
-    if tuple(hand.xg.shape) != (1, d) or hand.ss_part.shape[0] != 1:
-        raise ValueError(f"ffn needs the hand-off of a [1, {d}] residual; got xg "
-                         f"{list(hand.xg.shape)}")
-    if atomic_sem not in ATOMIC_SEMS:
-        raise ValueError(f"atomic_sem must be one of {ATOMIC_SEMS}, not {atomic_sem!r}")
-    np_ = hand.ss_part.shape[1]
-    _ffn_kernel[(triton.cdiv(f, cfg.block_f),)](
-        hand.xg, hand.ss_part, w13, w2, h, d, f, np_, eps,
-        BLOCK_F=cfg.block_f, BLOCK_K=cfg.block_k, BLOCK_D=cfg.block_d,
-        NP_BLOCK=triton.next_power_of_2(np_), W2T=cfg.w2t, PDL=_wait(pdl), LATE_AT=cfg.late_at,
-        EVICT=evict, SEM=atomic_sem, num_warps=cfg.num_warps, **_launch(pdl),
-    )
-    return h
-
-
 def qkv_rope(
     x: torch.Tensor,  # [T, D] float32 residual
     wqkv: torch.Tensor,  # [(H + 2 Hkv) hd, D]
@@ -865,7 +762,7 @@ def qkv_split(
     evict: str = "",
     pdl_rope: int | None = None,  # the second kernel's PDL mode; default: as ``pdl``
     rope_warps: int = 1,  # warps of each (token, head) program of the second kernel
-    atomic_sem: str = "acq_rel",
+    atomic_sem: str = "relaxed",
 ) -> None:
     """``qkv_rope`` for verify steps in two launches: a split-K product (many programs; the
     per-pair qkv kernel has only (heads x pairs / 16) of them at T > 1) and a small kernel that
@@ -935,7 +832,7 @@ def attention_out(
     block_n: int = 128,
     pdl: int = 0,
     trim: bool = True,
-    atomic_sem: str = "acq_rel",
+    atomic_sem: str = "relaxed",
 ) -> torch.Tensor:
     """The one-token step's attention and o-projection in two launches instead of three
     (``pdl`` and ``trim`` as in ``attention``)."""

@@ -213,7 +213,7 @@ def _rows(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, inv, row0, 
         acc = acc * inv[:, None]
         acc2 = acc2 * inv[:, None]
     _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, 0.0,
-                MODE, 2 if NORM else 0, BIAS, 1)
+                MODE, 2 if NORM else 0, BIAS, 1, "relaxed")
 
 
 @triton.jit
