@@ -20,7 +20,8 @@ A variant is a JSON object of Runner settings: ``verify_pdl`` (PDL mode per kern
 variants ``pdl_by_t`` (keys as strings) and ``one_token_pdl``; for both, ``trim_merge``
 (false: the merge reads every split, as before session 7); ``norm_handoff`` (one-token steps:
 the o-projection hands the feed-forward norm to gate/up, ``kernels.NormHandoff``);
-``atomic_sem`` (split-K atomics: "acq_rel" or "relaxed"). Results go
+``atomic_sem`` (split-K atomics: "acq_rel" or "relaxed"); ``verify_handoff`` (verify steps
+hand the norm off too, serially from a split-K o-projection). Results go
 to ``--out``/verify.json; ``--norm-cost`` instead prices the norm inside each normed product.
 """
 
@@ -193,16 +194,28 @@ HANDOFF_VARIANTS: dict[str, dict[str, Any]] = {
 }
 #: ``--set fuse``: the same in verify steps (split-K qkv, wo, down).
 FUSE_VARIANTS: dict[str, dict[str, Any]] = {"acq_rel": {"atomic_sem": "acq_rel"}}
+#: ``--set serial`` (session 9): verify steps handing the feed-forward norm from the split-K
+#: o-projection to gate/up (``verify_handoff``: the last split of a column block hands it
+#: off), with gate/up's K tile doubled, or the o-projection in 8 splits; Triton's acq_rel
+#: atomics again (run 83's comparison, once more).
+SERIAL_VARIANTS: dict[str, dict[str, Any]] = {
+    "handoff": {"verify_handoff": True},
+    "handoff_w13_128": {"verify_handoff": True, "tiles": {"w13": [64, 128, 4, 3, 1, True]}},
+    "handoff_wo8": {"verify_handoff": True, "tiles": {"wo": [32, 128, 4, 3, 8]}},
+    "acq_rel": {"atomic_sem": "acq_rel"},
+}
+T1_SETS["serial"] = {"t1_acq_rel": {"atomic_sem": "acq_rel"}}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
+    "serial": SERIAL_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "norm_handoff", "atomic_sem"}
+         "norm_handoff", "atomic_sem", "verify_handoff"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -232,6 +245,7 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
     r.norm_handoff = bool(v.get("norm_handoff", base["norm_handoff"]))
     r.atomic_sem = v.get("atomic_sem", base["atomic_sem"])
+    r.verify_handoff = bool(v.get("verify_handoff", base["verify_handoff"]))
     r.drop_steps()
 
 
@@ -244,7 +258,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
-               "atomic_sem": r.atomic_sem}
+               "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -74,6 +74,9 @@ class Workspace:
     #: (float32) and per-program sums of squares.
     xg: torch.Tensor | None = None
     ss_part: torch.Tensor | None = None
+    #: Verify steps' split-K o-projection: its arrival count per column block (int32 zeros
+    #: between launches; ``kernels.NormHandoff``).
+    hand_count: torch.Tensor | None = None
 
     @property
     def start(self) -> torch.Tensor:
@@ -128,6 +131,8 @@ class Runner:
         #: instead of gate/up normalizing h inside its K loop; needs an unsplit o-projection.
         #: On by default for the shapes in ``tuning.NORM_HANDOFF``.
         self.norm_handoff = False
+        #: The same for verify steps (T > 1), serially where the o-projection splits K.
+        self.verify_handoff = False
         self.attn_out_block_n = 128
         #: Memory semantics of split-K partials' float atomics (``kernels.ATOMIC_SEMS``).
         self.atomic_sem = "relaxed"
@@ -477,7 +482,7 @@ class Runner:
                             pdl_combine=pk("combine"), combine_warps=self.combine_warps.get(t, 1),
                             trim=self.trim_merge)
                 if hand_bufs is not None:
-                    hand = K.NormHandoff(*hand_bufs, lw.ffn_norm)
+                    hand = K.NormHandoff(hand_bufs[0], hand_bufs[1], lw.ffn_norm, hand_bufs[2])
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pk("wo"), evict=ev,
                          hand_out=hand, atomic_sem=sem)
             if hand is not None:
@@ -492,26 +497,36 @@ class Runner:
                  pdl=pk("out"), evict=ev)
         return ws.logits
 
-    def _handoff_buffers(self, ws: Workspace) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The buffers (x * g, per-program sums of squares) of the o-projection's hand-off of
-        the feed-forward norm to gate/up (``kernels.NormHandoff``; every layer reuses them),
-        where it applies: ``norm_handoff``, a one-token step, and an o-projection tile without
-        split-K (each program must own whole columns of the new residual)."""
+    def _handoff_buffers(
+        self, ws: Workspace
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """The buffers (x * g, per-program sums of squares, split-K arrival counts) of the
+        o-projection's hand-off of the feed-forward norm to gate/up (``kernels.NormHandoff``;
+        every layer reuses them), where it applies: one-token steps with ``norm_handoff`` and
+        an o-projection tile without split-K (each program must own whole columns of the new
+        residual); verify steps with ``verify_handoff``, serially where the tile splits K.
+        Verify steps' x * g is in the weights' dtype, which their gate/up rounds it to anyway."""
         from openjarvis.engine.torch import kernels as K
 
         t = ws.tokens.shape[0]
-        if not self.norm_handoff or t != 1:
+        if not (self.norm_handoff if t == 1 else self.verify_handoff):
             return None
         a = self.args
         cfg = self.tiles("wo", t) or K.default_linear_config(t, a.n_embd, a.q_dim,
                                                               self.device.type == "cuda")
-        if cfg.split_k > 1:
+        split = cfg.split_k > 1
+        if split and t == 1:
             return None
         n_prog = -(-a.n_embd // cfg.block_n)
-        if ws.xg is None or ws.ss_part is None or ws.ss_part.shape[1] != n_prog:
-            ws.xg = torch.empty(t, a.n_embd, dtype=torch.float32, device=self.device)
+        dtype = torch.float32 if t == 1 else self.model.dtype
+        if (ws.xg is None or ws.ss_part is None or ws.ss_part.shape[1] != n_prog
+                or ws.xg.dtype != dtype):
+            ws.xg = torch.empty(t, a.n_embd, dtype=dtype, device=self.device)
             ws.ss_part = torch.empty(t, n_prog, dtype=torch.float32, device=self.device)
-        return ws.xg, ws.ss_part
+            ws.hand_count = None
+        if split and ws.hand_count is None:
+            ws.hand_count = torch.zeros(n_prog, dtype=torch.int32, device=self.device)
+        return ws.xg, ws.ss_part, ws.hand_count if split else None
 
 
 def _has_triton() -> bool:

@@ -60,17 +60,23 @@ class LinearConfig:
 @dataclass(frozen=True, slots=True)
 class NormHandoff:
     """An RMSNorm handed from the kernel that writes a residual to the product that reads it
-    (the o-projection to gate/up in one-token steps): the producer, whose programs each own
-    whole columns of the new residual, writes ``xg = h * weight`` and each program's sum of
-    squares into its slot of ``ss_part``; the consumer reads ``xg`` as its input and sums the
-    slots for 1/RMS, so its K loop does no norm work (session 8 run 77: that work costs the
-    1.5B's one-token gate/up 1.6 of its 17 us a layer). ``xg`` stays float32: as bfloat16 it
-    was slower for the 0.5B and rounded x * g (run 78). Verify steps do not hand off: their
-    o-projection would have to give up split-K, which cost more than gate/up gained (run 79)."""
+    (the o-projection to gate/up): the producer, whose programs each own whole columns of the
+    new residual, writes ``xg = h * weight`` and each program's sum of squares into its slot of
+    ``ss_part``; the consumer reads ``xg`` as its input and sums the slots for 1/RMS, so its K
+    loop does no norm work (session 8 run 77: that work costs the 1.5B's one-token gate/up 1.6
+    of its 17 us a layer). One-token steps keep ``xg`` float32: as bfloat16 it was slower for
+    the 0.5B and rounded x * g (run 78); verify steps' gate/up rounds x * g to bfloat16 for its
+    MMA anyway, so there it is bfloat16.
 
-    xg: torch.Tensor  # [T, K] float32
+    A split-K producer (verify steps: its o-projection needs the splits' parallelism, run 79)
+    hands off serially: each split adds its partial, then counts itself in at ``count`` (one
+    int32 a column block, zero between launches); the last to arrive reads the finished columns
+    back and writes the slot, and resets the count (CUTLASS's serial split-K reduction)."""
+
+    xg: torch.Tensor  # [T, K] float32 or the weights' dtype
     ss_part: torch.Tensor  # [T, producer programs] float32
     weight: torch.Tensor  # [K] the norm's weight
+    count: torch.Tensor | None = None  # [producer programs] int32 zeros: split-K producers
 
 
 def block_t(t: int) -> int:
@@ -197,18 +203,40 @@ def _hand_off(h, rn, rt, nmask, tmask, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, p
 
 
 @triton.jit
+def _serial_hand_off(out_ptr, stride_out, rn, rt, nmask, tmask, cnt_ptr, g2_ptr, xg_ptr, ssp_ptr,
+                     stride_xg, NP, pid, SPLIT_K: tl.constexpr):
+    """``NormHandoff`` from a split-K producer, after this program's partial is added: the
+    last split of the column block to count itself in reads the finished columns back (from
+    L2, past this SM's L1) and hands them off, then zeroes the count for the next launch.
+
+    The block barrier puts every thread's partial before the counting atomic, whose release
+    (one thread) publishes them; its acquire, broadcast by the barrier Triton places after a
+    scalar atomic, puts the read-back after every other split's partial (session 6 run 52's
+    counter lacked the first barrier and lost partials)."""
+    tl.debug_barrier()
+    n = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+    if n == SPLIT_K - 1:
+        m = tmask[:, None] & nmask[None, :]
+        h = tl.load(out_ptr + rt[:, None] * stride_out + rn[None, :], mask=m, other=0.0,
+                    cache_modifier=".cg")
+        _hand_off(h, rn, rt, nmask, tmask, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, pid)
+        tl.store(cnt_ptr + pid, 0)
+
+
+@triton.jit
 def _linear_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
     T, N, K, stride_x, stride_out, eps,
-    g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP,
+    g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr,
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
     SEM: tl.constexpr,
 ):
     """``HAND`` (``NormHandoff``): 1, also hand the new rows of ``out`` (a residual) to the
-    next norm (``_hand_off``); 2, ``x`` is such a hand-off (x * g) and the RMS statistics are
-    the ``NP`` partial sums at ``ssp``: no squares or norm weight in the loop."""
+    next norm (``_hand_off``; with split-K, ``_serial_hand_off``); 2, ``x`` is such a hand-off
+    (x * g) and the RMS statistics are the ``NP`` partial sums at ``ssp``: no squares or norm
+    weight in the loop."""
     pid = tl.program_id(0)
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     k_lo = tl.program_id(1) * k_per
@@ -268,7 +296,10 @@ def _linear_kernel(
     else:
         h = _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
                         MODE, NORM, BIAS, SPLIT_K, SEM)
-        if HAND == 1:
+        if HAND == 1 and SPLIT_K > 1:
+            _serial_hand_off(out_ptr, stride_out, rn, rt, nmask, tmask, cnt_ptr, g2_ptr, xg_ptr,
+                             ssp_ptr, stride_xg, NP, pid, SPLIT_K)
+        elif HAND == 1:
             _hand_off(h, rn, rt, nmask, tmask, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, pid)
 
 
@@ -276,12 +307,14 @@ def _linear_kernel(
 def _linear_swap_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
     T, N, K, stride_x, stride_out, eps,
+    g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr,
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EVICT: tl.constexpr, SEM: tl.constexpr,
+    PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
+    SEM: tl.constexpr,
 ):
     """``_linear_kernel`` for T > 1 with the product transposed: accT [BN, BT] += W [BN, BK] .
-    x^T [BK, BT]; transposed back once, before the same epilogue."""
+    x^T [BK, BT]; transposed back once, before the same epilogue (``HAND`` as there)."""
     pid = tl.program_id(0)
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     k_lo = tl.program_id(1) * k_per
@@ -309,8 +342,18 @@ def _linear_swap_kernel(
             w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
             acc2_t = tl.dot(w2, xt, acc2_t)
     _gdc_late(PDL)
-    _linear_out(tl.trans(acc_t), tl.trans(acc2_t), ss, rn, rt, nmask, tmask, b_ptr, out_ptr,
-                stride_out, K, eps, MODE, NORM, BIAS, SPLIT_K, SEM)
+    if HAND == 2:
+        ss = _handed_ss(ssp_ptr, rt, tmask, NP, NP_BLOCK)
+        _linear_out(tl.trans(acc_t), tl.trans(acc2_t), ss, rn, rt, nmask, tmask, b_ptr, out_ptr,
+                    stride_out, K, eps, MODE, 1, BIAS, SPLIT_K, SEM)
+    else:
+        h = _linear_out(tl.trans(acc_t), tl.trans(acc2_t), ss, rn, rt, nmask, tmask, b_ptr,
+                        out_ptr, stride_out, K, eps, MODE, NORM, BIAS, SPLIT_K, SEM)
+        if HAND == 1 and SPLIT_K > 1:
+            _serial_hand_off(out_ptr, stride_out, rn, rt, nmask, tmask, cnt_ptr, g2_ptr, xg_ptr,
+                             ssp_ptr, stride_xg, NP, pid, SPLIT_K)
+        elif HAND == 1:
+            _hand_off(h, rn, rt, nmask, tmask, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, pid)
 
 
 @triton.jit
@@ -664,20 +707,23 @@ def linear(
     n = w.shape[0] // 2 if mode == SWIGLU else w.shape[0]
     cfg = cfg or default_linear_config(t, n, k, x.device.type == "cuda")
     if cfg.split_k > 1 and (mode != ADD or (norm is not None and norm_scale) or bias is not None
-                            or out.dtype != torch.float32 or hand_out is not None):
-        raise ValueError("split_k > 1 needs mode=ADD into float32, without a norm scale, bias "
-                         "or hand-off")
+                            or out.dtype != torch.float32):
+        raise ValueError("split_k > 1 needs mode=ADD into float32, without a norm scale or bias")
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
     hand = hand_out or hand_in
     if hand is not None:
-        if (cfg.swap and t > 1) or norm is not None or (hand_out is not None) == (hand_in is not None):
-            raise ValueError("a norm hand-off runs in the unswapped kernel, one side at a time, "
-                             "instead of a norm")
+        if norm is not None or (hand_out is not None) == (hand_in is not None):
+            raise ValueError("a norm hand-off runs instead of a norm, one side at a time")
         if hand_out is not None and (mode != ADD or out.dtype != torch.float32
                                      or hand.ss_part.shape[1] != grid[0]):
             raise ValueError(f"a hand-off producer adds into a float32 residual with one "
                              f"statistics slot a program ({grid[0]}); got "
                              f"{hand.ss_part.shape[1]} slots")
+        if hand_out is not None and cfg.split_k > 1 and (
+                hand.count is None or tuple(hand.count.shape) != (grid[0],)
+                or hand.count.dtype != torch.int32):
+            raise ValueError(f"a split-K hand-off producer needs count: int32 zeros, one a "
+                             f"column block ({grid[0]})")
         width = n if hand_out is not None else k
         if (tuple(hand.xg.shape) != (t, width) or hand.ss_part.shape[0] != t
                 or not (hand.xg.is_contiguous() and hand.ss_part.is_contiguous())):
@@ -686,29 +732,27 @@ def linear(
                              f"{tuple(hand.ss_part.shape)}")
         if hand_in is not None and x.data_ptr() != hand.xg.data_ptr():
             raise ValueError("a hand-off consumer reads x from the hand-off (hand_in.xg)")
-    if cfg.swap and t > 1:
-        if cfg.block_n < 16:
-            raise ValueError("a swapped tile needs block_n >= 16 (it is the MMA's M)")
-        _linear_swap_kernel[grid](
-            x, w, norm if norm is not None else w, bias if bias is not None else w, out,
-            t, n, k, x.stride(0), out.stride(0), eps,
-            MODE=mode, NORM=0 if norm is None else 1 if norm_scale else 2, BIAS=bias is not None,
-            BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-            PDL=pdl, EVICT=evict, SEM=atomic_sem, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages, **_launch(pdl),
-        )
-        return out
-    _linear_kernel[grid](
-        x, w, norm if norm is not None else w, bias if bias is not None else w, out,
-        t, n, k, x.stride(0), out.stride(0), eps,
+    hand_args = (
         hand.weight if hand else w, hand.xg if hand else w, hand.ss_part if hand else out,
         hand.xg.stride(0) if hand else 0, hand.ss_part.shape[1] if hand else 1,
+        hand.count if hand is not None and hand.count is not None else out,
+    )
+    common = dict(
         MODE=mode, NORM=0 if norm is None else 1 if norm_scale else 2, BIAS=bias is not None,
         BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         PDL=pdl, EVICT=evict, HAND=1 if hand_out else 2 if hand_in else 0,
         NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1, SEM=atomic_sem,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **_launch(pdl),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
+    )
+    if cfg.swap and t > 1:
+        if cfg.block_n < 16:
+            raise ValueError("a swapped tile needs block_n >= 16 (it is the MMA's M)")
+        kernel = _linear_swap_kernel
+    else:
+        kernel = _linear_kernel
+    kernel[grid](
+        x, w, norm if norm is not None else w, bias if bias is not None else w, out,
+        t, n, k, x.stride(0), out.stride(0), eps, *hand_args, **common,
     )
     return out
 

@@ -111,26 +111,72 @@ def test_a_norm_hand_off_it_cannot_run_is_refused_with_the_reason() -> None:
     t, n, k = 1, 40, 72
     x, wo, h = g(t, k), g(n, k), g(t, n)
     hand = K.NormHandoff(torch.zeros(t, n), torch.zeros(t, 5), g(n))
-    with pytest.raises(ValueError, match="unswapped kernel"):  # T > 1 for the swapped kernel
-        K.linear(g(3, k), wo, g(3, n), mode=K.ADD, cfg=K.LinearConfig(16, 32, swap=True),
-                 hand_out=K.NormHandoff(torch.zeros(3, n), torch.zeros(3, 3), g(n)))
-    with pytest.raises(ValueError, match="unswapped kernel"):
-        K.linear(torch.zeros(3, n), g(16, n), torch.zeros(3, 8), mode=K.SWIGLU,
-                 cfg=K.LinearConfig(16, 32, swap=True),
-                 hand_in=K.NormHandoff(torch.zeros(3, n), torch.zeros(3, 3), g(n)))
+    count = torch.zeros(5, dtype=torch.int32)
     cases = [
-        (dict(cfg=K.LinearConfig(8, 32, split_k=2), hand_out=hand), "split_k"),
+        (dict(cfg=K.LinearConfig(8, 32, split_k=2), hand_out=hand), "needs count"),
+        (dict(cfg=K.LinearConfig(8, 32, split_k=2), hand_out=K.NormHandoff(
+            torch.zeros(t, n), torch.zeros(t, 5), g(n), torch.zeros(4, dtype=torch.int32))),
+         r"one a column block \(5\)"),
+        (dict(cfg=K.LinearConfig(8, 32, split_k=2), hand_out=K.NormHandoff(
+            torch.zeros(t, n), torch.zeros(t, 5), g(n), count.float())), "int32 zeros"),
         (dict(cfg=K.LinearConfig(16, 32), hand_out=hand), "one statistics slot a program"),
         (dict(cfg=K.LinearConfig(8, 32), hand_out=K.NormHandoff(torch.zeros(t, n - 1),
                                                                  torch.zeros(t, 5), g(n))),
          r"contiguous xg \[1, 40\]"),
         (dict(cfg=K.LinearConfig(8, 32), hand_out=hand, hand_in=hand), "one side at a time"),
+        (dict(cfg=K.LinearConfig(8, 32), hand_out=hand, norm=g(k)), "instead of a norm"),
     ]
     for kw, msg in cases:
         with pytest.raises(ValueError, match=msg):
             K.linear(x, wo, h, mode=K.ADD, **kw)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="reads x from the hand-off"):
         K.linear(g(t, n), g(16, n), torch.zeros(t, 8), mode=K.SWIGLU, hand_in=hand)
+
+
+@pytest.mark.parametrize(("t", "swap", "split"), [(3, False, 3), (9, True, 2), (9, False, 1),
+                                                  (1, False, 4), (5, True, 1)])
+def test_a_split_k_producer_hands_the_norm_off_serially(
+        monkeypatch: pytest.MonkeyPatch, t: int, swap: bool, split: int) -> None:
+    """Verify steps' o-projection keeps split-K and still hands the norm to gate/up: the last
+    split of each column block to count itself in reads the finished columns back and writes
+    x * g and the slot (in the weights' dtype here float32), then zeroes its count; a second
+    launch on the same counts is right again. One hand-off a column block, not one a split
+    (the interpreter runs programs one by one, so a hand-off by every split would end right
+    there, and race on a GPU). The swapped consumer takes the hand-off too."""
+    handed: list[int] = []
+    orig = K._hand_off
+
+    def hand_off(*args: object) -> None:
+        handed.append(int(args[-1]))  # type: ignore[call-overload]  # pid
+        orig(*args)
+
+    monkeypatch.setattr(K, "_hand_off", hand_off)
+    n, k, f = 40, 72, 24
+    bn = 16 if swap or t > 1 else 8
+    x, wo, h0 = g(t, k, seed=1), g(n, k, seed=2), g(t, n, seed=3)
+    g2, w13 = g(n, seed=4) + 1, g(2 * f, n, seed=5)
+    n_prog = -(-n // bn)
+    count = torch.zeros(n_prog, dtype=torch.int32) if split > 1 else None
+    hand = K.NormHandoff(torch.full((t, n), POISON), torch.full((t, n_prog), POISON), g2, count)
+    cfg = K.LinearConfig(bn, 16, split_k=split, swap=swap)
+    ref_h = h0 + x @ wo.T
+    for _ in range(2):
+        h = h0.clone()
+        hand.xg.fill_(POISON)
+        hand.ss_part.fill_(POISON)
+        handed.clear()
+        K.linear(x, wo, h, mode=K.ADD, cfg=cfg, hand_out=hand)
+        assert sorted(handed) == list(range(n_prog))
+        assert rel(h, ref_h) < 1e-5
+        assert rel(hand.xg, ref_h * g2) < 1e-5
+        assert rel(hand.ss_part.sum(1), (ref_h * ref_h).sum(1)) < 1e-5
+        assert count is None or not count.any()
+    act = torch.full((t, f), POISON)
+    K.linear(hand.xg, w13, act, mode=K.SWIGLU, eps=1e-6,
+             cfg=K.LinearConfig(16, 32, swap=swap), hand_in=hand)
+    gate, up = (rms_norm(ref_h, g2, 1e-6) @ w13.T).split(f, dim=-1)
+    assert not act.isnan().any()
+    assert rel(act, torch.nn.functional.silu(gate) * up) < 1e-5
 
 
 def test_split_k_atomics_take_only_the_memory_semantics_there_are() -> None:
@@ -338,6 +384,27 @@ def test_runner_with_the_norm_hand_off_matches_the_reference_path(setting: str) 
         assert rel(again, ref[8:]) < 1e-5
 
 
+@pytest.mark.parametrize("split", [1, 2])
+def test_verify_steps_hand_the_norm_off_and_match_the_reference_path(split: int) -> None:
+    """``verify_handoff``: verify steps' o-projection hands the feed-forward norm to their
+    (swapped) gate/up, serially where it splits K; the same step again at another position
+    reuses the counts, which each launch leaves at zero."""
+    model = _model()
+    fast = Runner(model, 64, kernels="triton", nsplit=4)
+    fast.verify_handoff, fast.qkv_split = True, K.LinearConfig(16, 32, split_k=2)
+    fast.linear_configs[("wo", 5)] = K.LinearConfig(16, 64, split_k=split)
+    fast.linear_configs[("w13", 5)] = K.LinearConfig(16, 32, swap=True)
+    seq, ref = _seq_and_ref(model, 9, seed=7)
+    rows = [fast.logits(seq[:5], 0).clone(), fast.logits(seq[5:6], 5).clone(),
+            fast.logits(seq[4:9], 4).clone()]
+    assert rel(torch.cat(rows), torch.cat([ref[:6], ref[4:9]])) < 1e-5
+    ws = fast._steps[5]
+    assert ws.ss_part is not None and ws.ss_part.shape[1] == 128 // 16
+    assert (ws.hand_count is not None) == (split > 1)
+    assert ws.hand_count is None or not ws.hand_count.any()
+    assert fast._steps[1].ss_part is None  # norm_handoff (one-token steps) is off
+
+
 def test_a_prompt_longer_than_one_step_runs_in_chunks() -> None:
     w = random_weights(ARGS, torch.float32, "cpu", seed=4, scale=0.1)
     model = Transformer(ARGS, w, n_pos=128)
@@ -480,6 +547,13 @@ def test_each_kernel_launch_gets_its_pdl_mode_cache_policy_and_tiles(
     assert one[3][1]["hand_out"] is one[4][1]["hand_in"] is not None
     assert one[4][1].get("norm") is None and one[3][1]["hand_out"].weight is w.layers[0].ffn_norm
     assert plan(3)[3][1]["hand_out"] is None and "hand_in" not in plan(3)[4][1]
+    r.verify_handoff = True
+    r.linear_configs[("wo", 3)] = K.LinearConfig(16, 32, split_k=2)
+    hand = plan(3)[3][1]["hand_out"]  # deterministic: the tile is unsplit, no counts
+    assert hand is not None and hand.count is None and hand.xg.dtype == r.model.dtype
+    r.deterministic = False
+    verify = plan(3)
+    assert verify[3][1]["hand_out"].count is not None and verify[4][1]["hand_in"] is not None
     r.atomic_sem = "relaxed"  # every split-K launch takes the Runner's atomic semantics
     assert {kw["atomic_sem"] for n, kw in plan(3) if n in ("qkv_split", "wo", "w2")} == {"relaxed"}
 
@@ -533,7 +607,7 @@ class _PdlWatch:
         self.early_launches.clear()
 
 
-@pytest.mark.parametrize("setting", ["default", "fused", "deterministic"])
+@pytest.mark.parametrize("setting", ["default", "fused", "deterministic", "verify_handoff"])
 def test_kernels_launched_early_read_activations_only_after_their_wait(
         monkeypatch: pytest.MonkeyPatch, setting: str) -> None:
     """The GPU's PDL settings (one-token steps late-triggered with qkv and wo loading weights
@@ -551,13 +625,17 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
     r.fuse_attn_out = setting == "fused"
     if setting == "deterministic":
         r.make_deterministic()
+    if setting == "verify_handoff":  # serially, from a split-K o-projection
+        r.verify_handoff = True
+        r.linear_configs[("wo", 5)] = K.LinearConfig(16, 32, split_k=2)
+        r.linear_configs[("w13", 5)] = K.LinearConfig(16, 32, swap=True)
     watch = _PdlWatch(monkeypatch)
     r.logits(seq[:5], 0)  # builds both workspaces' buffers, then watch their reads
     r.logits(seq[5:6], 5)
     guarded = [r.cache.k, r.cache.v]
     for ws in r._steps.values():
         guarded += [b for b in (ws.h, ws.q, ws.o_part, ws.ml_part, ws.attn, ws.act, ws.logits,
-                                ws.qkv_acc, ws.xg, ws.ss_part) if b is not None]
+                                ws.qkv_acc, ws.xg, ws.ss_part, ws.hand_count) if b is not None]
     watch.guard(guarded)
     got = torch.cat([r.logits(seq[:5], 0).clone(), r.logits(seq[5:6], 5).clone(),
                      r.logits(seq[6:7], 6).clone()])
