@@ -156,9 +156,10 @@ SESSION5_VERIFY_PDL = {"attn": 1, "combine": 1}
 _ALL_LATE_NOW = VERIFY_PDL[(1536, 8960)]
 FINAL_VARIANTS: dict[str, dict[str, Any]] = {
     "session5": {"verify_pdl": SESSION5_VERIFY_PDL, "verify_attention": None,
-                 "combine_warps": {}, "trim_merge": False, "atomic_sem": "acq_rel"},
-    "session6": {"trim_merge": False, "atomic_sem": "acq_rel"},
-    "session8": {"atomic_sem": "acq_rel"},
+                 "combine_warps": {}, "trim_merge": False, "atomic_sem": "acq_rel",
+                 "verify_handoff": False},
+    "session6": {"trim_merge": False, "atomic_sem": "acq_rel", "verify_handoff": False},
+    "session8": {"atomic_sem": "acq_rel", "verify_handoff": False},
 }
 #: ``--set attn``: the same for verify steps.
 ATTN_VARIANTS: dict[str, dict[str, Any]] = {
@@ -194,14 +195,13 @@ HANDOFF_VARIANTS: dict[str, dict[str, Any]] = {
 }
 #: ``--set fuse``: the same in verify steps (split-K qkv, wo, down).
 FUSE_VARIANTS: dict[str, dict[str, Any]] = {"acq_rel": {"atomic_sem": "acq_rel"}}
-#: ``--set serial`` (session 9): verify steps handing the feed-forward norm from the split-K
-#: o-projection to gate/up (``verify_handoff``: the last split of a column block hands it
-#: off), with gate/up's K tile doubled, or the o-projection in 8 splits; Triton's acq_rel
-#: atomics again (run 83's comparison, once more).
+#: ``--set serial`` (session 9, run 84): verify steps without the feed-forward norm handed from
+#: the split-K o-projection to gate/up (``verify_handoff``, adopted in run 84), with it and
+#: gate/up's K tile doubled, or the o-projection in 8 splits; Triton's acq_rel atomics again.
 SERIAL_VARIANTS: dict[str, dict[str, Any]] = {
-    "handoff": {"verify_handoff": True},
-    "handoff_w13_128": {"verify_handoff": True, "tiles": {"w13": [64, 128, 4, 3, 1, True]}},
-    "handoff_wo8": {"verify_handoff": True, "tiles": {"wo": [32, 128, 4, 3, 8]}},
+    "no_handoff": {"verify_handoff": False},
+    "handoff_w13_128": {"tiles": {"w13": [64, 128, 4, 3, 1, True]}},
+    "handoff_wo8": {"tiles": {"wo": [32, 128, 4, 3, 8]}},
     "acq_rel": {"atomic_sem": "acq_rel"},
 }
 T1_SETS["serial"] = {"t1_acq_rel": {"atomic_sem": "acq_rel"}}

@@ -131,7 +131,8 @@ class Runner:
         #: instead of gate/up normalizing h inside its K loop; needs an unsplit o-projection.
         #: On by default for the shapes in ``tuning.NORM_HANDOFF``.
         self.norm_handoff = False
-        #: The same for verify steps (T > 1), serially where the o-projection splits K.
+        #: The same for verify steps (T > 1), serially where the o-projection splits K. On by
+        #: default for the shapes in ``tuning.VERIFY_HANDOFF``.
         self.verify_handoff = False
         self.attn_out_block_n = 128
         #: Memory semantics of split-K partials' float atomics (``kernels.ATOMIC_SEMS``).
@@ -176,6 +177,7 @@ class Runner:
                 QKV_SPLIT,
                 VERIFY_ATTENTION,
                 VERIFY_COMBINE_WARPS,
+                VERIFY_HANDOFF,
                 VERIFY_PDL,
                 WEIGHT_EVICT,
                 tuned_configs,
@@ -193,6 +195,7 @@ class Runner:
             self.linear_configs = tuned_configs(self.args, MAX_STEP)
             self.qkv_split = QKV_SPLIT.get(shape)
             self.norm_handoff = shape in NORM_HANDOFF
+            self.verify_handoff = shape in VERIFY_HANDOFF
             self.pdl_prologue = PDL_PROLOGUE.get(shape, frozenset())
             if torch.cuda.get_device_capability(self.device)[0] >= 8:  # L2 cache hints: sm_80+
                 self.weight_evict = WEIGHT_EVICT

@@ -70,6 +70,10 @@ VERIFY_COMBINE_WARPS: dict[tuple[int, int], int] = {(1536, 8960): 2}
 #: to gate/up (``kernels.NormHandoff``; session 8 run 81: 1.5B 1.122 -> 1.084 ms @512, 1.217 ->
 #: 1.177 @4096; 0.5B 0.550 -> 0.536, 0.615 -> 0.583).
 NORM_HANDOFF: frozenset[tuple[int, int]] = frozenset({(1536, 8960), (896, 4864)})
+#: (n_embd, n_ff) whose verify steps hand it off too, serially from the split-K o-projection
+#: (``Runner.verify_handoff``; session 9 run 84, k = 8: 1.5B 1.386 -> 1.347 ms @512, 1.461 ->
+#: 1.425 @4096; 0.5B 0.723 -> 0.712, 0.767 -> 0.759).
+VERIFY_HANDOFF: frozenset[tuple[int, int]] = frozenset({(1536, 8960), (896, 4864)})
 #: Cache policy of the weight loads: each weight is read once a step, so it may leave L2 first
 #: (session 3 run 18: 0.5B 0.624 -> 0.605 ms alone; 1.5B unchanged).
 WEIGHT_EVICT = "evict_first"
