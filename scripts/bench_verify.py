@@ -21,8 +21,7 @@ variants ``pdl_by_t`` (keys as strings) and ``one_token_pdl``; for both, ``trim_
 (false: the merge reads every split, as before session 7); ``norm_handoff`` (one-token steps:
 the o-projection hands the feed-forward norm to gate/up, ``kernels.NormHandoff``);
 ``atomic_sem`` (split-K atomics: "acq_rel" or "relaxed"); ``verify_handoff`` (verify steps
-hand the norm off too, serially from a split-K o-projection); ``qkv_serial`` (verify steps'
-qkv in one split-K launch finished by its last splits: [block_p, block_k, split_k, warps]). Results go
+hand the norm off too, serially from a split-K o-projection). Results go
 to ``--out``/verify.json; ``--norm-cost`` instead prices the norm inside each normed product.
 """
 
@@ -206,25 +205,20 @@ SERIAL_VARIANTS: dict[str, dict[str, Any]] = {
     "acq_rel": {"atomic_sem": "acq_rel"},
 }
 T1_SETS["serial"] = {"t1_acq_rel": {"atomic_sem": "acq_rel"}}
-#: ``--set qkv`` (session 9): verify steps' qkv in one split-K launch finished by the last
-#: split of each pair block (``qkv_serial``: [block_p, block_k, split_k, warps]), no RoPE kernel.
-QKV_VARIANTS: dict[str, dict[str, Any]] = {
-    "qkv_" + "_".join(map(str, c)): {"qkv_serial": list(c)}
-    for c in ((16, 64, 8, 4), (16, 64, 4, 4), (8, 64, 8, 4), (16, 128, 4, 4), (32, 64, 8, 4),
-              (16, 64, 16, 4))
-}
-T1_SETS["qkv"] = {}
+#: (Run 85's --set qkv, verify steps' qkv in one split-K launch of the per-pair kernel
+#: finished by the last split of each pair block, no RoPE kernel, lost: +1.7 % @4096 at best,
+#: +8 to +18 % for most tiles, 0.5B +2 to +13 %; removed, kept in history as 6344f41.)
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
-    "serial": SERIAL_VARIANTS, "qkv": QKV_VARIANTS,
+    "serial": SERIAL_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "norm_handoff", "atomic_sem", "verify_handoff", "qkv_serial"}
+         "norm_handoff", "atomic_sem", "verify_handoff"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -255,8 +249,6 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.norm_handoff = bool(v.get("norm_handoff", base["norm_handoff"]))
     r.atomic_sem = v.get("atomic_sem", base["atomic_sem"])
     r.verify_handoff = bool(v.get("verify_handoff", base["verify_handoff"]))
-    qs = v.get("qkv_serial", base["qkv_serial"])
-    r.qkv_serial = tuple(qs) if qs else None
     r.drop_steps()
 
 
@@ -269,8 +261,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
-               "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
-               "qkv_serial": r.qkv_serial}
+               "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -431,7 +422,7 @@ def breakdown(a: ModelArgs, pos: int, variant: dict[str, Any], t: int) -> dict[s
     r.step(toks, pos)
     whole = time_ms(lambda: r.replay(t))
     kinds = ["embed", "qkv_prod", "rope_kv", "attn_split", "combine", "wo", "w13", "w2", "out"]
-    if t == 1 or (r.qkv_serial and not r.deterministic):
+    if t == 1:
         kinds[1:3] = ["qkv_rope"]
     out: dict[str, Any] = {"t": t, "whole_ms": whole, "without": {}, "cost_us_per_layer": {}}
     for kind in kinds:

@@ -70,8 +70,6 @@ class Workspace:
     mega: Scratch | None = None
     #: [T, qkv_dim] float32 zeros: the split-K qkv accumulator of verify steps (``qkv_split``).
     qkv_acc: torch.Tensor | None = None
-    #: The buffers of the serially finished split-K qkv (``Runner.qkv_serial``).
-    qkv_serial: object | None = None
     #: The one-token o-projection's hand-off to gate/up (``Runner.norm_handoff``): x * g
     #: (float32) and per-program sums of squares.
     xg: torch.Tensor | None = None
@@ -151,10 +149,6 @@ class Runner:
         #: T > 1: qkv as a split-K product plus a small RoPE/KV-write kernel (``kernels.qkv_split``)
         #: with these tiles, instead of the per-pair qkv kernel; None keeps the per-pair kernel.
         self.qkv_split: object | None = None
-        #: T > 1: qkv as one split-K launch whose last split of each pair block finishes it
-        #: (``kernels.qkv_rope`` with ``split_k``), tiles (block_p, block_k, split_k,
-        #: num_warps); None keeps ``qkv_split`` (or the per-pair kernel).
-        self.qkv_serial: tuple[int, int, int, int] | None = None
         self._stacked: object | None = None
         #: Cache policy of the weight loads: "" or "evict_first" (a step reads each weight once).
         self.weight_evict = ""
@@ -462,28 +456,15 @@ class Runner:
         split = self.qkv_split if t > 1 and isinstance(self.qkv_split, K.LinearConfig) else None
         if self.deterministic:
             split = None
-        serial = self.qkv_serial if t > 1 and not self.deterministic else None
-        if serial is None and split is not None and ws.qkv_acc is None:
+        if split is not None and ws.qkv_acc is None:
             ws.qkv_acc = torch.zeros(t, a.qkv_dim, dtype=torch.float32, device=self.device)
-        if serial is not None:  # (new buffers where the tiles changed since the last step)
-            bufs = K.qkv_serial_buffers(t, a.n_head, a.n_head_kv, a.head_dim, serial[0], "meta")
-            old = ws.qkv_serial
-            if not isinstance(old, K.QkvSerial) or old.count.shape != bufs.count.shape:
-                ws.qkv_serial = K.qkv_serial_buffers(t, a.n_head, a.n_head_kv, a.head_dim,
-                                                     serial[0], self.device)
         fused = t == 1 and self.fuse_attn_out and not self.deterministic
         hand_bufs = None if fused else self._handoff_buffers(ws)
         sem = self.atomic_sem
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pk("embed"))
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
-            if serial is not None:
-                assert isinstance(ws.qkv_serial, K.QkvSerial)
-                K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
-                           kc, vc, a.rms_eps, block_p=serial[0], block_k=serial[1],
-                           num_warps=serial[3], pdl=pk("qkv"), evict=ev, split_k=serial[2],
-                           serial=ws.qkv_serial, atomic_sem=sem)
-            elif split is not None:
+            if split is not None:
                 assert ws.qkv_acc is not None
                 K.qkv_split(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                             kc, vc, ws.qkv_acc, a.rms_eps, cfg=split, pdl=pk("qkv"), evict=ev,

@@ -357,12 +357,46 @@ def _linear_swap_kernel(
 
 
 @triton.jit
-def _qkv_store(acc1, acc2, ss, K, eps, j, r1, r2, head, rt, tmask, b_ptr, rope_ptr, start_ptr,
-               q_ptr, kc_ptr, vc_ptr, stride_ch, stride_cs,
-               N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr):
-    """Finish pairs (rows r1, r2 = r1 + HD/2 of head ``head``) of the qkv product: 1/RMS from
-    the sums of squares ``ss``, bias, RoPE on q and k; store q, or k or v into the cache."""
+def _qkv_rope_kernel(
+    x_ptr, w_ptr, g_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
+    T, K, stride_x, stride_ch, stride_cs, eps,
+    N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    EVICT: tl.constexpr,
+):
+    """Program = BLOCK_P NeoX pairs (rows j and j + HD/2) of one head of q, k or v."""
     HALF: tl.constexpr = HD // 2
+    PER_HEAD: tl.constexpr = HALF // BLOCK_P
+    pid = tl.program_id(0)
+    head = pid // PER_HEAD  # 0..N_HEAD+2*N_KV
+    j = (pid % PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)  # [BP] pair index within head
+    r1 = head * HD + j
+    r2 = r1 + HALF
+    rt = tl.arange(0, BLOCK_T)
+    tmask = rt < T
+    acc1 = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+    k_first = 0
+    if PDL % 4 >= 2:  # the first weight tile before waiting on the previous kernel
+        rk = tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        w1 = _w_tile(w_ptr, r1, 0, rk, kmask[None, :], K, EVICT)
+        w2 = _w_tile(w_ptr, r2, 0, rk, kmask[None, :], K, EVICT)
+        _gdc(PDL)
+        acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
+                                   acc2, ss, 2, True, BLOCK_T)
+        k_first = BLOCK_K
+    else:
+        _gdc(PDL)
+    for k0 in range(k_first, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        w1 = _w_tile(w_ptr, r1, 0, rk, kmask[None, :], K, EVICT)
+        w2 = _w_tile(w_ptr, r2, 0, rk, kmask[None, :], K, EVICT)
+        acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
+                                   acc2, ss, 2, True, BLOCK_T)
+    _gdc_late(PDL)
     inv = tl.rsqrt(ss / K + eps)
     acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
     acc2 = acc2 * inv[:, None] + tl.load(b_ptr + r2).to(tl.float32)[None, :]
@@ -386,83 +420,6 @@ def _qkv_store(acc1, acc2, ss, K, eps, j, r1, r2, head, rt, tmask, b_ptr, rope_p
         vp = vc_ptr + (head - N_HEAD - N_KV) * stride_ch + pos[:, None] * stride_cs + j[None, :]
         tl.store(vp, o1.to(vc_ptr.dtype.element_ty), mask=m)
         tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _qkv_rope_kernel(
-    x_ptr, w_ptr, g_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
-    T, K, stride_x, stride_ch, stride_cs, eps, acc_ptr, ssacc_ptr, cnt_ptr,
-    N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    EVICT: tl.constexpr, SPLIT_K: tl.constexpr, SEM: tl.constexpr,
-):
-    """Program = BLOCK_P NeoX pairs (rows j and j + HD/2) of one head of q, k or v.
-
-    ``SPLIT_K`` > 1 (verify steps: more programs than pairs): program (pairs, split) adds its
-    partial products (into ``acc`` [T, QKV], zero between launches) and its slice's sums of
-    squares (into ``ssacc`` [pair blocks, BLOCK_T]), then counts itself in at ``cnt``; the
-    last split of the pairs to arrive reads them back, finishes and stores the pairs, and
-    zeroes what it read (``_serial_hand_off``'s ordering: a block barrier, then an acq_rel
-    count). That replaces the RoPE kernel that finishes a split-K product (``qkv_split``)."""
-    HALF: tl.constexpr = HD // 2
-    PER_HEAD: tl.constexpr = HALF // BLOCK_P
-    QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
-    pid = tl.program_id(0)
-    head = pid // PER_HEAD  # 0..N_HEAD+2*N_KV
-    j = (pid % PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)  # [BP] pair index within head
-    r1 = head * HD + j
-    r2 = r1 + HALF
-    rt = tl.arange(0, BLOCK_T)
-    tmask = rt < T
-    acc1 = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
-    k_lo = tl.program_id(1) * k_per
-    k_hi = tl.minimum(k_lo + k_per, K)
-    k_first = k_lo
-    if PDL % 4 >= 2:  # the first weight tile before waiting on the previous kernel
-        rk = k_lo + tl.arange(0, BLOCK_K)
-        kmask = rk < k_hi
-        w1 = _w_tile(w_ptr, r1, 0, rk, kmask[None, :], K, EVICT)
-        w2 = _w_tile(w_ptr, r2, 0, rk, kmask[None, :], K, EVICT)
-        _gdc(PDL)
-        acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
-                                   acc2, ss, 2, True, BLOCK_T)
-        k_first = k_lo + BLOCK_K
-    else:
-        _gdc(PDL)
-    for k0 in range(k_first, k_hi, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        kmask = rk < k_hi
-        w1 = _w_tile(w_ptr, r1, 0, rk, kmask[None, :], K, EVICT)
-        w2 = _w_tile(w_ptr, r2, 0, rk, kmask[None, :], K, EVICT)
-        acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
-                                   acc2, ss, 2, True, BLOCK_T)
-    _gdc_late(PDL)
-    if SPLIT_K > 1:
-        m = tmask[:, None]
-        p1 = acc_ptr + rt[:, None] * QKV + r1[None, :]
-        p2 = acc_ptr + rt[:, None] * QKV + r2[None, :]
-        sp = ssacc_ptr + pid * BLOCK_T + rt
-        tl.atomic_add(p1, acc1, mask=m, sem=SEM)
-        tl.atomic_add(p2, acc2, mask=m, sem=SEM)
-        tl.atomic_add(sp, ss, mask=tmask, sem=SEM)
-        tl.debug_barrier()
-        n = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        if n == SPLIT_K - 1:
-            acc1 = tl.load(p1, mask=m, other=0.0, cache_modifier=".cg")
-            acc2 = tl.load(p2, mask=m, other=0.0, cache_modifier=".cg")
-            ss = tl.load(sp, mask=tmask, other=0.0, cache_modifier=".cg")
-            tl.store(p1, tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32), mask=m)
-            tl.store(p2, tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32), mask=m)
-            tl.store(sp, tl.zeros([BLOCK_T], dtype=tl.float32), mask=tmask)
-            tl.store(cnt_ptr + pid, 0)
-            _qkv_store(acc1, acc2, ss, K, eps, j, r1, r2, head, rt, tmask, b_ptr, rope_ptr,
-                       start_ptr, q_ptr, kc_ptr, vc_ptr, stride_ch, stride_cs, N_HEAD, N_KV, HD)
-    else:
-        _qkv_store(acc1, acc2, ss, K, eps, j, r1, r2, head, rt, tmask, b_ptr, rope_ptr,
-                   start_ptr, q_ptr, kc_ptr, vc_ptr, stride_ch, stride_cs, N_HEAD, N_KV, HD)
 
 
 @triton.jit
@@ -816,56 +773,19 @@ def qkv_rope(
     num_warps: int = 4,
     pdl: int = 0,
     evict: str = "",
-    split_k: int = 1,
-    serial: QkvSerial | None = None,  # split_k > 1: its zeroed buffers (``qkv_serial_buffers``)
-    atomic_sem: str = "relaxed",
 ) -> None:
     t, k = x.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]
     bp = block_p or (4 if t == 1 and x.device.type == "cuda" else 16)
     bp = min(bp, hd // 2)
-    n_blocks = (n_head + 2 * n_kv) * (hd // 2 // bp)
-    bt = block_t(t)
-    if atomic_sem not in ATOMIC_SEMS:
-        raise ValueError(f"atomic_sem must be one of {ATOMIC_SEMS}, not {atomic_sem!r}")
-    if split_k > 1:
-        want = ((t, (n_head + 2 * n_kv) * hd), (n_blocks, bt), (n_blocks,))
-        got = None if serial is None else (tuple(serial.acc.shape), tuple(serial.ss.shape),
-                                           tuple(serial.count.shape))
-        if got != want:
-            raise ValueError(f"a split-K qkv needs buffers acc {list(want[0])}, ss "
-                             f"{list(want[1])} and count {list(want[2])} "
-                             f"(qkv_serial_buffers); got {got}")
-    bufs = (serial.acc, serial.ss, serial.count) if serial is not None else (x, x, x)
-    _qkv_rope_kernel[(n_blocks, split_k)](
+    grid = ((n_head + 2 * n_kv) * (hd // 2 // bp),)
+    _qkv_rope_kernel[grid](
         x, wqkv, norm, bias, rope, start, q_out, k_cache, v_cache,
-        t, k, x.stride(0), k_cache.stride(0), k_cache.stride(1), eps, *bufs,
+        t, k, x.stride(0), k_cache.stride(0), k_cache.stride(1), eps,
         N_HEAD=n_head, N_KV=n_kv, HD=hd,
-        BLOCK_T=bt, BLOCK_P=bp, BLOCK_K=block_k or min(512, triton.next_power_of_2(k)),
-        PDL=pdl, EVICT=evict, SPLIT_K=split_k, SEM=atomic_sem, num_warps=num_warps,
-        **_launch(pdl),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class QkvSerial:
-    """The buffers of a split-K ``qkv_rope`` (verify steps): the partial products, each pair
-    block's partial sums of squares, and its arrival count; all zero between launches (the
-    last split of each pair block zeroes what it read)."""
-
-    acc: torch.Tensor  # [T, QKV] float32
-    ss: torch.Tensor  # [pair blocks, BLOCK_T] float32
-    count: torch.Tensor  # [pair blocks] int32
-
-
-def qkv_serial_buffers(t: int, n_head: int, n_kv: int, hd: int, block_p: int,
-                       device: torch.device | str) -> QkvSerial:
-    n_blocks = (n_head + 2 * n_kv) * (hd // 2 // min(block_p, hd // 2))
-    return QkvSerial(
-        torch.zeros(t, (n_head + 2 * n_kv) * hd, dtype=torch.float32, device=device),
-        torch.zeros(n_blocks, block_t(t), dtype=torch.float32, device=device),
-        torch.zeros(n_blocks, dtype=torch.int32, device=device),
+        BLOCK_T=block_t(t), BLOCK_P=bp, BLOCK_K=block_k or min(512, triton.next_power_of_2(k)),
+        PDL=pdl, EVICT=evict, num_warps=num_warps, **_launch(pdl),
     )
 
 

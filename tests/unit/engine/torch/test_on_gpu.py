@@ -109,27 +109,19 @@ def test_one_token_steps_with_and_without_the_norm_hand_off_agree_with_float32(
     assert float((out.argmax(-1) == expect[170:180].argmax(-1)).float().mean()) > 0.95
 
 
-@pytest.mark.parametrize("qkv_serial", [None, (16, 64, 8, 4)])
 def test_verify_steps_with_the_serial_norm_hand_off_agree_with_float32(
-        pair: tuple[Transformer, Runner, list[int], torch.Tensor],
-        qkv_serial: tuple[int, int, int, int] | None) -> None:
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
     """Verify steps whose split-K o-projection hands the feed-forward norm to gate/up through
-    per-column-block counts (``verify_handoff``), and whose split-K qkv is finished by the last
-    split of each pair block (``qkv_serial``): close to float32 over three k = 8 steps, the
+    per-column-block counts (``verify_handoff``): close to float32 over three k = 8 steps, the
     counts back at zero (a missing barrier or fence shows here as lost partials)."""
     model, _, toks, expect = pair
     r = Runner(model, 256)
-    r.verify_handoff, r.qkv_serial = True, qkv_serial
+    r.verify_handoff = True
     r.logits(toks[:150], 0)
     out = torch.cat([r.logits(toks[150 + 9 * i : 159 + 9 * i], 150 + 9 * i).clone()
                      for i in range(3)])
     ws = r._steps[9]
     assert ws.hand_count is not None and not ws.hand_count.any()  # the 0.5B's wo splits K
-    if qkv_serial is not None:
-        from openjarvis.engine.torch.kernels import QkvSerial
-
-        assert isinstance(ws.qkv_serial, QkvSerial)
-        assert not (ws.qkv_serial.count.any() or ws.qkv_serial.acc.any())
     ref = expect[150:177]
     assert torch.isfinite(out).all()
     assert rel(out, ref) < BF16_REL

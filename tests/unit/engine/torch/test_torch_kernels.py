@@ -197,21 +197,9 @@ def test_split_k_adds_partial_sums_into_the_residual(t: int) -> None:
     assert rel(swapped, h0 + x @ w.T) < 1e-5
 
 
-@pytest.mark.parametrize(("peel", "split"), [(0, 1), (3, 1), (0, 3), (3, 2)])
+@pytest.mark.parametrize("peel", [0, 3])
 @pytest.mark.parametrize("t", [1, 5])
-def test_qkv_rope_writes_q_and_the_cache(
-        monkeypatch: pytest.MonkeyPatch, t: int, peel: int, split: int) -> None:
-    """Split-K (verify steps): the last split of each pair block, and only it, finishes it,
-    and leaves the partial sums, squares and counts at zero for the next launch, which is
-    right again."""
-    finished: list[int] = []
-    orig = K._qkv_store
-
-    def store(*args: object) -> None:
-        finished.append(1)
-        orig(*args)
-
-    monkeypatch.setattr(K, "_qkv_store", store)
+def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
     a = ARGS
     x, w, bias, norm = g(t, a.n_embd, seed=1), g(a.qkv_dim, a.n_embd, seed=2), g(a.qkv_dim, seed=3), g(a.n_embd, seed=4)
     rope = rope_table(a, 64, "cpu")
@@ -219,14 +207,8 @@ def test_qkv_rope_writes_q_and_the_cache(
     q = torch.full((t, a.n_head, a.head_dim), POISON)
     kc = torch.full((a.n_head_kv, 40, a.head_dim), POISON)
     vc = kc.clone()
-    serial = K.qkv_serial_buffers(t, a.n_head, a.n_head_kv, a.head_dim, 8, "cpu")
-    for _ in range(2 if split > 1 else 1):
-        q.fill_(POISON)
-        finished.clear()
-        K.qkv_rope(x, w, norm, bias, rope, torch.tensor([start]), q, kc, vc, 1e-6, block_p=8,
-                   block_k=32, pdl=peel, split_k=split, serial=serial if split > 1 else None)
-        assert not (serial.acc.any() or serial.ss.any() or serial.count.any())
-        assert len(finished) == serial.count.numel()  # (4 + 2 x 2 heads) x 2 pair blocks
+    K.qkv_rope(x, w, norm, bias, rope, torch.tensor([start]), q, kc, vc, 1e-6, block_k=64,
+               pdl=peel)
     y = rms_norm(x, norm, 1e-6) @ w.T + bias
     rq, rk, rv = y.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
     cs = rope[start : start + t]
@@ -235,17 +217,6 @@ def test_qkv_rope_writes_q_and_the_cache(
     assert rel(kc[:, start : start + t], rk) < 1e-5
     assert rel(vc[:, start : start + t], rv.view(t, a.n_head_kv, a.head_dim).transpose(0, 1)) < 1e-5
     assert kc[:, :start].isnan().all() and kc[:, start + t :].isnan().all()  # nothing else
-
-
-def test_a_split_k_qkv_without_its_buffers_is_refused() -> None:
-    a, t = ARGS, 3
-    x, w, bias, norm = g(t, a.n_embd), g(a.qkv_dim, a.n_embd), g(a.qkv_dim), g(a.n_embd)
-    q, kc = torch.zeros(t, a.n_head, a.head_dim), torch.zeros(a.n_head_kv, 40, a.head_dim)
-    wrong = K.qkv_serial_buffers(t, a.n_head, a.n_head_kv, a.head_dim, 16, "cpu")
-    for serial in (None, wrong):
-        with pytest.raises(ValueError, match=r"split-K qkv needs buffers acc \[3, 256\]"):
-            K.qkv_rope(x, w, norm, bias, rope_table(a, 64, "cpu"), torch.tensor([0]), q, kc,
-                       kc.clone(), 1e-6, block_p=8, split_k=2, serial=serial)
 
 
 @pytest.mark.parametrize(
@@ -432,23 +403,6 @@ def test_verify_steps_hand_the_norm_off_and_match_the_reference_path(split: int)
     assert (ws.hand_count is not None) == (split > 1)
     assert ws.hand_count is None or not ws.hand_count.any()
     assert fast._steps[1].ss_part is None  # norm_handoff (one-token steps) is off
-
-
-def test_verify_steps_with_the_serially_finished_qkv_match_the_reference_path() -> None:
-    """``qkv_serial``: the verify steps' qkv in one split-K launch, each pair block finished
-    by its last split (no RoPE kernel); new tiles in a live workspace get new buffers."""
-    model = _model()
-    fast = Runner(model, 64, kernels="triton", nsplit=4)
-    fast.qkv_split, fast.qkv_serial = K.LinearConfig(16, 32, split_k=2), (8, 32, 3, 4)
-    seq, ref = _seq_and_ref(model, 9, seed=8)
-    rows = [fast.logits(seq[:5], 0).clone(), fast.logits(seq[5:6], 5).clone()]
-    ws = fast._steps[5]
-    assert ws.qkv_acc is None and isinstance(ws.qkv_serial, K.QkvSerial)
-    assert ws.qkv_serial.count.numel() == 16 and not ws.qkv_serial.count.any()
-    fast.qkv_serial = (16, 32, 2, 4)
-    rows.append(fast.logits(seq[4:9], 4).clone())
-    assert isinstance(ws.qkv_serial, K.QkvSerial) and ws.qkv_serial.count.numel() == 8
-    assert rel(torch.cat(rows), torch.cat([ref[:6], ref[4:9]])) < 1e-5
 
 
 def test_a_prompt_longer_than_one_step_runs_in_chunks() -> None:
@@ -671,8 +625,8 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
     r.fuse_attn_out = setting == "fused"
     if setting == "deterministic":
         r.make_deterministic()
-    if setting == "verify_handoff":  # serially, from a split-K o-projection; qkv serially too
-        r.verify_handoff, r.qkv_serial = True, (8, 32, 2, 4)
+    if setting == "verify_handoff":  # serially, from a split-K o-projection
+        r.verify_handoff = True
         r.linear_configs[("wo", 5)] = K.LinearConfig(16, 32, split_k=2)
         r.linear_configs[("w13", 5)] = K.LinearConfig(16, 32, swap=True)
     watch = _PdlWatch(monkeypatch)
@@ -682,13 +636,11 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
     for ws in r._steps.values():
         guarded += [b for b in (ws.h, ws.q, ws.o_part, ws.ml_part, ws.attn, ws.act, ws.logits,
                                 ws.qkv_acc, ws.xg, ws.ss_part, ws.hand_count) if b is not None]
-        if isinstance(ws.qkv_serial, K.QkvSerial):
-            guarded += [ws.qkv_serial.acc, ws.qkv_serial.ss, ws.qkv_serial.count]
     watch.guard(guarded)
     got = torch.cat([r.logits(seq[:5], 0).clone(), r.logits(seq[5:6], 5).clone(),
                      r.logits(seq[6:7], 6).clone()])
     assert rel(got, ref) < 1e-5
     kinds = {"_qkv_rope_kernel", "_linear_kernel", "_attn_split_kernel"}
-    kinds |= set() if setting in ("deterministic", "verify_handoff") else {"_rope_kv_kernel"}
+    kinds |= set() if setting == "deterministic" else {"_rope_kv_kernel"}  # split-K qkv
     assert kinds <= set(watch.early_launches)  # the watch saw early launches of each kind
     assert not watch.violations, sorted(set(watch.violations))[:5]
