@@ -91,6 +91,8 @@ def each_variants(default_pdl: dict[str, int]) -> dict[str, dict[str, Any]]:
     return out
 
 
+#: The 0.5B's one-token down-projection tile before session 9 (``by_width``: that model only).
+_W2_0_5B_S8_T1 = {"t1_tiles": {"w2": [8, 1024, 8, 2, 4]}}
 #: ``--set``: named lists of variants.
 _T1_LATE = {"pdl_by_t": {"1": 1 + LATE}, "one_token_pdl": {}}
 _T1_MIXES: dict[str, dict[str, Any]] = {
@@ -134,10 +136,13 @@ T1_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "one_tile": {},  # verify variants only
     # the one-token defaults of sessions 5 (every next kernel launched at the start), 6 and 7
     "final": {"t1_session5": {"pdl_by_t": {"1": 1}, "one_token_pdl": {}, "trim_merge": False,
-                              "norm_handoff": False, "atomic_sem": "acq_rel"},
-              "t1_session6": {"trim_merge": False, "norm_handoff": False, "atomic_sem": "acq_rel"},
-              "t1_session7": {"norm_handoff": False, "atomic_sem": "acq_rel"},
-              "t1_session8": {"atomic_sem": "acq_rel"}},
+                              "norm_handoff": False, "atomic_sem": "acq_rel",
+                              "by_width": {"896": _W2_0_5B_S8_T1}},
+              "t1_session6": {"trim_merge": False, "norm_handoff": False, "atomic_sem": "acq_rel",
+                              "by_width": {"896": _W2_0_5B_S8_T1}},
+              "t1_session7": {"norm_handoff": False, "atomic_sem": "acq_rel",
+                              "by_width": {"896": _W2_0_5B_S8_T1}},
+              "t1_session8": {"atomic_sem": "acq_rel", "by_width": {"896": _W2_0_5B_S8_T1}}},
 }
 T1_SETS["handoff"] = dict(T1_SETS["final"])
 #: ``--set fuse`` (session 9, run 83): split-K atomics with Triton's default acq_rel, as before
@@ -154,12 +159,14 @@ TILES_VARIANTS: dict[str, dict[str, Any]] = {
 SESSION5_VERIFY_PDL = {"attn": 1, "combine": 1}
 #: The verify default since session 6: every kernel early and late (the same for both shapes).
 _ALL_LATE_NOW = VERIFY_PDL[(1536, 8960)]
+_W2_0_5B_S8 = {"896": {"tiles": {"w2": [32, 128, 4, 3, 8, True]}}}  # verify, before session 9
 FINAL_VARIANTS: dict[str, dict[str, Any]] = {
     "session5": {"verify_pdl": SESSION5_VERIFY_PDL, "verify_attention": None,
                  "combine_warps": {}, "trim_merge": False, "atomic_sem": "acq_rel",
-                 "verify_handoff": False},
-    "session6": {"trim_merge": False, "atomic_sem": "acq_rel", "verify_handoff": False},
-    "session8": {"atomic_sem": "acq_rel", "verify_handoff": False},
+                 "verify_handoff": False, "by_width": _W2_0_5B_S8},
+    "session6": {"trim_merge": False, "atomic_sem": "acq_rel", "verify_handoff": False,
+                 "by_width": _W2_0_5B_S8},
+    "session8": {"atomic_sem": "acq_rel", "verify_handoff": False, "by_width": _W2_0_5B_S8},
 }
 #: ``--set attn``: the same for verify steps.
 ATTN_VARIANTS: dict[str, dict[str, Any]] = {
@@ -208,12 +215,31 @@ T1_SETS["serial"] = {"t1_acq_rel": {"atomic_sem": "acq_rel"}}
 #: (Run 85's --set qkv, verify steps' qkv in one split-K launch of the per-pair kernel
 #: finished by the last split of each pair block, no RoPE kernel, lost: +1.7 % @4096 at best,
 #: +8 to +18 % for most tiles, 0.5B +2 to +13 %; removed, kept in history as 6344f41.)
+#: ``--set atomics`` (session 9, run 86): split-K tiles again now that the partials' atomics
+#: are relaxed and verify steps hand the norm off: more or fewer splits for the one-token down
+#: projection and the verify steps' down, o-projection and qkv products (the 0.5B's tiles then,
+#: since adopted: one token w2 (8, 1024, 8, 2, 4), verify w2 8 splits).
+T1_SETS["atomics"] = {
+    "t1_w2_" + "_".join(map(str, (c[0], c[1], c[4]))): {"t1_tiles": {"w2": list(c)}}
+    for c in ((2, 1024, 4, 2, 2), (8, 1024, 8, 2, 4), (2, 1024, 4, 2, 4), (4, 1024, 4, 2, 4),
+              (4, 512, 4, 2, 8), (2, 2048, 4, 2, 1))
+}
+ATOMICS_VARIANTS: dict[str, dict[str, Any]] = {
+    "w2_16": {"tiles": {"w2": [32, 128, 4, 3, 16, True]}},
+    "w2_8": {"tiles": {"w2": [32, 128, 4, 3, 8, True]}},
+    "w2_4": {"tiles": {"w2": [32, 128, 4, 3, 4, True]}},
+    "wo_2": {"tiles": {"wo": [32, 128, 4, 3, 2]}},
+    "wo_4": {"tiles": {"wo": [32, 128, 4, 3, 4]}},
+    "wo_64_4": {"tiles": {"wo": [64, 128, 4, 3, 4, True]}},
+    "qkv_32_64_16": {"qkv_split": [32, 64, 4, 3, 16]},
+    "qkv_32_128_4": {"qkv_split": [32, 128, 4, 3, 4]},
+}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
-    "serial": SERIAL_VARIANTS,
+    "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
@@ -222,7 +248,10 @@ KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles",
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
-    """Runner settings of variant ``v`` (on top of the defaults saved in ``base``)."""
+    """Runner settings of variant ``v`` (on top of the defaults saved in ``base``); its
+    ``by_width`` entry ({n_embd: settings}) adds settings for one model's shape only."""
+    v = {**{k: x for k, x in v.items() if k != "by_width"},
+         **v.get("by_width", {}).get(str(r.args.n_embd), {})}
     unknown = set(v) - KNOWN
     if unknown:
         raise SystemExit(f"bench_verify: unknown variant settings {sorted(unknown)}; "
