@@ -15,12 +15,13 @@ matrix with everything around it fused in (per layer, 6 launches):
 The same kernels serve T = 1 (a reduction over K per row: a GEMV) and T up to 32 (``tl.dot`` on
 a padded [BLOCK_T, BLOCK_K] tile: a verify step reads the weights once for all T tokens).
 Everything reads positions from ``start`` on the device, so one CUDA graph per T serves every
-position. Optional, measured in docs/gpu-notes.md: split-K with float atomics for the residual
-GEMVs (tiles in ``tuning.py``), programmatic dependent launch (``pdl``), and, for T = 1,
-``attention_out`` merging the splits inside the o-projection and ``NormHandoff`` (the
-o-projection normalizing for gate/up; on by default for the shapes in
-``tuning.NORM_HANDOFF``). Run on the CPU under ``TRITON_INTERPRET=1`` for tests (float32; the
-interpreter's bf16 ``tl.dot`` is wrong, so bf16 is checked on the GPU by scripts/bench_gpu.py).
+position. Optional, measured in docs/gpu-notes.md: split-K with (relaxed) float atomics for the
+residual GEMVs (tiles in ``tuning.py``), programmatic dependent launch (``pdl``), for T = 1
+``attention_out`` merging the splits inside the o-projection, and ``NormHandoff`` (the
+o-projection normalizing for gate/up; on by default for the shapes in ``tuning.NORM_HANDOFF``
+and, serially from a split-K o-projection in verify steps, ``tuning.VERIFY_HANDOFF``). Run on
+the CPU under ``TRITON_INTERPRET=1`` for tests (float32; the interpreter's bf16 ``tl.dot`` is
+wrong, so bf16 is checked on the GPU by scripts/bench_gpu.py).
 """
 
 from __future__ import annotations
