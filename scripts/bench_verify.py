@@ -203,7 +203,8 @@ ONE_TILE_VARIANTS: dict[str, dict[str, Any]] = {
 HANDOFF_VARIANTS: dict[str, dict[str, Any]] = {
     **FINAL_VARIANTS, "wo16_128": {"tiles": {"wo": [16, 128, 4, 3, 1]}},
 }
-#: ``--set fuse``: the same in verify steps (split-K qkv, wo, down).
+#: ``--set fuse``: the same in verify steps (split-K qkv, wo, down); ``--set serial`` times
+#: acq_rel too, beside its hand-off variants.
 FUSE_VARIANTS: dict[str, dict[str, Any]] = {"acq_rel": {"atomic_sem": "acq_rel"}}
 #: ``--set serial`` (session 9, run 84): verify steps without the feed-forward norm handed from
 #: the split-K o-projection to gate/up (``verify_handoff``, adopted in run 84), with it and
@@ -220,8 +221,8 @@ T1_SETS["serial"] = {"t1_acq_rel": {"atomic_sem": "acq_rel"}}
 #: +8 to +18 % for most tiles, 0.5B +2 to +13 %; removed, kept in history as 6344f41.)
 #: ``--set atomics`` (session 9, run 86): split-K tiles again now that the partials' atomics
 #: are relaxed and verify steps hand the norm off: more or fewer splits for the one-token down
-#: projection and the verify steps' down, o-projection and qkv products (the 0.5B's tiles then,
-#: since adopted: one token w2 (8, 1024, 8, 2, 4), verify w2 8 splits).
+#: projection and the verify steps' down, o-projection and qkv products. The 0.5B's tiles before:
+#: one token w2 (8, 1024, 8, 2, 4), verify w2 8 splits; adopted: (2, 1024, 4, 2, 4), 16 splits.
 T1_SETS["atomics"] = {
     "t1_w2_" + "_".join(map(str, (c[0], c[1], c[4]))): {"t1_tiles": {"w2": list(c)}}
     for c in ((2, 1024, 4, 2, 2), (8, 1024, 8, 2, 4), (2, 1024, 4, 2, 4), (4, 1024, 4, 2, 4),
@@ -252,7 +253,9 @@ KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles",
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     """Runner settings of variant ``v`` (on top of the defaults saved in ``base``); its
-    ``by_width`` entry ({n_embd: settings}) adds settings for one model's shape only."""
+    ``by_width`` entry ({n_embd: settings}) adds settings for one model's shape only, each
+    replacing the variant's own setting of that name whole (a "tiles" entry there replaces
+    the variant's "tiles")."""
     v = {**{k: x for k, x in v.items() if k != "by_width"},
          **v.get("by_width", {}).get(str(r.args.n_embd), {})}
     unknown = set(v) - KNOWN

@@ -70,8 +70,9 @@ class Workspace:
     mega: Scratch | None = None
     #: [T, qkv_dim] float32 zeros: the split-K qkv accumulator of verify steps (``qkv_split``).
     qkv_acc: torch.Tensor | None = None
-    #: The one-token o-projection's hand-off to gate/up (``Runner.norm_handoff``): x * g
-    #: (float32) and per-program sums of squares.
+    #: The o-projection's hand-off to gate/up (``Runner.norm_handoff``, ``verify_handoff``):
+    #: x * g (float32 in one-token steps, the weights' dtype in verify steps) and per-program
+    #: sums of squares.
     xg: torch.Tensor | None = None
     ss_part: torch.Tensor | None = None
     #: Verify steps' split-K o-projection: its arrival count per column block (int32 zeros

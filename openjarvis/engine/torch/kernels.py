@@ -34,10 +34,11 @@ import triton.language as tl
 
 # Linear modes
 STORE, ADD, SWIGLU = 0, 1, 2
-#: Memory semantics a split-K partial's float atomic may take. Nothing reads a sum before the
-#: kernel that adds it ends, so the atomic need not order anything: "relaxed" (the default)
-#: rather than Triton's own default "acq_rel", whose fences cost (session 9 run 83: one-token
-#: steps -0.9 to -2.2 %, k = 16 verify -4 to -7 %).
+#: Memory semantics a split-K partial's float atomic may take. The partials need no order of
+#: their own: a sum is read either after the kernel that adds it ends, or, in a serial
+#: hand-off (``_serial_hand_off``), after a block barrier and an acq_rel count that order them.
+#: So "relaxed" (the default) rather than Triton's own default "acq_rel", whose fences cost
+#: (session 9 run 83: one-token steps -0.9 to -2.2 %, k = 16 verify -4 to -7 %).
 ATOMIC_SEMS = ("relaxed", "acq_rel")
 #: Added to a PDL mode (1 or 2; 3 in tests): the kernel lets its successor launch after its
 #: main loop (``_gdc_late``) instead of at its start.
@@ -72,7 +73,8 @@ class NormHandoff:
     A split-K producer (verify steps: its o-projection needs the splits' parallelism, run 79)
     hands off serially: each split adds its partial, then counts itself in at ``count`` (one
     int32 a column block, zero between launches); the last to arrive reads the finished columns
-    back and writes the slot, and resets the count (CUTLASS's serial split-K reduction)."""
+    back and writes the slot, and resets the count (the last-block pattern of CUDA's
+    threadFenceReduction sample, ordered as CUTLASS's semaphore orders its split-K)."""
 
     xg: torch.Tensor  # [T, K] float32 or the weights' dtype
     ss_part: torch.Tensor  # [T, producer programs] float32
@@ -163,7 +165,8 @@ def _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out,
                 SPLIT_K: tl.constexpr, SEM: tl.constexpr):
     """The linear kernels' epilogue on acc [BT, BN]: 1/RMS (NORM 1; NORM 2 leaves it to the
     caller), bias, then store, add into out, SwiGLU, or (split-K) atomically add a partial
-    with memory semantics ``SEM`` (the kernel boundary orders the partials, not the atomic)."""
+    with memory semantics ``SEM`` (what orders the partials is the kernel boundary, or a serial
+    hand-off's barrier and count: ``ATOMIC_SEMS``)."""
     if NORM == 1:
         inv = tl.rsqrt(ss / K + eps)
         acc = acc * inv[:, None]
@@ -722,9 +725,10 @@ def linear(
                              f"{hand.ss_part.shape[1]} slots")
         if hand_out is not None and cfg.split_k > 1 and (
                 hand.count is None or tuple(hand.count.shape) != (grid[0],)
-                or hand.count.dtype != torch.int32):
-            raise ValueError(f"a split-K hand-off producer needs count: int32 zeros, one a "
-                             f"column block ({grid[0]})")
+                or hand.count.dtype != torch.int32 or not hand.count.is_contiguous()
+                or hand.count.device != out.device):
+            raise ValueError(f"a split-K hand-off producer needs count: contiguous int32 zeros "
+                             f"on the residual's device, one a column block ({grid[0]})")
         width = n if hand_out is not None else k
         if (tuple(hand.xg.shape) != (t, width) or hand.ss_part.shape[0] != t
                 or not (hand.xg.is_contiguous() and hand.ss_part.is_contiguous())):
@@ -884,6 +888,8 @@ def attention_out(
     t, n_head, hd = q.shape
     if t != 1 or h.dtype != torch.float32:
         raise ValueError("attention_out serves the one-token step into a float32 residual")
+    if atomic_sem not in ATOMIC_SEMS:
+        raise ValueError(f"atomic_sem must be one of {ATOMIC_SEMS}, not {atomic_sem!r}")
     n_kv = k_cache.shape[0]
     nsplit = o_part.shape[0]
     _attn_split_kernel[(n_kv, nsplit)](

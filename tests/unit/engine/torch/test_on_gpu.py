@@ -113,7 +113,8 @@ def test_verify_steps_with_the_serial_norm_hand_off_agree_with_float32(
         pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
     """Verify steps whose split-K o-projection hands the feed-forward norm to gate/up through
     per-column-block counts (``verify_handoff``): close to float32 over three k = 8 steps, the
-    counts back at zero (a missing barrier or fence shows here as lost partials)."""
+    counts back at zero. (A race here is too rare to catch by running it: the memory order is
+    checked in the compiled code, test_ptx_order.py.)"""
     model, _, toks, expect = pair
     r = Runner(model, 256)
     r.verify_handoff = True

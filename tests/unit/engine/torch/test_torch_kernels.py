@@ -119,6 +119,9 @@ def test_a_norm_hand_off_it_cannot_run_is_refused_with_the_reason() -> None:
          r"one a column block \(5\)"),
         (dict(cfg=K.LinearConfig(8, 32, split_k=2), hand_out=K.NormHandoff(
             torch.zeros(t, n), torch.zeros(t, 5), g(n), count.float())), "int32 zeros"),
+        (dict(cfg=K.LinearConfig(8, 32, split_k=2), hand_out=K.NormHandoff(
+            torch.zeros(t, n), torch.zeros(t, 5), g(n),
+            torch.zeros(1, dtype=torch.int32).expand(5))), "contiguous int32 zeros"),
         (dict(cfg=K.LinearConfig(16, 32), hand_out=hand), "one statistics slot a program"),
         (dict(cfg=K.LinearConfig(8, 32), hand_out=K.NormHandoff(torch.zeros(t, n - 1),
                                                                  torch.zeros(t, 5), g(n))),
@@ -405,6 +408,24 @@ def test_verify_steps_hand_the_norm_off_and_match_the_reference_path(split: int)
     assert fast._steps[1].ss_part is None  # norm_handoff (one-token steps) is off
 
 
+def test_verify_steps_hand_off_x_times_g_in_the_weights_dtype_and_one_token_steps_in_float32(
+) -> None:
+    """A bfloat16 model: verify steps' x * g is bfloat16 (their gate/up rounds it so for its
+    MMA anyway), one-token steps' float32; a split-K o-projection tile gets a count a column
+    block, zero. (Buffers only: nothing is launched.)"""
+    w = random_weights(ARGS, torch.bfloat16, "cpu", seed=3, scale=0.1)
+    r = Runner(Transformer(ARGS, w, n_pos=128), 64, kernels="triton", nsplit=4)
+    r.norm_handoff = r.verify_handoff = True
+    r.linear_configs[("wo", 3)] = K.LinearConfig(16, 32, split_k=2)
+    xg, ss, count = r._handoff_buffers(r._workspace(3)) or (None, None, None)
+    assert xg is not None and xg.dtype == torch.bfloat16 and tuple(xg.shape) == (3, 128)
+    assert ss is not None and tuple(ss.shape) == (3, 8)
+    assert count is not None and count.dtype == torch.int32 and tuple(count.shape) == (8,)
+    assert not count.any()
+    one = r._handoff_buffers(r._workspace(1))
+    assert one is not None and one[0].dtype == torch.float32 and one[2] is None
+
+
 def test_a_prompt_longer_than_one_step_runs_in_chunks() -> None:
     w = random_weights(ARGS, torch.float32, "cpu", seed=4, scale=0.1)
     model = Transformer(ARGS, w, n_pos=128)
@@ -550,19 +571,22 @@ def test_each_kernel_launch_gets_its_pdl_mode_cache_policy_and_tiles(
     r.verify_handoff = True
     r.linear_configs[("wo", 3)] = K.LinearConfig(16, 32, split_k=2)
     hand = plan(3)[3][1]["hand_out"]  # deterministic: the tile is unsplit, no counts
-    assert hand is not None and hand.count is None and hand.xg.dtype == r.model.dtype
+    assert hand is not None and hand.count is None
     r.deterministic = False
     verify = plan(3)
     assert verify[3][1]["hand_out"].count is not None and verify[4][1]["hand_in"] is not None
-    r.atomic_sem = "relaxed"  # every split-K launch takes the Runner's atomic semantics
-    assert {kw["atomic_sem"] for n, kw in plan(3) if n in ("qkv_split", "wo", "w2")} == {"relaxed"}
+    r.atomic_sem = "acq_rel"  # every split-K launch takes the Runner's atomic semantics
+    assert {kw["atomic_sem"] for n, kw in plan(3) if n in ("qkv_split", "wo", "w2")} == {"acq_rel"}
+    r.fuse_attn_out = True
+    assert plan(1)[2][0] == "attention_out" and plan(1)[2][1]["atomic_sem"] == "acq_rel"
 
 
 class _PdlWatch:
     """Watches the interpreter run a step's kernels: in a kernel launched early (PDL), a program
     may read only what no kernel of the step writes (weights, the RoPE table, ``start``) before
     its wait (``_gdc``); reading an activation or the KV cache there reads a value that the
-    kernel before it may not have written yet, a bug only a race on the GPU would show."""
+    kernel before it may not have written yet, a bug only a race on the GPU would show. It sees
+    loads only: an atomic or a store before the wait goes unseen."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         from triton.runtime import interpreter as I
@@ -634,8 +658,9 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
     r.logits(seq[5:6], 5)
     guarded = [r.cache.k, r.cache.v]
     for ws in r._steps.values():
+        # (not ws.hand_count: only atomics and stores touch it, and the watch sees loads)
         guarded += [b for b in (ws.h, ws.q, ws.o_part, ws.ml_part, ws.attn, ws.act, ws.logits,
-                                ws.qkv_acc, ws.xg, ws.ss_part, ws.hand_count) if b is not None]
+                                ws.qkv_acc, ws.xg, ws.ss_part) if b is not None]
     watch.guard(guarded)
     got = torch.cat([r.logits(seq[:5], 0).clone(), r.logits(seq[5:6], 5).clone(),
                      r.logits(seq[6:7], 6).clone()])

@@ -1,0 +1,77 @@
+"""The memory order of the serial norm hand-off, read from the PTX Triton emits for Hopper.
+
+A race between the splits of a column block does not show in the interpreter (it runs programs
+one at a time), and on the GPU it shows rarely or never: 3,000 launches on the H200 with the
+explicit barrier removed gave no wrong result (session 9's review), because Triton happens to
+place a barrier of its own there. So the order is checked where it is decided, in the compiled
+code: every thread's partial sums (relaxed atomics), a block barrier, one acq_rel count at gpu
+scope, a barrier (Triton's broadcast of the count to the block), then the read-back past L1
+(``ld.global.cg``). The compile runs without a GPU, in a subprocess without
+``TRITON_INTERPRET`` (the interpreter tests set it for this whole process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+ROOT = Path(__file__).resolve().parents[4]
+
+_COMPILE = r"""
+import json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from openjarvis.engine.torch import kernels as K
+
+sig = {"x_ptr": "*fp32", "w_ptr": "*bf16", "g_ptr": "*bf16", "b_ptr": "*bf16",
+       "out_ptr": "*fp32", "T": "i32", "N": "i32", "K": "i32", "stride_x": "i32",
+       "stride_out": "i32", "eps": "fp32", "g2_ptr": "*bf16", "xg_ptr": "*bf16",
+       "ssp_ptr": "*fp32", "stride_xg": "i32", "NP": "i32", "cnt_ptr": "*i32"}
+out = {}
+for name, fn in (("unswapped", K._linear_kernel), ("swapped", K._linear_swap_kernel)):
+    const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=16, BLOCK_N=32, BLOCK_K=128, SPLIT_K=4,
+                 PDL=5, EVICT="evict_first", HAND=1, NP_BLOCK=64, SEM="relaxed")
+    src = ASTSource(fn, {**sig, **{k: "constexpr" for k in const}}, constexprs=const)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": 4, "num_stages": 3}).asm["ptx"]
+    out[name] = [line.strip() for line in ptx.splitlines()
+                 if re.search(r"\b(atom|red)\.global|\bbar\.sync|\bld\.global\.cg", line)]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def ops() -> dict[str, list[str]]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    proc = subprocess.run([sys.executable, "-c", _COMPILE], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        err = proc.stderr.strip().splitlines()[-1:] or ["?"]
+        pytest.skip(f"Triton cannot compile for sm_90 here: {err[0][:200]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("kernel", ["unswapped", "swapped"])
+def test_a_split_k_hand_off_orders_every_partial_before_the_read_back(
+        ops: dict[str, list[str]], kernel: str) -> None:
+    seq = ops[kernel]
+    count = [i for i, op in enumerate(seq) if "atom.global.gpu.acq_rel.add.u32" in op]
+    assert len(count) == 1, seq  # one count a program, and at gpu scope with acq_rel
+    partials = [i for i, op in enumerate(seq) if ".relaxed.add.f32" in op]
+    reads = [i for i, op in enumerate(seq) if "ld.global.cg" in op]
+    assert partials and reads, seq
+    c = count[0]
+    assert max(partials) < c < min(reads), seq
+    assert any("bar.sync" in op for op in seq[max(partials) + 1 : c]), seq
+    assert any("bar.sync" in op for op in seq[c + 1 : min(reads)]), seq
+    # the count is one thread's: predicated, not one atomic per thread
+    assert seq[c].startswith("@"), seq[c]
