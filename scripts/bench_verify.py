@@ -23,8 +23,7 @@ variants ``pdl_by_t`` (keys as strings) and ``one_token_pdl``; for both, ``trim_
 (false: the merge reads every split, as before session 7); ``norm_handoff`` (one-token steps:
 the o-projection hands the feed-forward norm to gate/up, ``kernels.NormHandoff``);
 ``atomic_sem`` (split-K atomics: "acq_rel" or "relaxed"); ``verify_handoff`` (verify steps
-hand the norm off too, serially from a split-K o-projection); ``qkv_pairs`` (verify steps'
-qkv in one launch finished by its last splits: LinearConfig fields). Results go
+hand the norm off too, serially from a split-K o-projection). Results go
 to ``--out``/verify.json; ``--norm-cost`` instead prices the norm inside each normed product.
 """
 
@@ -239,28 +238,23 @@ ATOMICS_VARIANTS: dict[str, dict[str, Any]] = {
     "qkv_32_64_16": {"qkv_split": [32, 64, 4, 3, 16]},
     "qkv_32_128_4": {"qkv_split": [32, 128, 4, 3, 4]},
 }
-#: ``--set pairs`` (session 9): verify steps' qkv in one launch over Wqkv with RoPE pairs side
-#: by side, finished by the last split of each column block (``qkv_pairs``: LinearConfig
-#: fields), no RoPE kernel; and the verify down projection's tiles.
-PAIRS_VARIANTS: dict[str, dict[str, Any]] = {
-    **{"qkvp_" + "_".join(map(str, (c[0], c[1], c[4]))): {"qkv_pairs": list(c)}
-       for c in ((32, 64, 4, 3, 8), (32, 128, 4, 3, 4), (64, 64, 4, 3, 8), (16, 64, 4, 3, 8),
-                 (32, 64, 4, 3, 16))},
-    **{"w2_" + "_".join(map(str, (c[0], c[1], c[2], c[4]))): {"tiles": {"w2": list(c)}}
-       for c in ((64, 128, 4, 3, 16, True), (32, 256, 4, 2, 8, True), (32, 128, 8, 3, 8, True))},
-}
-T1_SETS["pairs"] = {}
+#: (Run 89's ``--set pairs``, verify steps' qkv in one split-K launch over Wqkv with RoPE pairs
+#: side by side, finished by the last split of each column block, lost: +1.6 % at best, and a
+#: race made it wrong on the GPU for some tiles (its finish zeroed the sums of squares it had
+#: read, which threads holding copies of them could still be reading); removed, kept in
+#: history as cbf4ed2. The verify down tiles it also timed: 64 x 128 in 16 splits -0.8 % @512, -0.7
+#: % @4096 for the 1.5B, within the run-to-run spread; not adopted.)
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
-    "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "pairs": PAIRS_VARIANTS,
+    "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "norm_handoff", "atomic_sem", "verify_handoff", "qkv_pairs"}
+         "norm_handoff", "atomic_sem", "verify_handoff"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -296,8 +290,6 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.norm_handoff = bool(v.get("norm_handoff", base["norm_handoff"]))
     r.atomic_sem = v.get("atomic_sem", base["atomic_sem"])
     r.verify_handoff = bool(v.get("verify_handoff", base["verify_handoff"]))
-    qp = v.get("qkv_pairs", base["qkv_pairs"])  # LinearConfig fields, or null
-    r.qkv_pairs = K.LinearConfig(*qp) if isinstance(qp, list) else qp
     r.drop_steps()
 
 
@@ -310,8 +302,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
-               "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
-               "qkv_pairs": r.qkv_pairs}
+               "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -445,7 +436,7 @@ def left_out(r: Runner, kind: str) -> Iterator[None]:
                  "out": [w.out]}
     kernels = {"rope_kv": "_rope_kv_kernel", "attn_split": "_attn_split_kernel",
                "combine": "_attn_combine_kernel", "embed": "_embed_kernel",
-               "qkv_rope": "_qkv_rope_kernel", "qkv_serial": "_qkv_serial_kernel"}
+               "qkv_rope": "_qkv_rope_kernel"}
     saved: list[tuple[str, Any]] = []
     try:
         if kind in kernels:
@@ -476,8 +467,6 @@ def breakdown(a: ModelArgs, pos: int, variant: dict[str, Any], t: int) -> dict[s
     kinds = ["embed", "qkv_prod", "rope_kv", "attn_split", "combine", "wo", "w13", "w2", "out"]
     if t == 1:
         kinds[1:3] = ["qkv_rope"]
-    elif r.qkv_pairs is not None and not r.deterministic:
-        kinds[1:3] = ["qkv_serial"]
     out: dict[str, Any] = {"t": t, "whole_ms": whole, "without": {}, "cost_us_per_layer": {}}
     for kind in kinds:
         r.drop_steps()

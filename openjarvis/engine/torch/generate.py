@@ -70,8 +70,6 @@ class Workspace:
     mega: Scratch | None = None
     #: [T, qkv_dim] float32 zeros: the split-K qkv accumulator of verify steps (``qkv_split``).
     qkv_acc: torch.Tensor | None = None
-    #: The buffers of ``Runner.qkv_pairs`` (``kernels.QkvSerial``).
-    qkv_serial: object | None = None
     #: The o-projection's hand-off to gate/up (``Runner.norm_handoff``, ``verify_handoff``):
     #: x * g (float32 in one-token steps, the weights' dtype in verify steps) and per-program
     #: sums of squares.
@@ -152,11 +150,6 @@ class Runner:
         #: T > 1: qkv as a split-K product plus a small RoPE/KV-write kernel (``kernels.qkv_split``)
         #: with these tiles, instead of the per-pair qkv kernel; None keeps the per-pair kernel.
         self.qkv_split: object | None = None
-        #: T > 1: qkv in one launch, a split-K product over Wqkv with RoPE pairs side by side,
-        #: finished by the last split of each column block (``kernels.qkv_serial``), with this
-        #: tile; None keeps ``qkv_split``. The interleaved Wqkv is a copy (its bytes again).
-        self.qkv_pairs: object | None = None
-        self._wqkv_pairs: list[torch.Tensor] | None = None
         self._stacked: object | None = None
         #: Cache policy of the weight loads: "" or "evict_first" (a step reads each weight once).
         self.weight_evict = ""
@@ -464,15 +457,6 @@ class Runner:
         split = self.qkv_split if t > 1 and isinstance(self.qkv_split, K.LinearConfig) else None
         if self.deterministic:
             split = None
-        pairs = self.qkv_pairs if t > 1 and not self.deterministic else None
-        assert pairs is None or isinstance(pairs, K.LinearConfig)
-        if pairs is not None:
-            split = None
-            bufs = ws.qkv_serial
-            if not isinstance(bufs, K.QkvSerial) or bufs.count.numel() != a.qkv_dim // pairs.block_n:
-                ws.qkv_serial = K.qkv_serial_buffers(t, a.qkv_dim, pairs.block_n, self.device)
-            if self._wqkv_pairs is None:
-                self._wqkv_pairs = [K.permute_qkv(lw.wqkv, a.head_dim) for lw in w.layers]
         if split is not None and ws.qkv_acc is None:
             ws.qkv_acc = torch.zeros(t, a.qkv_dim, dtype=torch.float32, device=self.device)
         fused = t == 1 and self.fuse_attn_out and not self.deterministic
@@ -481,12 +465,7 @@ class Runner:
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pk("embed"))
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
-            if pairs is not None:
-                assert isinstance(ws.qkv_serial, K.QkvSerial) and self._wqkv_pairs is not None
-                K.qkv_serial(ws.h, self._wqkv_pairs[i], lw.attn_norm, lw.bqkv, self.model.rope,
-                             ws.start, ws.q, kc, vc, a.rms_eps, ws.qkv_serial, pairs,
-                             pdl=pk("qkv"), evict=ev, atomic_sem=sem)
-            elif split is not None:
+            if split is not None:
                 assert ws.qkv_acc is not None
                 K.qkv_split(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                             kc, vc, ws.qkv_acc, a.rms_eps, cfg=split, pdl=pk("qkv"), evict=ev,

@@ -361,38 +361,6 @@ def _linear_swap_kernel(
 
 
 @triton.jit
-def _qkv_store(acc1, acc2, ss, K, eps, j, r1, r2, head, rt, tmask, b_ptr, rope_ptr, start_ptr,
-               q_ptr, kc_ptr, vc_ptr, stride_ch, stride_cs,
-               N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr):
-    """Finish pairs (rows r1, r2 = r1 + HD/2 of head ``head``) of the qkv product: 1/RMS from
-    the sums of squares ``ss``, bias, RoPE on q and k; store q, or k or v into the cache."""
-    HALF: tl.constexpr = HD // 2
-    inv = tl.rsqrt(ss / K + eps)
-    acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
-    acc2 = acc2 * inv[:, None] + tl.load(b_ptr + r2).to(tl.float32)[None, :]
-    pos = tl.load(start_ptr) + rt  # [BT]
-    cs = rope_ptr + pos[:, None] * HD + 2 * j[None, :]  # table [n_pos, HD/2, (cos, sin)]
-    cos = tl.load(cs, mask=tmask[:, None], other=1.0)
-    sin = tl.load(cs + 1, mask=tmask[:, None], other=0.0)
-    is_rope = head < N_HEAD + N_KV
-    o1 = tl.where(is_rope, acc1 * cos - acc2 * sin, acc1)
-    o2 = tl.where(is_rope, acc2 * cos + acc1 * sin, acc2)
-    m = tmask[:, None]
-    if head < N_HEAD:
-        qp = q_ptr + rt[:, None] * (N_HEAD * HD) + head * HD + j[None, :]  # q [T, H, HD]
-        tl.store(qp, o1, mask=m)
-        tl.store(qp + HALF, o2, mask=m)
-    elif head < N_HEAD + N_KV:
-        kp = kc_ptr + (head - N_HEAD) * stride_ch + pos[:, None] * stride_cs + j[None, :]
-        tl.store(kp, o1.to(kc_ptr.dtype.element_ty), mask=m)
-        tl.store(kp + HALF, o2.to(kc_ptr.dtype.element_ty), mask=m)
-    else:
-        vp = vc_ptr + (head - N_HEAD - N_KV) * stride_ch + pos[:, None] * stride_cs + j[None, :]
-        tl.store(vp, o1.to(vc_ptr.dtype.element_ty), mask=m)
-        tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty), mask=m)
-
-
-@triton.jit
 def _qkv_rope_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
     T, K, stride_x, stride_ch, stride_cs, eps,
@@ -433,65 +401,29 @@ def _qkv_rope_kernel(
         acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
                                    acc2, ss, 2, True, BLOCK_T)
     _gdc_late(PDL)
-    _qkv_store(acc1, acc2, ss, K, eps, j, r1, r2, head, rt, tmask, b_ptr, rope_ptr, start_ptr,
-               q_ptr, kc_ptr, vc_ptr, stride_ch, stride_cs, N_HEAD, N_KV, HD)
-
-
-@triton.jit
-def _qkv_serial_kernel(
-    x_ptr, w_ptr, g_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
-    acc_ptr, ssacc_ptr, cnt_ptr,
-    T, K, stride_x, stride_ch, stride_cs, eps,
-    N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EVICT: tl.constexpr, SEM: tl.constexpr,
-):
-    """Verify steps' qkv in one launch: a split-K product over W with each head's rows
-    interleaved (row 2j is j, row 2j + 1 is j + HD/2: ``permute_qkv``), so a column block of
-    ``BLOCK_N`` rows holds ``BLOCK_N / 2`` whole RoPE pairs in the split-K tile's one product.
-    Program (column block, split) adds its partials into ``acc`` [T, QKV] and its slice's sums
-    of squares into ``ssacc`` [blocks, BLOCK_T], then counts itself in (``_serial_hand_off``'s
-    order); the last split of the block reads them back, zeroes them, and finishes the pairs
-    (``_qkv_store``), which the RoPE kernel of ``qkv_split`` does otherwise."""
-    QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
-    HALF: tl.constexpr = HD // 2
-    PAIRS: tl.constexpr = BLOCK_N // 2
-    pid = tl.program_id(0)
-    k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
-    k_lo = tl.program_id(1) * k_per
-    k_hi = tl.minimum(k_lo + k_per, K)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # interleaved rows; a block is inside one head
-    rt = tl.arange(0, BLOCK_T)
-    tmask = rt < T
-    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    _gdc(PDL)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        kmask = rk < k_hi
-        x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, True)
-        w = _w_tile(w_ptr, rn, 0, rk, kmask[None, :], K, EVICT)
-        acc = _tile_dot(x, w, acc, BLOCK_T)
-    _gdc_late(PDL)
+    inv = tl.rsqrt(ss / K + eps)
+    acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
+    acc2 = acc2 * inv[:, None] + tl.load(b_ptr + r2).to(tl.float32)[None, :]
+    pos = tl.load(start_ptr) + rt  # [BT]
+    cs = rope_ptr + pos[:, None] * HD + 2 * j[None, :]  # table [n_pos, HD/2, (cos, sin)]
+    cos = tl.load(cs, mask=tmask[:, None], other=1.0)
+    sin = tl.load(cs + 1, mask=tmask[:, None], other=0.0)
+    is_rope = head < N_HEAD + N_KV
+    o1 = tl.where(is_rope, acc1 * cos - acc2 * sin, acc1)
+    o2 = tl.where(is_rope, acc2 * cos + acc1 * sin, acc2)
     m = tmask[:, None]
-    p = acc_ptr + rt[:, None] * QKV + rn[None, :]
-    sp = ssacc_ptr + pid * BLOCK_T + rt
-    tl.atomic_add(p, acc, mask=m, sem=SEM)
-    tl.atomic_add(sp, ss, mask=tmask, sem=SEM)
-    tl.debug_barrier()
-    n = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
-    if n == SPLIT_K - 1:
-        a = tl.load(p, mask=m, other=0.0, cache_modifier=".cg")
-        ss = tl.load(sp, mask=tmask, other=0.0, cache_modifier=".cg")
-        tl.store(p, tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32), mask=m)
-        tl.store(sp, tl.zeros([BLOCK_T], dtype=tl.float32), mask=tmask)
-        tl.store(cnt_ptr + pid, 0)
-        a1, a2 = tl.split(tl.reshape(a, [BLOCK_T, PAIRS, 2]))  # rows j, j + HD/2
-        head = (pid * BLOCK_N) // HD
-        j = (pid * BLOCK_N) % HD // 2 + tl.arange(0, PAIRS)
-        r1 = head * HD + j
-        _qkv_store(a1, a2, ss, K, eps, j, r1, r1 + HALF, head, rt, tmask, b_ptr, rope_ptr,
-                   start_ptr, q_ptr, kc_ptr, vc_ptr, stride_ch, stride_cs, N_HEAD, N_KV, HD)
+    if head < N_HEAD:
+        qp = q_ptr + rt[:, None] * (N_HEAD * HD) + head * HD + j[None, :]  # q [T, H, HD]
+        tl.store(qp, o1, mask=m)
+        tl.store(qp + HALF, o2, mask=m)
+    elif head < N_HEAD + N_KV:
+        kp = kc_ptr + (head - N_HEAD) * stride_ch + pos[:, None] * stride_cs + j[None, :]
+        tl.store(kp, o1.to(kc_ptr.dtype.element_ty), mask=m)
+        tl.store(kp + HALF, o2.to(kc_ptr.dtype.element_ty), mask=m)
+    else:
+        vp = vc_ptr + (head - N_HEAD - N_KV) * stride_ch + pos[:, None] * stride_cs + j[None, :]
+        tl.store(vp, o1.to(vc_ptr.dtype.element_ty), mask=m)
+        tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -883,10 +815,20 @@ def qkv_split(
 ) -> None:
     """``qkv_rope`` for verify steps in two launches: a split-K product (many programs; the
     per-pair qkv kernel has only (heads x pairs / 16) of them at T > 1) and a small kernel that
-    applies what does not distribute over the splits (1/RMS, bias, RoPE) and stores."""
+    applies what does not distribute over the splits (1/RMS, bias, RoPE) and stores.
+
+    The second kernel zeroes the product's values it has read, with no barrier between. Where
+    a program has more threads than values, threads hold copies, and in another warp a copy
+    could be read after its owner zeroed it (session 9 run 89 saw that race in a kernel since
+    removed); within one warp the load and the store keep their order. So a (token, head)
+    program has one warp, or at most as many as own hd / 2 values a thread (hd / 64)."""
     t, d = x.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]
+    if rope_warps < 1 or (rope_warps > 1 and rope_warps * 32 > hd // 2):
+        raise ValueError(f"rope_warps must be 1, or at most {max(1, hd // 64)} for head "
+                         f"dimension {hd} (no thread of another warp may hold a copy of a value "
+                         f"the kernel zeroes); got {rope_warps}")
     linear(x, wqkv, acc, mode=ADD, norm=norm, eps=eps, cfg=cfg, pdl=pdl, norm_scale=False,
            evict=evict, atomic_sem=atomic_sem)
     _rope_kv_kernel[(t, n_head + 2 * n_kv)](
@@ -895,75 +837,6 @@ def qkv_split(
         N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_D=min(2048, triton.next_power_of_2(d)),
         PDL=_wait(pdl if pdl_rope is None else pdl_rope), num_warps=rope_warps,
         **_launch(pdl if pdl_rope is None else pdl_rope),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class QkvSerial:
-    """The buffers of ``qkv_serial``: partial products, each column block's partial sums of
-    squares and its arrival count; all zero between launches (the last split of each block
-    zeroes what it read)."""
-
-    acc: torch.Tensor  # [T, QKV] float32
-    ss: torch.Tensor  # [column blocks, BLOCK_T] float32
-    count: torch.Tensor  # [column blocks] int32
-
-
-def qkv_serial_buffers(t: int, qkv_dim: int, block_n: int,
-                       device: torch.device | str) -> QkvSerial:
-    n_blocks = -(-qkv_dim // block_n)
-    return QkvSerial(torch.zeros(t, qkv_dim, dtype=torch.float32, device=device),
-                     torch.zeros(n_blocks, block_t(t), dtype=torch.float32, device=device),
-                     torch.zeros(n_blocks, dtype=torch.int32, device=device))
-
-
-def permute_qkv(wqkv: torch.Tensor, hd: int) -> torch.Tensor:
-    """Wqkv [(H + 2 Hkv) hd, D] with each head's rows interleaved: row 2j of a head is its row
-    j, row 2j + 1 its row j + hd/2 (a RoPE pair side by side), for ``qkv_serial``."""
-    n = wqkv.shape[0] // hd
-    return wqkv.view(n, 2, hd // 2, -1).transpose(1, 2).reshape(wqkv.shape).contiguous()
-
-
-def qkv_serial(
-    x: torch.Tensor,  # [T, D] float32 residual
-    wqkv_pairs: torch.Tensor,  # permute_qkv(wqkv)
-    norm: torch.Tensor,  # [D]
-    bias: torch.Tensor,  # [(H + 2 Hkv) hd], as loaded (not permuted)
-    rope: torch.Tensor,  # [n_pos, hd/2, 2] float32
-    start: torch.Tensor,  # [1]
-    q_out: torch.Tensor,  # [T, H, hd] float32
-    k_cache: torch.Tensor,  # [Hkv, S, hd] (one layer)
-    v_cache: torch.Tensor,
-    eps: float,
-    bufs: QkvSerial,
-    cfg: LinearConfig,  # block_n (even, dividing hd), block_k, warps, stages, split_k
-    pdl: int = 0,
-    evict: str = "",
-    atomic_sem: str = "relaxed",
-) -> None:
-    """``qkv_split`` in one launch (``_qkv_serial_kernel``): no RoPE kernel after the product."""
-    t, d = x.shape
-    n_head, hd = q_out.shape[1], q_out.shape[2]
-    n_kv = k_cache.shape[0]
-    qkv = (n_head + 2 * n_kv) * hd
-    if atomic_sem not in ATOMIC_SEMS:
-        raise ValueError(f"atomic_sem must be one of {ATOMIC_SEMS}, not {atomic_sem!r}")
-    if cfg.block_n % 2 or hd % cfg.block_n or cfg.swap:
-        raise ValueError(f"qkv_serial needs an unswapped tile whose block_n is even and divides "
-                         f"the head dimension {hd}; got {cfg}")
-    want = ((t, qkv), (qkv // cfg.block_n, block_t(t)), (qkv // cfg.block_n,))
-    got = (tuple(bufs.acc.shape), tuple(bufs.ss.shape), tuple(bufs.count.shape))
-    if got != want or tuple(wqkv_pairs.shape) != (qkv, d):
-        raise ValueError(f"qkv_serial needs buffers acc, ss, count of shapes {want} "
-                         f"(qkv_serial_buffers) and Wqkv [{qkv}, {d}]; got {got} and "
-                         f"{tuple(wqkv_pairs.shape)}")
-    _qkv_serial_kernel[(qkv // cfg.block_n, cfg.split_k)](
-        x, wqkv_pairs, norm, bias, rope, start, q_out, k_cache, v_cache,
-        bufs.acc, bufs.ss, bufs.count,
-        t, d, x.stride(0), k_cache.stride(0), k_cache.stride(1), eps,
-        N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_T=block_t(t), BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, PDL=_wait(pdl), EVICT=evict, SEM=atomic_sem,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
     )
 
 

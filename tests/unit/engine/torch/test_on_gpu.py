@@ -109,28 +109,20 @@ def test_one_token_steps_with_and_without_the_norm_hand_off_agree_with_float32(
     assert float((out.argmax(-1) == expect[170:180].argmax(-1)).float().mean()) > 0.95
 
 
-@pytest.mark.parametrize("qkv_pairs", [None, (32, 64, 4, 3, 8)])
 def test_verify_steps_with_the_serial_norm_hand_off_agree_with_float32(
-        pair: tuple[Transformer, Runner, list[int], torch.Tensor],
-        qkv_pairs: tuple[int, int, int, int, int] | None) -> None:
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
     """Verify steps whose split-K o-projection hands the feed-forward norm to gate/up through
-    per-column-block counts (``verify_handoff``), with the qkv in one launch finished the same
-    way (``qkv_pairs``) or not: close to float32 over three k = 8 steps, the counts back at
-    zero. (A race here is too rare to catch by running it: the memory order is
+    per-column-block counts (``verify_handoff``): close to float32 over three k = 8 steps, the
+    counts back at zero. (A race here is too rare to catch by running it: the memory order is
     checked in the compiled code, test_ptx_order.py.)"""
-    from openjarvis.engine.torch import kernels as K
-
     model, _, toks, expect = pair
     r = Runner(model, 256)
     r.verify_handoff = True
-    r.qkv_pairs = K.LinearConfig(*qkv_pairs) if qkv_pairs else None  # qkv in one launch too
     r.logits(toks[:150], 0)
     out = torch.cat([r.logits(toks[150 + 9 * i : 159 + 9 * i], 150 + 9 * i).clone()
                      for i in range(3)])
     ws = r._steps[9]
     assert ws.hand_count is not None and not ws.hand_count.any()  # the 0.5B's wo splits K
-    if qkv_pairs:
-        assert isinstance(ws.qkv_serial, K.QkvSerial) and not ws.qkv_serial.count.any()
     ref = expect[150:177]
     assert torch.isfinite(out).all()
     assert rel(out, ref) < BF16_REL

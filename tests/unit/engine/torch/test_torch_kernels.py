@@ -222,64 +222,6 @@ def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
     assert kc[:, :start].isnan().all() and kc[:, start + t :].isnan().all()  # nothing else
 
 
-@pytest.mark.parametrize(("t", "bn", "split"), [(5, 8, 3), (9, 16, 2), (3, 32, 1), (1, 8, 4)])
-def test_qkv_serial_finishes_each_pair_block_once_and_leaves_its_buffers_zero(
-        monkeypatch: pytest.MonkeyPatch, t: int, bn: int, split: int) -> None:
-    """Verify steps' qkv in one launch: the product over Wqkv with each head's RoPE pairs side
-    by side, finished by the last split of each column block (no RoPE kernel). Exactly one
-    finish a block (the interpreter runs programs one by one, so a finish by every split would
-    end right there), the buffers zero after, and a second launch right again."""
-    finished: list[int] = []
-    orig = K._qkv_store
-
-    def store(*args: object) -> None:
-        finished.append(1)
-        orig(*args)
-
-    monkeypatch.setattr(K, "_qkv_store", store)
-    a = ARGS
-    x, w, bias, norm = g(t, a.n_embd, seed=1), g(a.qkv_dim, a.n_embd, seed=2), g(a.qkv_dim, seed=3), g(a.n_embd, seed=4)
-    rope = rope_table(a, 64, "cpu")
-    start = 9
-    q = torch.full((t, a.n_head, a.head_dim), POISON)
-    kc = torch.full((a.n_head_kv, 40, a.head_dim), POISON)
-    vc = kc.clone()
-    bufs = K.qkv_serial_buffers(t, a.qkv_dim, bn, "cpu")
-    wp = K.permute_qkv(w, a.head_dim)
-    assert torch.equal(wp[1], w[a.head_dim // 2]) and torch.equal(wp[2], w[1])
-    for _ in range(2):
-        q.fill_(POISON)
-        finished.clear()
-        K.qkv_serial(x, wp, norm, bias, rope, torch.tensor([start]), q, kc, vc, 1e-6, bufs,
-                     K.LinearConfig(bn, 32, split_k=split))
-        assert len(finished) == a.qkv_dim // bn
-        assert not (bufs.acc.any() or bufs.ss.any() or bufs.count.any())
-    y = rms_norm(x, norm, 1e-6) @ w.T + bias
-    rq, rk, rv = y.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
-    cs = rope[start : start + t]
-    assert rel(q, apply_rope(rq.view(t, a.n_head, a.head_dim), cs)) < 1e-5
-    rk = apply_rope(rk.view(t, a.n_head_kv, a.head_dim), cs).transpose(0, 1)
-    assert rel(kc[:, start : start + t], rk) < 1e-5
-    assert rel(vc[:, start : start + t], rv.view(t, a.n_head_kv, a.head_dim).transpose(0, 1)) < 1e-5
-    assert kc[:, :start].isnan().all() and kc[:, start + t :].isnan().all()
-
-
-def test_qkv_serial_refuses_tiles_and_buffers_it_cannot_use() -> None:
-    a, t = ARGS, 3
-    x, w, bias, norm = g(t, a.n_embd), g(a.qkv_dim, a.n_embd), g(a.qkv_dim), g(a.n_embd)
-    q, kc = torch.zeros(t, a.n_head, a.head_dim), torch.zeros(a.n_head_kv, 40, a.head_dim)
-    ok = K.qkv_serial_buffers(t, a.qkv_dim, 16, "cpu")
-    cases = [(K.LinearConfig(12, 32, split_k=2), ok, "block_n is even and divides"),
-             (K.LinearConfig(16, 32, split_k=2, swap=True), ok, "unswapped tile"),
-             (K.LinearConfig(8, 32, split_k=2), ok, r"buffers acc, ss, count of shapes"),
-             (K.LinearConfig(16, 32, split_k=2), K.qkv_serial_buffers(t + 1, a.qkv_dim, 16, "cpu"),
-              r"\(\(3, 256\)")]
-    for cfg, bufs, msg in cases:
-        with pytest.raises(ValueError, match=msg):
-            K.qkv_serial(x, w, norm, bias, rope_table(a, 64, "cpu"), torch.tensor([0]), q, kc,
-                         kc.clone(), 1e-6, bufs, cfg)
-
-
 @pytest.mark.parametrize(
     ("t", "start", "h", "hd", "trim"),
     [(1, 0, 6, 32, True), (1, 77, 6, 32, True), (4, 50, 6, 32, True), (2, 90, 14, 64, True),
@@ -406,6 +348,18 @@ def test_split_k_qkv_equals_the_per_pair_kernel_and_leaves_its_buffer_zero(t: in
         assert rel(got, ref) < 1e-5
 
 
+def test_a_rope_kernel_whose_threads_would_share_values_is_refused() -> None:
+    """The split-K qkv's RoPE kernel zeroes what it read without a barrier: one warp, or no
+    more warps than there are values for (head dimension 32 here: 16 values a half)."""
+    a, t = ARGS, 3
+    x, w, bias, norm = g(t, a.n_embd), g(a.qkv_dim, a.n_embd), g(a.qkv_dim), g(a.n_embd)
+    q, kc = torch.zeros(t, a.n_head, a.head_dim), torch.zeros(a.n_head_kv, 40, a.head_dim)
+    with pytest.raises(ValueError, match="rope_warps must be 1, or at most 1 for head dimension 32"):
+        K.qkv_split(x, w, norm, bias, rope_table(a, 64, "cpu"), torch.tensor([0]), q, kc,
+                    kc.clone(), torch.zeros(t, a.qkv_dim), 1e-6, K.LinearConfig(16, 32, split_k=2),
+                    rope_warps=2)
+
+
 def test_runner_with_split_k_qkv_for_verify_steps_matches_the_reference_path() -> None:
     model = _model()
     seq, ref = _seq_and_ref(model, 12, seed=0)
@@ -482,25 +436,6 @@ def test_verify_steps_hand_off_x_times_g_in_the_weights_dtype_and_one_token_step
     assert not count.any()
     one = r._handoff_buffers(r._workspace(1))
     assert one is not None and one[0].dtype == torch.float32 and one[2] is None
-
-
-def test_verify_steps_with_qkv_in_one_launch_match_the_reference_path() -> None:
-    """``qkv_pairs``: verify steps' qkv as one split-K launch over the pair-interleaved Wqkv,
-    finished by its last splits (no RoPE kernel, no ``qkv_acc``); new tiles in a live
-    workspace get new buffers; one-token steps keep their kernel."""
-    model = _model()
-    fast = Runner(model, 64, kernels="triton", nsplit=4)
-    fast.qkv_split, fast.qkv_pairs = K.LinearConfig(16, 32, split_k=2), K.LinearConfig(8, 32, split_k=3)
-    fast.verify_handoff = True
-    seq, ref = _seq_and_ref(model, 9, seed=8)
-    rows = [fast.logits(seq[:5], 0).clone(), fast.logits(seq[5:6], 5).clone()]
-    ws = fast._steps[5]
-    assert ws.qkv_acc is None and isinstance(ws.qkv_serial, K.QkvSerial)
-    assert ws.qkv_serial.count.numel() == 256 // 8 and not ws.qkv_serial.count.any()
-    fast.qkv_pairs = K.LinearConfig(16, 32, split_k=2)
-    rows.append(fast.logits(seq[4:9], 4).clone())
-    assert isinstance(ws.qkv_serial, K.QkvSerial) and ws.qkv_serial.count.numel() == 16
-    assert rel(torch.cat(rows), torch.cat([ref[:6], ref[4:9]])) < 1e-5
 
 
 def test_a_prompt_longer_than_one_step_runs_in_chunks() -> None:
@@ -726,8 +661,8 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
     r.fuse_attn_out = setting == "fused"
     if setting == "deterministic":
         r.make_deterministic()
-    if setting == "verify_handoff":  # serially, from a split-K o-projection; qkv in one launch
-        r.verify_handoff, r.qkv_pairs = True, K.LinearConfig(8, 32, split_k=2)
+    if setting == "verify_handoff":  # serially, from a split-K o-projection
+        r.verify_handoff = True
         r.linear_configs[("wo", 5)] = K.LinearConfig(16, 32, split_k=2)
         r.linear_configs[("w13", 5)] = K.LinearConfig(16, 32, swap=True)
     watch = _PdlWatch(monkeypatch)
@@ -738,14 +673,11 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
         # (not ws.hand_count: only atomics and stores touch it, and the watch sees loads)
         guarded += [b for b in (ws.h, ws.q, ws.o_part, ws.ml_part, ws.attn, ws.act, ws.logits,
                                 ws.qkv_acc, ws.xg, ws.ss_part) if b is not None]
-        if isinstance(ws.qkv_serial, K.QkvSerial):  # (its count: atomics only, unseen)
-            guarded += [ws.qkv_serial.acc, ws.qkv_serial.ss]
     watch.guard(guarded)
     got = torch.cat([r.logits(seq[:5], 0).clone(), r.logits(seq[5:6], 5).clone(),
                      r.logits(seq[6:7], 6).clone()])
     assert rel(got, ref) < 1e-5
     kinds = {"_qkv_rope_kernel", "_linear_kernel", "_attn_split_kernel"}
-    kinds |= {"deterministic": set(), "verify_handoff": {"_qkv_serial_kernel"}}.get(
-        setting, {"_rope_kv_kernel"})  # the split-K qkv's second kernel, or qkv in one launch
+    kinds |= set() if setting == "deterministic" else {"_rope_kv_kernel"}  # split-K qkv
     assert kinds <= set(watch.early_launches)  # the watch saw early launches of each kind
     assert not watch.violations, sorted(set(watch.violations))[:5]
