@@ -137,7 +137,7 @@ _T1_FFN: dict[str, dict[str, Any]] = {
 T1_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": _T1_MIXES, "t1": _T1_MIXES, "tiles": _T1_TILES, "attn": _T1_ATTN, "ffn": _T1_FFN,
     "one_tile": {},  # verify variants only
-    # the one-token defaults of sessions 5 (every next kernel launched at the start), 6 and 7
+    # the one-token defaults of sessions 5 (every next kernel launched at the start), 6, 7, 8
     "final": {"t1_session5": {"pdl_by_t": {"1": 1}, "one_token_pdl": {}, "trim_merge": False,
                               "norm_handoff": False, "atomic_sem": "acq_rel",
                               "by_width": {"896": _W2_0_5B_S8_T1}},
@@ -151,7 +151,7 @@ T1_SETS["handoff"] = dict(T1_SETS["final"])
 #: ``--set fuse`` (session 9, run 83): split-K atomics with Triton's default acq_rel, as before
 #: session 9 (relaxed is the default since). Run 83 also timed the one-token feed-forward in
 #: one launch (gate/up, SwiGLU and the down projection split over F, float atomics into h;
-#: commit 5daee8c): +14 to +30 %, removed.
+#: commit 5daee8c): +19 % (1.5B) and +13 % (0.5B) at its best tile, up to +150 %; removed.
 T1_SETS["fuse"] = {"t1_acq_rel": {"atomic_sem": "acq_rel"}}
 #: ``--set tiles``: split-K qkv tiles of verify steps (with the one-token tile variants).
 TILES_VARIANTS: dict[str, dict[str, Any]] = {
@@ -242,8 +242,8 @@ ATOMICS_VARIANTS: dict[str, dict[str, Any]] = {
 #: side by side, finished by the last split of each column block, lost: +1.6 % at best, and a
 #: race made it wrong on the GPU for some tiles (its finish zeroed the sums of squares it had
 #: read, which threads holding copies of them could still be reading); removed, kept in
-#: history as cbf4ed2. The verify down tiles it also timed: 64 x 128 in 16 splits -0.8 % @512, -0.7
-#: % @4096 for the 1.5B, within the run-to-run spread; not adopted.)
+#: history as cbf4ed2. The verify down tiles it also timed: 64 x 128 in 16 splits -0.8 % @512,
+#: -0.7 % @4096 for the 1.5B, within the run-to-run spread; not adopted.)
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
