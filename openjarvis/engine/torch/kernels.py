@@ -228,6 +228,34 @@ def _serial_hand_off(out_ptr, stride_out, rn, rt, nmask, tmask, cnt_ptr, g2_ptr,
 
 
 @triton.jit
+def _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
+                     g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, pid,
+                     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
+                     SPLIT_K: tl.constexpr, SEM: tl.constexpr, HAND: tl.constexpr,
+                     NP_BLOCK: tl.constexpr, TRANS: tl.constexpr):
+    """Both linear kernels' epilogue on acc [BT, BN] (``TRANS``: given as [BN, BT], the swapped
+    kernel's, and transposed here, after the handed slots are asked for) with the
+    ``NormHandoff`` sides (``HAND`` as in ``_linear_kernel``): the consumer takes 1/RMS from
+    the handed slots; the producer hands its new residual rows off, serially where it splits K."""
+    if HAND == 2:
+        ss = _handed_ss(ssp_ptr, rt, tmask, NP, NP_BLOCK)
+        if TRANS:
+            acc, acc2 = tl.trans(acc), tl.trans(acc2)
+        _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
+                    MODE, 1, BIAS, SPLIT_K, SEM)
+    else:
+        if TRANS:
+            acc, acc2 = tl.trans(acc), tl.trans(acc2)
+        h = _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
+                        MODE, NORM, BIAS, SPLIT_K, SEM)
+        if HAND == 1 and SPLIT_K > 1:
+            _serial_hand_off(out_ptr, stride_out, rn, rt, nmask, tmask, cnt_ptr, g2_ptr, xg_ptr,
+                             ssp_ptr, stride_xg, NP, pid, SPLIT_K)
+        elif HAND == 1:
+            _hand_off(h, rn, rt, nmask, tmask, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, pid)
+
+
+@triton.jit
 def _linear_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
     T, N, K, stride_x, stride_out, eps,
@@ -293,18 +321,9 @@ def _linear_kernel(
                 w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
                 acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
     _gdc_late(PDL)
-    if HAND == 2:
-        ss = _handed_ss(ssp_ptr, rt, tmask, NP, NP_BLOCK)
-        _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
-                    MODE, 1, BIAS, SPLIT_K, SEM)
-    else:
-        h = _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
-                        MODE, NORM, BIAS, SPLIT_K, SEM)
-        if HAND == 1 and SPLIT_K > 1:
-            _serial_hand_off(out_ptr, stride_out, rn, rt, nmask, tmask, cnt_ptr, g2_ptr, xg_ptr,
-                             ssp_ptr, stride_xg, NP, pid, SPLIT_K)
-        elif HAND == 1:
-            _hand_off(h, rn, rt, nmask, tmask, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, pid)
+    _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
+                     g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, pid,
+                     MODE, NORM, BIAS, SPLIT_K, SEM, HAND, NP_BLOCK, False)
 
 
 @triton.jit
@@ -318,7 +337,7 @@ def _linear_swap_kernel(
     SEM: tl.constexpr,
 ):
     """``_linear_kernel`` for T > 1 with the product transposed: accT [BN, BT] += W [BN, BK] .
-    x^T [BK, BT]; transposed back once, before the same epilogue (``HAND`` as there)."""
+    x^T [BK, BT]; transposed back once, in the same epilogue (``HAND`` as there)."""
     pid = tl.program_id(0)
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     k_lo = tl.program_id(1) * k_per
@@ -346,18 +365,9 @@ def _linear_swap_kernel(
             w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
             acc2_t = tl.dot(w2, xt, acc2_t)
     _gdc_late(PDL)
-    if HAND == 2:
-        ss = _handed_ss(ssp_ptr, rt, tmask, NP, NP_BLOCK)
-        _linear_out(tl.trans(acc_t), tl.trans(acc2_t), ss, rn, rt, nmask, tmask, b_ptr, out_ptr,
-                    stride_out, K, eps, MODE, 1, BIAS, SPLIT_K, SEM)
-    else:
-        h = _linear_out(tl.trans(acc_t), tl.trans(acc2_t), ss, rn, rt, nmask, tmask, b_ptr,
-                        out_ptr, stride_out, K, eps, MODE, NORM, BIAS, SPLIT_K, SEM)
-        if HAND == 1 and SPLIT_K > 1:
-            _serial_hand_off(out_ptr, stride_out, rn, rt, nmask, tmask, cnt_ptr, g2_ptr, xg_ptr,
-                             ssp_ptr, stride_xg, NP, pid, SPLIT_K)
-        elif HAND == 1:
-            _hand_off(h, rn, rt, nmask, tmask, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, pid)
+    _linear_epilogue(acc_t, acc2_t, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
+                     g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, pid,
+                     MODE, NORM, BIAS, SPLIT_K, SEM, HAND, NP_BLOCK, True)
 
 
 @triton.jit
@@ -688,6 +698,11 @@ def _launch(pdl: int) -> dict[str, bool]:
     return {"launch_pdl": True} if pdl % 4 in (1, 2) else {}
 
 
+def _check_sem(atomic_sem: str) -> None:
+    if atomic_sem not in ATOMIC_SEMS:
+        raise ValueError(f"atomic_sem must be one of {ATOMIC_SEMS}, not {atomic_sem!r}")
+
+
 def linear(
     x: torch.Tensor,  # [T, K]
     w: torch.Tensor,  # [N, K], or [2N, K] for SWIGLU
@@ -706,8 +721,7 @@ def linear(
     atomic_sem: str = "relaxed",  # split-K: memory semantics of the partials' atomics
 ) -> torch.Tensor:
     t, k = x.shape
-    if atomic_sem not in ATOMIC_SEMS:
-        raise ValueError(f"atomic_sem must be one of {ATOMIC_SEMS}, not {atomic_sem!r}")
+    _check_sem(atomic_sem)
     n = w.shape[0] // 2 if mode == SWIGLU else w.shape[0]
     cfg = cfg or default_linear_config(t, n, k, x.device.type == "cuda")
     if cfg.split_k > 1 and (mode != ADD or (norm is not None and norm_scale) or bias is not None
@@ -898,8 +912,7 @@ def attention_out(
     t, n_head, hd = q.shape
     if t != 1 or h.dtype != torch.float32:
         raise ValueError("attention_out serves the one-token step into a float32 residual")
-    if atomic_sem not in ATOMIC_SEMS:
-        raise ValueError(f"atomic_sem must be one of {ATOMIC_SEMS}, not {atomic_sem!r}")
+    _check_sem(atomic_sem)
     n_kv = k_cache.shape[0]
     nsplit = o_part.shape[0]
     _attn_split_kernel[(n_kv, nsplit)](
