@@ -461,6 +461,7 @@ class Runner:
             ws.qkv_acc = torch.zeros(t, a.qkv_dim, dtype=torch.float32, device=self.device)
         fused = t == 1 and self.fuse_attn_out and not self.deterministic
         hand_bufs = None if fused else self._handoff_buffers(ws)
+        wo_cfg = self._wo_tile(t)
         sem = self.atomic_sem
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pk("embed"))
         for i, lw in enumerate(w.layers):
@@ -487,7 +488,7 @@ class Runner:
                             trim=self.trim_merge)
                 if hand_bufs is not None:
                     hand = K.NormHandoff(hand_bufs[0], hand_bufs[1], lw.ffn_norm, hand_bufs[2])
-                K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=lc("wo"), pdl=pk("wo"), evict=ev,
+                K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=wo_cfg, pdl=pk("wo"), evict=ev,
                          hand_out=hand, atomic_sem=sem)
             if hand is not None:
                 K.linear(hand.xg, lw.w13, ws.act, mode=K.SWIGLU, eps=a.rms_eps, cfg=lc("w13"),
@@ -501,6 +502,15 @@ class Runner:
                  pdl=pk("out"), evict=ev)
         return ws.logits
 
+    def _wo_tile(self, t: int) -> LinearConfig:
+        """The o-projection's tile as its launch resolves it: the hand-off's slots are one a
+        program of that tile, so both take it from here."""
+        from openjarvis.engine.torch import kernels as K
+
+        a = self.args
+        return self.tiles("wo", t) or K.default_linear_config(t, a.n_embd, a.q_dim,
+                                                              self.device.type == "cuda")
+
     def _handoff_buffers(
         self, ws: Workspace
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
@@ -510,14 +520,12 @@ class Runner:
         an o-projection tile without split-K (each program must own whole columns of the new
         residual); verify steps with ``verify_handoff``, serially where the tile splits K.
         Verify steps' x * g is in the weights' dtype, which their gate/up rounds it to anyway."""
-        from openjarvis.engine.torch import kernels as K
 
         t = ws.tokens.shape[0]
         if not (self.norm_handoff if t == 1 else self.verify_handoff):
             return None
         a = self.args
-        cfg = self.tiles("wo", t) or K.default_linear_config(t, a.n_embd, a.q_dim,
-                                                              self.device.type == "cuda")
+        cfg = self._wo_tile(t)
         split = cfg.split_k > 1
         if split and t == 1:
             return None
