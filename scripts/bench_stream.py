@@ -79,7 +79,6 @@ PROBE_STRIDE = 16
 SMEM_OPTIN = 232448
 SMEM_PER_SM = 233472
 RESERVED_PER_BLOCK = 1024  # shared memory the system keeps per resident block on sm_90
-#: ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``, ``..._PREFERRED_SHARED_MEMORY_CARVEOUT``
 
 T0 = time.monotonic()
 RES: dict[str, Any] = {}
