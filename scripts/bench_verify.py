@@ -244,17 +244,32 @@ ATOMICS_VARIANTS: dict[str, dict[str, Any]] = {
 #: read, which threads holding copies of them could still be reading); removed, kept in
 #: history as cbf4ed2. The verify down tiles it also timed: 64 x 128 in 16 splits -0.8 % @512,
 #: -0.7 % @4096 for the 1.5B, within the run-to-run spread; not adopted.)
+#: ``--set prefetch`` (session 10): one-token steps asking L2 for the next product's weights
+#: from the launch before it (``Runner.l2_prefetch``: {kind: [where, cols]}, where 1 before
+#: the PDL wait, 2 after it, 3 after the main loop), and the attention's first K/V block
+#: loaded before its wait with the step's own rows after (``Runner.early_kv``).
+T1_SETS["prefetch"] = {
+    "t1_pf_wo_b256": {"l2_prefetch": {"wo": [1, 256]}},
+    "t1_pf_wo_b512": {"l2_prefetch": {"wo": [1, 512]}},
+    "t1_pf_wo_b1024": {"l2_prefetch": {"wo": [1, 1024]}},
+    "t1_pf_wo_a512": {"l2_prefetch": {"wo": [2, 512]}},
+    "t1_pf_w13_l1024": {"l2_prefetch": {"w13": [3, 1024]}},
+    "t1_pf_w13_l2048": {"l2_prefetch": {"w13": [3, 2048]}},
+    "t1_pf_both": {"l2_prefetch": {"wo": [1, 512], "w13": [3, 1024]}},
+    "t1_early_kv": {"early_kv": True},
+    "t1_early_kv_64x64": {"early_kv": True, "attention": [64, 64]},
+}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
-    "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS,
+    "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "prefetch": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "norm_handoff", "atomic_sem", "verify_handoff"}
+         "norm_handoff", "atomic_sem", "verify_handoff", "l2_prefetch", "early_kv"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -290,6 +305,9 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.norm_handoff = bool(v.get("norm_handoff", base["norm_handoff"]))
     r.atomic_sem = v.get("atomic_sem", base["atomic_sem"])
     r.verify_handoff = bool(v.get("verify_handoff", base["verify_handoff"]))
+    r.l2_prefetch = {k: (int(w), int(c))
+                     for k, (w, c) in v.get("l2_prefetch", base["l2_prefetch"]).items()}
+    r.early_kv = bool(v.get("early_kv", base["early_kv"]))
     r.drop_steps()
 
 
@@ -302,7 +320,8 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
-               "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff}
+               "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
+               "l2_prefetch": dict(r.l2_prefetch), "early_kv": r.early_kv}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -128,6 +128,9 @@ class Runner:
         self.fuse_attn_out = False
         #: The attention's merge reads only the splits that hold keys (``kernels.attention``).
         self.trim_merge = True
+        #: Each attention split loads its first K/V block before the PDL wait, all but the
+        #: step's own new rows, which it loads after (``kernels.attention``'s ``early_kv``).
+        self.early_kv = False
         #: T = 1: the o-projection hands the feed-forward norm to gate/up (``kernels.NormHandoff``)
         #: instead of gate/up normalizing h inside its K loop; needs an unsplit o-projection.
         #: On by default for the shapes in ``tuning.NORM_HANDOFF``.
@@ -138,6 +141,11 @@ class Runner:
         self.attn_out_block_n = 128
         #: Memory semantics of split-K partials' float atomics (``kernels.ATOMIC_SEMS``).
         self.atomic_sem = "relaxed"
+        #: One-token steps on the GPU: {"wo": (where, cols), "w13": (where, cols)} -- the
+        #: o-projection asks L2 for the first ``cols`` columns of gate/up's rows, gate/up for
+        #: those of each K split of the down projection (``kernels.L2Prefetch``; ``where`` 1
+        #: before the PDL wait, 2 after it, 3 after the main loop). Empty: no prefetch.
+        self.l2_prefetch: dict[str, tuple[int, int]] = {}
         #: Programmatic dependent launch of the Triton kernels (Hopper), per T: 0 off, 1 each
         #: kernel launched while the previous one finishes, 2 also loading its first weight
         #: tile before waiting. ``pdl`` is the mode for any T not in ``pdl_by_t``.
@@ -463,6 +471,7 @@ class Runner:
         hand_bufs = None if fused else self._handoff_buffers(ws)
         wo_cfg = self._wo_tile(t)
         sem = self.atomic_sem
+        pf = self.l2_prefetch if t == 1 and self.device.type == "cuda" else {}
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pk("embed"))
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
@@ -485,22 +494,41 @@ class Runner:
                 K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
                             block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
                             pdl_combine=pk("combine"), combine_warps=self.combine_warps.get(t, 1),
-                            trim=self.trim_merge)
+                            trim=self.trim_merge, early_kv=self.early_kv)
                 if hand_bufs is not None:
                     hand = K.NormHandoff(hand_bufs[0], hand_bufs[1], lw.ffn_norm, hand_bufs[2])
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=wo_cfg, pdl=pk("wo"), evict=ev,
-                         hand_out=hand, atomic_sem=sem)
+                         hand_out=hand, atomic_sem=sem,
+                         prefetch=self._prefetch(pf, "wo", lw.w13, None))
+            pf13 = self._prefetch(pf, "w13", lw.w2, lc("w2"))
             if hand is not None:
                 K.linear(hand.xg, lw.w13, ws.act, mode=K.SWIGLU, eps=a.rms_eps, cfg=lc("w13"),
-                         pdl=pk("w13"), evict=ev, hand_in=hand)
+                         pdl=pk("w13"), evict=ev, hand_in=hand, prefetch=pf13)
             else:
                 K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
-                         cfg=lc("w13"), pdl=pk("w13"), evict=ev)
+                         cfg=lc("w13"), pdl=pk("w13"), evict=ev, prefetch=pf13)
             K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"), pdl=pk("w2"), evict=ev,
                      atomic_sem=sem)
         K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"),
                  pdl=pk("out"), evict=ev)
         return ws.logits
+
+    @staticmethod
+    def _prefetch(pf: dict[str, tuple[int, int]], kind: str, w: torch.Tensor,
+                  cfg: LinearConfig | None) -> object:
+        """The ``kernels.L2Prefetch`` that launch ``kind`` issues for the next product's
+        weights ``w`` (tile ``cfg``: one region a K split), or None."""
+        if kind not in pf:
+            return None
+        from openjarvis.engine.torch import kernels as K
+
+        where, cols = pf[kind]
+        split = cfg.split_k if cfg is not None else 1
+        stride = 0
+        if split > 1:
+            assert cfg is not None
+            stride = -(-w.shape[1] // (split * cfg.block_k)) * cfg.block_k
+        return K.L2Prefetch(w, min(cols, stride or w.shape[1]), where, split, stride)
 
     def _wo_tile(self, t: int) -> LinearConfig:
         """The o-projection's tile as its launch resolves it: the hand-off's slots are one a

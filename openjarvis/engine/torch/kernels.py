@@ -82,6 +82,30 @@ class NormHandoff:
     count: torch.Tensor | None = None  # [producer programs] int32 zeros: split-K producers
 
 
+@dataclass(frozen=True, slots=True)
+class L2Prefetch:
+    """Lines of the next product's weights that a one-token linear launch asks L2 for, so that
+    the next kernel finds them there instead of waiting on DRAM from its start.
+
+    Each launch's programs share the lines of the first ``cols`` columns of every row of ``w``
+    (of each of ``segs`` segments ``seg_stride`` columns apart: the K splits of a split-K
+    successor start there), one ``prefetch.global.L2::evict_last`` a line; nothing waits on
+    them. ``where``: 1 before this kernel's PDL wait (issued while it waits anyway), 2 just
+    after it, 3 after its main loop. GPU only: the interpreter has no inline assembly."""
+
+    w: torch.Tensor  # [R, C] the next product's weights
+    cols: int
+    where: int = 1
+    segs: int = 1
+    seg_stride: int = 0
+
+    def lines(self) -> tuple[int, int]:
+        """(lines a segment, lines in all) of the region."""
+        per_line = 128 // self.w.element_size()
+        lps = -(-min(self.cols, self.w.shape[1]) // per_line)
+        return lps, self.w.shape[0] * self.segs * lps
+
+
 def block_t(t: int) -> int:
     return 1 if t == 1 else max(16, triton.next_power_of_2(t))
 
@@ -126,6 +150,28 @@ def _gdc_late(PDL: tl.constexpr):
     so its waiting programs never hold SM slots that this kernel's later programs need."""
     if PDL == 5 or PDL == 6:
         tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def _pf_offsets(pid, total, lps, segs, row_len, seg_stride, EPL: tl.constexpr,
+                PF_LINES: tl.constexpr):
+    """Element offsets of program ``pid``'s share of an ``L2Prefetch`` region (``PF_LINES``
+    consecutive lines of ``total``; line g is in row g // (lps * segs)), and which are real."""
+    g = pid * PF_LINES + tl.arange(0, PF_LINES)
+    per_row = lps * segs
+    rem = g % per_row
+    off = (g // per_row).to(tl.int64) * row_len + (rem // lps) * seg_stride + (rem % lps) * EPL
+    return tl.where(g < total, off, 0), g < total
+
+
+@triton.jit
+def _l2_prefetch(pf_ptr, pid, total, lps, segs, row_len, seg_stride, EPL: tl.constexpr,
+                 PF_LINES: tl.constexpr):
+    """Ask L2 for this program's share of an ``L2Prefetch`` region, to be kept (evict_last)
+    until the next kernel reads it; a masked line re-asks for the region's first."""
+    off, _ = _pf_offsets(pid, total, lps, segs, row_len, seg_stride, EPL, PF_LINES)
+    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l",
+                              [pf_ptr + off], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -260,12 +306,16 @@ def _linear_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
     T, N, K, stride_x, stride_out, eps,
     g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr,
+    pf_ptr, pf_total, pf_lps, pf_segs, pf_row, pf_stride,
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
     SEM: tl.constexpr,
+    PF: tl.constexpr = 0, PF_EPL: tl.constexpr = 64, PF_LINES: tl.constexpr = 1,
 ):
-    """``HAND`` (``NormHandoff``): 1, also hand the new rows of ``out`` (a residual) to the
+    """``PF``: where this launch asks L2 for its ``L2Prefetch`` share (0: it does not).
+
+    ``HAND`` (``NormHandoff``): 1, also hand the new rows of ``out`` (a residual) to the
     next norm (``_hand_off``; with split-K, ``_serial_hand_off``); 2, ``x`` is such a hand-off
     (x * g) and the RMS statistics are the ``NP`` partial sums at ``ssp``: no squares or norm
     weight in the loop."""
@@ -290,7 +340,13 @@ def _linear_kernel(
             w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
         else:
             w2 = w
+        if PF == 1:
+            _l2_prefetch(pf_ptr, pid * SPLIT_K + tl.program_id(1), pf_total, pf_lps, pf_segs,
+                         pf_row, pf_stride, PF_EPL, PF_LINES)
         _gdc(PDL)
+        if PF == 2:
+            _l2_prefetch(pf_ptr, pid * SPLIT_K + tl.program_id(1), pf_total, pf_lps, pf_segs,
+                         pf_row, pf_stride, PF_EPL, PF_LINES)
         acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
                                   acc2, ss, MODE, NORM, BLOCK_T)
         for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
@@ -303,7 +359,13 @@ def _linear_kernel(
             acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
                                       acc2, ss, MODE, NORM, BLOCK_T)
     else:
+        if PF == 1:
+            _l2_prefetch(pf_ptr, pid * SPLIT_K + tl.program_id(1), pf_total, pf_lps, pf_segs,
+                         pf_row, pf_stride, PF_EPL, PF_LINES)
         _gdc(PDL)
+        if PF == 2:
+            _l2_prefetch(pf_ptr, pid * SPLIT_K + tl.program_id(1), pf_total, pf_lps, pf_segs,
+                         pf_row, pf_stride, PF_EPL, PF_LINES)
         # At T = 1 (reductions, no tl.dot) Triton does not pipeline this loop's loads; asking
         # it to (``tl.range(..., num_stages=n)``, cp.async into shared memory) lost or was even
         # (session 8 run 76: +0.4 to +18 % for the 1.5B, -0.2 to +30 % for the 0.5B): the many
@@ -320,6 +382,9 @@ def _linear_kernel(
             if MODE == 2:
                 w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
                 acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
+    if PF == 3:
+        _l2_prefetch(pf_ptr, pid * SPLIT_K + tl.program_id(1), pf_total, pf_lps, pf_segs,
+                     pf_row, pf_stride, PF_EPL, PF_LINES)
     _gdc_late(PDL)
     _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
                      g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, pid,
@@ -528,7 +593,7 @@ def _attn_update(q, kt, vt, s, smask, qpos, m, den, acc):
 def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_ch, stride_cs, scale,
                N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
                BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
-               TRIM: tl.constexpr):
+               TRIM: tl.constexpr, EARLY: tl.constexpr = False):
     """Flash-decoding partials of one (kv head, split of the sequence): rows r = t * G + g of
     the query tile (all query heads of the group, all T tokens) share one K/V stream.
 
@@ -549,14 +614,34 @@ def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_c
     s_hi = tl.minimum(s_lo + chunk, total)
     kbase = kc_ptr + kvh * stride_ch
     vbase = vc_ptr + kvh * stride_ch
-    _gdc(PDL)
-    q = tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
-                mask=rmask[:, None], other=0.0) * scale  # [R, HD] float32
-    qpos = start + t  # [R]
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     den = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
-    for s0 in range(s_lo, s_hi, BLOCK_S):
+    qpos = start + t  # [R]
+    if EARLY:
+        # The split's first block loaded before the wait, all but this step's own rows (which
+        # the qkv kernel is still writing); those come after it, with q.
+        s = s_lo + tl.arange(0, BLOCK_S)
+        smask = s < s_hi
+        old = smask & (s < start)
+        kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=old[:, None], other=0.0)
+        vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :], mask=old[:, None], other=0.0)
+        _gdc(PDL)
+        new = smask & (s >= start)
+        kt = tl.where(new[:, None], tl.load(kbase + s[:, None] * stride_cs + d[None, :],
+                                            mask=new[:, None], other=0.0), kt)
+        vt = tl.where(new[:, None], tl.load(vbase + s[:, None] * stride_cs + d[None, :],
+                                            mask=new[:, None], other=0.0), vt)
+        q = tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
+                    mask=rmask[:, None], other=0.0) * scale
+        m, den, acc = _attn_update(q, kt, vt, s, smask, qpos, m, den, acc)
+        first = s_lo + BLOCK_S
+    else:
+        _gdc(PDL)
+        q = tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
+                    mask=rmask[:, None], other=0.0) * scale  # [R, HD] float32
+        first = s_lo
+    for s0 in range(first, s_hi, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         smask = s < s_hi
         kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
@@ -576,12 +661,13 @@ def _attn_split_kernel(
     T, stride_ch, stride_cs, scale,
     N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr, TRIM: tl.constexpr,
+    EARLY: tl.constexpr = False,
 ):
     """Program = (kv head, split): ``_attn_item``. ``start`` is written before the step's
     graph is launched, so it is read before the PDL wait."""
     _attn_item(q_ptr, kc_ptr, vc_ptr, tl.load(start_ptr), o_ptr, ml_ptr, T, tl.program_id(0),
                tl.program_id(1), stride_ch, stride_cs, scale, N_HEAD, G, HD, NSPLIT, BLOCK_R,
-               BLOCK_S, PDL, TRIM)
+               BLOCK_S, PDL, TRIM, EARLY)
     _gdc_late(PDL)
 
 
@@ -719,6 +805,7 @@ def linear(
     hand_out: NormHandoff | None = None,  # ADD into a residual: also hand it to the next norm
     hand_in: NormHandoff | None = None,  # x is hand_in.xg: normalize with its statistics
     atomic_sem: str = "relaxed",  # split-K: memory semantics of the partials' atomics
+    prefetch: L2Prefetch | None = None,  # T = 1 on the GPU: ask L2 for the next weights
 ) -> torch.Tensor:
     t, k = x.shape
     _check_sem(atomic_sem)
@@ -763,15 +850,32 @@ def linear(
         NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1, SEM=atomic_sem,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
     )
+    pf_args: tuple[object, ...] = (w, 0, 1, 1, 0, 0)
+    if prefetch is not None:
+        pf = prefetch
+        if (t != 1 or (cfg.swap and t > 1) or pf.where not in (1, 2, 3) or pf.cols < 1
+                or pf.segs < 1 or pf.w.dim() != 2 or not pf.w.is_contiguous()
+                or pf.w.device != w.device or (pf.segs - 1) * pf.seg_stride >= pf.w.shape[1]):
+            raise ValueError("an L2 prefetch serves a one-token launch: where 1, 2 or 3, a "
+                             "contiguous 2-D matrix on the weights' device, segments inside "
+                             "its rows")
+        if x.device.type != "cuda":
+            raise ValueError("an L2 prefetch needs the GPU (the interpreter has no inline "
+                             "assembly)")
+        lps, total = pf.lines()
+        per_prog = triton.next_power_of_2(-(-total // (grid[0] * grid[1])))
+        pf_args = (pf.w, total, lps, pf.segs, pf.w.shape[1], pf.seg_stride)
+        common.update(PF=pf.where, PF_EPL=128 // pf.w.element_size(), PF_LINES=per_prog)
     if cfg.swap and t > 1:
         if cfg.block_n < 16:
             raise ValueError("a swapped tile needs block_n >= 16 (it is the MMA's M)")
         kernel = _linear_swap_kernel
+        pf_args = ()
     else:
         kernel = _linear_kernel
     kernel[grid](
         x, w, norm if norm is not None else w, bias if bias is not None else w, out,
-        t, n, k, x.stride(0), out.stride(0), eps, *hand_args, **common,
+        t, n, k, x.stride(0), out.stride(0), eps, *hand_args, *pf_args, **common,
     )
     return out
 
@@ -868,6 +972,7 @@ def attention(
     pdl_combine: int | None = None,  # the merge kernel's PDL mode; default: as ``pdl``
     combine_warps: int = 1,  # warps of each (token, head) program of the merge
     trim: bool = True,  # the merge reads only the splits that hold keys
+    early_kv: bool = False,  # each split's first K/V block before the PDL wait (own rows after)
 ) -> torch.Tensor:
     """Attention of T query tokens over the cache in two launches: partials per (kv head,
     split), then their merge."""
@@ -881,8 +986,8 @@ def attention(
         q, k_cache, v_cache, start, o_part, ml_part,
         t, k_cache.stride(0), k_cache.stride(1), hd**-0.5,
         N_HEAD=n_head, G=g, HD=hd, NSPLIT=nsplit,
-        BLOCK_R=block_r, BLOCK_S=block_s, PDL=_wait(pdl), TRIM=trim, num_warps=num_warps,
-        **_launch(pdl),
+        BLOCK_R=block_r, BLOCK_S=block_s, PDL=_wait(pdl), TRIM=trim, EARLY=early_kv,
+        num_warps=num_warps, **_launch(pdl),
     )
     pc = pdl if pdl_combine is None else pdl_combine
     _attn_combine_kernel[(t * n_head,)](
