@@ -244,32 +244,65 @@ ATOMICS_VARIANTS: dict[str, dict[str, Any]] = {
 #: read, which threads holding copies of them could still be reading); removed, kept in
 #: history as cbf4ed2. The verify down tiles it also timed: 64 x 128 in 16 splits -0.8 % @512,
 #: -0.7 % @4096 for the 1.5B, within the run-to-run spread; not adopted.)
-#: ``--set prefetch`` (session 10): one-token steps asking L2 for the next product's weights
-#: from the launch before it (``Runner.l2_prefetch``: {kind: [where, cols]}, where 1 before
-#: the PDL wait, 2 after it, 3 after the main loop), and the attention's first K/V block
-#: loaded before its wait with the step's own rows after (``Runner.early_kv``).
-T1_SETS["prefetch"] = {
-    "t1_pf_wo_b256": {"l2_prefetch": {"wo": [1, 256]}},
-    "t1_pf_wo_b512": {"l2_prefetch": {"wo": [1, 512]}},
-    "t1_pf_wo_b1024": {"l2_prefetch": {"wo": [1, 1024]}},
-    "t1_pf_wo_a512": {"l2_prefetch": {"wo": [2, 512]}},
-    "t1_pf_w13_l1024": {"l2_prefetch": {"w13": [3, 1024]}},
-    "t1_pf_w13_l2048": {"l2_prefetch": {"w13": [3, 2048]}},
-    "t1_pf_both": {"l2_prefetch": {"wo": [1, 512], "w13": [3, 1024]}},
-    "t1_early_kv": {"early_kv": True},
-    "t1_early_kv_64x64": {"early_kv": True, "attention": [64, 64]},
+#: (Session 10's ``--set prefetch``, run 92, lost everywhere and was removed; commit d43eb3c
+#: holds it: one-token steps asking L2 for the next product's weights from the launch before,
+#: +1 to +18 % growing with the bytes asked for; the attention's first K/V block loaded before
+#: its PDL wait with the step's own rows after it, +1.4 to +3.3 %.)
+#: ``--set boundary`` (session 10): one-token PDL triggers that stop the early-launch cascade
+#: at the attention, the 0.5B's down projection without its empty fourth K split, and the
+#: attention's K/V loop left out (``attn_skeleton``: timing only, wrong by design).
+T1_SETS["boundary"] = {
+    "t1_attn_late": {"one_token_pdl": {"attn": 5, "combine": 1, "w2": 1}},
+    "t1_qkv_early_attn_late": {"one_token_pdl": {"qkv": 2, "attn": 5, "combine": 1, "w2": 1}},
+    "t1_merge_late": {"one_token_pdl": {"attn": 1, "combine": 5, "w2": 1}},
+    "t1_w2_split3": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 3]}},
+                                  "1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2]}}}},
+    "t1_attn_skeleton": {"attn_skeleton": True},
+}
+#: ``--set splits`` (session 10): more attention splits in one-token steps, whose loop run 94
+#: priced at 5.2 us a layer @4096 (1.5B) for 44 programs, with the merge on more warps (its
+#: [splits, head dim] tile on one warp spills as the splits grow).
+T1_SETS["splits"] = {
+    f"t1_attn{sp}x{bs}_m{w}": {"attention": [sp, bs], "combine_warps": {"1": w}}
+    for sp, bs, w in ((32, 64, 4), (64, 64, 4), (64, 32, 4), (128, 32, 4), (128, 32, 8),
+                      (256, 16, 8), (128, 16, 8))
+}
+#: ``--set stages`` (session 10): the attention's K/V loop pipelined deeper (run 96's trace:
+#: 1.3 us a block past the first), block_s 128, and the 1.5B's one-token down projection in
+#: three even K splits (its two splits are 5 and 3.75 tiles of 1024).
+T1_SETS["stages"] = {
+    "t1_attn_st4": {"attn_stages": 4},
+    "t1_attn_st5": {"attn_stages": 5},
+    "t1_attn_st2": {"attn_stages": 2},
+    "t1_attn32x128": {"attention": [32, 128]},
+    "t1_attn32x128_st2": {"attention": [32, 128], "attn_stages": 2},
+    "t1_w2_split3": {"t1_tiles": {"w2": [2, 1024, 4, 2, 3]}},
+    "t1_w2_512_2": {"t1_tiles": {"w2": [2, 512, 4, 2, 2]}},
+    "t1_w2_4x1024_3": {"t1_tiles": {"w2": [4, 1024, 4, 2, 3]}},
+}
+#: ``--set cluster`` (session 10): one-token attention as one cluster launch
+#: (``Runner.use_cluster_attention``: {cs, hg, nb}), the splits merged on chip.
+T1_SETS["cluster"] = {
+    "t1_cl16_2": {"cluster": {"cs": 16, "hg": 2}, "by_width": {"896": {"cluster": {"cs": 16, "hg": 7}}}},
+    "t1_cl8_2": {"cluster": {"cs": 8, "hg": 2}, "by_width": {"896": {"cluster": {"cs": 8, "hg": 7}}}},
+    "t1_cl16_1": {"cluster": {"cs": 16, "hg": 1}},
+    "t1_cl8_1": {"cluster": {"cs": 8, "hg": 1}},
+    "t1_cl16_2_nb2": {"cluster": {"cs": 16, "hg": 2, "nb": 2},
+                      "by_width": {"896": {"cluster": {"cs": 16, "hg": 7, "nb": 2}}}},
 }
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
-    "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "prefetch": {},
+    "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "boundary": {},
+    "splits": {}, "stages": {}, "cluster": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "norm_handoff", "atomic_sem", "verify_handoff", "l2_prefetch", "early_kv"}
+         "norm_handoff", "atomic_sem", "verify_handoff", "attn_skeleton",
+         "attn_stages", "cluster"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -305,9 +338,12 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.norm_handoff = bool(v.get("norm_handoff", base["norm_handoff"]))
     r.atomic_sem = v.get("atomic_sem", base["atomic_sem"])
     r.verify_handoff = bool(v.get("verify_handoff", base["verify_handoff"]))
-    r.l2_prefetch = {k: (int(w), int(c))
-                     for k, (w, c) in v.get("l2_prefetch", base["l2_prefetch"]).items()}
-    r.early_kv = bool(v.get("early_kv", base["early_kv"]))
+    K.ATTN_SKELETON = bool(v.get("attn_skeleton", False))
+    K.ATTN_STAGES = int(v.get("attn_stages", 0))
+    if "cluster" in v:
+        r.use_cluster_attention(**v["cluster"])
+    else:
+        r.cluster_attention = None
     r.drop_steps()
 
 
@@ -320,8 +356,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
-               "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
-               "l2_prefetch": dict(r.l2_prefetch), "early_kv": r.early_kv}
+               "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

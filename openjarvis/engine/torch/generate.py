@@ -25,6 +25,7 @@ from openjarvis.engine.torch.cache import SLACK, KVCache
 from openjarvis.engine.torch.model import Transformer
 
 if TYPE_CHECKING:  # importing megakernel imports triton: only where the step is used
+    from openjarvis.engine.torch.attn_cluster import ClusterAttention
     from openjarvis.engine.torch.cuda_step import DecodeStep
     from openjarvis.engine.torch.kernels import LinearConfig
     from openjarvis.engine.torch.megakernel import MegaConfig, Scratch
@@ -128,9 +129,9 @@ class Runner:
         self.fuse_attn_out = False
         #: The attention's merge reads only the splits that hold keys (``kernels.attention``).
         self.trim_merge = True
-        #: Each attention split loads its first K/V block before the PDL wait, all but the
-        #: step's own new rows, which it loads after (``kernels.attention``'s ``early_kv``).
-        self.early_kv = False
+        #: One-token steps' attention as one cluster launch (``attn_cluster.ClusterAttention``)
+        #: instead of the split and merge kernels; set with ``use_cluster_attention``.
+        self.cluster_attention: ClusterAttention | None = None
         #: T = 1: the o-projection hands the feed-forward norm to gate/up (``kernels.NormHandoff``)
         #: instead of gate/up normalizing h inside its K loop; needs an unsplit o-projection.
         #: On by default for the shapes in ``tuning.NORM_HANDOFF``.
@@ -141,11 +142,6 @@ class Runner:
         self.attn_out_block_n = 128
         #: Memory semantics of split-K partials' float atomics (``kernels.ATOMIC_SEMS``).
         self.atomic_sem = "relaxed"
-        #: One-token steps on the GPU: {"wo": (where, cols), "w13": (where, cols)} -- the
-        #: o-projection asks L2 for the first ``cols`` columns of gate/up's rows, gate/up for
-        #: those of each K split of the down projection (``kernels.L2Prefetch``; ``where`` 1
-        #: before the PDL wait, 2 after it, 3 after the main loop). Empty: no prefetch.
-        self.l2_prefetch: dict[str, tuple[int, int]] = {}
         #: Programmatic dependent launch of the Triton kernels (Hopper), per T: 0 off, 1 each
         #: kernel launched while the previous one finishes, 2 also loading its first weight
         #: tile before waiting. ``pdl`` is the mode for any T not in ``pdl_by_t``.
@@ -241,6 +237,16 @@ class Runner:
         self._cuda_step_kwargs = kwargs
         if old is not None:
             old.close()
+
+    def use_cluster_attention(self, **kwargs: object) -> None:
+        """One-token steps run their attention as one cluster launch (``ClusterAttention``
+        with ``kwargs``: ``cs``, ``hg``, ``nb``); no kwargs and None to go back."""
+        from openjarvis.engine.torch.attn_cluster import ClusterAttention
+
+        if self.kernels != "triton" or self.device.type != "cuda":
+            raise ValueError("cluster attention serves the Triton step on a CUDA device")
+        self.cluster_attention = ClusterAttention(self.args, self.device, **kwargs)  # type: ignore[arg-type]
+        self.drop_steps(1)
 
     def uniform_pdl(self, mode: int = 0) -> None:
         """One PDL mode for every kernel of every step (0: none), instead of the measured
@@ -452,6 +458,8 @@ class Runner:
 
         a, w, c = self.args, self.model.weights, self.cache
         t = ws.tokens.shape[0]
+        if K.TRACE["buf"] is not None:  # tracing (scripts/trace_step.py): launches from 0
+            K.TRACE["next"] = 0
 
         def lc(name: str) -> K.LinearConfig | None:
             return self.tiles(name, t)
@@ -471,7 +479,6 @@ class Runner:
         hand_bufs = None if fused else self._handoff_buffers(ws)
         wo_cfg = self._wo_tile(t)
         sem = self.atomic_sem
-        pf = self.l2_prefetch if t == 1 and self.device.type == "cuda" else {}
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pk("embed"))
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
@@ -491,44 +498,28 @@ class Runner:
                                 block_s=self.attn_block_s, block_n=self.attn_out_block_n,
                                 pdl=pk("attn"), trim=self.trim_merge, atomic_sem=sem)
             else:
-                K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
-                            block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
-                            pdl_combine=pk("combine"), combine_warps=self.combine_warps.get(t, 1),
-                            trim=self.trim_merge, early_kv=self.early_kv)
+                if t == 1 and self.cluster_attention is not None:
+                    self.cluster_attention(ws.q, kc, vc, ws.start, ws.attn, pdl=pk("attn") > 0)
+                else:
+                    K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
+                                block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
+                                pdl_combine=pk("combine"),
+                                combine_warps=self.combine_warps.get(t, 1), trim=self.trim_merge)
                 if hand_bufs is not None:
                     hand = K.NormHandoff(hand_bufs[0], hand_bufs[1], lw.ffn_norm, hand_bufs[2])
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=wo_cfg, pdl=pk("wo"), evict=ev,
-                         hand_out=hand, atomic_sem=sem,
-                         prefetch=self._prefetch(pf, "wo", lw.w13, None))
-            pf13 = self._prefetch(pf, "w13", lw.w2, lc("w2"))
+                         hand_out=hand, atomic_sem=sem)
             if hand is not None:
                 K.linear(hand.xg, lw.w13, ws.act, mode=K.SWIGLU, eps=a.rms_eps, cfg=lc("w13"),
-                         pdl=pk("w13"), evict=ev, hand_in=hand, prefetch=pf13)
+                         pdl=pk("w13"), evict=ev, hand_in=hand)
             else:
                 K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
-                         cfg=lc("w13"), pdl=pk("w13"), evict=ev, prefetch=pf13)
+                         cfg=lc("w13"), pdl=pk("w13"), evict=ev)
             K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"), pdl=pk("w2"), evict=ev,
                      atomic_sem=sem)
         K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"),
                  pdl=pk("out"), evict=ev)
         return ws.logits
-
-    @staticmethod
-    def _prefetch(pf: dict[str, tuple[int, int]], kind: str, w: torch.Tensor,
-                  cfg: LinearConfig | None) -> object:
-        """The ``kernels.L2Prefetch`` that launch ``kind`` issues for the next product's
-        weights ``w`` (tile ``cfg``: one region a K split), or None."""
-        if kind not in pf:
-            return None
-        from openjarvis.engine.torch import kernels as K
-
-        where, cols = pf[kind]
-        split = cfg.split_k if cfg is not None else 1
-        stride = 0
-        if split > 1:
-            assert cfg is not None
-            stride = -(-w.shape[1] // (split * cfg.block_k)) * cfg.block_k
-        return K.L2Prefetch(w, min(cols, stride or w.shape[1]), where, split, stride)
 
     def _wo_tile(self, t: int) -> LinearConfig:
         """The o-projection's tile as its launch resolves it: the hand-off's slots are one a

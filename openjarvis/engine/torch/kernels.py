@@ -40,6 +40,12 @@ STORE, ADD, SWIGLU = 0, 1, 2
 #: So "relaxed" (the default) rather than Triton's own default "acq_rel", whose fences cost
 #: (session 9 run 83: one-token steps -0.9 to -2.2 %, k = 16 verify -4 to -7 %).
 ATOMIC_SEMS = ("relaxed", "acq_rel")
+#: Timing only (session 10, run 94): the attention's split kernel reads q and stores its
+#: partials but no keys, pricing its K/V loop inside the step. Wrong results by design.
+ATTN_SKELETON = False
+#: Experiment (session 10): software-pipelining depth of the attention's K/V loop (0: Triton's
+#: default, 3 on Hopper).
+ATTN_STAGES = 0
 #: Added to a PDL mode (1 or 2; 3 in tests): the kernel lets its successor launch after its
 #: main loop (``_gdc_late``) instead of at its start.
 PDL_LATE = 4
@@ -80,30 +86,6 @@ class NormHandoff:
     ss_part: torch.Tensor  # [T, producer programs] float32
     weight: torch.Tensor  # [K] the norm's weight
     count: torch.Tensor | None = None  # [producer programs] int32 zeros: split-K producers
-
-
-@dataclass(frozen=True, slots=True)
-class L2Prefetch:
-    """Lines of the next product's weights that a one-token linear launch asks L2 for, so that
-    the next kernel finds them there instead of waiting on DRAM from its start.
-
-    Each launch's programs share the lines of the first ``cols`` columns of every row of ``w``
-    (of each of ``segs`` segments ``seg_stride`` columns apart: the K splits of a split-K
-    successor start there), one ``prefetch.global.L2::evict_last`` a line; nothing waits on
-    them. ``where``: 1 before this kernel's PDL wait (issued while it waits anyway), 2 just
-    after it, 3 after its main loop. GPU only: the interpreter has no inline assembly."""
-
-    w: torch.Tensor  # [R, C] the next product's weights
-    cols: int
-    where: int = 1
-    segs: int = 1
-    seg_stride: int = 0
-
-    def lines(self) -> tuple[int, int]:
-        """(lines a segment, lines in all) of the region."""
-        per_line = 128 // self.w.element_size()
-        lps = -(-min(self.cols, self.w.shape[1]) // per_line)
-        return lps, self.w.shape[0] * self.segs * lps
 
 
 def block_t(t: int) -> int:
@@ -153,25 +135,15 @@ def _gdc_late(PDL: tl.constexpr):
 
 
 @triton.jit
-def _pf_offsets(pid, total, lps, segs, row_len, seg_stride, EPL: tl.constexpr,
-                PF_LINES: tl.constexpr):
-    """Element offsets of program ``pid``'s share of an ``L2Prefetch`` region (``PF_LINES``
-    consecutive lines of ``total``; line g is in row g // (lps * segs)), and which are real."""
-    g = pid * PF_LINES + tl.arange(0, PF_LINES)
-    per_row = lps * segs
-    rem = g % per_row
-    off = (g // per_row).to(tl.int64) * row_len + (rem // lps) * seg_stride + (rem % lps) * EPL
-    return tl.where(g < total, off, 0), g < total
-
-
-@triton.jit
-def _l2_prefetch(pf_ptr, pid, total, lps, segs, row_len, seg_stride, EPL: tl.constexpr,
-                 PF_LINES: tl.constexpr):
-    """Ask L2 for this program's share of an ``L2Prefetch`` region, to be kept (evict_last)
-    until the next kernel reads it; a masked line re-asks for the region's first."""
-    off, _ = _pf_offsets(pid, total, lps, segs, row_len, seg_stride, EPL, PF_LINES)
-    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l",
-                              [pf_ptr + off], dtype=tl.int32, is_pure=False, pack=1)
+def _stamp(tr_ptr, tr_base, pid, e, TRACE: tl.constexpr):
+    """Tracing only (``TRACE`` programs a launch recorded, 0: off): event ``e`` of program
+    ``pid`` stamped with the GPU's global timer (ns) into slot ``tr_base + pid``: 0 entry,
+    1 past the PDL wait, 2 past the main loop, 3 done (scripts/trace_step.py)."""
+    if TRACE > 0:
+        if pid < TRACE:
+            t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                          is_pure=False, pack=1)
+            tl.store(tr_ptr + (tr_base + pid) * 4 + e, t)
 
 
 @triton.jit
@@ -305,21 +277,21 @@ def _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride
 def _linear_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
     T, N, K, stride_x, stride_out, eps,
-    g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr,
-    pf_ptr, pf_total, pf_lps, pf_segs, pf_row, pf_stride,
+    g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, tr_ptr, tr_base,
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
-    SEM: tl.constexpr,
-    PF: tl.constexpr = 0, PF_EPL: tl.constexpr = 64, PF_LINES: tl.constexpr = 1,
+    SEM: tl.constexpr, TRACE: tl.constexpr = 0,
 ):
-    """``PF``: where this launch asks L2 for its ``L2Prefetch`` share (0: it does not).
+    """``TRACE``: ``_stamp`` (tracing only).
 
     ``HAND`` (``NormHandoff``): 1, also hand the new rows of ``out`` (a residual) to the
     next norm (``_hand_off``; with split-K, ``_serial_hand_off``); 2, ``x`` is such a hand-off
     (x * g) and the RMS statistics are the ``NP`` partial sums at ``ssp``: no squares or norm
     weight in the loop."""
     pid = tl.program_id(0)
+    tpid = pid * SPLIT_K + tl.program_id(1)
+    _stamp(tr_ptr, tr_base, tpid, 0, TRACE)
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     k_lo = tl.program_id(1) * k_per
     k_hi = tl.minimum(k_lo + k_per, K)
@@ -340,13 +312,8 @@ def _linear_kernel(
             w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
         else:
             w2 = w
-        if PF == 1:
-            _l2_prefetch(pf_ptr, pid * SPLIT_K + tl.program_id(1), pf_total, pf_lps, pf_segs,
-                         pf_row, pf_stride, PF_EPL, PF_LINES)
         _gdc(PDL)
-        if PF == 2:
-            _l2_prefetch(pf_ptr, pid * SPLIT_K + tl.program_id(1), pf_total, pf_lps, pf_segs,
-                         pf_row, pf_stride, PF_EPL, PF_LINES)
+        _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
         acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
                                   acc2, ss, MODE, NORM, BLOCK_T)
         for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
@@ -359,13 +326,8 @@ def _linear_kernel(
             acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
                                       acc2, ss, MODE, NORM, BLOCK_T)
     else:
-        if PF == 1:
-            _l2_prefetch(pf_ptr, pid * SPLIT_K + tl.program_id(1), pf_total, pf_lps, pf_segs,
-                         pf_row, pf_stride, PF_EPL, PF_LINES)
         _gdc(PDL)
-        if PF == 2:
-            _l2_prefetch(pf_ptr, pid * SPLIT_K + tl.program_id(1), pf_total, pf_lps, pf_segs,
-                         pf_row, pf_stride, PF_EPL, PF_LINES)
+        _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
         # At T = 1 (reductions, no tl.dot) Triton does not pipeline this loop's loads; asking
         # it to (``tl.range(..., num_stages=n)``, cp.async into shared memory) lost or was even
         # (session 8 run 76: +0.4 to +18 % for the 1.5B, -0.2 to +30 % for the 0.5B): the many
@@ -382,24 +344,23 @@ def _linear_kernel(
             if MODE == 2:
                 w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
                 acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
-    if PF == 3:
-        _l2_prefetch(pf_ptr, pid * SPLIT_K + tl.program_id(1), pf_total, pf_lps, pf_segs,
-                     pf_row, pf_stride, PF_EPL, PF_LINES)
+    _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
     _gdc_late(PDL)
     _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
                      g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, pid,
                      MODE, NORM, BIAS, SPLIT_K, SEM, HAND, NP_BLOCK, False)
+    _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
 
 
 @triton.jit
 def _linear_swap_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
     T, N, K, stride_x, stride_out, eps,
-    g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr,
+    g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, tr_ptr, tr_base,
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
-    SEM: tl.constexpr,
+    SEM: tl.constexpr, TRACE: tl.constexpr = 0,
 ):
     """``_linear_kernel`` for T > 1 with the product transposed: accT [BN, BT] += W [BN, BK] .
     x^T [BK, BT]; transposed back once, in the same epilogue (``HAND`` as there)."""
@@ -438,15 +399,16 @@ def _linear_swap_kernel(
 @triton.jit
 def _qkv_rope_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
-    T, K, stride_x, stride_ch, stride_cs, eps,
+    T, K, stride_x, stride_ch, stride_cs, eps, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    EVICT: tl.constexpr,
+    EVICT: tl.constexpr, TRACE: tl.constexpr = 0,
 ):
     """Program = BLOCK_P NeoX pairs (rows j and j + HD/2) of one head of q, k or v."""
     HALF: tl.constexpr = HD // 2
     PER_HEAD: tl.constexpr = HALF // BLOCK_P
     pid = tl.program_id(0)
+    _stamp(tr_ptr, tr_base, pid, 0, TRACE)
     head = pid // PER_HEAD  # 0..N_HEAD+2*N_KV
     j = (pid % PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)  # [BP] pair index within head
     r1 = head * HD + j
@@ -463,11 +425,13 @@ def _qkv_rope_kernel(
         w1 = _w_tile(w_ptr, r1, 0, rk, kmask[None, :], K, EVICT)
         w2 = _w_tile(w_ptr, r2, 0, rk, kmask[None, :], K, EVICT)
         _gdc(PDL)
+        _stamp(tr_ptr, tr_base, pid, 1, TRACE)
         acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
                                    acc2, ss, 2, True, BLOCK_T)
         k_first = BLOCK_K
     else:
         _gdc(PDL)
+        _stamp(tr_ptr, tr_base, pid, 1, TRACE)
     for k0 in range(k_first, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
@@ -475,6 +439,7 @@ def _qkv_rope_kernel(
         w2 = _w_tile(w_ptr, r2, 0, rk, kmask[None, :], K, EVICT)
         acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
                                    acc2, ss, 2, True, BLOCK_T)
+    _stamp(tr_ptr, tr_base, pid, 2, TRACE)
     _gdc_late(PDL)
     inv = tl.rsqrt(ss / K + eps)
     acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
@@ -499,6 +464,7 @@ def _qkv_rope_kernel(
         vp = vc_ptr + (head - N_HEAD - N_KV) * stride_ch + pos[:, None] * stride_cs + j[None, :]
         tl.store(vp, o1.to(vc_ptr.dtype.element_ty), mask=m)
         tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty), mask=m)
+    _stamp(tr_ptr, tr_base, pid, 3, TRACE)
 
 
 @triton.jit
@@ -593,7 +559,8 @@ def _attn_update(q, kt, vt, s, smask, qpos, m, den, acc):
 def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_ch, stride_cs, scale,
                N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
                BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
-               TRIM: tl.constexpr, EARLY: tl.constexpr = False):
+               TRIM: tl.constexpr, SKEL: tl.constexpr = False, tr_ptr=None, tr_base=0,
+               tpid=0, TRACE: tl.constexpr = 0):
     """Flash-decoding partials of one (kv head, split of the sequence): rows r = t * G + g of
     the query tile (all query heads of the group, all T tokens) share one K/V stream.
 
@@ -614,39 +581,21 @@ def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_c
     s_hi = tl.minimum(s_lo + chunk, total)
     kbase = kc_ptr + kvh * stride_ch
     vbase = vc_ptr + kvh * stride_ch
+    _gdc(PDL)
+    _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
+    q = tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
+                mask=rmask[:, None], other=0.0) * scale  # [R, HD] float32
+    qpos = start + t  # [R]
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     den = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
-    qpos = start + t  # [R]
-    if EARLY:
-        # The split's first block loaded before the wait, all but this step's own rows (which
-        # the qkv kernel is still writing); those come after it, with q.
-        s = s_lo + tl.arange(0, BLOCK_S)
-        smask = s < s_hi
-        old = smask & (s < start)
-        kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=old[:, None], other=0.0)
-        vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :], mask=old[:, None], other=0.0)
-        _gdc(PDL)
-        new = smask & (s >= start)
-        kt = tl.where(new[:, None], tl.load(kbase + s[:, None] * stride_cs + d[None, :],
-                                            mask=new[:, None], other=0.0), kt)
-        vt = tl.where(new[:, None], tl.load(vbase + s[:, None] * stride_cs + d[None, :],
-                                            mask=new[:, None], other=0.0), vt)
-        q = tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
-                    mask=rmask[:, None], other=0.0) * scale
-        m, den, acc = _attn_update(q, kt, vt, s, smask, qpos, m, den, acc)
-        first = s_lo + BLOCK_S
-    else:
-        _gdc(PDL)
-        q = tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
-                    mask=rmask[:, None], other=0.0) * scale  # [R, HD] float32
-        first = s_lo
-    for s0 in range(first, s_hi, BLOCK_S):
+    for s0 in range(s_hi if SKEL else s_lo, s_hi, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         smask = s < s_hi
         kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
         vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
         m, den, acc = _attn_update(q, kt, vt, s, smask, qpos, m, den, acc)
+    _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
     idx = (sp * T + t) * N_HEAD + head  # partials [NSPLIT, T, H, ...]
     if TRIM:
         rmask = rmask & (s_lo + t * 0 < total)  # (a block: the interpreter's masks are)
@@ -658,17 +607,20 @@ def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_c
 @triton.jit
 def _attn_split_kernel(
     q_ptr, kc_ptr, vc_ptr, start_ptr, o_ptr, ml_ptr,
-    T, stride_ch, stride_cs, scale,
+    T, stride_ch, stride_cs, scale, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr, TRIM: tl.constexpr,
-    EARLY: tl.constexpr = False,
+    SKEL: tl.constexpr = False, TRACE: tl.constexpr = 0,
 ):
     """Program = (kv head, split): ``_attn_item``. ``start`` is written before the step's
     graph is launched, so it is read before the PDL wait."""
+    tpid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    _stamp(tr_ptr, tr_base, tpid, 0, TRACE)
     _attn_item(q_ptr, kc_ptr, vc_ptr, tl.load(start_ptr), o_ptr, ml_ptr, T, tl.program_id(0),
                tl.program_id(1), stride_ch, stride_cs, scale, N_HEAD, G, HD, NSPLIT, BLOCK_R,
-               BLOCK_S, PDL, TRIM, EARLY)
+               BLOCK_S, PDL, TRIM, SKEL, tr_ptr, tr_base, tpid, TRACE)
     _gdc_late(PDL)
+    _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
 
 
 @triton.jit
@@ -707,15 +659,20 @@ def _combine_item(o_ptr, ml_ptr, out_ptr, T, item, n_used, N_HEAD: tl.constexpr,
 
 @triton.jit
 def _attn_combine_kernel(
-    o_ptr, ml_ptr, out_ptr, start_ptr, T,
+    o_ptr, ml_ptr, out_ptr, start_ptr, T, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
-    PDL: tl.constexpr, TRIM: tl.constexpr,
+    PDL: tl.constexpr, TRIM: tl.constexpr, TRACE: tl.constexpr = 0,
 ):
     """Program = (token, head)."""
+    pid = tl.program_id(0)
+    _stamp(tr_ptr, tr_base, pid, 0, TRACE)
     n_used = _n_used(start_ptr, T, NSPLIT, BLOCK_S, TRIM)
     _gdc(PDL)
-    _combine_item(o_ptr, ml_ptr, out_ptr, T, tl.program_id(0), n_used, N_HEAD, HD, NSPLIT)
+    _stamp(tr_ptr, tr_base, pid, 1, TRACE)
+    _combine_item(o_ptr, ml_ptr, out_ptr, T, pid, n_used, N_HEAD, HD, NSPLIT)
+    _stamp(tr_ptr, tr_base, pid, 2, TRACE)
     _gdc_late(PDL)
+    _stamp(tr_ptr, tr_base, pid, 3, TRACE)
 
 
 @triton.jit
@@ -784,6 +741,24 @@ def _launch(pdl: int) -> dict[str, bool]:
     return {"launch_pdl": True} if pdl % 4 in (1, 2) else {}
 
 
+#: Tracing only (scripts/trace_step.py): while ``buf`` is set (int64 [slots, 4]), each launch
+#: of the one-token step's kernels takes the next ``progs`` slots for its programs' ``_stamp``s
+#: (``next`` counts launches; the caller resets it before a step is captured).
+TRACE: dict[str, object] = {"buf": None, "progs": 0, "next": 0}
+
+
+def _trace(dummy: torch.Tensor) -> tuple[tuple[torch.Tensor, int], dict[str, int]]:
+    buf = TRACE["buf"]
+    if buf is None:
+        return (dummy, 0), {}
+    assert isinstance(buf, torch.Tensor)
+    n, p = int(TRACE["next"]), int(TRACE["progs"])  # type: ignore[call-overload]
+    if (n + 1) * p > buf.shape[0]:
+        raise ValueError(f"the trace buffer holds {buf.shape[0] // p} launches")
+    TRACE["next"] = n + 1
+    return (buf, n * p), {"TRACE": p}
+
+
 def _check_sem(atomic_sem: str) -> None:
     if atomic_sem not in ATOMIC_SEMS:
         raise ValueError(f"atomic_sem must be one of {ATOMIC_SEMS}, not {atomic_sem!r}")
@@ -805,7 +780,6 @@ def linear(
     hand_out: NormHandoff | None = None,  # ADD into a residual: also hand it to the next norm
     hand_in: NormHandoff | None = None,  # x is hand_in.xg: normalize with its statistics
     atomic_sem: str = "relaxed",  # split-K: memory semantics of the partials' atomics
-    prefetch: L2Prefetch | None = None,  # T = 1 on the GPU: ask L2 for the next weights
 ) -> torch.Tensor:
     t, k = x.shape
     _check_sem(atomic_sem)
@@ -850,32 +824,16 @@ def linear(
         NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1, SEM=atomic_sem,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
     )
-    pf_args: tuple[object, ...] = (w, 0, 1, 1, 0, 0)
-    if prefetch is not None:
-        pf = prefetch
-        if (t != 1 or (cfg.swap and t > 1) or pf.where not in (1, 2, 3) or pf.cols < 1
-                or pf.segs < 1 or pf.w.dim() != 2 or not pf.w.is_contiguous()
-                or pf.w.device != w.device or (pf.segs - 1) * pf.seg_stride >= pf.w.shape[1]):
-            raise ValueError("an L2 prefetch serves a one-token launch: where 1, 2 or 3, a "
-                             "contiguous 2-D matrix on the weights' device, segments inside "
-                             "its rows")
-        if x.device.type != "cuda":
-            raise ValueError("an L2 prefetch needs the GPU (the interpreter has no inline "
-                             "assembly)")
-        lps, total = pf.lines()
-        per_prog = triton.next_power_of_2(-(-total // (grid[0] * grid[1])))
-        pf_args = (pf.w, total, lps, pf.segs, pf.w.shape[1], pf.seg_stride)
-        common.update(PF=pf.where, PF_EPL=128 // pf.w.element_size(), PF_LINES=per_prog)
     if cfg.swap and t > 1:
         if cfg.block_n < 16:
             raise ValueError("a swapped tile needs block_n >= 16 (it is the MMA's M)")
         kernel = _linear_swap_kernel
-        pf_args = ()
     else:
         kernel = _linear_kernel
+    tr, trc = _trace(out)
     kernel[grid](
         x, w, norm if norm is not None else w, bias if bias is not None else w, out,
-        t, n, k, x.stride(0), out.stride(0), eps, *hand_args, *pf_args, **common,
+        t, n, k, x.stride(0), out.stride(0), eps, *hand_args, *tr, **common, **trc,
     )
     return out
 
@@ -903,12 +861,13 @@ def qkv_rope(
     bp = block_p or (4 if t == 1 and x.device.type == "cuda" else 16)
     bp = min(bp, hd // 2)
     grid = ((n_head + 2 * n_kv) * (hd // 2 // bp),)
+    tr, trc = _trace(q_out)
     _qkv_rope_kernel[grid](
         x, wqkv, norm, bias, rope, start, q_out, k_cache, v_cache,
-        t, k, x.stride(0), k_cache.stride(0), k_cache.stride(1), eps,
+        t, k, x.stride(0), k_cache.stride(0), k_cache.stride(1), eps, *tr,
         N_HEAD=n_head, N_KV=n_kv, HD=hd,
         BLOCK_T=block_t(t), BLOCK_P=bp, BLOCK_K=block_k or min(512, triton.next_power_of_2(k)),
-        PDL=pdl, EVICT=evict, num_warps=num_warps, **_launch(pdl),
+        PDL=pdl, EVICT=evict, num_warps=num_warps, **_launch(pdl), **trc,
     )
 
 
@@ -972,7 +931,6 @@ def attention(
     pdl_combine: int | None = None,  # the merge kernel's PDL mode; default: as ``pdl``
     combine_warps: int = 1,  # warps of each (token, head) program of the merge
     trim: bool = True,  # the merge reads only the splits that hold keys
-    early_kv: bool = False,  # each split's first K/V block before the PDL wait (own rows after)
 ) -> torch.Tensor:
     """Attention of T query tokens over the cache in two launches: partials per (kv head,
     split), then their merge."""
@@ -982,17 +940,21 @@ def attention(
     nsplit = o_part.shape[0]
     block_r = max(16, triton.next_power_of_2(t * g))
     num_warps = num_warps if block_r <= 32 else 8
+    tr, trc = _trace(out)
     _attn_split_kernel[(n_kv, nsplit)](
         q, k_cache, v_cache, start, o_part, ml_part,
-        t, k_cache.stride(0), k_cache.stride(1), hd**-0.5,
+        t, k_cache.stride(0), k_cache.stride(1), hd**-0.5, *tr,
         N_HEAD=n_head, G=g, HD=hd, NSPLIT=nsplit,
-        BLOCK_R=block_r, BLOCK_S=block_s, PDL=_wait(pdl), TRIM=trim, EARLY=early_kv,
-        num_warps=num_warps, **_launch(pdl),
+        BLOCK_R=block_r, BLOCK_S=block_s, PDL=_wait(pdl), TRIM=trim, SKEL=ATTN_SKELETON,
+        num_warps=num_warps, **({"num_stages": ATTN_STAGES} if ATTN_STAGES else {}),
+        **_launch(pdl), **trc,
     )
     pc = pdl if pdl_combine is None else pdl_combine
+    tr, trc = _trace(out)
     _attn_combine_kernel[(t * n_head,)](
-        o_part, ml_part, out, start, t, N_HEAD=n_head, HD=hd, NSPLIT=nsplit, BLOCK_S=block_s,
-        PDL=_wait(pc), TRIM=trim, num_warps=combine_warps, **_launch(pc),
+        o_part, ml_part, out, start, t, *tr, N_HEAD=n_head, HD=hd, NSPLIT=nsplit,
+        BLOCK_S=block_s, PDL=_wait(pc), TRIM=trim, num_warps=combine_warps, **_launch(pc),
+        **trc,
     )
     return out
 
@@ -1022,7 +984,7 @@ def attention_out(
     nsplit = o_part.shape[0]
     _attn_split_kernel[(n_kv, nsplit)](
         q, k_cache, v_cache, start, o_part, ml_part,
-        1, k_cache.stride(0), k_cache.stride(1), hd**-0.5,
+        1, k_cache.stride(0), k_cache.stride(1), hd**-0.5, o_part, 0,
         N_HEAD=n_head, G=n_head // n_kv, HD=hd, NSPLIT=nsplit,
         BLOCK_R=max(16, triton.next_power_of_2(n_head // n_kv)), BLOCK_S=block_s,
         PDL=_wait(pdl), TRIM=trim, num_warps=4, **_launch(pdl),

@@ -38,17 +38,13 @@ from openjarvis.engine.torch import kernels as K
 sig = {"x_ptr": "*fp32", "w_ptr": "*bf16", "g_ptr": "*bf16", "b_ptr": "*bf16",
        "out_ptr": "*fp32", "T": "i32", "N": "i32", "K": "i32", "stride_x": "i32",
        "stride_out": "i32", "eps": "fp32", "g2_ptr": "*bf16", "xg_ptr": "*bf16",
-       "ssp_ptr": "*fp32", "stride_xg": "i32", "NP": "i32", "cnt_ptr": "*i32"}
+       "ssp_ptr": "*fp32", "stride_xg": "i32", "NP": "i32", "cnt_ptr": "*i32",
+       "tr_ptr": "*i64", "tr_base": "i32"}
 out = {}
-pf_sig = {"pf_ptr": "*bf16", "pf_total": "i32", "pf_lps": "i32", "pf_segs": "i32",
-          "pf_row": "i32", "pf_stride": "i32"}
 for name, fn in (("unswapped", K._linear_kernel), ("swapped", K._linear_swap_kernel)):
-    fsig = {**sig, **pf_sig} if name == "unswapped" else sig
     const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=16, BLOCK_N=32, BLOCK_K=128, SPLIT_K=4,
-                 PDL=5, EVICT="evict_first", HAND=1, NP_BLOCK=64, SEM="relaxed")
-    if name == "unswapped":
-        const.update(PF=0, PF_EPL=64, PF_LINES=1)
-    src = ASTSource(fn, {**fsig, **{k: "constexpr" for k in const}}, constexprs=const)
+                 PDL=5, EVICT="evict_first", HAND=1, NP_BLOCK=64, SEM="relaxed", TRACE=0)
+    src = ASTSource(fn, {**sig, **{k: "constexpr" for k in const}}, constexprs=const)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4, "num_stages": 3}).asm["ptx"]
     out[name] = [line.strip() for line in ptx.splitlines()

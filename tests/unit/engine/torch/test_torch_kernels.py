@@ -222,19 +222,14 @@ def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
     assert kc[:, :start].isnan().all() and kc[:, start + t :].isnan().all()  # nothing else
 
 
-@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize(
     ("t", "start", "h", "hd", "trim"),
     [(1, 0, 6, 32, True), (1, 77, 6, 32, True), (4, 50, 6, 32, True), (2, 90, 14, 64, True),
      (1, 77, 6, 32, False), (4, 50, 6, 32, False),
      # splits of two blocks (143 keys: 32 a split, 5 of 8 used), and every split used
-     (3, 140, 6, 32, True), (1, 120, 6, 32, True),
-     # the new rows straddle two splits' first blocks (early_kv patches both)
-     (4, 46, 6, 32, True)],
+     (3, 140, 6, 32, True), (1, 120, 6, 32, True)],
 )
-def test_split_attention(t: int, start: int, h: int, hd: int, trim: bool, early: bool) -> None:
-    """``early``: each split's first block loaded before the PDL wait without the step's own
-    rows, which come after it (they would be missing, as zeros, if the patch were wrong)."""
+def test_split_attention(t: int, start: int, h: int, hd: int, trim: bool) -> None:
     hkv, s = 2, 160
     q = g(t, h, hd, seed=1)
     kc, vc = g(hkv, s, hd, seed=2), g(hkv, s, hd, seed=3)
@@ -244,7 +239,7 @@ def test_split_attention(t: int, start: int, h: int, hd: int, trim: bool, early:
     nsplit = 8
     # partials of empty splits are not written when trimmed: the merge must not read them
     K.attention(q, kc, vc, torch.tensor([start]), out, torch.full((nsplit, t, h, hd), POISON),
-                torch.full((nsplit, t, h, 2), POISON), block_s=16, trim=trim, early_kv=early)
+                torch.full((nsplit, t, h, 2), POISON), block_s=16, trim=trim)
     keys = kc.repeat_interleave(h // hkv, 0)[:, : start + t]
     vals = vc.repeat_interleave(h // hkv, 0)[:, : start + t]
     pos = torch.arange(start, start + t)

@@ -1,0 +1,134 @@
+"""Where a one-token step's time goes between and inside its kernels: a GPU-timer trace.
+
+Every program of the step's traced kernels (qkv, the attention's split and merge kernels, the
+o-projection, gate/up, down, output) stamps the GPU's global timer at entry, past its PDL wait,
+past its main loop and at its end (``kernels._stamp``). The step is captured once with tracing
+on and replayed; per launch the first and last program of each event give, per kernel kind and
+median over the middle layers and the replays:
+
+    release   first program past its wait - last program of the kernel before at its end
+    lead      first program past its wait - first program at entry (how early it launched)
+    loop      last program past its main loop - first program past its wait
+    tail      last program done - last program past its main loop
+    layer     a layer's down projection done - the layer before's done
+
+Random weights of the default pair's shapes; run on the lent GPU:
+``python3 scripts/trace_step.py --out DIR`` (DIR/trace.json). Stamps cost a few stores a
+program, so the traced step is itself timed against the untraced one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from openjarvis.engine.torch import kernels as K  # noqa: E402
+from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
+from openjarvis.engine.torch.generate import Runner  # noqa: E402
+from openjarvis.engine.torch.model import Transformer  # noqa: E402
+from openjarvis.engine.torch.weights import random_weights  # noqa: E402
+
+KINDS = ("qkv", "attn", "merge", "wo", "w13", "w2")
+PROGS = 16384  # programs recorded a launch (the output projection has ~9.5k)
+
+
+def _time(r: Runner, reps: int = 50) -> float:
+    r.replay(1)
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(reps):
+        r.replay(1)
+    e1.record()
+    torch.cuda.synchronize()
+    return e0.elapsed_time(e1) / reps
+
+
+def trace(a: ModelArgs, pos: int, replays: int) -> dict[str, Any]:
+    w = random_weights(a, torch.bfloat16, "cuda", seed=0)
+    r = Runner(Transformer(a, w, n_pos=pos + 128), pos + 64, kernels="triton", graphs=True)
+    toks = [100]
+    r.step(toks, pos)
+    plain_ms = _time(r)
+    n_launch = 6 * a.n_layer + 1
+    buf = torch.zeros(n_launch * PROGS, 4, dtype=torch.int64, device="cuda")
+    K.TRACE.update(buf=buf, progs=PROGS, next=0)
+    try:
+        r.drop_steps()
+        r.step(toks, pos)
+    finally:
+        K.TRACE.update(buf=None, progs=0, next=0)
+    traced_ms = _time(r)
+    rows: dict[str, list[float]] = {}
+    for _ in range(replays):
+        buf.zero_()
+        r.replay(1)
+        torch.cuda.synchronize()
+        st = buf.view(n_launch, PROGS, 4).cpu().double()
+        seen = st[:, :, 0] > 0
+        big = float("inf")
+        first = torch.where(seen[..., None], st, big).amin(1)  # [launch, event]
+        last = torch.where(seen[..., None], st, -big).amax(1)
+        t0 = float(first[:, 0].min())
+        first, last = (first - t0) / 1e3, (last - t0) / 1e3  # us from the step's first entry
+        for li in range(2, a.n_layer - 2):
+            for k, kind in enumerate(KINDS):
+                j = 6 * li + k
+                for name, val in (("release", first[j, 1] - last[j - 1, 3]),
+                                  ("lead", first[j, 1] - first[j, 0]),
+                                  ("wait_spread", last[j, 1] - first[j, 1]),
+                                  ("loop", last[j, 2] - first[j, 1]),
+                                  ("tail", last[j, 3] - last[j, 2])):
+                    rows.setdefault(f"{kind}.{name}", []).append(float(val))
+            rows.setdefault("layer", []).append(float(last[6 * li + 5, 3] - last[6 * li - 1, 3]))
+        j = n_launch - 1
+        rows.setdefault("out.release", []).append(float(first[j, 1] - last[j - 1, 3]))
+        rows.setdefault("out.loop", []).append(float(last[j, 2] - first[j, 1]))
+        rows.setdefault("step_span", []).append(float(last[:, 3].max()))
+    med = {k: round(statistics.median(v), 3) for k, v in rows.items()}
+    return {"ms": plain_ms, "traced_ms": traced_ms, "median_us": med}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--models", default="1.5B,0.5B")
+    ap.add_argument("--positions", default="512,4096")
+    ap.add_argument("--replays", type=int, default=20)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("trace_step needs a CUDA GPU", file=sys.stderr)
+        return 2
+    models = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}
+    res: dict[str, Any] = {}
+    for name in args.models.split(","):
+        for pos in (int(p) for p in args.positions.split(",")):
+            out = trace(models[name], pos, args.replays)
+            res[f"{name}@{pos}"] = out
+            print(name, pos, json.dumps(out), flush=True)
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "trace.json").write_text(json.dumps(res, indent=1))
+            torch.cuda.empty_cache()
+    for key, out in res.items():
+        m = out["median_us"]
+        print(f"\n{key}: step {out['ms']:.4f} ms (traced {out['traced_ms']:.4f}), "
+              f"layer {m['layer']:.2f} us")
+        print("kind    release  lead  wait_spread  loop   tail")
+        for kind in KINDS:
+            print(f"{kind:6s} " + " ".join(f"{m[f'{kind}.{x}']:7.2f}"
+                                           for x in ("release", "lead", "wait_spread", "loop",
+                                                     "tail")))
+        print(f"out    {m['out.release']:7.2f}                      {m['out.loop']:7.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
