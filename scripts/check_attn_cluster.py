@@ -10,6 +10,7 @@ graph of 28 launches each). Needs an sm_90 GPU: ``python3 scripts/check_attn_clu
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -90,7 +91,8 @@ def main() -> int:
                                       "compiler": ca.compiler, "smem": ca.smem}
             for pos in (512, 4096):
                 start = torch.tensor([pos], dtype=torch.int64, device=dev)
-                row[f"us@{pos}"] = graph_time(lambda st=start: ca(q, kc, vc, st, out, pdl=False))
+                row[f"us@{pos}"] = graph_time(functools.partial(ca, q, kc, vc, start, out,
+                                                                 pdl=False))
             res[key] = row
             print(key, json.dumps(row), flush=True)
         nsplit, bs = {1536: (32, 64), 896: (64, 64)}[a.n_embd]
@@ -98,10 +100,11 @@ def main() -> int:
         ml_part = torch.empty(nsplit, 1, a.n_head, 2, device=dev)
         for pos in (512, 4096):
             start = torch.tensor([pos], dtype=torch.int64, device=dev)
-            res[f"{name} triton us@{pos}"] = graph_time(
-                lambda st=start: K.attention(q, kc, vc, st, out, o_part, ml_part, block_s=bs))
+            res[f"{name} triton us@{pos}"] = graph_time(functools.partial(
+                K.attention, q, kc, vc, start, out, o_part, ml_part, block_s=bs))
             print(name, "triton", pos, res[f"{name} triton us@{pos}"], flush=True)
-    Path("attn_cluster.json").write_text(json.dumps(res, indent=1))
+    out_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(".")
+    (out_dir / "attn_cluster.json").write_text(json.dumps(res, indent=1))
     print("FAILED" if bad else "ok", bad)
     return 1 if bad else 0
 
