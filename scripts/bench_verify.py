@@ -284,11 +284,8 @@ T1_SETS["stages"] = {
 #: (``Runner.use_cluster_attention``: {cs, hg, nb}), the splits merged on chip.
 T1_SETS["cluster"] = {
     "t1_cl16_2": {"cluster": {"cs": 16, "hg": 2}, "by_width": {"896": {"cluster": {"cs": 16, "hg": 7}}}},
-    "t1_cl8_2": {"cluster": {"cs": 8, "hg": 2}, "by_width": {"896": {"cluster": {"cs": 8, "hg": 7}}}},
     "t1_cl16_1": {"cluster": {"cs": 16, "hg": 1}},
-    "t1_cl8_1": {"cluster": {"cs": 8, "hg": 1}},
-    "t1_cl16_2_nb2": {"cluster": {"cs": 16, "hg": 2, "nb": 2},
-                      "by_width": {"896": {"cluster": {"cs": 16, "hg": 7, "nb": 2}}}},
+    "t1_cl8_2": {"cluster": {"cs": 8, "hg": 2}, "by_width": {"896": {"cluster": {"cs": 8, "hg": 1}}}},
 }
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {

@@ -52,13 +52,19 @@ def _time(r: Runner, reps: int = 50) -> float:
     return e0.elapsed_time(e1) / reps
 
 
-def trace(a: ModelArgs, pos: int, replays: int) -> dict[str, Any]:
+def trace(a: ModelArgs, pos: int, replays: int, cluster: dict[str, int] | None = None
+          ) -> dict[str, Any]:
     w = random_weights(a, torch.bfloat16, "cuda", seed=0)
     r = Runner(Transformer(a, w, n_pos=pos + 128), pos + 64, kernels="triton", graphs=True)
+    kinds = KINDS
+    if cluster:  # the attention in one cluster launch: no merge kernel
+        r.use_cluster_attention(**cluster)
+        kinds = tuple(k for k in KINDS if k != "merge")
+    nk = len(kinds)
     toks = [100]
     r.step(toks, pos)
     plain_ms = _time(r)
-    n_launch = 6 * a.n_layer + 1
+    n_launch = nk * a.n_layer + 1
     buf = torch.zeros(n_launch * PROGS, 4, dtype=torch.int64, device="cuda")
     K.TRACE.update(buf=buf, progs=PROGS, next=0)
     try:
@@ -80,15 +86,16 @@ def trace(a: ModelArgs, pos: int, replays: int) -> dict[str, Any]:
         t0 = float(first[:, 0].min())
         first, last = (first - t0) / 1e3, (last - t0) / 1e3  # us from the step's first entry
         for li in range(2, a.n_layer - 2):
-            for k, kind in enumerate(KINDS):
-                j = 6 * li + k
+            for k, kind in enumerate(kinds):
+                j = nk * li + k
                 for name, val in (("release", first[j, 1] - last[j - 1, 3]),
                                   ("lead", first[j, 1] - first[j, 0]),
                                   ("wait_spread", last[j, 1] - first[j, 1]),
                                   ("loop", last[j, 2] - first[j, 1]),
                                   ("tail", last[j, 3] - last[j, 2])):
                     rows.setdefault(f"{kind}.{name}", []).append(float(val))
-            rows.setdefault("layer", []).append(float(last[6 * li + 5, 3] - last[6 * li - 1, 3]))
+            rows.setdefault("layer", []).append(
+                float(last[nk * li + nk - 1, 3] - last[nk * li - 1, 3]))
         j = n_launch - 1
         rows.setdefault("out.release", []).append(float(first[j, 1] - last[j - 1, 3]))
         rows.setdefault("out.loop", []).append(float(last[j, 2] - first[j, 1]))
@@ -103,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="1.5B,0.5B")
     ap.add_argument("--positions", default="512,4096")
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--cluster", default="",
+                    help="also trace the cluster attention: JSON {model: {cs, hg}}")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("trace_step needs a CUDA GPU", file=sys.stderr)
@@ -111,9 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {}
     for name in args.models.split(","):
         for pos in (int(p) for p in args.positions.split(",")):
-            out = trace(models[name], pos, args.replays)
-            res[f"{name}@{pos}"] = out
-            print(name, pos, json.dumps(out), flush=True)
+            runs = [("", None)]
+            if args.cluster and name in json.loads(args.cluster):
+                runs.append((" cluster", json.loads(args.cluster)[name]))
+            for tag, cl in runs:
+                out = trace(models[name], pos, args.replays, cl)
+                res[f"{name}@{pos}{tag}"] = out
+                print(name, pos, tag, json.dumps(out), flush=True)
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "trace.json").write_text(json.dumps(res, indent=1))
             torch.cuda.empty_cache()
@@ -122,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{key}: step {out['ms']:.4f} ms (traced {out['traced_ms']:.4f}), "
               f"layer {m['layer']:.2f} us")
         print("kind    release  lead  wait_spread  loop   tail")
-        for kind in KINDS:
+        for kind in (k for k in KINDS if f"{k}.loop" in m):
             print(f"{kind:6s} " + " ".join(f"{m[f'{kind}.{x}']:7.2f}"
                                            for x in ("release", "lead", "wait_spread", "loop",
                                                      "tail")))

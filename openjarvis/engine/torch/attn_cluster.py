@@ -58,8 +58,9 @@ def shape(a: ModelArgs, cs: int, hg: int, nb: int) -> dict[str, int]:
 
 def smem_bytes(d: dict[str, int]) -> int:
     stage = 2 * d["BK"] * d["HD"] * 2
-    ks = d["NT"] // d["HD"]
-    floats = d["HG"] * d["HD"] + d["HG"] * d["BK"] + 4 * d["HG"] + ks * d["HG"] * d["HD"] + 2 * d["HD"]
+    ks, kq = d["NT"] // d["HD"], d["NT"] // d["BK"]
+    floats = (d["HG"] * (d["HD"] + 2 * kq) + d["HG"] * d["NB"] * d["BK"] + 4 * d["HG"]
+              + ks * d["HG"] * d["HD"] + 2 * d["HD"])
     return d["NB"] * stage + 4 * floats
 
 
@@ -67,12 +68,22 @@ class ClusterAttention:
     """The compiled kernel for one model shape; ``__call__`` launches one layer's attention."""
 
     def __init__(self, a: ModelArgs, device: torch.device, *, cs: int = 16, hg: int = 0,
-                 nb: int = 4, compiler: str = "auto") -> None:
+                 nb: int = 0, n_ctx: int = 4160, compiler: str = "auto") -> None:
+        """``nb``: blocks of 64 keys a CTA holds at once (0: enough for ``n_ctx`` positions
+        in one pass, as shared memory allows; longer sequences take several passes)."""
         if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
             raise CudaStepError("cluster attention needs an sm_90 or newer CUDA device")
         self.args = a
         self.device = device
-        self.defines = shape(a, cs, hg or min(a.group, 2 if a.group % 2 == 0 else a.group), nb)
+        hg = hg or min(a.group, 2 if a.group % 2 == 0 else a.group)
+        if not nb:
+            props = torch.cuda.get_device_properties(device)
+            limit = int(getattr(props, "shared_memory_per_block_optin", 227 * 1024))
+            per_cta = -(-n_ctx // cs)
+            nb = -(-(per_cta + 1) // BLOCK_KEYS)  # + 1: the value pass reads keys in pairs
+            while nb > 1 and smem_bytes(shape(a, cs, hg, nb)) > limit:
+                nb -= 1
+        self.defines = shape(a, cs, hg, nb)
         self.smem = smem_bytes(self.defines)
         cap = torch.cuda.get_device_capability(device)
         self.cubin, self.compiler = compile_cached(SOURCE.read_text(), self.defines,
@@ -109,10 +120,15 @@ class ClusterAttention:
             raise ValueError(f"out must be contiguous bfloat16 with {a.q_dim} values")
         if start.dtype != torch.int64:
             raise ValueError("start must be int64 on the device")
+        from openjarvis.engine.torch import kernels as K
+
+        tr, _ = K._trace(out)  # tracing only (scripts/trace_step.py)
         vals = [ctypes.c_uint64(q.data_ptr()), ctypes.c_uint64(k_cache.data_ptr()),
                 ctypes.c_uint64(v_cache.data_ptr()), ctypes.c_uint64(start.data_ptr()),
                 ctypes.c_uint64(out.data_ptr()), ctypes.c_int64(k_cache.stride(0)),
-                ctypes.c_float(a.head_dim**-0.5)]
+                ctypes.c_float(a.head_dim**-0.5),
+                ctypes.c_uint64(tr[0].data_ptr() if tr[0] is not out else 0),
+                ctypes.c_int(tr[1])]
         argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         attrs = (_Attr * 2)()
         attrs[0].id, attrs[0].x, attrs[0].y, attrs[0].z = _CLUSTER_DIM, self.defines["CS"], 1, 1

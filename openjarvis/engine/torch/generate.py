@@ -245,6 +245,7 @@ class Runner:
 
         if self.kernels != "triton" or self.device.type != "cuda":
             raise ValueError("cluster attention serves the Triton step on a CUDA device")
+        kwargs.setdefault("n_ctx", self.cache.capacity)
         self.cluster_attention = ClusterAttention(self.args, self.device, **kwargs)  # type: ignore[arg-type]
         self.drop_steps(1)
 

@@ -83,25 +83,39 @@ __device__ __forceinline__ float ld_remote(const float* p, u32 rank) {
   return v;
 }
 
-// Shared memory after the ring: q [HG][HD], scores/weights [HG][BK], per-head state
-// (m, l, alpha) [3][HG], value partials [KS][HG][HD], the new key and value [2][HD].
+// Shared memory after the ring: q [HG][QROW] (padded: the KQ dim slices of a row in other
+// banks), scores/weights [HG][CH], per-head state (m, l, alpha, p of the new key) [4][HG],
+// value partials [KS][HG][HD], the new key and value [2][HD].
+#define CH (NB * BK)             // keys resident at once (a chunk)
+#define QROW (HD + 2 * KQ)
 __device__ __forceinline__ float* q_s() { return (float*)(smem + NB * STAGE); }
-__device__ __forceinline__ float* p_s() { return q_s() + HG * HD; }
-__device__ __forceinline__ float* st_s() { return p_s() + HG * BK; }
+__device__ __forceinline__ float* p_s() { return q_s() + HG * QROW; }
+__device__ __forceinline__ float* st_s() { return p_s() + HG * CH; }
 __device__ __forceinline__ float* o_s() { return st_s() + 4 * HG; }
 __device__ __forceinline__ float* kv_s() { return o_s() + KS * HG * HD; }
 
-// Block b of this CTA's keys into ring slot b % NB: rows at or past `live` read as zeros.
-__device__ __forceinline__ void issue(const bf16_t* kb, const bf16_t* vb, int lo, int b, int live) {
-  const u32 base = smem_u32(smem + (b % NB) * STAGE);
-  for (int i = threadIdx.x; i < 2 * BK * CPR; i += NT) {
-    const int kv = i / (BK * CPR), r = (i / CPR) % BK, c = i % CPR;
-    const int key = lo + b * BK + r;
+// Chunk `c` of this CTA's keys (blocks c*NB .. c*NB+NB-1) into the ring, one commit group:
+// rows at or past `live` (this step's key, or past the CTA's range) read as zeros.
+__device__ __forceinline__ void issue_chunk(const bf16_t* kb, const bf16_t* vb, int lo, int c,
+                                            int live, int nb) {
+  const u32 base = smem_u32(smem);
+  for (int i = threadIdx.x; i < nb * 2 * BK * CPR; i += NT) {
+    const int blk = i / (2 * BK * CPR), rem = i % (2 * BK * CPR);
+    const int kv = rem / (BK * CPR), r = (rem / CPR) % BK, ch = rem % CPR;
+    const int key = lo + (c * NB + blk) * BK + r;
     const bool ok = key < live;
-    const bf16_t* src = (kv ? vb : kb) + (size_t)(ok ? key : 0) * HD + c * 8;
-    cp16(base + kv * BLKB + r * ROWB + ((c ^ (r & 7)) * 16), src, ok);
+    const bf16_t* src = (kv ? vb : kb) + (size_t)(ok ? key : 0) * HD + ch * 8;
+    cp16(base + blk * STAGE + kv * BLKB + r * ROWB + ((ch ^ (r & 7)) * 16), src, ok);
   }
   commit();
+}
+
+__device__ __forceinline__ void stamp(u64* tr, int slot, int e) {
+  if (tr != nullptr && threadIdx.x == 0) {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    tr[slot * 4 + e] = t;
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(NT) attn_cluster(
@@ -110,31 +124,37 @@ extern "C" __global__ void __launch_bounds__(NT) attn_cluster(
     const bf16_t* __restrict__ vc,    // [NKV, S, HD]
     const long long* __restrict__ start_ptr,  // the step's position (written before the graph)
     bf16_t* __restrict__ out,         // [H * HD] the attention output (the o-projection's input)
-    long long stride_ch, float scale) {
+    long long stride_ch, float scale,
+    u64* tr, int tr_base) {           // tracing only (scripts/trace_step.py): stamps, or null
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const u32 rank = cluster_rank();
+  const int slot = tr_base + blockIdx.y * CS + rank;
+  stamp(tr, slot, 0);
   const int groups = G / HG;
   const int kvh = blockIdx.y / groups, h0 = kvh * G + (blockIdx.y % groups) * HG;
   const int start = (int)*start_ptr, total = start + 1;
   const int per = (total + CS - 1) / CS;
   const int lo = min((int)rank * per, total), hi = min(lo + per, total);
-  const int nblk = (hi - lo + BK - 1) / BK;
+  const int nch = (hi - lo + CH - 1) / CH;
   const bf16_t* kb = kc + kvh * stride_ch;
   const bf16_t* vb = vc + kvh * stride_ch;
   const int live = min(hi, start);  // old keys of this CTA: [lo, live)
 
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#pragma unroll
-  for (int b = 0; b < NB; ++b) {
-    if (b < nblk) issue(kb, vb, lo, b, live); else commit();
-  }
+  // blocks a chunk needs: its keys and one more row (the value pass reads keys in pairs)
+#define NEED(c) min(NB, (min(CH, hi - lo - (c) * CH) + BK) / BK)
+  if (nch > 0) issue_chunk(kb, vb, lo, 0, live, NEED(0));
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  stamp(tr, slot, 1);
 
   float* qs = q_s();
   float* ps = p_s();
-  float* st = st_s();  // m [HG], l [HG], alpha [HG]
+  float* st = st_s();  // m [HG], l [HG], alpha [HG], p of the new key [HG]
   const bool own_new = start >= lo && start < hi;
-  for (int i = tid; i < HG * HD; i += NT) qs[i] = q[(size_t)h0 * HD + i] * scale;
+  for (int i = tid; i < HG * HD; i += NT) {
+    const int h = i / HD, d = i % HD;
+    qs[h * QROW + (d / DPT) * (DPT + 2) + d % DPT] = q[(size_t)h0 * HD + i] * scale;
+  }
   if (own_new)
     for (int i = tid; i < 2 * HD; i += NT)
       kv_s()[i] = bf2f((i < HD ? kb : vb)[(size_t)start * HD + (i % HD)]);
@@ -142,52 +162,59 @@ extern "C" __global__ void __launch_bounds__(NT) attn_cluster(
   float acc[HG];
 #pragma unroll
   for (int h = 0; h < HG; ++h) acc[h] = 0.f;
-  const int r_s = tid / KQ, qq = tid % KQ;   // score phase: key row, dim slice
+  const int r_s = tid / KQ, qq = tid % KQ;   // score phase: key row in a block, dim slice
   const int d_v = tid % HD, ks = tid / HD;   // value phase: dim, key slice
-  __syncthreads();
 
-  for (int b = 0; b < nblk; ++b) {
-    wait_groups<NB - 1>();
+  for (int c = 0; c < nch; ++c) {
+    wait_groups<0>();
     __syncthreads();
-    const unsigned char* kblk = smem + (b % NB) * STAGE;
-    // scores: KQ threads a key, DPT dims each
-    float s[HG];
+    const int nk = min(CH, hi - lo - c * CH);  // keys of this chunk
+    // scores, every key of the chunk at once: KQ threads a key, DPT dims each
 #pragma unroll
-    for (int h = 0; h < HG; ++h) s[h] = 0.f;
+    for (int blk = 0; blk < NB; ++blk) {
+      if (blk * BK >= nk) break;  // the same for every thread of the CTA
+      const unsigned char* kblk = smem + blk * STAGE;
+      float s[HG];
 #pragma unroll
-    for (int j = 0; j < DPT / 8; ++j) {
-      const int c = qq * (DPT / 8) + j;
-      const uint4 w = *(const uint4*)(kblk + r_s * ROWB + ((c ^ (r_s & 7)) * 16));
-      const u32 wv[4] = {w.x, w.y, w.z, w.w};
+      for (int h = 0; h < HG; ++h) s[h] = 0.f;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float k0 = __uint_as_float(wv[e] << 16), k1 = __uint_as_float(wv[e] & 0xffff0000u);
+      for (int j = 0; j < DPT / 8; ++j) {
+        const int ch = qq * (DPT / 8) + j;
+        const uint4 w = *(const uint4*)(kblk + r_s * ROWB + ((ch ^ (r_s & 7)) * 16));
+        const u32 wv[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-        for (int h = 0; h < HG; ++h) {
-          const float2 qv = *(const float2*)(qs + h * HD + c * 8 + 2 * e);
-          s[h] = fmaf(qv.x, k0, fmaf(qv.y, k1, s[h]));
+        for (int e = 0; e < 4; ++e) {
+          const float k0 = __uint_as_float(wv[e] << 16);
+          const float k1 = __uint_as_float(wv[e] & 0xffff0000u);
+#pragma unroll
+          for (int h = 0; h < HG; ++h) {
+            const float2 qv = *(const float2*)(qs + h * QROW + qq * (DPT + 2) + j * 8 + 2 * e);
+            s[h] = fmaf(qv.x, k0, fmaf(qv.y, k1, s[h]));
+          }
         }
       }
+#pragma unroll
+      for (int h = 0; h < HG; ++h)
+#pragma unroll
+        for (int o = KQ / 2; o; o >>= 1) s[h] += __shfl_xor_sync(0xffffffffu, s[h], o);
+      const int n = blk * BK + r_s;
+      const bool ok = lo + c * CH + n < live;
+      if (qq == 0)
+#pragma unroll
+        for (int h = 0; h < HG; ++h) ps[h * CH + n] = ok ? s[h] : -INFINITY;
     }
-#pragma unroll
-    for (int h = 0; h < HG; ++h)
-      for (int o = KQ / 2; o; o >>= 1) s[h] += __shfl_xor_sync(0xffffffffu, s[h], o);
-    const int key = lo + b * BK + r_s;
-    if (qq == 0)
-#pragma unroll
-      for (int h = 0; h < HG; ++h) ps[h * BK + r_s] = key < live ? s[h] : -INFINITY;
     __syncthreads();
-    // online softmax: one warp a head
+    // softmax over the chunk: one warp a head
     if (warp < HG) {
       float mb = -INFINITY;
-      for (int r = lane; r < BK; r += 32) mb = fmaxf(mb, ps[warp * BK + r]);
+      for (int n = lane; n < nk; n += 32) mb = fmaxf(mb, ps[warp * CH + n]);
       mb = warp_max(mb);
       const float m_old = st[warp], m_new = fmaxf(m_old, mb);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;
       float sum = 0.f;
-      for (int r = lane; r < BK; r += 32) {
-        const float p = __expf(ps[warp * BK + r] - m_use);
-        ps[warp * BK + r] = p;
+      for (int n = lane; n < CH; n += 32) {
+        const float p = n < nk ? __expf(ps[warp * CH + n] - m_use) : 0.f;
+        ps[warp * CH + n] = p;
         sum += p;
       }
       sum = warp_sum(sum);
@@ -199,28 +226,38 @@ extern "C" __global__ void __launch_bounds__(NT) attn_cluster(
       }
     }
     __syncthreads();
-    // values: this thread's dim over its slice of the block's keys
-    const unsigned char* vblk = kblk + BLKB;
-    float pv[HG];
+    // values: this thread's dim over its slice of the chunk's keys, two sums a head
+    float pa[HG], pb[HG];
 #pragma unroll
-    for (int h = 0; h < HG; ++h) pv[h] = 0.f;
-    for (int r = ks * (BK / KS); r < (ks + 1) * (BK / KS); ++r) {
-      const int c = d_v >> 3;
-      const float v = bf2f(*(const bf16_t*)(vblk + r * ROWB + ((c ^ (r & 7)) * 16) + (d_v & 7) * 2));
+    for (int h = 0; h < HG; ++h) pa[h] = pb[h] = 0.f;
+    const int c8 = d_v >> 3, e8 = (d_v & 7) * 2;
+    const int per_s = (((nk + KS - 1) / KS) + 1) & ~1;  // even: keys go in pairs
+    const int n_end = min((ks + 1) * per_s, (nk + 1) & ~1);
+#pragma unroll 4
+    for (int n = ks * per_s; n < n_end; n += 2) {
+      const int r0 = n % BK, r1 = (n + 1) % BK;
+      const unsigned char* v0 = smem + (n / BK) * STAGE + BLKB + r0 * ROWB;
+      const unsigned char* v1 = smem + ((n + 1) / BK) * STAGE + BLKB + r1 * ROWB;
+      const float x0 = bf2f(*(const bf16_t*)(v0 + ((c8 ^ (r0 & 7)) * 16) + e8));
+      const float x1 = bf2f(*(const bf16_t*)(v1 + ((c8 ^ (r1 & 7)) * 16) + e8));
 #pragma unroll
-      for (int h = 0; h < HG; ++h) pv[h] = fmaf(ps[h * BK + r], v, pv[h]);
+      for (int h = 0; h < HG; ++h) {
+        pa[h] = fmaf(ps[h * CH + n], x0, pa[h]);
+        pb[h] = fmaf(ps[h * CH + n + 1], x1, pb[h]);
+      }
     }
 #pragma unroll
-    for (int h = 0; h < HG; ++h) acc[h] = acc[h] * st[2 * HG + h] + pv[h];
-    __syncthreads();  // the slot is free again
-    if (b + NB < nblk) issue(kb, vb, lo, b + NB, live); else commit();
+    for (int h = 0; h < HG; ++h) acc[h] = acc[h] * st[2 * HG + h] + pa[h] + pb[h];
+    __syncthreads();  // the ring is free again
+    if (c + 1 < nch) issue_chunk(kb, vb, lo, c + 1, live, NEED(c + 1));
   }
   // this step's own key, in the CTA whose range holds it
   if (own_new) {
     const float* kn = kv_s();
     if (warp < HG) {
       float s = 0.f;
-      for (int d = lane; d < HD; d += 32) s = fmaf(qs[warp * HD + d], kn[d], s);
+      for (int d = lane; d < HD; d += 32)
+        s = fmaf(qs[warp * QROW + (d / DPT) * (DPT + 2) + d % DPT], kn[d], s);
       s = warp_sum(s);
       if (lane == 0) {
         const float m_old = st[warp], m_new = fmaxf(m_old, s);
@@ -236,7 +273,6 @@ extern "C" __global__ void __launch_bounds__(NT) attn_cluster(
     for (int h = 0; h < HG; ++h)
       acc[h] = acc[h] * st[2 * HG + h] + (ks == 0 ? st[3 * HG + h] * kv_s()[HD + d_v] : 0.f);
   }
-  wait_groups<0>();
   float* os = o_s();
 #pragma unroll
   for (int h = 0; h < HG; ++h) os[(ks * HG + h) * HD + d_v] = acc[h];
@@ -245,19 +281,25 @@ extern "C" __global__ void __launch_bounds__(NT) attn_cluster(
     for (int k2 = 1; k2 < KS; ++k2)
 #pragma unroll
       for (int h = 0; h < HG; ++h) os[h * HD + d_v] += os[(k2 * HG + h) * HD + d_v];
+  stamp(tr, slot, 2);
   cluster_sync();  // every CTA's (m, l, o) is final and visible to the cluster
   if (tid < NOUT) {
     const int idx = rank * NOUT + tid, h = idx / HD;
+    float mr[CS];
+#pragma unroll
+    for (int r = 0; r < CS; ++r) mr[r] = ld_remote(st + h, r);
     float m_all = -INFINITY;
-    for (u32 r = 0; r < CS; ++r) m_all = fmaxf(m_all, ld_remote(st + h, r));
+#pragma unroll
+    for (int r = 0; r < CS; ++r) m_all = fmaxf(m_all, mr[r]);
     float l_all = 0.f, o_all = 0.f;
-    for (u32 r = 0; r < CS; ++r) {
-      const float m = ld_remote(st + h, r);
-      const float w = m == -INFINITY ? 0.f : __expf(m - m_all);
+#pragma unroll
+    for (int r = 0; r < CS; ++r) {
+      const float w = mr[r] == -INFINITY ? 0.f : __expf(mr[r] - m_all);
       l_all = fmaf(w, ld_remote(st + HG + h, r), l_all);
       o_all = fmaf(w, ld_remote(os + idx, r), o_all);
     }
     out[(size_t)h0 * HD + idx] = f2bf(o_all / l_all);
   }
   cluster_sync();  // no CTA leaves while another still reads its shared memory
+  stamp(tr, slot, 3);
 }
