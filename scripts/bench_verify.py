@@ -280,26 +280,22 @@ T1_SETS["stages"] = {
     "t1_w2_512_2": {"t1_tiles": {"w2": [2, 512, 4, 2, 2]}},
     "t1_w2_4x1024_3": {"t1_tiles": {"w2": [4, 1024, 4, 2, 3]}},
 }
-#: ``--set cluster`` (session 10): one-token attention as one cluster launch
-#: (``Runner.use_cluster_attention``: {cs, hg, nb}), the splits merged on chip.
-T1_SETS["cluster"] = {
-    "t1_cl16_2": {"cluster": {"cs": 16, "hg": 2}, "by_width": {"896": {"cluster": {"cs": 16, "hg": 7}}}},
-    "t1_cl16_1": {"cluster": {"cs": 16, "hg": 1}},
-    "t1_cl8_2": {"cluster": {"cs": 8, "hg": 2}, "by_width": {"896": {"cluster": {"cs": 8, "hg": 1}}}},
-}
+#: (Session 10's ``--set cluster``, one-token attention as one thread-block-cluster launch
+#: with the splits merged through distributed shared memory, lost: +2.8 to +32 % (1.5B), +5.5
+#: to +28 % (0.5B); removed, kept in history as eafbe9b.)
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
     "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "boundary": {},
-    "splits": {}, "stages": {}, "cluster": {},
+    "splits": {}, "stages": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
          "norm_handoff", "atomic_sem", "verify_handoff", "attn_skeleton",
-         "attn_stages", "cluster"}
+         "attn_stages"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -337,10 +333,6 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.verify_handoff = bool(v.get("verify_handoff", base["verify_handoff"]))
     K.ATTN_SKELETON = bool(v.get("attn_skeleton", False))
     K.ATTN_STAGES = int(v.get("attn_stages", 0))
-    if "cluster" in v:
-        r.use_cluster_attention(**v["cluster"])
-    else:
-        r.cluster_attention = None
     r.drop_steps()
 
 

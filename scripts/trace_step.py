@@ -52,14 +52,10 @@ def _time(r: Runner, reps: int = 50) -> float:
     return e0.elapsed_time(e1) / reps
 
 
-def trace(a: ModelArgs, pos: int, replays: int, cluster: dict[str, int] | None = None
-          ) -> dict[str, Any]:
+def trace(a: ModelArgs, pos: int, replays: int) -> dict[str, Any]:
     w = random_weights(a, torch.bfloat16, "cuda", seed=0)
     r = Runner(Transformer(a, w, n_pos=pos + 128), pos + 64, kernels="triton", graphs=True)
     kinds = KINDS
-    if cluster:  # the attention in one cluster launch: no merge kernel
-        r.use_cluster_attention(**cluster)
-        kinds = tuple(k for k in KINDS if k != "merge")
     nk = len(kinds)
     toks = [100]
     r.step(toks, pos)
@@ -110,8 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="1.5B,0.5B")
     ap.add_argument("--positions", default="512,4096")
     ap.add_argument("--replays", type=int, default=20)
-    ap.add_argument("--cluster", default="",
-                    help="also trace the cluster attention: JSON {model: {cs, hg}}")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("trace_step needs a CUDA GPU", file=sys.stderr)
@@ -120,13 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {}
     for name in args.models.split(","):
         for pos in (int(p) for p in args.positions.split(",")):
-            runs = [("", None)]
-            if args.cluster and name in json.loads(args.cluster):
-                runs.append((" cluster", json.loads(args.cluster)[name]))
-            for tag, cl in runs:
-                out = trace(models[name], pos, args.replays, cl)
-                res[f"{name}@{pos}{tag}"] = out
-                print(name, pos, tag, json.dumps(out), flush=True)
+            out = trace(models[name], pos, args.replays)
+            res[f"{name}@{pos}"] = out
+            print(name, pos, json.dumps(out), flush=True)
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "trace.json").write_text(json.dumps(res, indent=1))
             torch.cuda.empty_cache()

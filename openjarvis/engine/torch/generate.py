@@ -25,7 +25,6 @@ from openjarvis.engine.torch.cache import SLACK, KVCache
 from openjarvis.engine.torch.model import Transformer
 
 if TYPE_CHECKING:  # importing megakernel imports triton: only where the step is used
-    from openjarvis.engine.torch.attn_cluster import ClusterAttention
     from openjarvis.engine.torch.cuda_step import DecodeStep
     from openjarvis.engine.torch.kernels import LinearConfig
     from openjarvis.engine.torch.megakernel import MegaConfig, Scratch
@@ -129,9 +128,6 @@ class Runner:
         self.fuse_attn_out = False
         #: The attention's merge reads only the splits that hold keys (``kernels.attention``).
         self.trim_merge = True
-        #: One-token steps' attention as one cluster launch (``attn_cluster.ClusterAttention``)
-        #: instead of the split and merge kernels; set with ``use_cluster_attention``.
-        self.cluster_attention: ClusterAttention | None = None
         #: T = 1: the o-projection hands the feed-forward norm to gate/up (``kernels.NormHandoff``)
         #: instead of gate/up normalizing h inside its K loop; needs an unsplit o-projection.
         #: On by default for the shapes in ``tuning.NORM_HANDOFF``.
@@ -237,17 +233,6 @@ class Runner:
         self._cuda_step_kwargs = kwargs
         if old is not None:
             old.close()
-
-    def use_cluster_attention(self, **kwargs: object) -> None:
-        """One-token steps run their attention as one cluster launch (``ClusterAttention``
-        with ``kwargs``: ``cs``, ``hg``, ``nb``); no kwargs and None to go back."""
-        from openjarvis.engine.torch.attn_cluster import ClusterAttention
-
-        if self.kernels != "triton" or self.device.type != "cuda":
-            raise ValueError("cluster attention serves the Triton step on a CUDA device")
-        kwargs.setdefault("n_ctx", self.cache.capacity)
-        self.cluster_attention = ClusterAttention(self.args, self.device, **kwargs)  # type: ignore[arg-type]
-        self.drop_steps(1)
 
     def uniform_pdl(self, mode: int = 0) -> None:
         """One PDL mode for every kernel of every step (0: none), instead of the measured
@@ -499,13 +484,10 @@ class Runner:
                                 block_s=self.attn_block_s, block_n=self.attn_out_block_n,
                                 pdl=pk("attn"), trim=self.trim_merge, atomic_sem=sem)
             else:
-                if t == 1 and self.cluster_attention is not None:
-                    self.cluster_attention(ws.q, kc, vc, ws.start, ws.attn, pdl=pk("attn") > 0)
-                else:
-                    K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
-                                block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
-                                pdl_combine=pk("combine"),
-                                combine_warps=self.combine_warps.get(t, 1), trim=self.trim_merge)
+                K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
+                            block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
+                            pdl_combine=pk("combine"), combine_warps=self.combine_warps.get(t, 1),
+                            trim=self.trim_merge)
                 if hand_bufs is not None:
                     hand = K.NormHandoff(hand_bufs[0], hand_bufs[1], lw.ffn_norm, hand_bufs[2])
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=wo_cfg, pdl=pk("wo"), evict=ev,
