@@ -283,19 +283,26 @@ T1_SETS["stages"] = {
 #: (Session 10's ``--set cluster``, one-token attention as one thread-block-cluster launch
 #: with the splits merged through distributed shared memory, lost: +2.8 to +32 % (1.5B), +5.5
 #: to +28 % (0.5B); removed, kept in history as eafbe9b.)
+#: ``--set merge_sb`` (session 10): more attention splits, whose loop is bound by what one
+#: program streams (run 99), with the merge reading the partials 16 splits at a time.
+T1_SETS["merge_sb"] = {
+    **{f"t1_attn{sp}x{bs}_sb{sb}": {"attention": [sp, bs], "merge_sb": sb}
+       for sp, bs, sb in ((32, 64, 16), (64, 64, 16), (128, 32, 16), (128, 32, 32),
+                          (256, 16, 16), (64, 32, 16))},
+}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
     "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "boundary": {},
-    "splits": {}, "stages": {},
+    "splits": {}, "stages": {}, "merge_sb": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
          "norm_handoff", "atomic_sem", "verify_handoff", "attn_skeleton",
-         "attn_stages"}
+         "attn_stages", "merge_sb"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -333,6 +340,7 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.verify_handoff = bool(v.get("verify_handoff", base["verify_handoff"]))
     K.ATTN_SKELETON = bool(v.get("attn_skeleton", False))
     K.ATTN_STAGES = int(v.get("attn_stages", 0))
+    K.MERGE_SB = int(v.get("merge_sb", 0))
     r.drop_steps()
 
 

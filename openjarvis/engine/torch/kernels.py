@@ -46,6 +46,8 @@ ATTN_SKELETON = False
 #: Experiment (session 10): software-pipelining depth of the attention's K/V loop (0: Triton's
 #: default, 3 on Hopper).
 ATTN_STAGES = 0
+#: Experiment (session 10): the merge reads the partial outputs this many splits at a time.
+MERGE_SB = 0
 #: Added to a PDL mode (1 or 2; 3 in tests): the kernel lets its successor launch after its
 #: main loop (``_gdc_late``) instead of at its start.
 PDL_LATE = 4
@@ -625,18 +627,34 @@ def _attn_split_kernel(
 
 @triton.jit
 def _merged(o_ptr, ml_ptr, T, item, n_used, N_HEAD: tl.constexpr, HD: tl.constexpr,
-            NSPLIT: tl.constexpr):
+            NSPLIT: tl.constexpr, SB: tl.constexpr = 0):
     """The attention output [HD] (float32) of item = t * N_HEAD + head: the first ``n_used``
-    splits' (max, sum, partial output) merged; the others are never read."""
+    splits' (max, sum, partial output) merged; the others are never read. ``SB`` > 0: the
+    partial outputs ``SB`` splits at a time (a [NSPLIT, HD] tile of many splits spills)."""
     sp = tl.arange(0, NSPLIT)
     used = sp < n_used
     d = tl.arange(0, HD)
     idx = sp * T * N_HEAD + item  # partials [NSPLIT, T, H, ...]
     m = tl.load(ml_ptr + idx * 2, mask=used, other=float("-inf"))
-    den = tl.load(ml_ptr + idx * 2 + 1, mask=used, other=0.0)
-    wgt = tl.exp(m - tl.max(m, 0))  # empty splits carry m = -inf -> weight 0
-    o = tl.load(o_ptr + idx[:, None] * HD + d[None, :], mask=used[:, None], other=0.0)
-    return tl.sum(o * wgt[:, None], 0) / tl.sum(wgt * den, 0)
+    if SB == 0:
+        den = tl.load(ml_ptr + idx * 2 + 1, mask=used, other=0.0)
+        wgt = tl.exp(m - tl.max(m, 0))  # empty splits carry m = -inf -> weight 0
+        o = tl.load(o_ptr + idx[:, None] * HD + d[None, :], mask=used[:, None], other=0.0)
+        res = tl.sum(o * wgt[:, None], 0) / tl.sum(wgt * den, 0)
+    else:
+        mx = tl.max(m, 0)
+        acc = tl.zeros([HD], dtype=tl.float32)
+        den_sum = tl.zeros([SB], dtype=tl.float32)
+        for s0 in range(0, n_used, SB):
+            spc = s0 + tl.arange(0, SB)
+            u = spc < n_used
+            ic = spc * T * N_HEAD + item
+            w = tl.exp(tl.load(ml_ptr + ic * 2, mask=u, other=float("-inf")) - mx)
+            den_sum += w * tl.load(ml_ptr + ic * 2 + 1, mask=u, other=0.0)
+            oc = tl.load(o_ptr + ic[:, None] * HD + d[None, :], mask=u[:, None], other=0.0)
+            acc += tl.sum(oc * w[:, None], 0)
+        res = acc / tl.sum(den_sum, 0)
+    return res
 
 
 @triton.jit
@@ -651,9 +669,9 @@ def _n_used(start_ptr, T, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, TRIM: tl.
 
 @triton.jit
 def _combine_item(o_ptr, ml_ptr, out_ptr, T, item, n_used, N_HEAD: tl.constexpr,
-                  HD: tl.constexpr, NSPLIT: tl.constexpr):
+                  HD: tl.constexpr, NSPLIT: tl.constexpr, SB: tl.constexpr = 0):
     """Merge the splits of item = t * N_HEAD + head (``_merged``) into ``out``."""
-    res = _merged(o_ptr, ml_ptr, T, item, n_used, N_HEAD, HD, NSPLIT)
+    res = _merged(o_ptr, ml_ptr, T, item, n_used, N_HEAD, HD, NSPLIT, SB)
     tl.store(out_ptr + item * HD + tl.arange(0, HD), res.to(out_ptr.dtype.element_ty))
 
 
@@ -661,7 +679,7 @@ def _combine_item(o_ptr, ml_ptr, out_ptr, T, item, n_used, N_HEAD: tl.constexpr,
 def _attn_combine_kernel(
     o_ptr, ml_ptr, out_ptr, start_ptr, T, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
-    PDL: tl.constexpr, TRIM: tl.constexpr, TRACE: tl.constexpr = 0,
+    PDL: tl.constexpr, TRIM: tl.constexpr, TRACE: tl.constexpr = 0, SB: tl.constexpr = 0,
 ):
     """Program = (token, head)."""
     pid = tl.program_id(0)
@@ -669,7 +687,7 @@ def _attn_combine_kernel(
     n_used = _n_used(start_ptr, T, NSPLIT, BLOCK_S, TRIM)
     _gdc(PDL)
     _stamp(tr_ptr, tr_base, pid, 1, TRACE)
-    _combine_item(o_ptr, ml_ptr, out_ptr, T, pid, n_used, N_HEAD, HD, NSPLIT)
+    _combine_item(o_ptr, ml_ptr, out_ptr, T, pid, n_used, N_HEAD, HD, NSPLIT, SB)
     _stamp(tr_ptr, tr_base, pid, 2, TRACE)
     _gdc_late(PDL)
     _stamp(tr_ptr, tr_base, pid, 3, TRACE)
@@ -954,7 +972,7 @@ def attention(
     _attn_combine_kernel[(t * n_head,)](
         o_part, ml_part, out, start, t, *tr, N_HEAD=n_head, HD=hd, NSPLIT=nsplit,
         BLOCK_S=block_s, PDL=_wait(pc), TRIM=trim, num_warps=combine_warps, **_launch(pc),
-        **trc,
+        **trc, **({"SB": MERGE_SB} if MERGE_SB and MERGE_SB < nsplit else {}),
     )
     return out
 
