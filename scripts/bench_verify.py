@@ -248,16 +248,16 @@ ATOMICS_VARIANTS: dict[str, dict[str, Any]] = {
 #: holds it: one-token steps asking L2 for the next product's weights from the launch before,
 #: +1 to +18 % growing with the bytes asked for; the attention's first K/V block loaded before
 #: its PDL wait with the step's own rows after it, +1.4 to +3.3 %.)
-#: ``--set boundary`` (session 10): one-token PDL triggers that stop the early-launch cascade
-#: at the attention, the 0.5B's down projection without its empty fourth K split, and the
-#: attention's K/V loop left out (``attn_skeleton``: timing only, wrong by design).
+#: ``--set boundary`` (session 10, run 94): one-token PDL triggers that stop the early-launch
+#: cascade at the attention, and the 0.5B's down projection without its empty fourth K split.
+#: (Run 94 also left the attention's K/V loop out, ``ATTN_SKELETON`` in commit 879197f, timing
+#: only: it costs the 1.5B 1.9 us a layer @512 and 5.2 @4096, the 0.5B 1.1 and 3.2.)
 T1_SETS["boundary"] = {
     "t1_attn_late": {"one_token_pdl": {"attn": 5, "combine": 1, "w2": 1}},
     "t1_qkv_early_attn_late": {"one_token_pdl": {"qkv": 2, "attn": 5, "combine": 1, "w2": 1}},
     "t1_merge_late": {"one_token_pdl": {"attn": 1, "combine": 5, "w2": 1}},
     "t1_w2_split3": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 3]}},
                                   "1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2]}}}},
-    "t1_attn_skeleton": {"attn_skeleton": True},
 }
 #: ``--set splits`` (session 10): more attention splits in one-token steps, whose loop run 94
 #: priced at 5.2 us a layer @4096 (1.5B) for 44 programs, with the merge on more warps (its
@@ -267,15 +267,12 @@ T1_SETS["splits"] = {
     for sp, bs, w in ((32, 64, 4), (64, 64, 4), (64, 32, 4), (128, 32, 4), (128, 32, 8),
                       (256, 16, 8), (128, 16, 8))
 }
-#: ``--set stages`` (session 10): the attention's K/V loop pipelined deeper (run 96's trace:
-#: 1.3 us a block past the first), block_s 128, and the 1.5B's one-token down projection in
-#: three even K splits (its two splits are 5 and 3.75 tiles of 1024).
+#: ``--set stages`` (session 10, run 97): block_s 128, and the 1.5B's one-token down projection
+#: in three even K splits (its two splits are 5 and 3.75 tiles of 1024). (Run 97 also piped the
+#: attention's K/V loop 2, 4 and 5 deep, ``ATTN_STAGES`` in commit 879197f: 4 and 5 +0.1 to
+#: +0.8 %, 2 -1.3 % @512 but +2.5 % @4096.)
 T1_SETS["stages"] = {
-    "t1_attn_st4": {"attn_stages": 4},
-    "t1_attn_st5": {"attn_stages": 5},
-    "t1_attn_st2": {"attn_stages": 2},
     "t1_attn32x128": {"attention": [32, 128]},
-    "t1_attn32x128_st2": {"attention": [32, 128], "attn_stages": 2},
     "t1_w2_split3": {"t1_tiles": {"w2": [2, 1024, 4, 2, 3]}},
     "t1_w2_512_2": {"t1_tiles": {"w2": [2, 512, 4, 2, 2]}},
     "t1_w2_4x1024_3": {"t1_tiles": {"w2": [4, 1024, 4, 2, 3]}},
@@ -283,26 +280,20 @@ T1_SETS["stages"] = {
 #: (Session 10's ``--set cluster``, one-token attention as one thread-block-cluster launch
 #: with the splits merged through distributed shared memory, lost: +2.8 to +32 % (1.5B), +5.5
 #: to +28 % (0.5B); removed, kept in history as eafbe9b.)
-#: ``--set merge_sb`` (session 10): more attention splits, whose loop is bound by what one
-#: program streams (run 99), with the merge reading the partials 16 splits at a time.
-T1_SETS["merge_sb"] = {
-    **{f"t1_attn{sp}x{bs}_sb{sb}": {"attention": [sp, bs], "merge_sb": sb}
-       for sp, bs, sb in ((32, 64, 16), (64, 64, 16), (128, 32, 16), (128, 32, 32),
-                          (256, 16, 16), (64, 32, 16))},
-}
+#: (Session 10's ``--set merge_sb``, run 100, more splits with the merge reading the partials
+#: 16 or 32 splits at a time, lost: +0.1 to +21 %; commit 98efb21 holds it.)
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
     "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "boundary": {},
-    "splits": {}, "stages": {}, "merge_sb": {},
+    "splits": {}, "stages": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "norm_handoff", "atomic_sem", "verify_handoff", "attn_skeleton",
-         "attn_stages", "merge_sb"}
+         "norm_handoff", "atomic_sem", "verify_handoff"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -338,9 +329,6 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.norm_handoff = bool(v.get("norm_handoff", base["norm_handoff"]))
     r.atomic_sem = v.get("atomic_sem", base["atomic_sem"])
     r.verify_handoff = bool(v.get("verify_handoff", base["verify_handoff"]))
-    K.ATTN_SKELETON = bool(v.get("attn_skeleton", False))
-    K.ATTN_STAGES = int(v.get("attn_stages", 0))
-    K.MERGE_SB = int(v.get("merge_sb", 0))
     r.drop_steps()
 
 

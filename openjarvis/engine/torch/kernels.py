@@ -40,14 +40,6 @@ STORE, ADD, SWIGLU = 0, 1, 2
 #: So "relaxed" (the default) rather than Triton's own default "acq_rel", whose fences cost
 #: (session 9 run 83: one-token steps -0.9 to -2.2 %, k = 16 verify -4 to -7 %).
 ATOMIC_SEMS = ("relaxed", "acq_rel")
-#: Timing only (session 10, run 94): the attention's split kernel reads q and stores its
-#: partials but no keys, pricing its K/V loop inside the step. Wrong results by design.
-ATTN_SKELETON = False
-#: Experiment (session 10): software-pipelining depth of the attention's K/V loop (0: Triton's
-#: default, 3 on Hopper).
-ATTN_STAGES = 0
-#: Experiment (session 10): the merge reads the partial outputs this many splits at a time.
-MERGE_SB = 0
 #: Added to a PDL mode (1 or 2; 3 in tests): the kernel lets its successor launch after its
 #: main loop (``_gdc_late``) instead of at its start.
 PDL_LATE = 4
@@ -561,8 +553,8 @@ def _attn_update(q, kt, vt, s, smask, qpos, m, den, acc):
 def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_ch, stride_cs, scale,
                N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
                BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
-               TRIM: tl.constexpr, SKEL: tl.constexpr = False, tr_ptr=None, tr_base=0,
-               tpid=0, TRACE: tl.constexpr = 0):
+               TRIM: tl.constexpr, tr_ptr=None, tr_base=0, tpid=0,
+               TRACE: tl.constexpr = 0):
     """Flash-decoding partials of one (kv head, split of the sequence): rows r = t * G + g of
     the query tile (all query heads of the group, all T tokens) share one K/V stream.
 
@@ -591,7 +583,7 @@ def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_c
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     den = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
-    for s0 in range(s_hi if SKEL else s_lo, s_hi, BLOCK_S):
+    for s0 in range(s_lo, s_hi, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         smask = s < s_hi
         kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
@@ -612,7 +604,7 @@ def _attn_split_kernel(
     T, stride_ch, stride_cs, scale, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr, TRIM: tl.constexpr,
-    SKEL: tl.constexpr = False, TRACE: tl.constexpr = 0,
+    TRACE: tl.constexpr = 0,
 ):
     """Program = (kv head, split): ``_attn_item``. ``start`` is written before the step's
     graph is launched, so it is read before the PDL wait."""
@@ -620,41 +612,28 @@ def _attn_split_kernel(
     _stamp(tr_ptr, tr_base, tpid, 0, TRACE)
     _attn_item(q_ptr, kc_ptr, vc_ptr, tl.load(start_ptr), o_ptr, ml_ptr, T, tl.program_id(0),
                tl.program_id(1), stride_ch, stride_cs, scale, N_HEAD, G, HD, NSPLIT, BLOCK_R,
-               BLOCK_S, PDL, TRIM, SKEL, tr_ptr, tr_base, tpid, TRACE)
+               BLOCK_S, PDL, TRIM, tr_ptr, tr_base, tpid, TRACE)
     _gdc_late(PDL)
     _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
 
 
 @triton.jit
 def _merged(o_ptr, ml_ptr, T, item, n_used, N_HEAD: tl.constexpr, HD: tl.constexpr,
-            NSPLIT: tl.constexpr, SB: tl.constexpr = 0):
+            NSPLIT: tl.constexpr):
     """The attention output [HD] (float32) of item = t * N_HEAD + head: the first ``n_used``
-    splits' (max, sum, partial output) merged; the others are never read. ``SB`` > 0: the
-    partial outputs ``SB`` splits at a time (a [NSPLIT, HD] tile of many splits spills)."""
+    splits' (max, sum, partial output) merged; the others are never read.
+
+    One [NSPLIT, HD] tile, even where it spills: reading the partials 16 or 32 splits at a
+    time lost 0.1 to 21 % (session 10 run 100, commit 98efb21 holds it)."""
     sp = tl.arange(0, NSPLIT)
     used = sp < n_used
     d = tl.arange(0, HD)
     idx = sp * T * N_HEAD + item  # partials [NSPLIT, T, H, ...]
     m = tl.load(ml_ptr + idx * 2, mask=used, other=float("-inf"))
-    if SB == 0:
-        den = tl.load(ml_ptr + idx * 2 + 1, mask=used, other=0.0)
-        wgt = tl.exp(m - tl.max(m, 0))  # empty splits carry m = -inf -> weight 0
-        o = tl.load(o_ptr + idx[:, None] * HD + d[None, :], mask=used[:, None], other=0.0)
-        res = tl.sum(o * wgt[:, None], 0) / tl.sum(wgt * den, 0)
-    else:
-        mx = tl.max(m, 0)
-        acc = tl.zeros([HD], dtype=tl.float32)
-        den_sum = tl.zeros([SB], dtype=tl.float32)
-        for s0 in range(0, n_used, SB):
-            spc = s0 + tl.arange(0, SB)
-            u = spc < n_used
-            ic = spc * T * N_HEAD + item
-            w = tl.exp(tl.load(ml_ptr + ic * 2, mask=u, other=float("-inf")) - mx)
-            den_sum += w * tl.load(ml_ptr + ic * 2 + 1, mask=u, other=0.0)
-            oc = tl.load(o_ptr + ic[:, None] * HD + d[None, :], mask=u[:, None], other=0.0)
-            acc += tl.sum(oc * w[:, None], 0)
-        res = acc / tl.sum(den_sum, 0)
-    return res
+    den = tl.load(ml_ptr + idx * 2 + 1, mask=used, other=0.0)
+    wgt = tl.exp(m - tl.max(m, 0))  # empty splits carry m = -inf -> weight 0
+    o = tl.load(o_ptr + idx[:, None] * HD + d[None, :], mask=used[:, None], other=0.0)
+    return tl.sum(o * wgt[:, None], 0) / tl.sum(wgt * den, 0)
 
 
 @triton.jit
@@ -669,9 +648,9 @@ def _n_used(start_ptr, T, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, TRIM: tl.
 
 @triton.jit
 def _combine_item(o_ptr, ml_ptr, out_ptr, T, item, n_used, N_HEAD: tl.constexpr,
-                  HD: tl.constexpr, NSPLIT: tl.constexpr, SB: tl.constexpr = 0):
+                  HD: tl.constexpr, NSPLIT: tl.constexpr):
     """Merge the splits of item = t * N_HEAD + head (``_merged``) into ``out``."""
-    res = _merged(o_ptr, ml_ptr, T, item, n_used, N_HEAD, HD, NSPLIT, SB)
+    res = _merged(o_ptr, ml_ptr, T, item, n_used, N_HEAD, HD, NSPLIT)
     tl.store(out_ptr + item * HD + tl.arange(0, HD), res.to(out_ptr.dtype.element_ty))
 
 
@@ -679,7 +658,7 @@ def _combine_item(o_ptr, ml_ptr, out_ptr, T, item, n_used, N_HEAD: tl.constexpr,
 def _attn_combine_kernel(
     o_ptr, ml_ptr, out_ptr, start_ptr, T, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
-    PDL: tl.constexpr, TRIM: tl.constexpr, TRACE: tl.constexpr = 0, SB: tl.constexpr = 0,
+    PDL: tl.constexpr, TRIM: tl.constexpr, TRACE: tl.constexpr = 0,
 ):
     """Program = (token, head)."""
     pid = tl.program_id(0)
@@ -687,7 +666,7 @@ def _attn_combine_kernel(
     n_used = _n_used(start_ptr, T, NSPLIT, BLOCK_S, TRIM)
     _gdc(PDL)
     _stamp(tr_ptr, tr_base, pid, 1, TRACE)
-    _combine_item(o_ptr, ml_ptr, out_ptr, T, pid, n_used, N_HEAD, HD, NSPLIT, SB)
+    _combine_item(o_ptr, ml_ptr, out_ptr, T, pid, n_used, N_HEAD, HD, NSPLIT)
     _stamp(tr_ptr, tr_base, pid, 2, TRACE)
     _gdc_late(PDL)
     _stamp(tr_ptr, tr_base, pid, 3, TRACE)
@@ -963,8 +942,7 @@ def attention(
         q, k_cache, v_cache, start, o_part, ml_part,
         t, k_cache.stride(0), k_cache.stride(1), hd**-0.5, *tr,
         N_HEAD=n_head, G=g, HD=hd, NSPLIT=nsplit,
-        BLOCK_R=block_r, BLOCK_S=block_s, PDL=_wait(pdl), TRIM=trim, SKEL=ATTN_SKELETON,
-        num_warps=num_warps, **({"num_stages": ATTN_STAGES} if ATTN_STAGES else {}),
+        BLOCK_R=block_r, BLOCK_S=block_s, PDL=_wait(pdl), TRIM=trim, num_warps=num_warps,
         **_launch(pdl), **trc,
     )
     pc = pdl if pdl_combine is None else pdl_combine
@@ -972,7 +950,7 @@ def attention(
     _attn_combine_kernel[(t * n_head,)](
         o_part, ml_part, out, start, t, *tr, N_HEAD=n_head, HD=hd, NSPLIT=nsplit,
         BLOCK_S=block_s, PDL=_wait(pc), TRIM=trim, num_warps=combine_warps, **_launch(pc),
-        **trc, **({"SB": MERGE_SB} if MERGE_SB and MERGE_SB < nsplit else {}),
+        **trc,
     )
     return out
 

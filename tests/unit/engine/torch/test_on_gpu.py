@@ -129,6 +129,45 @@ def test_verify_steps_with_the_serial_norm_hand_off_agree_with_float32(
     assert float((out.argmax(-1) == ref.argmax(-1)).float().mean()) > 0.95
 
 
+def test_a_traced_one_token_step_stamps_every_program_in_order_and_computes_the_same(
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
+    """scripts/trace_step.py's instrument: with ``kernels.TRACE`` set while a one-token step is
+    captured, every program of its 6 launches a layer and of the output projection stamps entry,
+    past the PDL wait, past the main loop and done, in that order; its logits stay within the
+    float32 reference's tolerance, and a step captured after tracing is switched off writes
+    nothing."""
+    from openjarvis.engine.torch import kernels as K
+
+    model, _, toks, expect = pair
+    r = Runner(model, 256)
+    r.logits(toks[:170], 0)
+    progs = 16384
+    n_launch = 6 * model.args.n_layer + 1
+    buf = torch.zeros(n_launch * progs, 4, dtype=torch.int64, device="cuda")
+    K.TRACE.update(buf=buf, progs=progs, next=0)
+    try:
+        r.drop_steps(1)
+        r.logits(toks[170:171], 170)  # captured with tracing: launch slots 0 .. n_launch - 1
+        assert K.TRACE["next"] == n_launch
+    finally:
+        K.TRACE.update(buf=None, progs=0, next=0)
+    buf.zero_()
+    got = r.logits(toks[171:172], 171).clone()  # a replay of the traced graph
+    torch.cuda.synchronize()
+    st = buf.view(n_launch, progs, 4)
+    seen = st[:, :, 0] > 0
+    assert seen.any(1).all()  # every launch stamped
+    stamped = st[seen]
+    assert (stamped > 0).all()  # every program that entered stamped all four events
+    assert (stamped[:, 1:] >= stamped[:, :-1]).all()  # entry <= waited <= looped <= done
+    assert rel(got, expect[171:172]) < BF16_REL
+    r.drop_steps(1)
+    buf.zero_()
+    r.logits(toks[172:173], 172)
+    torch.cuda.synchronize()
+    assert not buf.any()  # captured untraced: no stamps
+
+
 def test_cuda_step_agrees_with_float32_and_replays_bit_identical(
         pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
     from openjarvis.engine.torch import cuda_step

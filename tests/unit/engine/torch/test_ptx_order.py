@@ -49,6 +49,15 @@ for name, fn in (("unswapped", K._linear_kernel), ("swapped", K._linear_swap_ker
                          options={"num_warps": 4, "num_stages": 3}).asm["ptx"]
     out[name] = [line.strip() for line in ptx.splitlines()
                  if re.search(r"\b(atom|red)\.global|\bbar\.sync|\bld\.global\.cg", line)]
+# the trace stamps of the one-token kernel (scripts/trace_step.py): entry, past the wait,
+# past the main loop (before the late trigger), done
+const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=1, BLOCK_N=2, BLOCK_K=2048, SPLIT_K=1,
+             PDL=6, EVICT="evict_first", HAND=0, NP_BLOCK=1, SEM="relaxed", TRACE=1024)
+src = ASTSource(K._linear_kernel, {**sig, **{k: "constexpr" for k in const}}, constexprs=const)
+ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                     options={"num_warps": 8, "num_stages": 2}).asm["ptx"]
+out["traced"] = [line.strip() for line in ptx.splitlines()
+                 if re.search(r"globaltimer|griddepcontrol|st\.global", line)]
 print(json.dumps(out))
 """
 
@@ -80,3 +89,15 @@ def test_a_split_k_hand_off_orders_every_partial_before_the_read_back(
     assert any("bar.sync" in op for op in seq[c + 1 : min(reads)]), seq
     # the count is one thread's: predicated, not one atomic per thread
     assert seq[c].startswith("@"), seq[c]
+
+
+def test_the_trace_stamps_bracket_the_pdl_wait_and_the_late_trigger(
+        ops: dict[str, list[str]]) -> None:
+    """A one-token kernel traced (``kernels._stamp``): its entry stamp before the PDL wait, the
+    second after it, the third before the late trigger, the fourth after the last store."""
+    seq = ops["traced"]
+    stamps = [i for i, op in enumerate(seq) if "globaltimer" in op]
+    wait = [i for i, op in enumerate(seq) if "griddepcontrol.wait" in op]
+    late = [i for i, op in enumerate(seq) if "launch_dependents" in op]
+    assert len(stamps) == 4 and len(wait) == 1 and len(late) == 1, seq
+    assert stamps[0] < wait[0] < stamps[1] < stamps[2] < late[0] < stamps[3], seq

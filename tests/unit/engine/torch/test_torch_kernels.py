@@ -681,3 +681,21 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
     kinds |= set() if setting == "deterministic" else {"_rope_kv_kernel"}  # split-K qkv
     assert kinds <= set(watch.early_launches)  # the watch saw early launches of each kind
     assert not watch.violations, sorted(set(watch.violations))[:5]
+
+
+def test_the_trace_gives_each_launch_the_next_slots_and_refuses_to_overflow() -> None:
+    """``kernels._trace`` (scripts/trace_step.py): off, a launch gets no slots and no TRACE
+    constant; on, consecutive launches get consecutive ranges of ``progs`` slots, and a launch
+    past the buffer's end is refused rather than writing past it."""
+    dummy = torch.zeros(1)
+    assert K._trace(dummy) == ((dummy, 0), {})
+    buf = torch.zeros(3 * 8, 4, dtype=torch.int64)
+    K.TRACE.update(buf=buf, progs=8, next=0)
+    try:
+        for i in range(3):
+            (ptr, base), const = K._trace(dummy)
+            assert ptr is buf and base == 8 * i and const == {"TRACE": 8}
+        with pytest.raises(ValueError, match="holds 3 launches"):
+            K._trace(dummy)
+    finally:
+        K.TRACE.update(buf=None, progs=0, next=0)
