@@ -259,7 +259,7 @@ T1_SETS["boundary"] = {
     "t1_w2_split3": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 3]}},
                                   "1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2]}}}},
 }
-#: ``--set splits`` (session 10): more attention splits in one-token steps, whose loop run 94
+#: ``--set splits`` (session 10, run 95): more attention splits in one-token steps, whose loop run 94
 #: priced at 5.2 us a layer @4096 (1.5B) for 44 programs, with the merge on more warps (its
 #: [splits, head dim] tile on one warp spills as the splits grow).
 T1_SETS["splits"] = {
@@ -267,7 +267,7 @@ T1_SETS["splits"] = {
     for sp, bs, w in ((32, 64, 4), (64, 64, 4), (64, 32, 4), (128, 32, 4), (128, 32, 8),
                       (256, 16, 8), (128, 16, 8))
 }
-#: ``--set stages`` (session 10, run 97): block_s 128, and the 1.5B's one-token down projection
+#: ``--set stages`` (session 10, run 98): block_s 128, and the 1.5B's one-token down projection
 #: in three even K splits (its two splits are 5 and 3.75 tiles of 1024). (Run 97 also piped the
 #: attention's K/V loop 2, 4 and 5 deep, ``ATTN_STAGES`` in commit 879197f: 4 and 5 +0.1 to
 #: +0.8 %, 2 -1.3 % @512 but +2.5 % @4096.)
@@ -277,10 +277,10 @@ T1_SETS["stages"] = {
     "t1_w2_512_2": {"t1_tiles": {"w2": [2, 512, 4, 2, 2]}},
     "t1_w2_4x1024_3": {"t1_tiles": {"w2": [4, 1024, 4, 2, 3]}},
 }
-#: (Session 10's ``--set cluster``, one-token attention as one thread-block-cluster launch
-#: with the splits merged through distributed shared memory, lost: +2.8 to +32 % (1.5B), +5.5
-#: to +28 % (0.5B); removed, kept in history as eafbe9b.)
-#: (Session 10's ``--set merge_sb``, run 100, more splits with the merge reading the partials
+#: (Session 10's ``--set cluster``, runs 99-100, one-token attention as one thread-block-cluster
+#: launch with the splits merged through distributed shared memory, lost: at best +2.8 % @512,
+#: +11.8 % @4096 (1.5B), +5.5 / +20 % (0.5B); removed, kept in history as eafbe9b.)
+#: (Session 10's ``--set merge_sb``, run 101, more splits with the merge reading the partials
 #: 16 or 32 splits at a time, lost: +0.1 to +21 %; commit 98efb21 holds it.)
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
