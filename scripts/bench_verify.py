@@ -277,6 +277,34 @@ T1_SETS["stages"] = {
     "t1_w2_512_2": {"t1_tiles": {"w2": [2, 512, 4, 2, 2]}},
     "t1_w2_4x1024_3": {"t1_tiles": {"w2": [4, 1024, 4, 2, 3]}},
 }
+#: ``--set waves`` (session 10, run 103): one-token tiles re-timed in the step where run 97's
+#: trace saw programs pass their wait late (a grid of more warps than an SM holds with the
+#: kernels around it: the 0.5B's gate/up, 2432 programs of 4 warps, let its last programs go
+#: 4.6 us after its first and streamed at 59 % of copy bandwidth), and the qkv kernel with fewer
+#: programs (each of its 1024 reads the whole residual from L2 after its wait).
+_W = {"896": {}, "1536": {}}
+T1_SETS["waves"] = {
+    "t1_w13_4x1024_4w": {"by_width": {**_W, "896": {"t1_tiles": {"w13": [4, 1024, 4, 2]}}}},
+    "t1_w13_2x1024_2w": {"by_width": {**_W, "896": {"t1_tiles": {"w13": [2, 1024, 2, 2]}}}},
+    "t1_w13_4x1024_2w": {"by_width": {**_W, "896": {"t1_tiles": {"w13": [4, 1024, 2, 2]}}}},
+    "t1_w13_8x1024_4w": {"by_width": {**_W, "896": {"t1_tiles": {"w13": [8, 1024, 4, 2]}}}},
+    "t1_w2_2x1024_2w": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 2, 2, 4]}},
+                                     "1536": {"t1_tiles": {"w2": [2, 1024, 2, 2, 2]}}}},
+    "t1_qkv_2": {"by_width": {"896": {"t1_tiles": {"qkv": [2, 1024]}},
+                              "1536": {"t1_tiles": {"qkv": [2, 2048]}}}},
+    "t1_wo_4w": {"by_width": {"896": {"t1_tiles": {"wo": [2, 1024, 2, 2]}},
+                              "1536": {"t1_tiles": {"wo": [2, 2048, 4, 2]}}}},
+}
+#: ``--set waves2`` (session 10, run 104): the 0.5B's one-token gate/up around run 103's pick,
+#: now the default, against the tile before it.
+T1_SETS["waves2"] = {
+    "t1_w13_2x1024_4w_s9": {"t1_tiles": {"w13": [2, 1024, 4, 2]}},
+    "t1_w13_4x1024_2w": {"t1_tiles": {"w13": [4, 1024, 2, 2]}},
+    "t1_w13_16x1024_4w": {"t1_tiles": {"w13": [16, 1024, 4, 2]}},
+    "t1_w13_16x1024_8w": {"t1_tiles": {"w13": [16, 1024, 8, 2]}},
+    "t1_w13_8x1024_8w": {"t1_tiles": {"w13": [8, 1024, 8, 2]}},
+    "t1_w13_8x1024_2w": {"t1_tiles": {"w13": [8, 1024, 2, 2]}},
+}
 #: (Session 10's ``--set cluster``, runs 99-100, one-token attention as one thread-block-cluster
 #: launch with the splits merged through distributed shared memory, lost: at best +2.8 % @512,
 #: +11.8 % @4096 (1.5B), +5.5 / +20 % (0.5B); removed, kept in history as eafbe9b.)
@@ -288,7 +316,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
     "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "boundary": {},
-    "splits": {}, "stages": {},
+    "splits": {}, "stages": {}, "waves": {}, "waves2": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
