@@ -357,7 +357,8 @@ def _linear_swap_kernel(
     SEM: tl.constexpr, TRACE: tl.constexpr = 0,
 ):
     """``_linear_kernel`` for T > 1 with the product transposed: accT [BN, BT] += W [BN, BK] .
-    x^T [BK, BT]; transposed back once, in the same epilogue (``HAND`` as there)."""
+    x^T [BK, BT]; transposed back once, in the same epilogue (``HAND`` as there). It takes the
+    trace arguments of the linear launcher but stamps nothing: only one-token steps are traced."""
     pid = tl.program_id(0)
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     k_lo = tl.program_id(1) * k_per
@@ -745,6 +746,8 @@ TRACE: dict[str, object] = {"buf": None, "progs": 0, "next": 0}
 
 
 def _trace(dummy: torch.Tensor) -> tuple[tuple[torch.Tensor, int], dict[str, int]]:
+    """A launch's trace arguments (buffer, first slot) and its ``TRACE`` constant; off, a dummy
+    pointer and no constant, so the untraced kernels compile exactly as before the trace."""
     buf = TRACE["buf"]
     if buf is None:
         return (dummy, 0), {}
