@@ -747,7 +747,7 @@ TRACE: dict[str, object] = {"buf": None, "progs": 0, "next": 0}
 
 def _trace(dummy: torch.Tensor) -> tuple[tuple[torch.Tensor, int], dict[str, int]]:
     """A launch's trace arguments (buffer, first slot) and its ``TRACE`` constant; off, a dummy
-    pointer and no constant, so the untraced kernels compile exactly as before the trace."""
+    pointer and no constant, so an untraced kernel compiles with no stamp in it."""
     buf = TRACE["buf"]
     if buf is None:
         return (dummy, 0), {}
