@@ -268,7 +268,7 @@ T1_SETS["splits"] = {
                       (256, 16, 8), (128, 16, 8))
 }
 #: ``--set stages`` (session 10, run 98): block_s 128, and the 1.5B's one-token down projection
-#: in three even K splits (its two splits are 5 and 3.75 tiles of 1024). (Run 97 also piped the
+#: in three even K splits (its two splits are 5 and 3.75 tiles of 1024). (Run 98 also piped the
 #: attention's K/V loop 2, 4 and 5 deep, ``ATTN_STAGES`` in commit 879197f: 4 and 5 +0.1 to
 #: +0.8 %, 2 -1.3 % @512 but +2.5 % @4096.)
 T1_SETS["stages"] = {

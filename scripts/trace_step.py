@@ -20,6 +20,7 @@ program, so the traced step is itself timed against the untraced one.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -29,6 +30,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gpu import time_ms  # noqa: E402  # the benchmarks' one timer
 
 from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
@@ -40,35 +44,19 @@ KINDS = ("qkv", "attn", "merge", "wo", "w13", "w2")
 PROGS = 16384  # programs recorded a launch (the output projection has ~9.5k)
 
 
-def _time(r: Runner, reps: int = 50) -> float:
-    r.replay(1)
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(reps):
-        r.replay(1)
-    e1.record()
-    torch.cuda.synchronize()
-    return e0.elapsed_time(e1) / reps
-
-
 def trace(a: ModelArgs, pos: int, replays: int) -> dict[str, Any]:
     w = random_weights(a, torch.bfloat16, "cuda", seed=0)
     r = Runner(Transformer(a, w, n_pos=pos + 128), pos + 64, kernels="triton", graphs=True)
-    kinds = KINDS
-    nk = len(kinds)
+    nk = len(KINDS)
     toks = [100]
     r.step(toks, pos)
-    plain_ms = _time(r)
+    replay = functools.partial(r.replay, 1)
+    plain_ms = time_ms(replay)
     n_launch = nk * a.n_layer + 1
-    buf = torch.zeros(n_launch * PROGS, 4, dtype=torch.int64, device="cuda")
-    K.TRACE.update(buf=buf, progs=PROGS, next=0)
-    try:
+    with K.tracing(n_launch, PROGS, "cuda") as buf:
         r.drop_steps()
-        r.step(toks, pos)
-    finally:
-        K.TRACE.update(buf=None, progs=0, next=0)
-    traced_ms = _time(r)
+        r.step(toks, pos)  # captured traced: its replays stamp into buf
+    traced_ms = time_ms(replay)
     rows: dict[str, list[float]] = {}
     for _ in range(replays):
         buf.zero_()
@@ -82,7 +70,7 @@ def trace(a: ModelArgs, pos: int, replays: int) -> dict[str, Any]:
         t0 = float(first[:, 0].min())
         first, last = (first - t0) / 1e3, (last - t0) / 1e3  # us from the step's first entry
         for li in range(2, a.n_layer - 2):
-            for k, kind in enumerate(kinds):
+            for k, kind in enumerate(KINDS):
                 j = nk * li + k
                 for name, val in (("release", first[j, 1] - last[j - 1, 3]),
                                   ("lead", first[j, 1] - first[j, 0]),
@@ -125,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{key}: step {out['ms']:.4f} ms (traced {out['traced_ms']:.4f}), "
               f"layer {m['layer']:.2f} us")
         print("kind    release  lead  wait_spread  loop   tail")
-        for kind in (k for k in KINDS if f"{k}.loop" in m):
+        for kind in KINDS:
             print(f"{kind:6s} " + " ".join(f"{m[f'{kind}.{x}']:7.2f}"
                                            for x in ("release", "lead", "wait_spread", "loop",
                                                      "tail")))

@@ -26,6 +26,8 @@ wrong, so bf16 is checked on the GPU by scripts/bench_gpu.py).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -741,7 +743,8 @@ def _launch(pdl: int) -> dict[str, bool]:
 
 #: Tracing only (scripts/trace_step.py): while ``buf`` is set (int64 [slots, 4]), each launch
 #: of the one-token step's kernels takes the next ``progs`` slots for its programs' ``_stamp``s
-#: (``next`` counts launches; the caller resets it before a step is captured).
+#: (``next`` counts launches; the Runner resets it as a step is captured). ``tracing`` sets
+#: and clears it.
 TRACE: dict[str, object] = {"buf": None, "progs": 0, "next": 0}
 
 
@@ -757,6 +760,18 @@ def _trace(dummy: torch.Tensor) -> tuple[tuple[torch.Tensor, int], dict[str, int
         raise ValueError(f"the trace buffer holds {buf.shape[0] // p} launches")
     TRACE["next"] = n + 1
     return (buf, n * p), {"TRACE": p}
+
+
+@contextmanager
+def tracing(launches: int, progs: int, device: torch.device | str) -> Iterator[torch.Tensor]:
+    """Trace the launches made while open (``TRACE``): the stamp buffer [launches * progs, 4]
+    (int64 ns, zeros where nothing stamped), reset whatever happens inside."""
+    buf = torch.zeros(launches * progs, 4, dtype=torch.int64, device=device)
+    TRACE.update(buf=buf, progs=progs, next=0)
+    try:
+        yield buf
+    finally:
+        TRACE.update(buf=None, progs=0, next=0)
 
 
 def _check_sem(atomic_sem: str) -> None:
@@ -981,12 +996,13 @@ def attention_out(
     _check_sem(atomic_sem)
     n_kv = k_cache.shape[0]
     nsplit = o_part.shape[0]
+    tr, trc = _trace(o_part)
     _attn_split_kernel[(n_kv, nsplit)](
         q, k_cache, v_cache, start, o_part, ml_part,
-        1, k_cache.stride(0), k_cache.stride(1), hd**-0.5, o_part, 0,
+        1, k_cache.stride(0), k_cache.stride(1), hd**-0.5, *tr,
         N_HEAD=n_head, G=n_head // n_kv, HD=hd, NSPLIT=nsplit,
         BLOCK_R=max(16, triton.next_power_of_2(n_head // n_kv)), BLOCK_S=block_s,
-        PDL=_wait(pdl), TRIM=trim, num_warps=4, **_launch(pdl),
+        PDL=_wait(pdl), TRIM=trim, num_warps=4, **_launch(pdl), **trc,
     )
     n = wo.shape[0]
     _attn_out_kernel[(triton.cdiv(n, block_n), n_head)](

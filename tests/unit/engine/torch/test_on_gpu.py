@@ -143,14 +143,11 @@ def test_a_traced_one_token_step_stamps_every_program_in_order_and_computes_the_
     r.logits(toks[:170], 0)
     progs = 16384
     n_launch = 6 * model.args.n_layer + 1
-    buf = torch.zeros(n_launch * progs, 4, dtype=torch.int64, device="cuda")
-    K.TRACE.update(buf=buf, progs=progs, next=0)
-    try:
+    with K.tracing(n_launch, progs, "cuda") as buf:
         r.drop_steps(1)
         r.logits(toks[170:171], 170)  # captured with tracing: launch slots 0 .. n_launch - 1
         assert K.TRACE["next"] == n_launch
-    finally:
-        K.TRACE.update(buf=None, progs=0, next=0)
+    assert K.TRACE["buf"] is None
     buf.zero_()
     got = r.logits(toks[171:172], 171).clone()  # a replay of the traced graph
     torch.cuda.synchronize()

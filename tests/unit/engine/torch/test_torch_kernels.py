@@ -689,13 +689,11 @@ def test_the_trace_gives_each_launch_the_next_slots_and_refuses_to_overflow() ->
     past the buffer's end is refused rather than writing past it."""
     dummy = torch.zeros(1)
     assert K._trace(dummy) == ((dummy, 0), {})
-    buf = torch.zeros(3 * 8, 4, dtype=torch.int64)
-    K.TRACE.update(buf=buf, progs=8, next=0)
-    try:
+    with K.tracing(3, 8, "cpu") as buf:
+        assert tuple(buf.shape) == (3 * 8, 4)
         for i in range(3):
             (ptr, base), const = K._trace(dummy)
             assert ptr is buf and base == 8 * i and const == {"TRACE": 8}
         with pytest.raises(ValueError, match="holds 3 launches"):
             K._trace(dummy)
-    finally:
-        K.TRACE.update(buf=None, progs=0, next=0)
+    assert K._trace(dummy) == ((dummy, 0), {})  # closed: off again
