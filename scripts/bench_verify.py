@@ -305,6 +305,30 @@ T1_SETS["waves2"] = {
     "t1_w13_8x1024_8w": {"t1_tiles": {"w13": [8, 1024, 8, 2]}},
     "t1_w13_8x1024_2w": {"t1_tiles": {"w13": [8, 1024, 2, 2]}},
 }
+#: ``--set prefetch`` (session 11): one-token products with the next K tile's loads issued before
+#: this tile's reduction (``LinearConfig.prefetch``; lists are LinearConfig's fields in order:
+#: block_n, block_k, warps, stages, split_k, swap, prefetch). Run 97's trace and the down
+#: projection's PTX: each program waits one DRAM round trip a K tile. ptxas registers (sm_90a):
+#: down 2 x 1024 38 -> 44, 4 x 1024 64; gate/up 8 x 256 40 -> 61, 8 x 128 48; output 16 x 256
+#: 56 -> 72, 16 x 128 56, 32 x 128 54 -> 96.
+_PF = [False, True]
+T1_SETS["prefetch"] = {
+    "t1_w2_pf": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 4, *_PF]}},
+                              "1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_PF]}}}},
+    "t1_w2_4x1024_pf": {"by_width": {"896": {"t1_tiles": {"w2": [4, 1024, 4, 2, 4, *_PF]}},
+                                     "1536": {"t1_tiles": {"w2": [4, 1024, 4, 2, 2, *_PF]}}}},
+    "t1_w2_2048": {"t1_tiles": {"w2": [2, 2048, 4, 2, 2]}},
+    "t1_w2_pf_b": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_PF]}},
+                                "1536": {"t1_tiles": {"w2": [2, 512, 4, 2, 2, *_PF]}}}},
+    "t1_w13_pf": {"by_width": {**_W, "1536": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_PF]}}}},
+    "t1_w13_8x128_pf": {"by_width": {**_W, "1536": {"t1_tiles": {"w13": [8, 128, 4, 2, 1, *_PF]}}}},
+    "t1_out_pf": {"by_width": {"896": {"t1_tiles": {"out": [32, 128, 4, 2, 1, *_PF]}},
+                               "1536": {"t1_tiles": {"out": [16, 256, 4, 2, 1, *_PF]}}}},
+    "t1_out_16x128_pf": {"t1_tiles": {"out": [16, 128, 4, 2, 1, *_PF]}},
+    "t1_w2_w13_pf": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 4, *_PF]}},
+                                  "1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_PF],
+                                                        "w13": [8, 256, 4, 2, 1, *_PF]}}}},
+}
 #: (Session 10's ``--set cluster``, runs 99-100, one-token attention as one thread-block-cluster
 #: launch with the splits merged through distributed shared memory, lost: at best +2.8 % @512,
 #: +11.8 % @4096 (1.5B), +5.5 / +20 % (0.5B); removed, kept in history as eafbe9b.)
@@ -316,7 +340,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "tiles": TILES_VARIANTS, "attn": ATTN_VARIANTS, "ffn": FFN_VARIANTS, "t1": {},
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
     "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "boundary": {},
-    "splits": {}, "stages": {}, "waves": {}, "waves2": {},
+    "splits": {}, "stages": {}, "waves": {}, "waves2": {}, "prefetch": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

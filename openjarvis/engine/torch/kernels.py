@@ -59,6 +59,11 @@ class LinearConfig:
     #: T > 1: the weight tile is the MMA's M operand (W [BN, BK] @ x^T), so the few tokens pad
     #: N (16) rather than M, and a 64- or 128-row weight tile fills Hopper's MMA shape.
     swap: bool = False
+    #: T = 1: load the next K tile (weights and x) into registers before this one is reduced,
+    #: so a program keeps two tiles of loads in flight instead of waiting one DRAM round trip
+    #: a tile (the reduction's block barrier otherwise sits between one tile's loads and the
+    #: next's).
+    prefetch: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,11 +148,23 @@ def _stamp(tr_ptr, tr_base, pid, e, TRACE: tl.constexpr):
 
 
 @triton.jit
+def _x_load(x_ptr, rt, tmask, rk, kmask, stride_x):
+    """x [BT, BK] as stored."""
+    return tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                   mask=tmask[:, None] & kmask[None, :], other=0.0)
+
+
+@triton.jit
 def _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM: tl.constexpr):
     """x [BT, BK] as float32; with NORM, its squares added to ``ss`` (the RMS statistics) and
     the tile multiplied by the norm weight g [BK]."""
-    x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
-                mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+    return _x_norm(_x_load(x_ptr, rt, tmask, rk, kmask, stride_x), g_ptr, rk, kmask, ss, NORM)
+
+
+@triton.jit
+def _x_norm(x, g_ptr, rk, kmask, ss, NORM: tl.constexpr):
+    """``_x_tile`` on a loaded x tile."""
+    x = x.to(tl.float32)
     if NORM:
         ss += tl.sum(x * x, axis=1)
         x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
@@ -277,9 +294,9 @@ def _linear_kernel(
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
-    SEM: tl.constexpr, TRACE: tl.constexpr = 0,
+    SEM: tl.constexpr, TRACE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0,
 ):
-    """``TRACE``: ``_stamp`` (tracing only).
+    """``TRACE``: ``_stamp`` (tracing only). ``PREFETCH`` (T = 1): ``LinearConfig.prefetch``.
 
     ``HAND`` (``NormHandoff``): 1, also hand the new rows of ``out`` (a residual) to the
     next norm (``_hand_off``; with split-K, ``_serial_hand_off``); 2, ``x`` is such a hand-off
@@ -298,7 +315,39 @@ def _linear_kernel(
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    if PDL % 4 >= 2:
+    if PREFETCH:
+        # Two tiles in flight: tile k0 + BK is asked for before tile k0 is reduced (the last
+        # iteration's ask is masked off whole and loads nothing). With the PDL prologue the
+        # first tile's weights are asked for before the wait.
+        if PDL % 4 < 2:
+            _gdc(PDL)
+            _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
+        rk = k_lo + tl.arange(0, BLOCK_K)  # [BK]
+        kmask = rk < k_hi
+        wmask = nmask[:, None] & kmask[None, :]
+        w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)  # [BN, BK]
+        w2 = w
+        if MODE == 2:
+            w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
+        if PDL % 4 >= 2:
+            _gdc(PDL)
+            _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
+        x = _x_load(x_ptr, rt, tmask, rk, kmask, stride_x)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            rkn = k0 + BLOCK_K + tl.arange(0, BLOCK_K)
+            kmn = rkn < k_hi
+            wmn = nmask[:, None] & kmn[None, :]
+            wn = _w_tile(w_ptr, rn, 0, rkn, wmn, K, EVICT)
+            w2n = wn
+            if MODE == 2:
+                w2n = _w_tile(w_ptr, rn, N, rkn, wmn, K, EVICT)
+            xn = _x_load(x_ptr, rt, tmask, rkn, kmn, stride_x)
+            xf, ss = _x_norm(x, g_ptr, rk, kmask, ss, NORM)
+            acc = _tile_dot(xf, w, acc, BLOCK_T)
+            if MODE == 2:
+                acc2 = _tile_dot(xf, w2, acc2, BLOCK_T)
+            rk, kmask, w, w2, x = rkn, kmn, wn, w2n, xn
+    elif PDL % 4 >= 2:
         # The first K tile of the weights is loaded before waiting on the previous kernel.
         rk = k_lo + tl.arange(0, BLOCK_K)  # [BK]
         kmask = rk < k_hi
@@ -837,6 +886,7 @@ def linear(
         BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         PDL=pdl, EVICT=evict, HAND=1 if hand_out else 2 if hand_in else 0,
         NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1, SEM=atomic_sem,
+        **({"PREFETCH": 1} if cfg.prefetch and t == 1 else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
     )
     if cfg.swap and t > 1:

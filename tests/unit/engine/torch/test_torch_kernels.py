@@ -83,6 +83,37 @@ def test_linear_modes(t: int, mode: int, peel: int, swap: bool) -> None:
     assert rel(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize(("peel", "split"), [(0, 1), (3, 1), (0, 3), (7, 2)])
+@pytest.mark.parametrize("mode", [K.STORE, K.ADD, K.SWIGLU])
+def test_one_token_products_with_the_next_tile_prefetched(mode: int, peel: int, split: int) -> None:
+    """``LinearConfig.prefetch``: tile k + 1 asked for before tile k is reduced, the last ask
+    masked off. K = 72 in tiles of 16: whole tiles, a split that ends mid-tile, and (3 splits
+    of 32) a split with a tile and a half; the PDL prologue modes (3, 7) load the first tile
+    before the wait. Same sums as the unprefetched tile."""
+    n, k = 40, 72
+    if mode != K.ADD:
+        split = 1
+    x, w = g(1, k, seed=1), g(2 * n if mode == K.SWIGLU else n, k, seed=2)
+    norm, h0 = g(k, seed=3) + 1, g(1, n, seed=5)
+    outs = []
+    for prefetch in (False, True):
+        out = h0.clone() if mode == K.ADD else torch.full((1, n), POISON)
+        cfg = K.LinearConfig(8, 16, split_k=split, prefetch=prefetch)
+        K.linear(x, w, out, mode=mode, norm=norm, eps=1e-6, cfg=cfg, pdl=peel,
+                 norm_scale=split == 1)
+        outs.append(out)
+    xn = rms_norm(x, norm, 1e-6) if split == 1 else x * norm
+    y = xn @ w.T
+    if mode == K.SWIGLU:
+        gate, up = y.split(n, dim=-1)
+        ref = torch.nn.functional.silu(gate) * up
+    else:
+        ref = h0 + y if mode == K.ADD else y
+    assert not outs[1].isnan().any()
+    assert rel(outs[1], ref) < 1e-5
+    assert rel(outs[1], outs[0]) < 1e-6
+
+
 @pytest.mark.parametrize(("t", "peel", "bn"), [(1, 0, 8), (1, 3, 8), (1, 0, 16), (3, 0, 16)])
 def test_the_norm_hand_off_from_the_residual_add_to_gate_up(t: int, peel: int, bn: int) -> None:
     """The o-projection adds into h and hands the next RMSNorm to gate/up (h * g, sums of
@@ -643,7 +674,8 @@ class _PdlWatch:
         self.early_launches.clear()
 
 
-@pytest.mark.parametrize("setting", ["default", "fused", "deterministic", "verify_handoff"])
+@pytest.mark.parametrize("setting", ["default", "fused", "deterministic", "verify_handoff",
+                                     "prefetch"])
 def test_kernels_launched_early_read_activations_only_after_their_wait(
         monkeypatch: pytest.MonkeyPatch, setting: str) -> None:
     """The GPU's PDL settings (one-token steps late-triggered with qkv and wo loading weights
@@ -665,6 +697,9 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
         r.verify_handoff = True
         r.linear_configs[("wo", 5)] = K.LinearConfig(16, 32, split_k=2)
         r.linear_configs[("w13", 5)] = K.LinearConfig(16, 32, swap=True)
+    if setting == "prefetch":  # wo: with its weight prologue; K = 128 and 160: 2 or more tiles
+        r.linear_configs.update({(m, 1): K.LinearConfig(16, 64, prefetch=True)
+                                 for m in ("wo", "w13", "w2", "out")})
     watch = _PdlWatch(monkeypatch)
     r.logits(seq[:5], 0)  # builds both workspaces' buffers, then watch their reads
     r.logits(seq[5:6], 5)
