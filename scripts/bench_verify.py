@@ -329,6 +329,21 @@ T1_SETS["prefetch"] = {
                                   "1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_PF],
                                                         "w13": [8, 256, 4, 2, 1, *_PF]}}}},
 }
+#: ``--set prefetch2`` (session 11): the down projection's prefetching tiles again, x now loaded in
+#: the iteration rather than carried (run 105 carried it: registers 44 for 2 x 1024, 64 for
+#: 4 x 1024; now 40 and 55), and the 4-row tiles without prefetch to tell the two apart.
+T1_SETS["prefetch2"] = {
+    "t1_w2_pf": T1_SETS["prefetch"]["t1_w2_pf"],
+    "t1_w2_4x1024_pf": T1_SETS["prefetch"]["t1_w2_4x1024_pf"],
+    "t1_w2_4x1024": {"by_width": {"896": {"t1_tiles": {"w2": [4, 1024, 4, 2, 4]}},
+                                  "1536": {"t1_tiles": {"w2": [4, 1024, 4, 2, 2]}}}},
+    "t1_w2_4x1024_pf_b": {"by_width": {"896": {"t1_tiles": {"w2": [4, 1024, 4, 2, 2, *_PF]}},
+                                       "1536": {"t1_tiles": {"w2": [4, 1024, 4, 2, 3, *_PF]}}}},
+    "t1_w2_4x1024_8w_pf": {"by_width": {"896": {"t1_tiles": {"w2": [4, 1024, 8, 2, 4, *_PF]}},
+                                        "1536": {"t1_tiles": {"w2": [4, 1024, 8, 2, 2, *_PF]}}}},
+    "t1_w2_2x1024_pf3": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 3, *_PF]}},
+                                      "1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2]}}}},
+}
 #: (Session 10's ``--set cluster``, runs 99-100, one-token attention as one thread-block-cluster
 #: launch with the splits merged through distributed shared memory, lost: at best +2.8 % @512,
 #: +11.8 % @4096 (1.5B), +5.5 / +20 % (0.5B); removed, kept in history as eafbe9b.)
@@ -341,6 +356,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
     "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "boundary": {},
     "splits": {}, "stages": {}, "waves": {}, "waves2": {}, "prefetch": {},
+    "prefetch2": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

@@ -332,7 +332,6 @@ def _linear_kernel(
         if PDL % 4 >= 2:
             _gdc(PDL)
             _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-        x = _x_load(x_ptr, rt, tmask, rk, kmask, stride_x)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             rkn = k0 + BLOCK_K + tl.arange(0, BLOCK_K)
             kmn = rkn < k_hi
@@ -341,12 +340,11 @@ def _linear_kernel(
             w2n = wn
             if MODE == 2:
                 w2n = _w_tile(w_ptr, rn, N, rkn, wmn, K, EVICT)
-            xn = _x_load(x_ptr, rt, tmask, rkn, kmn, stride_x)
-            xf, ss = _x_norm(x, g_ptr, rk, kmask, ss, NORM)
-            acc = _tile_dot(xf, w, acc, BLOCK_T)
+            x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
+            acc = _tile_dot(x, w, acc, BLOCK_T)
             if MODE == 2:
-                acc2 = _tile_dot(xf, w2, acc2, BLOCK_T)
-            rk, kmask, w, w2, x = rkn, kmn, wn, w2n, xn
+                acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
+            rk, kmask, w, w2 = rkn, kmn, wn, w2n
     elif PDL % 4 >= 2:
         # The first K tile of the weights is loaded before waiting on the previous kernel.
         rk = k_lo + tl.arange(0, BLOCK_K)  # [BK]

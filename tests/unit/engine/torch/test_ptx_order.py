@@ -127,20 +127,20 @@ def test_the_trace_stamps_bracket_the_pdl_wait_and_the_late_trigger(
 @pytest.mark.parametrize("prefetch", [0, 1])
 def test_a_prefetching_product_asks_for_the_next_tile_before_reducing_this_one(
         ops: dict[str, list[str]], prefetch: int) -> None:
-    """``LinearConfig.prefetch``: the first tile's weights and x are asked for after the wait and
-    before the loop, so in the loop each tile's loads go out before the reduction (its block
-    barriers) of the tile before: two tiles in flight. Without it, nothing is loaded before
-    the loop (the check that tells the two apart)."""
+    """``LinearConfig.prefetch``: the first tile's weights are asked for after the wait and
+    before the loop, so in the loop each tile's weights go out before the reduction (its block
+    barriers) of the tile before: two tiles in flight. Without it, no weights are loaded
+    before the loop (the check that tells the two apart)."""
     seq = ops[f"loop{prefetch}"]
     wait = [i for i, op in enumerate(seq) if "griddepcontrol.wait" in op]
     head = [i for i, op in enumerate(seq) if "Loop Header" in op]
     assert len(wait) == 1 and len(head) == 1, seq
-    before = [op for op in seq[wait[0] + 1 : head[0]] if "ld.global" in op]
-    body = seq[head[0] + 1 :]
-    first_bar = next(i for i, op in enumerate(body) if "bar.sync" in op)
+    weights = [i for i, op in enumerate(seq) if "ld.global" in op and "evict_first" in op]
+    before = [i for i in weights if wait[0] < i < head[0]]
+    bar = next(i for i, op in enumerate(seq) if i > head[0] and "bar.sync" in op)
     if prefetch:
-        # two 16-byte weight vectors a thread (2 rows x 1024 over 128 threads), then x's
-        assert len(before) >= 3, seq
-        assert sum("ld.global" in op for op in body[:first_bar]) == len(before), seq
+        # two 16-byte weight vectors a thread (2 rows x 1024 over 128 threads) each time
+        assert len(before) == 2, seq
+        assert len([i for i in weights if head[0] < i < bar]) == 2, seq
     else:
         assert not before, seq
