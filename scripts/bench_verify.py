@@ -311,7 +311,7 @@ T1_SETS["waves2"] = {
 #: projection's PTX: each program waits one DRAM round trip a K tile. ptxas registers (sm_90a):
 #: down 2 x 1024 38 -> 44, 4 x 1024 64; gate/up 8 x 256 40 -> 61, 8 x 128 48; output 16 x 256
 #: 56 -> 72, 16 x 128 56, 32 x 128 54 -> 96.
-_PF = [False, True]
+_PF = [False, True, True]  # (run 105/106 ran prefetch without the row layout; it now needs it)
 T1_SETS["prefetch"] = {
     "t1_w2_pf": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 4, *_PF]}},
                               "1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_PF]}}}},
@@ -344,6 +344,33 @@ T1_SETS["prefetch2"] = {
     "t1_w2_2x1024_pf3": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 3, *_PF]}},
                                       "1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2]}}}},
 }
+#: ``--set rows`` (session 11): one-token products in the row layout (``LinearConfig.rows``: x read
+#: in the weight tile's layout, sums per row until after the loop; with a row a warp, i.e. 256
+#: bfloat16 columns, the K loop has no block barrier), with and without prefetch. Lists:
+#: block_n, block_k, warps, stages, split_k, swap, rows, prefetch. ptxas registers (sm_90a):
+#: down 4 x 256 24 (26 prefetching), 8 x 256 on 8 warps 26; gate/up 8 x 256 46 (64), 8 x 128
+#: 39; output 16 x 128 52, 8 x 256 40 (52).
+_R, _RP = [False, True, False], [False, True, True]
+
+
+def _both(name: str, w1536: list[Any], w896: list[Any]) -> dict[str, Any]:
+    """A one-token tile for each model's shape."""
+    return {"by_width": {"1536": {"t1_tiles": {name: w1536}}, "896": {"t1_tiles": {name: w896}}}}
+
+
+T1_SETS["rows"] = {
+    "t1_w2_r4x256_pf": _both("w2", [4, 256, 4, 2, 2, *_RP], [4, 256, 4, 2, 4, *_RP]),
+    "t1_w2_r4x256": _both("w2", [4, 256, 4, 2, 2, *_R], [4, 256, 4, 2, 4, *_R]),
+    "t1_w2_r8x256_8w_pf": _both("w2", [8, 256, 8, 2, 2, *_RP], [8, 256, 8, 2, 4, *_RP]),
+    "t1_w2_r4x256_pf_b": _both("w2", [4, 256, 4, 2, 4, *_RP], [4, 256, 4, 2, 2, *_RP]),
+    "t1_w2_r2x256_2w_pf": _both("w2", [2, 256, 2, 2, 4, *_RP], [2, 256, 2, 2, 4, *_RP]),
+    "t1_w13_r8x256_pf": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_RP]}},
+    "t1_w13_r8x256": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_R]}},
+    "t1_w13_r8x128_pf": {"t1_tiles": {"w13": [8, 128, 4, 2, 1, *_RP]}},
+    "t1_out_r16x128_pf": {"t1_tiles": {"out": [16, 128, 4, 2, 1, *_RP]}},
+    "t1_out_r8x256_pf": {"t1_tiles": {"out": [8, 256, 4, 2, 1, *_RP]}},
+    "t1_out_r8x256": {"t1_tiles": {"out": [8, 256, 4, 2, 1, *_R]}},
+}
 #: (Session 10's ``--set cluster``, runs 99-100, one-token attention as one thread-block-cluster
 #: launch with the splits merged through distributed shared memory, lost: at best +2.8 % @512,
 #: +11.8 % @4096 (1.5B), +5.5 / +20 % (0.5B); removed, kept in history as eafbe9b.)
@@ -356,7 +383,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
     "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "boundary": {},
     "splits": {}, "stages": {}, "waves": {}, "waves2": {}, "prefetch": {},
-    "prefetch2": {},
+    "prefetch2": {}, "rows": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

@@ -59,11 +59,17 @@ class LinearConfig:
     #: T > 1: the weight tile is the MMA's M operand (W [BN, BK] @ x^T), so the few tokens pad
     #: N (16) rather than M, and a 64- or 128-row weight tile fills Hopper's MMA shape.
     swap: bool = False
-    #: T = 1: load the next K tile (weights and x) into registers before this one is reduced,
-    #: so a program keeps two tiles of loads in flight instead of waiting one DRAM round trip
-    #: a tile (the reduction's block barrier otherwise sits between one tile's loads and the
-    #: next's).
+    #: T = 1: x read in the weight tile's layout, one copy a row, and the sums kept per row
+    #: until after the K loop, so with at least a row a warp the loop has no block barrier
+    #: (``_linear_kernel``'s ROWS; with fewer rows a row's sum still spans warps).
+    rows: bool = False
+    #: With ``rows``: load the next K tile's weights into registers before this one is
+    #: reduced, so a program keeps two tiles of loads in flight.
     prefetch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.prefetch and not self.rows:
+            raise ValueError("prefetch needs rows=True (the row-layout loop carries the tile)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +175,21 @@ def _x_norm(x, g_ptr, rk, kmask, ss, NORM: tl.constexpr):
         ss += tl.sum(x * x, axis=1)
         x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
     return x, ss
+
+
+@triton.jit
+def _x_rows(x_ptr, g_ptr, rn, rk, kmask, sv, NORM: tl.constexpr):
+    """T = 1: x [BK] read once for each row of a [BN, BK] weight tile (the pointers broadcast,
+    so the load takes the weight tile's layout), as float32; with NORM, each row's sum of
+    squares added to ``sv`` [BN] and the tile multiplied by the norm weight (read the same
+    way)."""
+    rows = 0 * rn[:, None]
+    m = (rows == 0) & kmask[None, :]
+    x = tl.load(x_ptr + rk[None, :] + rows, mask=m, other=0.0).to(tl.float32)
+    if NORM:
+        sv += tl.sum(x * x, axis=1)
+        x = x * tl.load(g_ptr + rk[None, :] + rows, mask=m, other=0.0).to(tl.float32)
+    return x, sv
 
 
 @triton.jit
@@ -294,9 +315,11 @@ def _linear_kernel(
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
-    SEM: tl.constexpr, TRACE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0,
+    SEM: tl.constexpr, TRACE: tl.constexpr = 0, ROWS: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = 0,
 ):
-    """``TRACE``: ``_stamp`` (tracing only). ``PREFETCH`` (T = 1): ``LinearConfig.prefetch``.
+    """``TRACE``: ``_stamp`` (tracing only). ``ROWS``, ``PREFETCH`` (T = 1):
+    ``LinearConfig.rows`` and ``.prefetch``.
 
     ``HAND`` (``NormHandoff``): 1, also hand the new rows of ``out`` (a residual) to the
     next norm (``_hand_off``; with split-K, ``_serial_hand_off``); 2, ``x`` is such a hand-off
@@ -315,36 +338,55 @@ def _linear_kernel(
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    if PREFETCH:
-        # Two tiles in flight: tile k0 + BK is asked for before tile k0 is reduced (the last
-        # iteration's ask is masked off whole and loads nothing). With the PDL prologue the
-        # first tile's weights are asked for before the wait.
-        if PDL % 4 < 2:
+    if ROWS:
+        # Each warp's rows read their own copy of x (L1 serves the repeats) in the weight
+        # tile's layout, and keep their sums per row until after the loop: the loop has no
+        # block barrier (the default loop converts x's layout and the sums through shared
+        # memory every tile). PREFETCH: tile k0 + BK is asked for before tile k0 is reduced
+        # (the last iteration's ask is masked off whole), its first tile before the PDL wait
+        # where the prologue asks for one.
+        if PREFETCH == 0 or PDL % 4 < 2:
             _gdc(PDL)
             _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
         rk = k_lo + tl.arange(0, BLOCK_K)  # [BK]
         kmask = rk < k_hi
-        wmask = nmask[:, None] & kmask[None, :]
-        w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)  # [BN, BK]
-        w2 = w
-        if MODE == 2:
-            w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
-        if PDL % 4 >= 2:
-            _gdc(PDL)
-            _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
+        if PREFETCH:
+            wmask = nmask[:, None] & kmask[None, :]
+            w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)  # [BN, BK]
+            w2 = w
+            if MODE == 2:
+                w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
+            if PDL % 4 >= 2:
+                _gdc(PDL)
+                _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
+        av = tl.zeros([BLOCK_N], dtype=tl.float32)
+        av2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+        sv = tl.zeros([BLOCK_N], dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             rkn = k0 + BLOCK_K + tl.arange(0, BLOCK_K)
             kmn = rkn < k_hi
-            wmn = nmask[:, None] & kmn[None, :]
-            wn = _w_tile(w_ptr, rn, 0, rkn, wmn, K, EVICT)
-            w2n = wn
+            if PREFETCH:
+                wmn = nmask[:, None] & kmn[None, :]
+                wn = _w_tile(w_ptr, rn, 0, rkn, wmn, K, EVICT)
+                w2n = wn
+                if MODE == 2:
+                    w2n = _w_tile(w_ptr, rn, N, rkn, wmn, K, EVICT)
+            else:
+                wmask = nmask[:, None] & kmask[None, :]
+                w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)
+                w2 = w
+                if MODE == 2:
+                    w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
+            xb, sv = _x_rows(x_ptr, g_ptr, rn, rk, kmask, sv, NORM)
+            av += tl.sum(xb * w.to(tl.float32), axis=1)
             if MODE == 2:
-                w2n = _w_tile(w_ptr, rn, N, rkn, wmn, K, EVICT)
-            x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
-            acc = _tile_dot(x, w, acc, BLOCK_T)
-            if MODE == 2:
-                acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
-            rk, kmask, w, w2 = rkn, kmn, wn, w2n
+                av2 += tl.sum(xb * w2.to(tl.float32), axis=1)
+            if PREFETCH:
+                w, w2 = wn, w2n
+            rk, kmask = rkn, kmn
+        acc += av[None, :]
+        acc2 += av2[None, :]
+        ss += tl.max(sv, 0)  # every row summed the same x (masked rows: 0)
     elif PDL % 4 >= 2:
         # The first K tile of the weights is loaded before waiting on the previous kernel.
         rk = k_lo + tl.arange(0, BLOCK_K)  # [BK]
@@ -884,7 +926,7 @@ def linear(
         BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         PDL=pdl, EVICT=evict, HAND=1 if hand_out else 2 if hand_in else 0,
         NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1, SEM=atomic_sem,
-        **({"PREFETCH": 1} if cfg.prefetch and t == 1 else {}),
+        **({"ROWS": 1, "PREFETCH": int(cfg.prefetch)} if cfg.rows and t == 1 else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
     )
     if cfg.swap and t > 1:

@@ -83,22 +83,26 @@ def test_linear_modes(t: int, mode: int, peel: int, swap: bool) -> None:
     assert rel(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize(("peel", "split"), [(0, 1), (3, 1), (0, 3), (7, 2)])
 @pytest.mark.parametrize("mode", [K.STORE, K.ADD, K.SWIGLU])
-def test_one_token_products_with_the_next_tile_prefetched(mode: int, peel: int, split: int) -> None:
-    """``LinearConfig.prefetch``: tile k + 1 asked for before tile k is reduced, the last ask
-    masked off. K = 72 in tiles of 16: whole tiles, a split that ends mid-tile, and (3 splits
-    of 32) a split with a tile and a half; the PDL prologue modes (3, 7) load the first tile
-    before the wait. Same sums as the unprefetched tile."""
+def test_one_token_products_in_the_row_layout(mode: int, peel: int, split: int,
+                                              prefetch: bool) -> None:
+    """``LinearConfig.rows`` (x read once a row, sums kept per row), with ``prefetch`` (tile
+    k + 1 asked for before tile k is reduced, the last ask masked off), with the in-loop norm
+    (its 1/RMS from one row's sums; split-K: the weight only). K = 72 in tiles of 16: whole
+    tiles, a split that ends mid-tile, and (3 splits of 32) a split with a tile and a half; 40
+    rows in blocks of 16: the last block partly masked. The PDL prologue modes (3, 7) load the
+    first tile before the wait. Same sums as the default loop's."""
     n, k = 40, 72
     if mode != K.ADD:
         split = 1
     x, w = g(1, k, seed=1), g(2 * n if mode == K.SWIGLU else n, k, seed=2)
     norm, h0 = g(k, seed=3) + 1, g(1, n, seed=5)
     outs = []
-    for prefetch in (False, True):
+    for rows in (False, True):
         out = h0.clone() if mode == K.ADD else torch.full((1, n), POISON)
-        cfg = K.LinearConfig(8, 16, split_k=split, prefetch=prefetch)
+        cfg = K.LinearConfig(16, 16, split_k=split, rows=rows, prefetch=prefetch and rows)
         K.linear(x, w, out, mode=mode, norm=norm, eps=1e-6, cfg=cfg, pdl=peel,
                  norm_scale=split == 1)
         outs.append(out)
@@ -112,6 +116,11 @@ def test_one_token_products_with_the_next_tile_prefetched(mode: int, peel: int, 
     assert not outs[1].isnan().any()
     assert rel(outs[1], ref) < 1e-5
     assert rel(outs[1], outs[0]) < 1e-6
+
+
+def test_a_prefetch_without_the_row_layout_is_refused() -> None:
+    with pytest.raises(ValueError, match="prefetch needs rows=True"):
+        K.LinearConfig(8, 16, prefetch=True)
 
 
 @pytest.mark.parametrize(("t", "peel", "bn"), [(1, 0, 8), (1, 3, 8), (1, 0, 16), (3, 0, 16)])
@@ -698,7 +707,7 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
         r.linear_configs[("wo", 5)] = K.LinearConfig(16, 32, split_k=2)
         r.linear_configs[("w13", 5)] = K.LinearConfig(16, 32, swap=True)
     if setting == "prefetch":  # wo: with its weight prologue; K = 128 and 160: 2 or more tiles
-        r.linear_configs.update({(m, 1): K.LinearConfig(16, 64, prefetch=True)
+        r.linear_configs.update({(m, 1): K.LinearConfig(16, 64, rows=True, prefetch=True)
                                  for m in ("wo", "w13", "w2", "out")})
     watch = _PdlWatch(monkeypatch)
     r.logits(seq[:5], 0)  # builds both workspaces' buffers, then watch their reads
