@@ -371,6 +371,20 @@ T1_SETS["rows"] = {
     "t1_out_r8x256_pf": {"t1_tiles": {"out": [8, 256, 4, 2, 1, *_RP]}},
     "t1_out_r8x256": {"t1_tiles": {"out": [8, 256, 4, 2, 1, *_R]}},
 }
+#: ``--set rows2`` (session 11, the 1.5B): run 107's one win (gate/up in the row layout, 8 x 256,
+#: -1.1 / -1.0 %) against other row tiles (registers: 16 x 256 on 8 warps 46, on 4 warps 54;
+#: 4 x 256 on 2 warps 46), and the down projection's 2 x 1024 tile in the row layout (its rows
+#: span warps: a barrier a tile still), with and without prefetch.
+T1_SETS["rows2"] = {
+    "t1_w13_r8x256": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_R]}},
+    "t1_w13_r16x256_8w": {"t1_tiles": {"w13": [16, 256, 8, 2, 1, *_R]}},
+    "t1_w13_r16x256": {"t1_tiles": {"w13": [16, 256, 4, 2, 1, *_R]}},
+    "t1_w13_r4x256_2w": {"t1_tiles": {"w13": [4, 256, 2, 2, 1, *_R]}},
+    "t1_w2_r2x1024_pf": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_RP]}},
+    "t1_w2_r2x1024": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_R]}},
+    "t1_w13_r8x256_w2_r2x1024_pf": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_R],
+                                                 "w2": [2, 1024, 4, 2, 2, *_RP]}},
+}
 #: (Session 10's ``--set cluster``, runs 99-100, one-token attention as one thread-block-cluster
 #: launch with the splits merged through distributed shared memory, lost: at best +2.8 % @512,
 #: +11.8 % @4096 (1.5B), +5.5 / +20 % (0.5B); removed, kept in history as eafbe9b.)
@@ -383,7 +397,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
     "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "boundary": {},
     "splits": {}, "stages": {}, "waves": {}, "waves2": {}, "prefetch": {},
-    "prefetch2": {}, "rows": {},
+    "prefetch2": {}, "rows": {}, "rows2": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
