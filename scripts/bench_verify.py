@@ -385,6 +385,22 @@ T1_SETS["rows2"] = {
     "t1_w13_r8x256_w2_r2x1024_pf": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_R],
                                                  "w2": [2, 1024, 4, 2, 2, *_RP]}},
 }
+#: ``--set warps`` (session 11): the one-token attention's programs on 1, 2 or 8 warps (4 since
+#: session 1, never timed otherwise: at 512 positions a program has one 64-key block, and its
+#: softmax reduces across warps behind block barriers); session 10's one-token tiles against the
+#: row-layout ones now the 1.5B's default; the 0.5B's down projection and gate/up in the row
+#: layout (run 108's 1.5B pick).
+_S10_1536 = {"t1_tiles": {"w13": [8, 256, 4, 2], "w2": [2, 1024, 4, 2, 2]}}
+T1_SETS["warps"] = {
+    "t1_attn_1w": {"attn_warps": {"1": 1}},
+    "t1_attn_2w": {"attn_warps": {"1": 2}},
+    "t1_attn_8w": {"attn_warps": {"1": 8}},
+    "t1_session10": {"by_width": {"1536": _S10_1536, "896": {}}},
+    "t1_w2_r2x1024_pf": {"by_width": {"1536": {}, "896": {
+        "t1_tiles": {"w2": [2, 1024, 4, 2, 4, *_RP]}}}},
+    "t1_w13_r8x1024": {"by_width": {"1536": {}, "896": {
+        "t1_tiles": {"w13": [8, 1024, 4, 2, 1, *_R]}}}},
+}
 #: (Session 10's ``--set cluster``, runs 99-100, one-token attention as one thread-block-cluster
 #: launch with the splits merged through distributed shared memory, lost: at best +2.8 % @512,
 #: +11.8 % @4096 (1.5B), +5.5 / +20 % (0.5B); removed, kept in history as eafbe9b.)
@@ -397,12 +413,12 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
     "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "boundary": {},
     "splits": {}, "stages": {}, "waves": {}, "waves2": {}, "prefetch": {},
-    "prefetch2": {}, "rows": {}, "rows2": {},
+    "prefetch2": {}, "rows": {}, "rows2": {}, "warps": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "norm_handoff", "atomic_sem", "verify_handoff"}
+         "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -428,7 +444,7 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.nsplit, r.attn_block_s = v.get("attention", base["attention"])
     r.fuse_attn_out = bool(v.get("fuse_attn_out", False))
     r.trim_merge = bool(v.get("trim_merge", base["trim_merge"]))
-    for key in ("combine_warps", "rope_warps"):  # {T: warps}, or warps for every T > 1
+    for key in ("combine_warps", "rope_warps", "attn_warps"):  # {T: warps}, or warps for every T > 1
         val = v.get(key, base[key])
         setattr(r, key, {t: val for t in range(2, 33)} if isinstance(val, int)
                 else {int(t): w for t, w in val.items()})
@@ -449,6 +465,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "one_token_pdl": dict(r.one_token_pdl), "verify_attention": r.verify_attention,
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
+               "attn_warps": dict(r.attn_warps),
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
                "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff}
 

@@ -123,6 +123,9 @@ class Runner:
         #: steps' RoPE kernel, per T (absent: 1).
         self.combine_warps: dict[int, int] = {}
         self.rope_warps: dict[int, int] = {}
+        #: Warps of each (kv head, split) program of the attention, per T (absent: 4; query
+        #: tiles over 32 rows always take 8).
+        self.attn_warps: dict[int, int] = {}
         #: T = 1: merge the attention splits inside the o-projection (one launch fewer per
         #: layer; float atomics into the residual, so the last bits vary from run to run).
         self.fuse_attn_out = False
@@ -486,6 +489,7 @@ class Runner:
             else:
                 K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
                             block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
+                            num_warps=self.attn_warps.get(t, 4),
                             pdl_combine=pk("combine"), combine_warps=self.combine_warps.get(t, 1),
                             trim=self.trim_merge)
                 if hand_bufs is not None:

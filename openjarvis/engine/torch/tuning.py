@@ -23,7 +23,12 @@ _VERIFY_0_5B = {
 #: (n_embd, n_ff) -> {(matrix, T): tiles}; T > 1 entries serve every verify size.
 TUNED: dict[tuple[int, int], dict[tuple[str, int], object]] = {
     (1536, 8960): {
-        ("wo", 1): L(2, 2048, 8, 2), ("w2", 1): L(2, 1024, 4, 2, 2), ("w13", 1): L(8, 256, 4, 2),
+        # w13 in the row layout (a row a warp: no block barrier in its K loop) and w2 in it
+        # prefetching (session 11 run 108, against L(8, 256, 4, 2) and L(2, 1024, 4, 2, 2):
+        # 1.068 -> 1.052 ms @512, 1.162 -> 1.145 @4096)
+        ("wo", 1): L(2, 2048, 8, 2),
+        ("w2", 1): L(2, 1024, 4, 2, 2, rows=True, prefetch=True),
+        ("w13", 1): L(8, 256, 4, 2, rows=True),
         # qkv in one K tile (session 3 run 18): all its weights load before the PDL wait
         ("out", 1): L(16, 256, 4, 2), ("qkv", 1): (1, 2048),
         **{(k, 0): v for k, v in _VERIFY_1_5B.items()}, ("qkv", 0): (16, 256),
