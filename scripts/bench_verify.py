@@ -401,6 +401,12 @@ T1_SETS["warps"] = {
     "t1_w13_r8x1024": {"by_width": {"1536": {}, "896": {
         "t1_tiles": {"w13": [8, 1024, 4, 2, 1, *_R]}}}},
 }
+#: ``--set final11`` (session 11, the closing run): the defaults against session 10's one-token
+#: tiles, and run 109's near-miss (the 1.5B's one-token attention on 8 warps: -0.2 / -0.6 %).
+T1_SETS["final11"] = {
+    "t1_session10": {"by_width": {"1536": _S10_1536, "896": {}}},
+    "t1_attn_8w": {"by_width": {"1536": {"attn_warps": {"1": 8}}, "896": {}}},
+}
 #: (Session 10's ``--set cluster``, runs 99-100, one-token attention as one thread-block-cluster
 #: launch with the splits merged through distributed shared memory, lost: at best +2.8 % @512,
 #: +11.8 % @4096 (1.5B), +5.5 / +20 % (0.5B); removed, kept in history as eafbe9b.)
@@ -413,7 +419,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
     "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "boundary": {},
     "splits": {}, "stages": {}, "waves": {}, "waves2": {}, "prefetch": {},
-    "prefetch2": {}, "rows": {}, "rows2": {}, "warps": {},
+    "prefetch2": {}, "rows": {}, "rows2": {}, "warps": {}, "final11": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
