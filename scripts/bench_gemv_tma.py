@@ -3,6 +3,9 @@ whose programs stream their weight tiles through a ring of shared-memory stages 
 (``tl.range(num_stages=...)`` over a tensor descriptor), against the step's own one-token
 product (``kernels.linear``, the tuned tile) on the same shapes, alone, in one process.
 
+Also the down projection over its transposed weights (``_gemv_t``: whole rows of W^T, long
+contiguous reads, partial sums added with float atomics).
+
 Why: run 110's trace has the 1.5B's gate/up streaming at ~80 % and its down projection at ~76 %
 of copy bandwidth, where bench_stream's persistent CUDA ring read at 107 % (run 40). If a TMA
 ring in Triton reads the weights much faster alone, it is worth putting into the step.
@@ -74,6 +77,36 @@ def _gemv_tma(w_desc, x_ptr, out_ptr, N, K_DIM, MODE: tl.constexpr, BN: tl.const
             acc2 = tl.zeros([BN], dtype=tl.float32)
 
 
+@triton.jit
+def _gemv_t(wt_ptr, x_ptr, out_ptr, N, K_DIM, KPP, BR: tl.constexpr, BNC: tl.constexpr):
+    """MODE 1 over the transposed weights Wt [K, N]: a program takes KPP whole rows of Wt (each
+    N * 2 contiguous bytes), BR at a time, sums x[k] * Wt[k, :] in registers (the rows of a
+    thread's columns: no shuffles) and adds its [N] partial into out with float atomics."""
+    pid = tl.program_id(0)
+    k_lo = pid * KPP
+    k_hi = tl.minimum(k_lo + KPP, K_DIM)
+    rn = tl.arange(0, BNC)
+    nm = rn < N
+    acc = tl.zeros([BNC], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BR):
+        rk = k0 + tl.arange(0, BR)
+        km = rk < k_hi
+        w = tl.load(wt_ptr + rk[:, None] * N + rn[None, :], mask=km[:, None] & nm[None, :],
+                    other=0.0, eviction_policy="evict_first")
+        xk = tl.load(x_ptr + rk, mask=km, other=0.0).to(tl.float32)
+        acc += tl.sum(w.to(tl.float32) * xk[:, None], axis=0)
+    tl.atomic_add(out_ptr + rn, acc, mask=nm, sem="relaxed")
+
+
+def gemv_t(x: torch.Tensor, wt: torch.Tensor, out: torch.Tensor, br: int, programs: int,
+           warps: int) -> None:
+    k, n = wt.shape
+    kpp = -(-k // programs)
+    kpp = -(-kpp // br) * br
+    _gemv_t[(triton.cdiv(k, kpp),)](wt, x, out, n, k, kpp, BR=br,
+                                     BNC=triton.next_power_of_2(n), num_warps=warps)
+
+
 def gemv_tma(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, mode: int, bn: int, bk: int,
              split: int, stages: int, programs: int, warps: int) -> None:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -86,7 +119,8 @@ def gemv_tma(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, mode: int, bn:
 
 
 def case(name: str, n: int, k: int, mode: int, x_dtype: torch.dtype, cfg: Any, reps: int,
-         variants: list[tuple[int, ...]], sms: int) -> dict[str, Any]:
+         variants: list[tuple[int, ...]], sms: int,
+         tvariants: list[tuple[int, int, int]] = ()) -> dict[str, Any]:
     rows = 2 * n if mode == 2 else n
     nbytes = rows * k * 2
     copies = max(2, -(-(160 << 20) // nbytes))  # more bytes than L2 holds, round robin
@@ -134,6 +168,22 @@ def case(name: str, n: int, k: int, mode: int, x_dtype: torch.dtype, cfg: Any, r
         except Exception as e:  # noqa: BLE001
             res[key] = {"error": str(e).splitlines()[0][:200] if str(e) else repr(e)[:200]}
         print(name, key, res[key], flush=True)
+    if mode == 1:  # the same product over the transposed weights (_gemv_t)
+        wts = [w.t().contiguous() for w in ws]
+        for br, per_sm, warps in tvariants:
+            key = f"transposed_br{br}_p{per_sm}_w{warps}"
+            try:
+                def run_t(i: int, br: int = br, p: int = per_sm, wp: int = warps) -> None:
+                    gemv_t(x1, wts[i % copies], out.reshape(-1), br, p * sms, wp)
+
+                out.zero_()
+                run_t(0)
+                err = float((out.float() - ref).norm() / ref.norm())
+                ms = timed(run_t)
+                res[key] = {"us": ms * 1e3, "GBps": nbytes / ms / 1e6, "rel_err": err}
+            except Exception as e:  # noqa: BLE001
+                res[key] = {"error": str(e).splitlines()[0][:200] if str(e) else repr(e)[:200]}
+            print(name, key, res[key], flush=True)
     return res
 
 
@@ -159,12 +209,16 @@ def main() -> int:
     up += [(8, 128, 1, 8, 2, 4), (16, 128, 1, 8, 1, 4), (4, 256, 1, 8, 2, 4)]
     down = [(bn, bk, sp, st, p, 4) for bn, bk in ((8, 256), (16, 256), (8, 512))
             for sp in (2, 4) for st, p in ((4, 2), (8, 1))]
-    t15 = TUNED[(1536, 8960)]
-    for name, n, k, mode, xd, cfg, v in (
-        ("1.5B gate/up", 8960, 1536, 2, torch.float32, t15[("w13", 1)], up),
-        ("1.5B down", 1536, 8960, 1, torch.bfloat16, t15[("w2", 1)], down),
+    # transposed: (rows of Wt a load, programs an SM, warps)
+    tv = [(br, p, w) for br in (2, 4, 8) for p in (1, 2, 4) for w in (4, 8)]
+    t15, t05 = TUNED[(1536, 8960)], TUNED[(896, 4864)]
+    for name, n, k, mode, xd, cfg, v, t in (
+        ("1.5B down", 1536, 8960, 1, torch.bfloat16, t15[("w2", 1)], [], tv),
+        ("0.5B down", 896, 4864, 1, torch.bfloat16, t05[("w2", 1)], [], tv),
+        ("1.5B gate/up", 8960, 1536, 2, torch.float32, t15[("w13", 1)], up[:1], []),
+        ("1.5B down TMA", 1536, 8960, 1, torch.bfloat16, t15[("w2", 1)], down[:0], []),
     ):
-        out[name] = case(name, n, k, mode, xd, cfg, args.reps, v, sms)
+        out[name] = case(name, n, k, mode, xd, cfg, args.reps, v, sms, t)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gemv_tma.json").write_text(json.dumps(out, indent=1))
     return 0
