@@ -154,23 +154,11 @@ def _stamp(tr_ptr, tr_base, pid, e, TRACE: tl.constexpr):
 
 
 @triton.jit
-def _x_load(x_ptr, rt, tmask, rk, kmask, stride_x):
-    """x [BT, BK] as stored."""
-    return tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
-                   mask=tmask[:, None] & kmask[None, :], other=0.0)
-
-
-@triton.jit
 def _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM: tl.constexpr):
     """x [BT, BK] as float32; with NORM, its squares added to ``ss`` (the RMS statistics) and
     the tile multiplied by the norm weight g [BK]."""
-    return _x_norm(_x_load(x_ptr, rt, tmask, rk, kmask, stride_x), g_ptr, rk, kmask, ss, NORM)
-
-
-@triton.jit
-def _x_norm(x, g_ptr, rk, kmask, ss, NORM: tl.constexpr):
-    """``_x_tile`` on a loaded x tile."""
-    x = x.to(tl.float32)
+    x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
     if NORM:
         ss += tl.sum(x * x, axis=1)
         x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
@@ -184,7 +172,7 @@ def _x_rows(x_ptr, g_ptr, rn, rk, kmask, sv, NORM: tl.constexpr):
     squares added to ``sv`` [BN] and the tile multiplied by the norm weight (read the same
     way)."""
     rows = 0 * rn[:, None]
-    m = (rows == 0) & kmask[None, :]
+    m = (rows == 0) & kmask[None, :]  # (all true down the rows: kmask broadcast to the tile)
     x = tl.load(x_ptr + rk[None, :] + rows, mask=m, other=0.0).to(tl.float32)
     if NORM:
         sv += tl.sum(x * x, axis=1)
@@ -344,7 +332,7 @@ def _linear_kernel(
         # block barrier (the default loop converts x's layout and the sums through shared
         # memory every tile). PREFETCH: tile k0 + BK is asked for before tile k0 is reduced
         # (the last iteration's ask is masked off whole), its first tile before the PDL wait
-        # where the prologue asks for one.
+        # where the prologue asks for one; without PREFETCH nothing loads before the wait.
         if PREFETCH == 0 or PDL % 4 < 2:
             _gdc(PDL)
             _stamp(tr_ptr, tr_base, tpid, 1, TRACE)

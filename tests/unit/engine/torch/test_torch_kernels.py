@@ -90,9 +90,9 @@ def test_one_token_products_in_the_row_layout(mode: int, peel: int, split: int,
                                               prefetch: bool) -> None:
     """``LinearConfig.rows`` (x read once a row, sums kept per row), with ``prefetch`` (tile
     k + 1 asked for before tile k is reduced, the last ask masked off), with the in-loop norm
-    (its 1/RMS from one row's sums; split-K: the weight only). K = 72 in tiles of 16: whole
-    tiles, a split that ends mid-tile, and (3 splits of 32) a split with a tile and a half; 40
-    rows in blocks of 16: the last block partly masked. The PDL prologue modes (3, 7) load the
+    (its 1/RMS from one row's sums; split-K: the weight only). K = 72 in tiles of 16: the last
+    tile half masked; 3 splits of 32 (the last holds half a tile) and 2 of 48 (the second holds
+    a tile and a half); 40 rows in blocks of 16: the last block partly masked. The PDL prologue modes (3, 7) load the
     first tile before the wait. Same sums as the default loop's."""
     n, k = 40, 72
     if mode != K.ADD:
