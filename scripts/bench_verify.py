@@ -407,6 +407,17 @@ T1_SETS["final11"] = {
     "t1_session10": {"by_width": {"1536": _S10_1536, "896": {}}},
     "t1_attn_8w": {"by_width": {"1536": {"attn_warps": {"1": 8}}, "896": {}}},
 }
+#: ``--set seg`` (session 11, built after the session's device time was spent: not yet run): the
+#: down projection's 2 x 1024 tile in the row layout read as 4 segments of 256 a row
+#: (``LinearConfig.segments``), so that its rows, wider than a warp's 256 columns, reduce without
+#: a block barrier too (sm_90a: 32 registers, 36 prefetching; no `bar.sync` in the loop), with
+#: and without prefetch. Lists: block_n, block_k, warps, stages, split_k, swap, rows, prefetch,
+#: segments.
+T1_SETS["seg"] = {
+    "t1_w2_seg4_pf": _both("w2", [2, 1024, 4, 2, 2, *_RP, 4], [2, 1024, 4, 2, 4, *_RP, 4]),
+    "t1_w2_seg4": _both("w2", [2, 1024, 4, 2, 2, *_R, 4], [2, 1024, 4, 2, 4, *_R, 4]),
+    "t1_w2_4x1024_seg4_pf": _both("w2", [4, 1024, 4, 2, 2, *_RP, 4], [4, 1024, 4, 2, 4, *_RP, 4]),
+}
 #: (Session 10's ``--set cluster``, runs 99-100, one-token attention as one thread-block-cluster
 #: launch with the splits merged through distributed shared memory, lost: at best +2.8 % @512,
 #: +11.8 % @4096 (1.5B), +5.5 / +20 % (0.5B); removed, kept in history as eafbe9b.)
@@ -419,7 +430,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "one_tile": ONE_TILE_VARIANTS, "handoff": HANDOFF_VARIANTS, "fuse": FUSE_VARIANTS,
     "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "boundary": {},
     "splits": {}, "stages": {}, "waves": {}, "waves2": {}, "prefetch": {},
-    "prefetch2": {}, "rows": {}, "rows2": {}, "warps": {}, "final11": {},
+    "prefetch2": {}, "rows": {}, "rows2": {}, "warps": {}, "final11": {}, "seg": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

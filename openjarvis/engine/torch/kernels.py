@@ -66,10 +66,20 @@ class LinearConfig:
     #: With ``rows``: load the next K tile's weights into registers before this one is
     #: reduced, so a program keeps two tiles of loads in flight.
     prefetch: bool = False
+    #: With ``rows``: each weight row of a K tile read as this many segments, each a row of
+    #: the load ([block_n * segments, block_k / segments]), so that with block_k / segments =
+    #: 256 bfloat16 columns (what a warp's 32 threads hold in 16-byte loads) rows wider than
+    #: a warp reduce without a block barrier too.
+    segments: int = 1
 
     def __post_init__(self) -> None:
         if self.prefetch and not self.rows:
             raise ValueError("prefetch needs rows=True (the row-layout loop carries the tile)")
+        if self.segments != 1 and not (
+                self.rows and self.segments > 0 and self.block_k % self.segments == 0
+                and (self.segments & (self.segments - 1)) == 0):
+            raise ValueError(f"segments={self.segments} needs rows=True and a power of two "
+                             f"that divides block_k ({self.block_k})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,17 +176,42 @@ def _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM: tl.constexpr
 
 
 @triton.jit
-def _x_rows(x_ptr, g_ptr, rn, rk, kmask, sv, NORM: tl.constexpr):
-    """T = 1: x [BK] read once for each row of a [BN, BK] weight tile (the pointers broadcast,
-    so the load takes the weight tile's layout), as float32; with NORM, each row's sum of
-    squares added to ``sv`` [BN] and the tile multiplied by the norm weight (read the same
+def _seg_cols(k0, k_hi, soff, sc, SEG: tl.constexpr):
+    """``LinearConfig.rows``: the columns of a K tile at ``k0`` for each tile row (its segment's
+    offset ``soff`` plus ``sc``), and which are inside the split; one shared row of columns
+    ([1, BK], broadcast later) where the tile is not segmented."""
+    if SEG == 1:
+        cols = k0 + sc[None, :]
+    else:
+        cols = k0 + soff[:, None] + sc[None, :]
+    return cols, cols < k_hi
+
+
+@triton.jit
+def _w_rows(w_ptr, srow, smask, cols, cmask, N, K, MODE: tl.constexpr, EVICT: tl.constexpr):
+    """``LinearConfig.rows``: the weight tile (and, for SwiGLU, its up half N rows on) with the
+    weights' cache policy."""
+    m = smask[:, None] & cmask
+    w = tl.load(w_ptr + srow[:, None] * K + cols, mask=m, other=0.0, eviction_policy=EVICT)
+    w2 = w
+    if MODE == 2:
+        w2 = tl.load(w_ptr + (srow[:, None] + N) * K + cols, mask=m, other=0.0,
+                     eviction_policy=EVICT)
+    return w, w2
+
+
+@triton.jit
+def _x_rows(x_ptr, g_ptr, sr, cols, cmask, sv, NORM: tl.constexpr):
+    """T = 1, ``LinearConfig.rows``: x read once for each row of the weight tile (the pointers
+    broadcast, so the load takes the weight tile's layout), as float32; with NORM, each row's
+    sum of squares added to ``sv`` and the tile multiplied by the norm weight (read the same
     way)."""
-    rows = 0 * rn[:, None]
-    m = (rows == 0) & kmask[None, :]  # (all true down the rows: kmask broadcast to the tile)
-    x = tl.load(x_ptr + rk[None, :] + rows, mask=m, other=0.0).to(tl.float32)
+    rows = 0 * sr[:, None]
+    m = (rows == 0) & cmask  # (all true down the rows: the column mask broadcast to the tile)
+    x = tl.load(x_ptr + cols + rows, mask=m, other=0.0).to(tl.float32)
     if NORM:
         sv += tl.sum(x * x, axis=1)
-        x = x * tl.load(g_ptr + rk[None, :] + rows, mask=m, other=0.0).to(tl.float32)
+        x = x * tl.load(g_ptr + cols + rows, mask=m, other=0.0).to(tl.float32)
     return x, sv
 
 
@@ -304,10 +339,10 @@ def _linear_kernel(
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
     SEM: tl.constexpr, TRACE: tl.constexpr = 0, ROWS: tl.constexpr = 0,
-    PREFETCH: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = 0, SEG: tl.constexpr = 1,
 ):
-    """``TRACE``: ``_stamp`` (tracing only). ``ROWS``, ``PREFETCH`` (T = 1):
-    ``LinearConfig.rows`` and ``.prefetch``.
+    """``TRACE``: ``_stamp`` (tracing only). ``ROWS``, ``PREFETCH``, ``SEG`` (T = 1):
+    ``LinearConfig.rows``, ``.prefetch`` and ``.segments``.
 
     ``HAND`` (``NormHandoff``): 1, also hand the new rows of ``out`` (a residual) to the
     next norm (``_hand_off``; with split-K, ``_serial_hand_off``); 2, ``x`` is such a hand-off
@@ -330,51 +365,51 @@ def _linear_kernel(
         # Each warp's rows read their own copy of x (L1 serves the repeats) in the weight
         # tile's layout, and keep their sums per row until after the loop: the loop has no
         # block barrier (the default loop converts x's layout and the sums through shared
-        # memory every tile). PREFETCH: tile k0 + BK is asked for before tile k0 is reduced
-        # (the last iteration's ask is masked off whole), its first tile before the PDL wait
-        # where the prologue asks for one; without PREFETCH nothing loads before the wait.
+        # memory every tile). SEG > 1: the tile is [BN * SEG, BK / SEG], each of its rows a
+        # segment of a weight row, so a segment a warp holds whole (256 bfloat16 columns)
+        # keeps rows wider than that barrier-free too; a row's segments are summed after the
+        # loop. PREFETCH: tile k0 + BK is asked for before tile k0 is reduced (the last
+        # iteration's ask is masked off whole), its first tile before the PDL wait where the
+        # prologue asks for one; without PREFETCH nothing loads before the wait.
+        SW: tl.constexpr = BLOCK_K // SEG
+        sr = tl.arange(0, BLOCK_N * SEG)
+        srow = pid * BLOCK_N + sr // SEG  # [BN * SEG] the weight row of each tile row
+        soff = (sr % SEG) * SW  # [BN * SEG] its segment's first column in the tile
+        sc = tl.arange(0, SW)
+        smask = srow < N
         if PREFETCH == 0 or PDL % 4 < 2:
             _gdc(PDL)
             _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-        rk = k_lo + tl.arange(0, BLOCK_K)  # [BK]
-        kmask = rk < k_hi
         if PREFETCH:
-            wmask = nmask[:, None] & kmask[None, :]
-            w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)  # [BN, BK]
-            w2 = w
-            if MODE == 2:
-                w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
+            cols, cmask = _seg_cols(k_lo, k_hi, soff, sc, SEG)
+            w, w2 = _w_rows(w_ptr, srow, smask, cols, cmask, N, K, MODE, EVICT)
             if PDL % 4 >= 2:
                 _gdc(PDL)
                 _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-        av = tl.zeros([BLOCK_N], dtype=tl.float32)
-        av2 = tl.zeros([BLOCK_N], dtype=tl.float32)
-        sv = tl.zeros([BLOCK_N], dtype=tl.float32)
+        av = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
+        av2 = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
+        sv = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            rkn = k0 + BLOCK_K + tl.arange(0, BLOCK_K)
-            kmn = rkn < k_hi
-            if PREFETCH:
-                wmn = nmask[:, None] & kmn[None, :]
-                wn = _w_tile(w_ptr, rn, 0, rkn, wmn, K, EVICT)
-                w2n = wn
-                if MODE == 2:
-                    w2n = _w_tile(w_ptr, rn, N, rkn, wmn, K, EVICT)
+            if PREFETCH:  # (cols: carried from the iteration before)
+                coln, cmn = _seg_cols(k0 + BLOCK_K, k_hi, soff, sc, SEG)
+                wn, w2n = _w_rows(w_ptr, srow, smask, coln, cmn, N, K, MODE, EVICT)
             else:
-                wmask = nmask[:, None] & kmask[None, :]
-                w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)
-                w2 = w
-                if MODE == 2:
-                    w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
-            xb, sv = _x_rows(x_ptr, g_ptr, rn, rk, kmask, sv, NORM)
+                cols, cmask = _seg_cols(k0, k_hi, soff, sc, SEG)
+                w, w2 = _w_rows(w_ptr, srow, smask, cols, cmask, N, K, MODE, EVICT)
+            xb, sv = _x_rows(x_ptr, g_ptr, sr, cols, cmask, sv, NORM)
             av += tl.sum(xb * w.to(tl.float32), axis=1)
             if MODE == 2:
                 av2 += tl.sum(xb * w2.to(tl.float32), axis=1)
             if PREFETCH:
-                w, w2 = wn, w2n
-            rk, kmask = rkn, kmn
-        acc += av[None, :]
-        acc2 += av2[None, :]
-        ss += tl.max(sv, 0)  # every row summed the same x (masked rows: 0)
+                w, w2, cols, cmask = wn, w2n, coln, cmn
+        if SEG == 1:
+            acc += av[None, :]
+            acc2 += av2[None, :]
+            ss += tl.max(sv, 0)  # every row summed the same x (masked rows: 0)
+        else:
+            acc += tl.sum(tl.reshape(av, [BLOCK_N, SEG]), axis=1)[None, :]
+            acc2 += tl.sum(tl.reshape(av2, [BLOCK_N, SEG]), axis=1)[None, :]
+            ss += tl.max(tl.sum(tl.reshape(sv, [BLOCK_N, SEG]), axis=1), 0)
     elif PDL % 4 >= 2:
         # The first K tile of the weights is loaded before waiting on the previous kernel.
         rk = k_lo + tl.arange(0, BLOCK_K)  # [BK]
@@ -914,7 +949,8 @@ def linear(
         BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         PDL=pdl, EVICT=evict, HAND=1 if hand_out else 2 if hand_in else 0,
         NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1, SEM=atomic_sem,
-        **({"ROWS": 1, "PREFETCH": int(cfg.prefetch)} if cfg.rows and t == 1 else {}),
+        **({"ROWS": 1, "PREFETCH": int(cfg.prefetch), "SEG": cfg.segments}
+           if cfg.rows and t == 1 else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
     )
     if cfg.swap and t > 1:

@@ -45,7 +45,7 @@ out = {}
 for name, fn in (("unswapped", K._linear_kernel), ("swapped", K._linear_swap_kernel)):
     const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=16, BLOCK_N=32, BLOCK_K=128, SPLIT_K=4,
                  PDL=5, EVICT="evict_first", HAND=1, NP_BLOCK=64, SEM="relaxed", TRACE=0,
-                 **({"ROWS": 0, "PREFETCH": 0} if name == "unswapped" else {}))
+                 **({"ROWS": 0, "PREFETCH": 0, "SEG": 1} if name == "unswapped" else {}))
     src = ASTSource(fn, {**sig, **{k: "constexpr" for k in const}}, constexprs=const)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4, "num_stages": 3}).asm["ptx"]
@@ -55,17 +55,19 @@ for name, fn in (("unswapped", K._linear_kernel), ("swapped", K._linear_swap_ker
 # past the main loop (before the late trigger), done
 const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=1, BLOCK_N=2, BLOCK_K=2048, SPLIT_K=1,
              PDL=6, EVICT="evict_first", HAND=0, NP_BLOCK=1, SEM="relaxed", TRACE=1024,
-             ROWS=0, PREFETCH=0)
+             ROWS=0, PREFETCH=0, SEG=1)
 src = ASTSource(K._linear_kernel, {**sig, **{k: "constexpr" for k in const}}, constexprs=const)
 ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                      options={"num_warps": 8, "num_stages": 2}).asm["ptx"]
 out["traced"] = [line.strip() for line in ptx.splitlines()
                  if re.search(r"globaltimer|griddepcontrol|st\.global", line)]
-# a one-token down projection's loop (a row a warp): default, in the row layout, prefetching
-for rows, pf in ((0, 0), (1, 0), (1, 1)):
-    const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=1, BLOCK_N=4, BLOCK_K=256, SPLIT_K=2,
+# a one-token down projection's loop (a row a warp): default, in the row layout, prefetching;
+# and 2 rows x 1024 read as 4 segments of 256 a row ("s": rows wider than a warp's)
+for rows, pf, bn, bk, seg in ((0, 0, 4, 256, 1), (1, 0, 4, 256, 1), (1, 1, 4, 256, 1),
+                              (1, 1, 2, 1024, 4)):
+    const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=1, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=2,
                  PDL=5, EVICT="evict_first", HAND=0, NP_BLOCK=1, SEM="relaxed", TRACE=0,
-                 ROWS=rows, PREFETCH=pf)
+                 ROWS=rows, PREFETCH=pf, SEG=seg)
     # what the JIT's specialization gives a launch of real shapes: 16-aligned pointers and sizes
     aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(sig)
                if a.endswith("ptr") or a in ("N", "K", "stride_x", "stride_out")}
@@ -73,9 +75,9 @@ for rows, pf in ((0, 0), (1, 0), (1, 1)):
                     constexprs=const, attrs=aligned)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4, "num_stages": 2}).asm["ptx"]
-    out[f"loop{rows}{pf}"] = [line.strip() for line in ptx.splitlines()
-                             if re.search(r"ld\.global|bar\.sync|griddepcontrol\.wait|Loop Header"
-                                          r"|\bbra\b", line)]
+    out[f"loop{rows}{pf}" + ("s" if seg > 1 else "")] = [
+        line.strip() for line in ptx.splitlines()
+        if re.search(r"ld\.global|bar\.sync|griddepcontrol\.wait|Loop Header|\bbra\b", line)]
 print(json.dumps(out))
 """
 
@@ -125,16 +127,17 @@ def test_the_trace_stamps_bracket_the_pdl_wait_and_the_late_trigger(
     assert stamps[0] < wait[0] < stamps[1] < stamps[2] < late[0] < stamps[3], seq
 
 
-@pytest.mark.parametrize("variant", ["00", "10", "11"])
+@pytest.mark.parametrize("variant", ["00", "10", "11", "11s"])
 def test_the_row_layout_loop_has_no_barrier_and_a_prefetch_asks_a_tile_ahead(
         ops: dict[str, list[str]], variant: str) -> None:
     """``LinearConfig.rows`` with a row a warp: the K loop of the one-token product has no
     block barrier (the default loop's x and sums go through shared memory behind one every
     tile: the check that tells them apart). ``prefetch``: the first tile's weights are asked
     for after the wait and before the loop, and each tile's again in the loop before its
-    reduction: two tiles in flight. Without it, no weights are loaded before the loop."""
+    reduction: two tiles in flight. Without it, no weights are loaded before the loop. With
+    ``segments`` (2 rows x 1024 as 8 rows of 256), rows wider than a warp's too."""
     seq = ops[f"loop{variant}"]
-    rows, prefetch = variant == "10" or variant == "11", variant == "11"
+    rows, prefetch = variant != "00", variant.startswith("11")
     wait = [i for i, op in enumerate(seq) if "griddepcontrol.wait" in op]
     head = [i for i, op in enumerate(seq) if "Loop Header" in op]
     assert len(wait) == 1 and len(head) == 1, seq
@@ -143,6 +146,8 @@ def test_the_row_layout_loop_has_no_barrier_and_a_prefetch_asks_a_tile_ahead(
     loop_bars = [i for i in range(head[0], back) if "bar.sync" in seq[i]]
     assert bool(loop_bars) != rows, seq
     before = [i for i in weights if wait[0] < i < head[0]]
-    # one 16-byte weight vector a thread (4 rows x 256 over 128 threads) each time
-    assert len(before) == (1 if prefetch else 0), seq
-    assert len([i for i in weights if head[0] < i < back]) == 1, seq
+    # one 16-byte weight vector a thread (4 rows x 256 over 128 threads) each time; two
+    # where segmented (2 x 1024)
+    n = 2 if variant == "11s" else 1
+    assert len(before) == (n if prefetch else 0), seq
+    assert len([i for i in weights if head[0] < i < back]) == n, seq

@@ -83,17 +83,20 @@ def test_linear_modes(t: int, mode: int, peel: int, swap: bool) -> None:
     assert rel(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize(("prefetch", "segments"), [(False, 1), (True, 1), (False, 4),
+                                                    (True, 2)])
 @pytest.mark.parametrize(("peel", "split"), [(0, 1), (3, 1), (0, 3), (7, 2)])
 @pytest.mark.parametrize("mode", [K.STORE, K.ADD, K.SWIGLU])
 def test_one_token_products_in_the_row_layout(mode: int, peel: int, split: int,
-                                              prefetch: bool) -> None:
+                                              prefetch: bool, segments: int) -> None:
     """``LinearConfig.rows`` (x read once a row, sums kept per row), with ``prefetch`` (tile
-    k + 1 asked for before tile k is reduced, the last ask masked off), with the in-loop norm
-    (its 1/RMS from one row's sums; split-K: the weight only). K = 72 in tiles of 16: the last
-    tile half masked; 3 splits of 32 (the last holds half a tile) and 2 of 48 (the second holds
-    a tile and a half); 40 rows in blocks of 16: the last block partly masked. The PDL prologue modes (3, 7) load the
-    first tile before the wait. Same sums as the default loop's."""
+    k + 1 asked for before tile k is reduced, the last ask masked off), with ``segments`` (a
+    row's tile read as 2 or 4 rows of 8 or 4 columns, summed after the loop), with the
+    in-loop norm (its 1/RMS from one row's sums; split-K: the weight only). K = 72 in tiles of
+    16: the last tile half masked (so are some segments, whole or in part); 3 splits of 32
+    (the last holds half a tile) and 2 of 48 (the second holds a tile and a half); 40 rows in
+    blocks of 16: the last block partly masked. The PDL prologue modes (3, 7) load the first
+    tile before the wait. Same sums as the default loop's."""
     n, k = 40, 72
     if mode != K.ADD:
         split = 1
@@ -102,7 +105,8 @@ def test_one_token_products_in_the_row_layout(mode: int, peel: int, split: int,
     outs = []
     for rows in (False, True):
         out = h0.clone() if mode == K.ADD else torch.full((1, n), POISON)
-        cfg = K.LinearConfig(16, 16, split_k=split, rows=rows, prefetch=prefetch and rows)
+        cfg = K.LinearConfig(16, 16, split_k=split, rows=rows, prefetch=prefetch and rows,
+                             segments=segments if rows else 1)
         K.linear(x, w, out, mode=mode, norm=norm, eps=1e-6, cfg=cfg, pdl=peel,
                  norm_scale=split == 1)
         outs.append(out)
@@ -118,9 +122,13 @@ def test_one_token_products_in_the_row_layout(mode: int, peel: int, split: int,
     assert rel(outs[1], outs[0]) < 1e-6
 
 
-def test_a_prefetch_without_the_row_layout_is_refused() -> None:
+def test_a_prefetch_or_segments_without_the_row_layout_are_refused() -> None:
     with pytest.raises(ValueError, match="prefetch needs rows=True"):
         K.LinearConfig(8, 16, prefetch=True)
+    for bad in (dict(segments=2), dict(rows=True, segments=3), dict(rows=True, segments=32),
+                dict(rows=True, segments=0)):
+        with pytest.raises(ValueError, match="needs rows=True and a power of two"):
+            K.LinearConfig(8, 16, **bad)
 
 
 @pytest.mark.parametrize(("t", "peel", "bn"), [(1, 0, 8), (1, 3, 8), (1, 0, 16), (3, 0, 16)])
@@ -710,7 +718,8 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
         r.linear_configs[("wo", 5)] = K.LinearConfig(16, 32, split_k=2)
         r.linear_configs[("w13", 5)] = K.LinearConfig(16, 32, swap=True)
     if setting == "prefetch":  # wo: with its weight prologue; K = 128 and 160: 2 or more tiles
-        r.linear_configs.update({(m, 1): K.LinearConfig(16, 64, rows=True, prefetch=True)
+        r.linear_configs.update({(m, 1): K.LinearConfig(16, 64, rows=True, prefetch=True,
+                                                        segments=2 if m == "w2" else 1)
                                  for m in ("wo", "w13", "w2", "out")})
     watch = _PdlWatch(monkeypatch)
     r.logits(seq[:5], 0)  # builds both workspaces' buffers, then watch their reads
