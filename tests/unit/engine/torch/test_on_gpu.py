@@ -58,6 +58,32 @@ def test_linear_kernels_agree_with_float32_in_every_pdl_mode(t: int, swap: bool)
         assert rel(out, ref) < 1e-2, f"PDL mode {mode}"
 
 
+@pytest.mark.parametrize("tile", ["rows", "rows_prefetch", "segments_prefetch"])
+def test_one_token_products_in_the_row_layout_agree_with_float32(tile: str) -> None:
+    """``LinearConfig.rows`` (the 1.5B's one-token gate/up and down), with ``prefetch`` and
+    ``segments``, in every PDL mode (the prologue modes load the first tile before the wait):
+    the same sums as float32 (real 0.5B widths, K = 896: three and a half 256-wide tiles)."""
+    from openjarvis.engine.torch import kernels as K
+
+    cfg = {"rows": K.LinearConfig(8, 256, rows=True),
+           "rows_prefetch": K.LinearConfig(8, 256, rows=True, prefetch=True),
+           "segments_prefetch": K.LinearConfig(4, 512, rows=True, prefetch=True, segments=2),
+           }[tile]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n, k = A.n_ff, A.n_embd
+    x = torch.randn(1, k, device="cuda", generator=g)
+    w = (torch.randn(2 * n, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+    norm = torch.rand(k, device="cuda", generator=g) + 0.5
+    y = rms_norm(x, norm, 1e-6) @ w.float().T
+    ref = torch.nn.functional.silu(y[:, :n]) * y[:, n:]
+    for mode in pdl_modes():
+        out = torch.full((1, n), float("nan"), device="cuda")
+        K.linear(x, w, out, mode=K.SWIGLU, norm=norm, eps=1e-6, cfg=cfg, pdl=mode)
+        torch.cuda.synchronize()
+        assert not out.isnan().any(), f"PDL mode {mode} left outputs unwritten"
+        assert rel(out, ref) < 1e-2, f"PDL mode {mode}"
+
+
 @pytest.fixture(scope="module")
 def pair() -> tuple[Transformer, Runner, list[int], torch.Tensor]:
     """0.5B shapes, random bf16 weights; a float32 reference of the same weights over a prompt
