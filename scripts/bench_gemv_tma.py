@@ -3,8 +3,10 @@ whose programs stream their weight tiles through a ring of shared-memory stages 
 (``tl.range(num_stages=...)`` over a tensor descriptor), against the step's own one-token
 product (``kernels.linear``, the tuned tile) on the same shapes, alone, in one process.
 
-Also the down projection over its transposed weights (``_gemv_t``: whole rows of W^T, long
-contiguous reads, partial sums added with float atomics).
+Also the down projection's loads alone in its own grid and tiles (``_stream``: what its
+access pattern allows without its arithmetic), and the down projection over its transposed
+weights (``_gemv_t``: whole rows of W^T, long contiguous reads, partial sums added with float
+atomics).
 
 Why: run 110's trace has the 1.5B's gate/up streaming at ~80 % and its down projection at ~76 %
 of copy bandwidth, where bench_stream's persistent CUDA ring read at 107 % (run 40). If a TMA
@@ -107,6 +109,40 @@ def gemv_t(x: torch.Tensor, wt: torch.Tensor, out: torch.Tensor, br: int, progra
                                      BNC=triton.next_power_of_2(n), num_warps=warps)
 
 
+@triton.jit
+def _stream(w_ptr, out_ptr, N, K_DIM, BN: tl.constexpr, BK: tl.constexpr,
+            SPLIT: tl.constexpr, SPLIT_MAJOR: tl.constexpr):
+    """The down projection's loads alone: the same grid of (row block, K split) programs and
+    [BN, BK] tiles as ``kernels.linear`` (evict-first), summed element-wise (no reduction a
+    tile, no x) and one value a program stored: what its access pattern allows, without its
+    arithmetic. SPLIT_MAJOR: the launch walks the splits first, so neighbouring programs read
+    the same rows' two halves rather than neighbouring rows."""
+    if SPLIT_MAJOR:
+        nb = tl.program_id(0) // SPLIT
+        sp = tl.program_id(0) % SPLIT
+    else:
+        nb = tl.program_id(0) % tl.cdiv(N, BN)
+        sp = tl.program_id(0) // tl.cdiv(N, BN)
+    k_per = tl.cdiv(K_DIM, SPLIT * BK) * BK
+    k_lo = sp * k_per
+    k_hi = tl.minimum(k_lo + k_per, K_DIM)
+    rn = nb * BN + tl.arange(0, BN)
+    acc = tl.zeros([BN, BK], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        rk = k0 + tl.arange(0, BK)
+        m = (rn < N)[:, None] & (rk < k_hi)[None, :]
+        acc += tl.load(w_ptr + rn[:, None] * K_DIM + rk[None, :], mask=m, other=0.0,
+                       eviction_policy="evict_first").to(tl.float32)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+def stream(w: torch.Tensor, out: torch.Tensor, bn: int, bk: int, split: int,
+           split_major: bool, warps: int) -> None:
+    n, k = w.shape
+    _stream[(triton.cdiv(n, bn) * split,)](w, out, n, k, BN=bn, BK=bk, SPLIT=split,
+                                           SPLIT_MAJOR=split_major, num_warps=warps)
+
+
 def gemv_tma(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, mode: int, bn: int, bk: int,
              split: int, stages: int, programs: int, warps: int) -> None:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -120,7 +156,8 @@ def gemv_tma(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, mode: int, bn:
 
 def case(name: str, n: int, k: int, mode: int, x_dtype: torch.dtype, cfg: Any, reps: int,
          variants: list[tuple[int, ...]], sms: int,
-         tvariants: list[tuple[int, int, int]] = ()) -> dict[str, Any]:
+         tvariants: list[tuple[int, int, int]] = (),
+         svariants: list[tuple[int, int, int, bool, int]] = ()) -> dict[str, Any]:
     rows = 2 * n if mode == 2 else n
     nbytes = rows * k * 2
     copies = max(2, -(-(160 << 20) // nbytes))  # more bytes than L2 holds, round robin
@@ -171,6 +208,17 @@ def case(name: str, n: int, k: int, mode: int, x_dtype: torch.dtype, cfg: Any, r
         measure(f"tma_{bn}x{bk}_k{split}_s{stages}_p{per_sm}_w{warps}",
                 lambda i, c=(bn, bk, split, stages, per_sm * sms, warps):
                 gemv_tma(x1, ws[i % copies], o1, mode, *c))
+    if mode == 1:  # the loads alone (_stream), in the launch order of the step and split-major
+        scratch = torch.zeros(4 * n, device="cuda")  # a value a program: at most n x 4 splits
+        for bn, bk, split, sm, warps in svariants:
+            key = f"stream_{bn}x{bk}_k{split}{'_split_major' if sm else ''}_w{warps}"
+            try:
+                ms = timed(lambda i, c=(bn, bk, split, sm, warps):
+                           stream(ws[i % copies], scratch, *c))
+                res[key] = {"us": ms * 1e3, "GBps": nbytes / ms / 1e6}
+            except Exception as e:  # noqa: BLE001
+                res[key] = {"error": str(e).splitlines()[0][:200] if str(e) else repr(e)[:200]}
+            print(name, key, res[key], flush=True)
     if mode == 1:  # the same product over the transposed weights (_gemv_t)
         wts = [w.t().contiguous() for w in ws]
         for br, per_sm, warps in tvariants:
@@ -203,13 +251,19 @@ def main() -> int:
             for sp in (2, 4) for st, p in ((4, 2), (8, 1))]
     # transposed: (rows of Wt a load, programs an SM, warps)
     tv = [(br, p, w) for br in (2, 4, 8) for p in (1, 2, 4) for w in (4, 8)]
+    # the loads alone: (block_n, block_k, K splits, split-major launch, warps); the first of
+    # each model is its tuned tile's pattern
+    sv15 = [(2, 1024, 2, False, 4), (2, 1024, 2, True, 4), (4, 1024, 2, False, 4),
+            (2, 2048, 1, False, 4), (8, 256, 1, False, 4), (1, 1024, 4, False, 2)]
+    sv05 = [(2, 1024, 4, False, 4), (2, 1024, 4, True, 4), (4, 1024, 2, False, 4),
+            (8, 256, 1, False, 4)]
     t15, t05 = TUNED[(1536, 8960)], TUNED[(896, 4864)]
-    for name, n, k, mode, xd, cfg, v, t in (
-        ("1.5B gate/up", 8960, 1536, 2, torch.float32, t15[("w13", 1)], up, []),
-        ("1.5B down", 1536, 8960, 1, torch.bfloat16, t15[("w2", 1)], down, tv),
-        ("0.5B down", 896, 4864, 1, torch.bfloat16, t05[("w2", 1)], [], tv),
+    for name, n, k, mode, xd, cfg, v, t, sv in (
+        ("1.5B gate/up", 8960, 1536, 2, torch.float32, t15[("w13", 1)], up, [], []),
+        ("1.5B down", 1536, 8960, 1, torch.bfloat16, t15[("w2", 1)], down, tv, sv15),
+        ("0.5B down", 896, 4864, 1, torch.bfloat16, t05[("w2", 1)], [], tv, sv05),
     ):
-        out[name] = case(name, n, k, mode, xd, cfg, args.reps, v, sms, t)
+        out[name] = case(name, n, k, mode, xd, cfg, args.reps, v, sms, t, sv)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gemv_tma.json").write_text(json.dumps(out, indent=1))
     return 0
