@@ -307,7 +307,7 @@ T1_SETS["waves2"] = {
 }
 #: ``--set prefetch`` (session 11): one-token products with the next K tile's loads issued before
 #: this tile's reduction (``LinearConfig.prefetch``; lists are LinearConfig's fields in order:
-#: block_n, block_k, warps, stages, split_k, swap, prefetch). Run 97's trace and the down
+#: block_n, block_k, warps, stages, split_k, swap, rows, prefetch). Run 97's trace and the down
 #: projection's PTX: each program waits one DRAM round trip a K tile. ptxas registers (sm_90a):
 #: down 2 x 1024 38 -> 44, 4 x 1024 64; gate/up 8 x 256 40 -> 61, 8 x 128 48; output 16 x 256
 #: 56 -> 72, 16 x 128 56, 32 x 128 54 -> 96.

@@ -405,7 +405,7 @@ def _linear_kernel(
         if SEG == 1:
             acc += av[None, :]
             acc2 += av2[None, :]
-            ss += tl.max(sv, 0)  # every row summed the same x (masked rows: 0)
+            ss += tl.max(sv, 0)  # every row summed the same x (its load ignores the row mask)
         else:
             acc += tl.sum(tl.reshape(av, [BLOCK_N, SEG]), axis=1)[None, :]
             acc2 += tl.sum(tl.reshape(av2, [BLOCK_N, SEG]), axis=1)[None, :]
