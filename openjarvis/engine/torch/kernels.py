@@ -188,19 +188,6 @@ def _seg_cols(k0, k_hi, soff, sc, SEG: tl.constexpr):
 
 
 @triton.jit
-def _w_rows(w_ptr, srow, smask, cols, cmask, N, K, MODE: tl.constexpr, EVICT: tl.constexpr):
-    """``LinearConfig.rows``: the weight tile (and, for SwiGLU, its up half N rows on) with the
-    weights' cache policy."""
-    m = smask[:, None] & cmask
-    w = tl.load(w_ptr + srow[:, None] * K + cols, mask=m, other=0.0, eviction_policy=EVICT)
-    w2 = w
-    if MODE == 2:
-        w2 = tl.load(w_ptr + (srow[:, None] + N) * K + cols, mask=m, other=0.0,
-                     eviction_policy=EVICT)
-    return w, w2
-
-
-@triton.jit
 def _x_rows(x_ptr, g_ptr, sr, cols, cmask, sv, NORM: tl.constexpr):
     """T = 1, ``LinearConfig.rows``: x read once for each row of the weight tile (the pointers
     broadcast, so the load takes the weight tile's layout), as float32; with NORM, each row's
@@ -216,11 +203,22 @@ def _x_rows(x_ptr, g_ptr, sr, cols, cmask, sv, NORM: tl.constexpr):
 
 
 @triton.jit
-def _w_tile(w_ptr, rn, row0, rk, wmask, K, EVICT: tl.constexpr):
-    """Rows ``row0 + rn`` of W [*, K], columns ``rk``: a [BN, BK] weight tile (``row0`` N for
-    the up half of a SwiGLU pair), loaded with the weights' cache policy."""
-    return tl.load(w_ptr + (rn[:, None] + row0) * K + rk[None, :], mask=wmask, other=0.0,
+def _w_tile(w_ptr, rn, row0, cols, wmask, K, EVICT: tl.constexpr):
+    """Rows ``row0 + rn`` of W [*, K], columns ``cols`` ([1, BK], or a row's own for each row):
+    a [BN, BK] weight tile (``row0`` N for the up half of a SwiGLU pair), loaded with the
+    weights' cache policy."""
+    return tl.load(w_ptr + (rn[:, None] + row0) * K + cols, mask=wmask, other=0.0,
                    eviction_policy=EVICT)
+
+
+@triton.jit
+def _w_pair(w_ptr, rn, cols, wmask, N, K, MODE: tl.constexpr, EVICT: tl.constexpr):
+    """``_w_tile`` and, for SwiGLU (MODE 2), its up half N rows on; otherwise the tile twice."""
+    w = _w_tile(w_ptr, rn, 0, cols, wmask, K, EVICT)
+    w2 = w
+    if MODE == 2:
+        w2 = _w_tile(w_ptr, rn, N, cols, wmask, K, EVICT)
+    return w, w2
 
 
 @triton.jit
@@ -382,7 +380,7 @@ def _linear_kernel(
             _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
         if PREFETCH:
             cols, cmask = _seg_cols(k_lo, k_hi, soff, sc, SEG)
-            w, w2 = _w_rows(w_ptr, srow, smask, cols, cmask, N, K, MODE, EVICT)
+            w, w2 = _w_pair(w_ptr, srow, cols, smask[:, None] & cmask, N, K, MODE, EVICT)
             if PDL % 4 >= 2:
                 _gdc(PDL)
                 _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
@@ -392,10 +390,10 @@ def _linear_kernel(
         for k0 in range(k_lo, k_hi, BLOCK_K):
             if PREFETCH:  # (cols: carried from the iteration before)
                 coln, cmn = _seg_cols(k0 + BLOCK_K, k_hi, soff, sc, SEG)
-                wn, w2n = _w_rows(w_ptr, srow, smask, coln, cmn, N, K, MODE, EVICT)
+                wn, w2n = _w_pair(w_ptr, srow, coln, smask[:, None] & cmn, N, K, MODE, EVICT)
             else:
                 cols, cmask = _seg_cols(k0, k_hi, soff, sc, SEG)
-                w, w2 = _w_rows(w_ptr, srow, smask, cols, cmask, N, K, MODE, EVICT)
+                w, w2 = _w_pair(w_ptr, srow, cols, smask[:, None] & cmask, N, K, MODE, EVICT)
             xb, sv = _x_rows(x_ptr, g_ptr, sr, cols, cmask, sv, NORM)
             av += tl.sum(xb * w.to(tl.float32), axis=1)
             if MODE == 2:
@@ -415,11 +413,7 @@ def _linear_kernel(
         rk = k_lo + tl.arange(0, BLOCK_K)  # [BK]
         kmask = rk < k_hi
         wmask = nmask[:, None] & kmask[None, :]
-        w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)  # [BN, BK]
-        if MODE == 2:
-            w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
-        else:
-            w2 = w
+        w, w2 = _w_pair(w_ptr, rn, rk[None, :], wmask, N, K, MODE, EVICT)  # [BN, BK]
         _gdc(PDL)
         _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
         acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
@@ -428,9 +422,7 @@ def _linear_kernel(
             rk = k0 + tl.arange(0, BLOCK_K)
             kmask = rk < k_hi
             wmask = nmask[:, None] & kmask[None, :]
-            w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)
-            if MODE == 2:
-                w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
+            w, w2 = _w_pair(w_ptr, rn, rk[None, :], wmask, N, K, MODE, EVICT)
             acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
                                       acc2, ss, MODE, NORM, BLOCK_T)
     else:
@@ -447,10 +439,10 @@ def _linear_kernel(
             kmask = rk < k_hi
             x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
             wmask = nmask[:, None] & kmask[None, :]
-            w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)
+            w = _w_tile(w_ptr, rn, 0, rk[None, :], wmask, K, EVICT)
             acc = _tile_dot(x, w, acc, BLOCK_T)
             if MODE == 2:
-                w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
+                w2 = _w_tile(w_ptr, rn, N, rk[None, :], wmask, K, EVICT)
                 acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
     _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
     _gdc_late(PDL)
@@ -493,11 +485,11 @@ def _linear_swap_kernel(
         kmask = rk < k_hi
         x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
         wmask = nmask[:, None] & kmask[None, :]
-        w = _w_tile(w_ptr, rn, 0, rk, wmask, K, EVICT)
+        w = _w_tile(w_ptr, rn, 0, rk[None, :], wmask, K, EVICT)
         xt = tl.trans(x.to(w.dtype))  # [BK, BT]
         acc_t = tl.dot(w, xt, acc_t)
         if MODE == 2:
-            w2 = _w_tile(w_ptr, rn, N, rk, wmask, K, EVICT)
+            w2 = _w_tile(w_ptr, rn, N, rk[None, :], wmask, K, EVICT)
             acc2_t = tl.dot(w2, xt, acc2_t)
     _gdc_late(PDL)
     _linear_epilogue(acc_t, acc2_t, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
@@ -531,8 +523,8 @@ def _qkv_rope_kernel(
     if PDL % 4 >= 2:  # the first weight tile before waiting on the previous kernel
         rk = tl.arange(0, BLOCK_K)
         kmask = rk < K
-        w1 = _w_tile(w_ptr, r1, 0, rk, kmask[None, :], K, EVICT)
-        w2 = _w_tile(w_ptr, r2, 0, rk, kmask[None, :], K, EVICT)
+        w1 = _w_tile(w_ptr, r1, 0, rk[None, :], kmask[None, :], K, EVICT)
+        w2 = _w_tile(w_ptr, r2, 0, rk[None, :], kmask[None, :], K, EVICT)
         _gdc(PDL)
         _stamp(tr_ptr, tr_base, pid, 1, TRACE)
         acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
@@ -544,8 +536,8 @@ def _qkv_rope_kernel(
     for k0 in range(k_first, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
-        w1 = _w_tile(w_ptr, r1, 0, rk, kmask[None, :], K, EVICT)
-        w2 = _w_tile(w_ptr, r2, 0, rk, kmask[None, :], K, EVICT)
+        w1 = _w_tile(w_ptr, r1, 0, rk[None, :], kmask[None, :], K, EVICT)
+        w2 = _w_tile(w_ptr, r2, 0, rk[None, :], kmask[None, :], K, EVICT)
         acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
                                    acc2, ss, 2, True, BLOCK_T)
     _stamp(tr_ptr, tr_base, pid, 2, TRACE)
