@@ -311,23 +311,25 @@ T1_SETS["waves2"] = {
 #: projection's PTX: each program waits one DRAM round trip a K tile. ptxas registers (sm_90a):
 #: down 2 x 1024 38 -> 44, 4 x 1024 64; gate/up 8 x 256 40 -> 61, 8 x 128 48; output 16 x 256
 #: 56 -> 72, 16 x 128 56, 32 x 128 54 -> 96.
-_PF = [False, True, True]  # (run 105/106 ran prefetch without the row layout; it now needs it)
+#: (swap, rows, prefetch): the row layout alone, and prefetching in it (runs 105-106 ran
+#: prefetch without the row layout; it now needs it)
+_R, _RP = [False, True, False], [False, True, True]
 T1_SETS["prefetch"] = {
-    "t1_w2_pf": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 4, *_PF]}},
-                              "1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_PF]}}}},
-    "t1_w2_4x1024_pf": {"by_width": {"896": {"t1_tiles": {"w2": [4, 1024, 4, 2, 4, *_PF]}},
-                                     "1536": {"t1_tiles": {"w2": [4, 1024, 4, 2, 2, *_PF]}}}},
+    "t1_w2_pf": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 4, *_RP]}},
+                              "1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_RP]}}}},
+    "t1_w2_4x1024_pf": {"by_width": {"896": {"t1_tiles": {"w2": [4, 1024, 4, 2, 4, *_RP]}},
+                                     "1536": {"t1_tiles": {"w2": [4, 1024, 4, 2, 2, *_RP]}}}},
     "t1_w2_2048": {"t1_tiles": {"w2": [2, 2048, 4, 2, 2]}},
-    "t1_w2_pf_b": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_PF]}},
-                                "1536": {"t1_tiles": {"w2": [2, 512, 4, 2, 2, *_PF]}}}},
-    "t1_w13_pf": {"by_width": {**_W, "1536": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_PF]}}}},
-    "t1_w13_8x128_pf": {"by_width": {**_W, "1536": {"t1_tiles": {"w13": [8, 128, 4, 2, 1, *_PF]}}}},
-    "t1_out_pf": {"by_width": {"896": {"t1_tiles": {"out": [32, 128, 4, 2, 1, *_PF]}},
-                               "1536": {"t1_tiles": {"out": [16, 256, 4, 2, 1, *_PF]}}}},
-    "t1_out_16x128_pf": {"t1_tiles": {"out": [16, 128, 4, 2, 1, *_PF]}},
-    "t1_w2_w13_pf": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 4, *_PF]}},
-                                  "1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_PF],
-                                                        "w13": [8, 256, 4, 2, 1, *_PF]}}}},
+    "t1_w2_pf_b": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_RP]}},
+                                "1536": {"t1_tiles": {"w2": [2, 512, 4, 2, 2, *_RP]}}}},
+    "t1_w13_pf": {"by_width": {**_W, "1536": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_RP]}}}},
+    "t1_w13_8x128_pf": {"by_width": {**_W, "1536": {"t1_tiles": {"w13": [8, 128, 4, 2, 1, *_RP]}}}},
+    "t1_out_pf": {"by_width": {"896": {"t1_tiles": {"out": [32, 128, 4, 2, 1, *_RP]}},
+                               "1536": {"t1_tiles": {"out": [16, 256, 4, 2, 1, *_RP]}}}},
+    "t1_out_16x128_pf": {"t1_tiles": {"out": [16, 128, 4, 2, 1, *_RP]}},
+    "t1_w2_w13_pf": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 4, *_RP]}},
+                                  "1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_RP],
+                                                        "w13": [8, 256, 4, 2, 1, *_RP]}}}},
 }
 #: ``--set prefetch2`` (session 11): the down projection's prefetching tiles again, x now loaded in
 #: the iteration rather than carried (run 105 carried it: registers 44 for 2 x 1024, 64 for
@@ -337,11 +339,11 @@ T1_SETS["prefetch2"] = {
     "t1_w2_4x1024_pf": T1_SETS["prefetch"]["t1_w2_4x1024_pf"],
     "t1_w2_4x1024": {"by_width": {"896": {"t1_tiles": {"w2": [4, 1024, 4, 2, 4]}},
                                   "1536": {"t1_tiles": {"w2": [4, 1024, 4, 2, 2]}}}},
-    "t1_w2_4x1024_pf_b": {"by_width": {"896": {"t1_tiles": {"w2": [4, 1024, 4, 2, 2, *_PF]}},
-                                       "1536": {"t1_tiles": {"w2": [4, 1024, 4, 2, 3, *_PF]}}}},
-    "t1_w2_4x1024_8w_pf": {"by_width": {"896": {"t1_tiles": {"w2": [4, 1024, 8, 2, 4, *_PF]}},
-                                        "1536": {"t1_tiles": {"w2": [4, 1024, 8, 2, 2, *_PF]}}}},
-    "t1_w2_2x1024_pf3": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 3, *_PF]}},
+    "t1_w2_4x1024_pf_b": {"by_width": {"896": {"t1_tiles": {"w2": [4, 1024, 4, 2, 2, *_RP]}},
+                                       "1536": {"t1_tiles": {"w2": [4, 1024, 4, 2, 3, *_RP]}}}},
+    "t1_w2_4x1024_8w_pf": {"by_width": {"896": {"t1_tiles": {"w2": [4, 1024, 8, 2, 4, *_RP]}},
+                                        "1536": {"t1_tiles": {"w2": [4, 1024, 8, 2, 2, *_RP]}}}},
+    "t1_w2_2x1024_pf3": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 3, *_RP]}},
                                       "1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2]}}}},
 }
 #: ``--set rows`` (session 11): one-token products in the row layout (``LinearConfig.rows``: x read
@@ -350,7 +352,6 @@ T1_SETS["prefetch2"] = {
 #: block_n, block_k, warps, stages, split_k, swap, rows, prefetch. ptxas registers (sm_90a):
 #: down 4 x 256 24 (26 prefetching), 8 x 256 on 8 warps 26; gate/up 8 x 256 46 (64), 8 x 128
 #: 39; output 16 x 128 52, 8 x 256 40 (52).
-_R, _RP = [False, True, False], [False, True, True]
 
 
 def _both(name: str, w1536: list[Any], w896: list[Any]) -> dict[str, Any]:

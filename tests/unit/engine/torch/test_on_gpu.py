@@ -34,14 +34,28 @@ def pdl_modes() -> list[int]:
     return [0, 3, 3 + PDL_LATE] + ([1, 2, 1 + PDL_LATE, 2 + PDL_LATE] if pdl_supported() else [])
 
 
-@pytest.mark.parametrize("swap", [False, True])
+#: Tiles the test below runs besides the default: the swapped MMA operands (T > 1 only), and
+#: the one-token row layout (T = 1 only; the 1.5B's gate/up and down) with prefetch and segments.
+_TILES = ("default", "swap", "rows", "rows_prefetch", "segments_prefetch")
+
+
+@pytest.mark.parametrize("tile", _TILES)
 @pytest.mark.parametrize("t", [1, 9])
-def test_linear_kernels_agree_with_float32_in_every_pdl_mode(t: int, swap: bool) -> None:
-    """Each mode launches and waits differently; the sums must not change (real 0.5B widths)."""
+def test_linear_kernels_agree_with_float32_in_every_pdl_mode(t: int, tile: str) -> None:
+    """Each mode launches and waits differently (the prologue modes load the first weight tile
+    before the wait); the sums must not change (real 0.5B widths: K = 896, three and a half
+    256-wide tiles in the row layout)."""
     from openjarvis.engine.torch import kernels as K
 
-    if swap and t == 1:
+    if tile == "swap" and t == 1:
         pytest.skip("swapped operands serve T > 1 only")
+    if tile not in ("default", "swap") and t > 1:
+        pytest.skip("the row layout serves T = 1 only")
+    cfg = {"default": None, "swap": K.LinearConfig(64, 64, 4, 3, swap=True),
+           "rows": K.LinearConfig(8, 256, rows=True),
+           "rows_prefetch": K.LinearConfig(8, 256, rows=True, prefetch=True),
+           "segments_prefetch": K.LinearConfig(4, 512, rows=True, prefetch=True, segments=2),
+           }[tile]
     g = torch.Generator(device="cuda").manual_seed(0)
     n, k = A.n_ff, A.n_embd
     x = torch.randn(t, k, device="cuda", generator=g)
@@ -49,35 +63,8 @@ def test_linear_kernels_agree_with_float32_in_every_pdl_mode(t: int, swap: bool)
     norm = torch.rand(k, device="cuda", generator=g) + 0.5
     y = rms_norm(x, norm, 1e-6) @ w.float().T
     ref = torch.nn.functional.silu(y[:, :n]) * y[:, n:]
-    cfg = K.LinearConfig(64, 64, 4, 3, swap=True) if swap else None
     for mode in pdl_modes():
         out = torch.full((t, n), float("nan"), device="cuda")
-        K.linear(x, w, out, mode=K.SWIGLU, norm=norm, eps=1e-6, cfg=cfg, pdl=mode)
-        torch.cuda.synchronize()
-        assert not out.isnan().any(), f"PDL mode {mode} left outputs unwritten"
-        assert rel(out, ref) < 1e-2, f"PDL mode {mode}"
-
-
-@pytest.mark.parametrize("tile", ["rows", "rows_prefetch", "segments_prefetch"])
-def test_one_token_products_in_the_row_layout_agree_with_float32(tile: str) -> None:
-    """``LinearConfig.rows`` (the 1.5B's one-token gate/up and down), with ``prefetch`` and
-    ``segments``, in every PDL mode (the prologue modes load the first tile before the wait):
-    the same sums as float32 (real 0.5B widths, K = 896: three and a half 256-wide tiles)."""
-    from openjarvis.engine.torch import kernels as K
-
-    cfg = {"rows": K.LinearConfig(8, 256, rows=True),
-           "rows_prefetch": K.LinearConfig(8, 256, rows=True, prefetch=True),
-           "segments_prefetch": K.LinearConfig(4, 512, rows=True, prefetch=True, segments=2),
-           }[tile]
-    g = torch.Generator(device="cuda").manual_seed(0)
-    n, k = A.n_ff, A.n_embd
-    x = torch.randn(1, k, device="cuda", generator=g)
-    w = (torch.randn(2 * n, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
-    norm = torch.rand(k, device="cuda", generator=g) + 0.5
-    y = rms_norm(x, norm, 1e-6) @ w.float().T
-    ref = torch.nn.functional.silu(y[:, :n]) * y[:, n:]
-    for mode in pdl_modes():
-        out = torch.full((1, n), float("nan"), device="cuda")
         K.linear(x, w, out, mode=K.SWIGLU, norm=norm, eps=1e-6, cfg=cfg, pdl=mode)
         torch.cuda.synchronize()
         assert not out.isnan().any(), f"PDL mode {mode} left outputs unwritten"
