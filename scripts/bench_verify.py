@@ -346,12 +346,6 @@ T1_SETS["prefetch2"] = {
     "t1_w2_2x1024_pf3": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 3, *_RP]}},
                                       "1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2]}}}},
 }
-#: ``--set rows`` (session 11): one-token products in the row layout (``LinearConfig.rows``: x read
-#: in the weight tile's layout, sums per row until after the loop; with a row a warp, i.e. 256
-#: bfloat16 columns, the K loop has no block barrier), with and without prefetch. Lists:
-#: block_n, block_k, warps, stages, split_k, swap, rows, prefetch. ptxas registers (sm_90a):
-#: down 4 x 256 24 (26 prefetching), 8 x 256 on 8 warps 26; gate/up 8 x 256 46 (64), 8 x 128
-#: 39; output 16 x 128 52, 8 x 256 40 (52).
 
 
 def _both(name: str, w1536: list[Any], w896: list[Any]) -> dict[str, Any]:
@@ -359,6 +353,12 @@ def _both(name: str, w1536: list[Any], w896: list[Any]) -> dict[str, Any]:
     return {"by_width": {"1536": {"t1_tiles": {name: w1536}}, "896": {"t1_tiles": {name: w896}}}}
 
 
+#: ``--set rows`` (session 11): one-token products in the row layout (``LinearConfig.rows``: x read
+#: in the weight tile's layout, sums per row until after the loop; with a row a warp, i.e. 256
+#: bfloat16 columns, the K loop has no block barrier), with and without prefetch. Lists:
+#: block_n, block_k, warps, stages, split_k, swap, rows, prefetch. ptxas registers (sm_90a):
+#: down 4 x 256 24 (26 prefetching), 8 x 256 on 8 warps 26; gate/up 8 x 256 46 (64), 8 x 128
+#: 39; output 16 x 128 52, 8 x 256 40 (52).
 T1_SETS["rows"] = {
     "t1_w2_r4x256_pf": _both("w2", [4, 256, 4, 2, 2, *_RP], [4, 256, 4, 2, 4, *_RP]),
     "t1_w2_r4x256": _both("w2", [4, 256, 4, 2, 2, *_R], [4, 256, 4, 2, 4, *_R]),
