@@ -408,7 +408,7 @@ T1_SETS["final11"] = {
     "t1_session10": {"by_width": {"1536": _S10_1536, "896": {}}},
     "t1_attn_8w": {"by_width": {"1536": {"attn_warps": {"1": 8}}, "896": {}}},
 }
-#: ``--set seg`` (session 11, built after the session's device time was spent: not yet run): the
+#: ``--set seg`` (session 11, built after the session's device time was spent; run 115 in session 12): the
 #: down projection's 2 x 1024 tile in the row layout read as 4 segments of 256 a row
 #: (``LinearConfig.segments``), so that its rows, wider than a warp's 256 columns, reduce without
 #: a block barrier too (sm_90a: 32 registers, 36 prefetching; no `bar.sync` in the loop), with
@@ -418,6 +418,48 @@ T1_SETS["seg"] = {
     "t1_w2_seg4_pf": _both("w2", [2, 1024, 4, 2, 2, *_RP, 4], [2, 1024, 4, 2, 4, *_RP, 4]),
     "t1_w2_seg4": _both("w2", [2, 1024, 4, 2, 2, *_R, 4], [2, 1024, 4, 2, 4, *_R, 4]),
     "t1_w2_4x1024_seg4_pf": _both("w2", [4, 1024, 4, 2, 2, *_RP, 4], [4, 1024, 4, 2, 4, *_RP, 4]),
+    "t1_w2_2x2048_seg8_pf": _both("w2", [2, 2048, 4, 2, 2, *_RP, 8], [2, 2048, 4, 2, 2, *_RP, 8]),
+    "t1_w2_1x1024_seg4_pf": _both("w2", [1, 1024, 4, 2, 4, *_RP, 4], [1, 1024, 4, 2, 4, *_RP, 4]),
+}
+#: ``--set prologue12`` (session 12): the down projection's first K tile loaded before its PDL
+#: wait (mode 2; 6 with the late trigger), now that the row layout's prefetching loop carries
+#: that tile into its first iteration (session 8's run 65 tried it on the loop before: +0.7 to
+#: +6 %). Its programs become resident as gate/up's leave, and would then read 4 KB each
+#: during gate/up's tail instead of after its flush. Also with gate/up letting it launch at
+#: its start (mode 1), and the 0.5B's down in the row layout prefetching (run 109 without the
+#: prologue: +1.4 / +2.3 %).
+_W2P = {**DEFAULT_ONE_TOKEN_PDL, "w2": 2}
+T1_SETS["prologue12"] = {
+    "t1_w2_prologue": {"one_token_pdl": _W2P},
+    "t1_w2_prologue_late": {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w2": 2 + LATE}},
+    "t1_w2_prologue_w13_early": {"one_token_pdl": {**_W2P, "w13": 1}},
+    "t1_w2_prologue_rp896": {"one_token_pdl": _W2P, "by_width": {"1536": {}, "896": {
+        "t1_tiles": {"w2": [2, 1024, 4, 2, 4, *_RP]}}}},
+}
+#: ``--set prologue12b`` (session 12, after run 116: the down projection's prologue with gate/up
+#: letting it launch at gate/up's start: -0.66 / -0.62 % (1.5B), +0.0 / -1.0 % (0.5B); the
+#: prologue alone -0.2 / -0.0 %, +0.9 / +1.0 %): that pair again, gate/up's early launch alone
+#: as its control, and the pair with the 0.5B's down in the row layout prefetching.
+_W13E_W2P = {**_W2P, "w13": 1}
+T1_SETS["prologue12b"] = {
+    "t1_w2_prologue_w13_early": {"one_token_pdl": _W13E_W2P},
+    "t1_w13_early": {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w13": 1}},
+    "t1_w2_prologue_w13_early_rp896": {"one_token_pdl": _W13E_W2P, "by_width": {
+        "1536": {}, "896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 4, *_RP]}}}},
+}
+#: ``--set prologue12c`` (session 12, after run 117 adopted gate/up's early launch with the
+#: down projection's prologue, ``generate.DEFAULT_ONE_TOKEN_PDL``): session 11's settings as
+#: a control; the same pattern one boundary earlier (gate/up in the row layout prefetching,
+#: so its first tile loads before its wait, with the o-projection launching it early or
+#: late); the 1.5B's down in 4 x 1024 tiles (8 KB a program before its wait).
+_S11_PDL = {"attn": 1, "combine": 1, "w2": 1}
+_W13P = _both("w13", [8, 256, 4, 2, 1, *_RP], [8, 1024, 4, 2])
+T1_SETS["prologue12c"] = {
+    "t1_session11": {"one_token_pdl": _S11_PDL},
+    "t1_w13_prologue": {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w13": 2}, **_W13P},
+    "t1_wo_early_w13_prologue": {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w13": 2, "wo": 2},
+                                 **_W13P},
+    "t1_w2_4x1024_pf": _both("w2", [4, 1024, 4, 2, 2, *_RP], [2, 1024, 4, 2, 4]),
 }
 #: (Session 10's ``--set cluster``, runs 99-100, one-token attention as one thread-block-cluster
 #: launch with the splits merged through distributed shared memory, lost: at best +2.8 % @512,
@@ -432,6 +474,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "boundary": {},
     "splits": {}, "stages": {}, "waves": {}, "waves2": {}, "prefetch": {},
     "prefetch2": {}, "rows": {}, "rows2": {}, "warps": {}, "final11": {}, "seg": {},
+    "prologue12": {}, "prologue12b": {}, "prologue12c": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

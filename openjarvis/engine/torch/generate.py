@@ -44,8 +44,12 @@ NSPLIT = 64
 DEFAULT_PDL_BY_T = {1: 1 + 4}  # 4: kernels.PDL_LATE (kernels imports triton; this may not)
 #: Kernels of the one-token step that let the next kernel launch at their start: the
 #: attention (its merge is tiny), the merge and the down-projection, whose successors (wo,
-#: qkv) load all their weights before they wait, overlapping this kernel.
-DEFAULT_ONE_TOKEN_PDL = {"attn": 1, "combine": 1, "w2": 1}
+#: qkv) load all their weights before they wait, overlapping this kernel; and gate/up, whose
+#: successor, the down-projection, loads its first weight tile before it waits (mode 2): its
+#: programs take SM slots as gate/up's leave and read during gate/up's tail (session 12 runs
+#: 116-117: 1.5B -0.7 / -0.8 %, 0.5B -0.4 / -1.1 % @512 / @4096; either change alone +0.9 to
+#: +1.4 % or even).
+DEFAULT_ONE_TOKEN_PDL = {"attn": 1, "combine": 1, "w13": 1, "w2": 2}
 
 
 @dataclass(slots=True)

@@ -602,11 +602,12 @@ def test_each_kernel_launch_gets_its_pdl_mode_cache_policy_and_tiles(
                              ("w13", 0), ("w2", 0), ("qkv_split", 0)]
     assert verify[1][1]["pdl_rope"] == 0 and verify[2][1]["pdl_combine"] == 1
     # the GPU default: each kernel lets the next launch after its main loop (+4), but the
-    # attention, its merge and the down-projection let theirs launch at their start
+    # attention, its merge, gate/up and the down-projection let theirs launch at their start,
+    # and the down-projection loads its first weight tile before it waits
     r.pdl_by_t, r.one_token_pdl = dict(DEFAULT_PDL_BY_T), dict(DEFAULT_ONE_TOKEN_PDL)
     late = plan(1)
     assert modes(late) == [("embed", 5), ("qkv_rope", 6), ("attention", 1), ("wo", 6),
-                           ("w13", 5), ("w2", 1), ("qkv_rope", 6)]
+                           ("w13", 1), ("w2", 2), ("qkv_rope", 6)]
     assert late[2][1]["pdl_combine"] == 1 and late[2][1]["combine_warps"] == 1
     r.combine_warps = {3: 2}  # the merge's warps per T (tuning.VERIFY_COMBINE_WARPS)
     assert plan(3)[2][1]["combine_warps"] == 2 and plan(1)[2][1]["combine_warps"] == 1
@@ -698,10 +699,10 @@ class _PdlWatch:
                                      "prefetch"])
 def test_kernels_launched_early_read_activations_only_after_their_wait(
         monkeypatch: pytest.MonkeyPatch, setting: str) -> None:
-    """The GPU's PDL settings (one-token steps late-triggered with qkv and wo loading weights
-    before the wait, verify steps all early), the split-K qkv, the norm hand-off: in every
-    program of every kernel launched early, no read of the residual, the scratch buffers or
-    the KV cache comes before the program's wait."""
+    """The GPU's PDL settings (one-token steps late-triggered with qkv, wo and the
+    down-projection loading weights before the wait, verify steps all early), the split-K
+    qkv, the norm hand-off: in every program of every kernel launched early, no read of the
+    residual, the scratch buffers or the KV cache comes before the program's wait."""
     from openjarvis.engine.torch.tuning import VERIFY_PDL
 
     model = _model()
