@@ -461,6 +461,35 @@ T1_SETS["prologue12c"] = {
                                  **_W13P},
     "t1_w2_4x1024_pf": _both("w2", [4, 1024, 4, 2, 2, *_RP], [2, 1024, 4, 2, 4]),
 }
+#: ``--set prologue12d`` (session 12, 1.5B): gate/up's first K tile before its wait without
+#: the prefetching loop's registers (the row layout's prologue, new after run 118: the first
+#: tile reduced after the wait, the loop taking the rest), with the o-projection launching it
+#: late (as now) or early. Run 118's prologue with prefetch lost 11 % (64 registers).
+T1_SETS["prologue12d"] = {
+    "t1_w13_prologue_rows": {"by_width": {"1536": {
+        "one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w13": 2}}, "896": {}}},
+    "t1_wo_early_w13_prologue_rows": {"by_width": {"1536": {
+        "one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w13": 2, "wo": 2}}, "896": {}}},
+}
+#: ``--set w13_12`` (session 12): gate/up's tiles again now that the down projection's
+#: programs launch during it (run 121's trace, 1.5B @512: gate/up's loop 16.6 µs, 78 % of
+#: copy bandwidth, against 16.1 before; the down projection's 7.2, 90 %, against 8.5): in the
+#: row layout 16 x 256 on 8 warps and 4 x 256 on 2 (run 108: -1.0 / -0.8 %, +0.0 / -0.2 %
+#: against session 10's), session 10's 8 x 256; the 0.5B's 4 rows on 2 warps (run 104).
+T1_SETS["w13_12"] = {
+    "t1_w13_r16x256_8w": _both("w13", [16, 256, 8, 2, 1, *_R], [4, 1024, 2, 2]),
+    "t1_w13_r4x256_2w": _both("w13", [4, 256, 2, 2, 1, *_R], [8, 1024, 4, 2]),
+    "t1_w13_8x256": _both("w13", [8, 256, 4, 2], [8, 1024, 4, 2]),
+}
+#: ``--set w13_12b`` (session 12, 0.5B): run 122 gave its gate/up in 4 rows on 2 warps -1.8 /
+#: -2.0 % (run 104, under the PDL before: +0.6 / -0.2 %); again, and 2 or 4 rows on 1 warp,
+#: 8 rows on 2.
+T1_SETS["w13_12b"] = {
+    "t1_w13_4x1024_2w": {"t1_tiles": {"w13": [4, 1024, 2, 2]}},
+    "t1_w13_2x1024_1w": {"t1_tiles": {"w13": [2, 1024, 1, 2]}},
+    "t1_w13_4x1024_1w": {"t1_tiles": {"w13": [4, 1024, 1, 2]}},
+    "t1_w13_8x1024_2w": {"t1_tiles": {"w13": [8, 1024, 2, 2]}},
+}
 #: (Session 10's ``--set cluster``, runs 99-100, one-token attention as one thread-block-cluster
 #: launch with the splits merged through distributed shared memory, lost: at best +2.8 % @512,
 #: +11.8 % @4096 (1.5B), +5.5 / +20 % (0.5B); removed, kept in history as eafbe9b.)
@@ -474,7 +503,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "boundary": {},
     "splits": {}, "stages": {}, "waves": {}, "waves2": {}, "prefetch": {},
     "prefetch2": {}, "rows": {}, "rows2": {}, "warps": {}, "final11": {}, "seg": {},
-    "prologue12": {}, "prologue12b": {}, "prologue12c": {},
+    "prologue12": {}, "prologue12b": {}, "prologue12c": {}, "prologue12d": {}, "w13_12": {}, "w13_12b": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
@@ -518,8 +547,17 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.drop_steps()
 
 
+#: ``--stacked``: each kind of layer weight in one tensor over the layers, as bench_gpu.py lays
+#: them out for its single-launch step (``megakernel.stack_layers``), instead of a tensor a layer.
+STACKED = False
+
+
 def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
     w = random_weights(a, torch.bfloat16, "cuda", seed=0)
+    if STACKED:
+        from openjarvis.engine.torch.megakernel import stack_layers
+
+        stack_layers(w)
     r = Runner(Transformer(a, w, n_pos=n_ctx + 64), n_ctx, kernels="triton", graphs=True)
     return r, {"verify_pdl": dict(r.verify_pdl), "tiles": dict(r.linear_configs),
                "pdl_by_t": {str(k): v for k, v in r.pdl_by_t.items()},
@@ -774,12 +812,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-correct", action="store_true")
     ap.add_argument("--norm-cost", action="store_true",
                     help="only: what the in-loop RMSNorm costs the normed products")
+    ap.add_argument("--stacked", action="store_true",
+                    help="layer weights stacked over the layers, as bench_gpu.py has them")
     ap.add_argument("--bandwidth", action="store_true",
                     help="measure copy bandwidth first; one-token steps as %% of the floor")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_verify needs a CUDA GPU", file=sys.stderr)
         return 2
+    global STACKED
+    STACKED = args.stacked
     variants = json.loads(args.variants) if args.variants else VARIANTS
     if args.t1_variants or args.set:
         T1_VARIANTS.clear()

@@ -203,6 +203,26 @@ def _x_rows(x_ptr, g_ptr, sr, cols, cmask, sv, NORM: tl.constexpr):
 
 
 @triton.jit
+def _seg_tile(w_ptr, srow, smask, k0, k_hi, soff, sc, N, K, SEG: tl.constexpr,
+              MODE: tl.constexpr, EVICT: tl.constexpr):
+    """T = 1, ``LinearConfig.rows``: K tile ``k0``'s columns, their mask and weights."""
+    cols, cmask = _seg_cols(k0, k_hi, soff, sc, SEG)
+    w, w2 = _w_pair(w_ptr, srow, cols, smask[:, None] & cmask, N, K, MODE, EVICT)
+    return cols, cmask, w, w2
+
+
+@triton.jit
+def _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE: tl.constexpr,
+              NORM: tl.constexpr):
+    """T = 1, ``LinearConfig.rows``: one K tile's products added to the per-row sums."""
+    xb, sv = _x_rows(x_ptr, g_ptr, sr, cols, cmask, sv, NORM)
+    av += tl.sum(xb * w.to(tl.float32), axis=1)
+    if MODE == 2:
+        av2 += tl.sum(xb * w2.to(tl.float32), axis=1)
+    return av, av2, sv
+
+
+@triton.jit
 def _w_tile(w_ptr, rn, row0, cols, wmask, K, EVICT: tl.constexpr):
     """Rows ``row0 + rn`` of W [*, K], columns ``cols`` ([1, BK], or a row's own for each row):
     a [BN, BK] weight tile (``row0`` N for the up half of a SwiGLU pair), loaded with the
@@ -367,37 +387,41 @@ def _linear_kernel(
         # segment of a weight row, so a segment a warp holds whole (256 bfloat16 columns)
         # keeps rows wider than that barrier-free too; a row's segments are summed after the
         # loop. PREFETCH: tile k0 + BK is asked for before tile k0 is reduced (the last
-        # iteration's ask is masked off whole), its first tile before the PDL wait where the
-        # prologue asks for one; without PREFETCH nothing loads before the wait.
+        # iteration's ask is masked off whole). Where the prologue asks for it (PDL % 4 >= 2)
+        # the first tile loads before the PDL wait: with PREFETCH as the loop's carried
+        # tile; without, reduced after the wait, the loop taking the tiles after it.
         SW: tl.constexpr = BLOCK_K // SEG
         sr = tl.arange(0, BLOCK_N * SEG)
         srow = pid * BLOCK_N + sr // SEG  # [BN * SEG] the weight row of each tile row
         soff = (sr % SEG) * SW  # [BN * SEG] its segment's first column in the tile
         sc = tl.arange(0, SW)
         smask = srow < N
-        if PREFETCH == 0 or PDL % 4 < 2:
-            _gdc(PDL)
-            _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-        if PREFETCH:
-            cols, cmask = _seg_cols(k_lo, k_hi, soff, sc, SEG)
-            w, w2 = _w_pair(w_ptr, srow, cols, smask[:, None] & cmask, N, K, MODE, EVICT)
-            if PDL % 4 >= 2:
-                _gdc(PDL)
-                _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
         av = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
         av2 = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
         sv = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
+        k_start = k_lo
+        if PDL % 4 >= 2:
+            cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k_lo, k_hi, soff, sc, N, K, SEG,
+                                           MODE, EVICT)
+        _gdc(PDL)
+        _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
+        if PDL % 4 >= 2:
+            if PREFETCH == 0:
+                av, av2, sv = _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE,
+                                        NORM)
+                k_start = k_lo + BLOCK_K
+        elif PREFETCH:
+            cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k_lo, k_hi, soff, sc, N, K, SEG,
+                                           MODE, EVICT)
+        for k0 in range(k_start, k_hi, BLOCK_K):
             if PREFETCH:  # (cols: carried from the iteration before)
-                coln, cmn = _seg_cols(k0 + BLOCK_K, k_hi, soff, sc, SEG)
-                wn, w2n = _w_pair(w_ptr, srow, coln, smask[:, None] & cmn, N, K, MODE, EVICT)
+                coln, cmn, wn, w2n = _seg_tile(w_ptr, srow, smask, k0 + BLOCK_K, k_hi, soff, sc,
+                                               N, K, SEG, MODE, EVICT)
             else:
-                cols, cmask = _seg_cols(k0, k_hi, soff, sc, SEG)
-                w, w2 = _w_pair(w_ptr, srow, cols, smask[:, None] & cmask, N, K, MODE, EVICT)
-            xb, sv = _x_rows(x_ptr, g_ptr, sr, cols, cmask, sv, NORM)
-            av += tl.sum(xb * w.to(tl.float32), axis=1)
-            if MODE == 2:
-                av2 += tl.sum(xb * w2.to(tl.float32), axis=1)
+                cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k0, k_hi, soff, sc, N, K,
+                                               SEG, MODE, EVICT)
+            av, av2, sv = _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE,
+                                    NORM)
             if PREFETCH:
                 w, w2, cols, cmask = wn, w2n, coln, cmn
         if SEG == 1:

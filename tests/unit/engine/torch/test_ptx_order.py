@@ -62,11 +62,13 @@ ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
 out["traced"] = [line.strip() for line in ptx.splitlines()
                  if re.search(r"globaltimer|griddepcontrol|st\.global", line)]
 # a one-token down projection's loop (a row a warp): default, in the row layout, prefetching;
-# and 2 rows x 1024 read as 4 segments of 256 a row ("s": rows wider than a warp's)
-for rows, pf, bn, bk, seg in ((0, 0, 4, 256, 1), (1, 0, 4, 256, 1), (1, 1, 4, 256, 1),
-                              (1, 1, 2, 1024, 4)):
+# and 2 rows x 1024 read as 4 segments of 256 a row ("s": rows wider than a warp's); "p": with
+# the weight prologue (PDL mode 6), in the row layout with and without prefetch
+for rows, pf, bn, bk, seg, pdl in ((0, 0, 4, 256, 1, 5), (1, 0, 4, 256, 1, 5),
+                                   (1, 1, 4, 256, 1, 5), (1, 1, 2, 1024, 4, 5),
+                                   (1, 0, 4, 256, 1, 6), (1, 1, 4, 256, 1, 6)):
     const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=1, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=2,
-                 PDL=5, EVICT="evict_first", HAND=0, NP_BLOCK=1, SEM="relaxed", TRACE=0,
+                 PDL=pdl, EVICT="evict_first", HAND=0, NP_BLOCK=1, SEM="relaxed", TRACE=0,
                  ROWS=rows, PREFETCH=pf, SEG=seg)
     # what the JIT's specialization gives a launch of real shapes: 16-aligned pointers and sizes
     aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(sig)
@@ -75,7 +77,7 @@ for rows, pf, bn, bk, seg in ((0, 0, 4, 256, 1), (1, 0, 4, 256, 1), (1, 1, 4, 25
                     constexprs=const, attrs=aligned)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4, "num_stages": 2}).asm["ptx"]
-    out[f"loop{rows}{pf}" + ("s" if seg > 1 else "")] = [
+    out[f"loop{rows}{pf}" + ("s" if seg > 1 else "") + ("p" if pdl == 6 else "")] = [
         line.strip() for line in ptx.splitlines()
         if re.search(r"ld\.global|bar\.sync|griddepcontrol\.wait|Loop Header|\bbra\b", line)]
 print(json.dumps(out))
@@ -127,7 +129,7 @@ def test_the_trace_stamps_bracket_the_pdl_wait_and_the_late_trigger(
     assert stamps[0] < wait[0] < stamps[1] < stamps[2] < late[0] < stamps[3], seq
 
 
-@pytest.mark.parametrize("variant", ["00", "10", "11", "11s"])
+@pytest.mark.parametrize("variant", ["00", "10", "11", "11s", "10p", "11p"])
 def test_the_row_layout_loop_has_no_barrier_and_a_prefetch_asks_a_tile_ahead(
         ops: dict[str, list[str]], variant: str) -> None:
     """``LinearConfig.rows`` with a row a warp: the K loop of the one-token product has no
@@ -135,7 +137,9 @@ def test_the_row_layout_loop_has_no_barrier_and_a_prefetch_asks_a_tile_ahead(
     tile: the check that tells them apart). ``prefetch``: the first tile's weights are asked
     for after the wait and before the loop, and each tile's again in the loop before its
     reduction: two tiles in flight. Without it, no weights are loaded before the loop. With
-    ``segments`` (2 rows x 1024 as 8 rows of 256), rows wider than a warp's too."""
+    ``segments`` (2 rows x 1024 as 8 rows of 256), rows wider than a warp's too. With the
+    weight prologue (PDL mode 6) the first tile is asked for before the wait instead, with
+    or without prefetch, and nothing between the wait and the loop."""
     seq = ops[f"loop{variant}"]
     rows, prefetch = variant != "00", variant.startswith("11")
     wait = [i for i, op in enumerate(seq) if "griddepcontrol.wait" in op]
@@ -145,9 +149,13 @@ def test_the_row_layout_loop_has_no_barrier_and_a_prefetch_asks_a_tile_ahead(
     weights = [i for i, op in enumerate(seq) if "ld.global" in op and "evict_first" in op]
     loop_bars = [i for i in range(head[0], back) if "bar.sync" in seq[i]]
     assert bool(loop_bars) != rows, seq
+    early = [i for i in weights if i < wait[0]]
     before = [i for i in weights if wait[0] < i < head[0]]
     # one 16-byte weight vector a thread (4 rows x 256 over 128 threads) each time; two
     # where segmented (2 x 1024)
     n = 2 if variant == "11s" else 1
-    assert len(before) == (n if prefetch else 0), seq
+    if variant.endswith("p"):
+        assert len(early) == n and not before, seq
+    else:
+        assert not early and len(before) == (n if prefetch else 0), seq
     assert len([i for i in weights if head[0] < i < back]) == n, seq
