@@ -38,8 +38,11 @@ TUNED: dict[tuple[int, int], dict[tuple[str, int], object]] = {
         # ms @512, 0.579 -> 0.555 @4096; 8 rows in 4 splits before)
         # w13: 8 rows a program (session 10 run 103: 0.511 -> 0.483 ms @512, 0.561 -> 0.534
         # @4096); the 2-row tile's 2432 programs of 4 warps did not fit the SMs in one wave
-        # beside the kernels around it, and its last programs passed their wait 4.6 us late
-        ("wo", 1): L(2, 1024, 4, 2), ("w2", 1): L(2, 1024, 4, 2, 4), ("w13", 1): L(8, 1024, 4, 2),
+        # beside the kernels around it, and its last programs passed their wait 4.6 us late.
+        # Since gate/up lets the down projection launch at its start (session 12), 4 rows on
+        # 2 warps (runs 122-123: -1.8 / -2.0 % and -1.9 / -2.0 % against 8 rows on 4 warps;
+        # under the PDL before, run 104: +0.6 / -0.2 %)
+        ("wo", 1): L(2, 1024, 4, 2), ("w2", 1): L(2, 1024, 4, 2, 4), ("w13", 1): L(4, 1024, 2, 2),
         ("out", 1): L(32, 128, 4, 2), ("qkv", 1): (1, 1024),
         **{(k, 0): v for k, v in _VERIFY_0_5B.items()}, ("qkv", 0): (16, 64),
     },
