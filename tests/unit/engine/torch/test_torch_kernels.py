@@ -94,12 +94,11 @@ def test_one_token_products_in_the_row_layout(mode: int, peel: int, split: int,
     row's tile read as 2 or 4 rows of 8 or 4 columns, summed after the loop), with the
     in-loop norm (its 1/RMS from one row's sums; split-K: the weight only). K = 72 in tiles of
     16: the last tile half masked (so are some segments, whole or in part); 3 splits of 32
-    (the last holds half a tile), 2 of 48 (the second holds a tile and a half) and 4 of 32 (the
-    fourth empty); 40 rows in
-    blocks of 16: the last block partly masked. The PDL prologue modes (3, 7) load the first
-    tile before the wait (without prefetch it is reduced after the wait and the loop takes
-    the tiles after it; an empty split's is masked off whole). Same sums as the default
-    loop's."""
+    (the last holds half a tile), 2 of 48 (the second holds a tile and a half) and 4 of 32
+    (the fourth empty); 40 rows in blocks of 16: the last block partly masked. The PDL
+    prologue modes (3, 7) load the first tile before the wait (without prefetch it is reduced
+    after the wait and the loop takes the tiles after it; an empty split's is masked off
+    whole). Same sums as the default loop's."""
     n, k = 40, 72
     if mode != K.ADD:
         split = 1
