@@ -408,8 +408,8 @@ T1_SETS["final11"] = {
     "t1_session10": {"by_width": {"1536": _S10_1536, "896": {}}},
     "t1_attn_8w": {"by_width": {"1536": {"attn_warps": {"1": 8}}, "896": {}}},
 }
-#: ``--set seg`` (session 11, built after the session's device time was spent; run 115 in session 12): the
-#: down projection's 2 x 1024 tile in the row layout read as 4 segments of 256 a row
+#: ``--set seg`` (session 11, built after the session's device time was spent; run 115 in
+#: session 12): the down projection's 2 x 1024 tile in the row layout read as 4 segments of 256 a row
 #: (``LinearConfig.segments``), so that its rows, wider than a warp's 256 columns, reduce without
 #: a block barrier too (sm_90a: 32 registers, 36 prefetching; no `bar.sync` in the loop), with
 #: and without prefetch. Lists: block_n, block_k, warps, stages, split_k, swap, rows, prefetch,
@@ -427,11 +427,13 @@ T1_SETS["seg"] = {
 #: +6 %). Its programs become resident as gate/up's leave, and would then read 4 KB each
 #: during gate/up's tail instead of after its flush. Also with gate/up letting it launch at
 #: its start (mode 1), and the 0.5B's down in the row layout prefetching (run 109 without the
-#: prologue: +1.4 / +2.3 %).
-_W2P = {**DEFAULT_ONE_TOKEN_PDL, "w2": 2}
+#: prologue: +1.4 / +2.3 %). Runs 116-117 timed these sets against session 11's PDL
+#: (``_S11_PDL``), on which they are built; the default has since become ``_W13E_W2P``.
+_S11_PDL = {"attn": 1, "combine": 1, "w2": 1}
+_W2P = {**_S11_PDL, "w2": 2}
 T1_SETS["prologue12"] = {
     "t1_w2_prologue": {"one_token_pdl": _W2P},
-    "t1_w2_prologue_late": {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w2": 2 + LATE}},
+    "t1_w2_prologue_late": {"one_token_pdl": {**_S11_PDL, "w2": 2 + LATE}},
     "t1_w2_prologue_w13_early": {"one_token_pdl": {**_W2P, "w13": 1}},
     "t1_w2_prologue_rp896": {"one_token_pdl": _W2P, "by_width": {"1536": {}, "896": {
         "t1_tiles": {"w2": [2, 1024, 4, 2, 4, *_RP]}}}},
@@ -443,7 +445,7 @@ T1_SETS["prologue12"] = {
 _W13E_W2P = {**_W2P, "w13": 1}
 T1_SETS["prologue12b"] = {
     "t1_w2_prologue_w13_early": {"one_token_pdl": _W13E_W2P},
-    "t1_w13_early": {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w13": 1}},
+    "t1_w13_early": {"one_token_pdl": {**_S11_PDL, "w13": 1}},
     "t1_w2_prologue_w13_early_rp896": {"one_token_pdl": _W13E_W2P, "by_width": {
         "1536": {}, "896": {"t1_tiles": {"w2": [2, 1024, 4, 2, 4, *_RP]}}}},
 }
@@ -452,7 +454,6 @@ T1_SETS["prologue12b"] = {
 #: a control; the same pattern one boundary earlier (gate/up in the row layout prefetching,
 #: so its first tile loads before its wait, with the o-projection launching it early or
 #: late); the 1.5B's down in 4 x 1024 tiles (8 KB a program before its wait).
-_S11_PDL = {"attn": 1, "combine": 1, "w2": 1}
 _W13P = _both("w13", [8, 256, 4, 2, 1, *_RP], [8, 1024, 4, 2])
 T1_SETS["prologue12c"] = {
     "t1_session11": {"one_token_pdl": _S11_PDL},
@@ -503,7 +504,8 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "serial": SERIAL_VARIANTS, "atomics": ATOMICS_VARIANTS, "boundary": {},
     "splits": {}, "stages": {}, "waves": {}, "waves2": {}, "prefetch": {},
     "prefetch2": {}, "rows": {}, "rows2": {}, "warps": {}, "final11": {}, "seg": {},
-    "prologue12": {}, "prologue12b": {}, "prologue12c": {}, "prologue12d": {}, "w13_12": {}, "w13_12b": {},
+    "prologue12": {}, "prologue12b": {}, "prologue12c": {}, "prologue12d": {}, "w13_12": {},
+    "w13_12b": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

@@ -405,12 +405,11 @@ def _linear_kernel(
                                            MODE, EVICT)
         _gdc(PDL)
         _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-        if PDL % 4 >= 2:
-            if PREFETCH == 0:
-                av, av2, sv = _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE,
-                                        NORM)
-                k_start = k_lo + BLOCK_K
-        elif PREFETCH:
+        if PREFETCH == 0 and PDL % 4 >= 2:
+            av, av2, sv = _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE,
+                                    NORM)
+            k_start = k_lo + BLOCK_K
+        elif PREFETCH and PDL % 4 < 2:
             cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k_lo, k_hi, soff, sc, N, K, SEG,
                                            MODE, EVICT)
         for k0 in range(k_start, k_hi, BLOCK_K):
