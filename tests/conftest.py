@@ -49,6 +49,64 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return ws
 
 
+#: A small repository whose README says what it is, with a design doc and three code packages;
+#: the router package is many small functions full of the words an overview question uses.
+OVERVIEW_REPO = {
+    "README.md": (
+        "# Tiny shop\n\n"
+        "Tiny shop is a point-of-sale tool for one market stall: it prices orders, takes payments\n"
+        "and prints receipts, all without a network.\n\n"
+        "## Usage\n\n"
+        "Run `shop sell` and scan the items; `shop close` prints the day's totals.\n\n"
+        "## Layout\n\n"
+        "`shop/pricing` prices an order, `shop/receipts` prints it, `shop/router` hands each\n"
+        "request to the package that owns it.\n"
+    ),
+    "docs/DESIGN.md": (
+        "# Design\n\n"
+        "A sale is one request: the router reads it, pricing prices it, receipts prints it.\n"
+    ),
+    "shop/pricing/orders.py": (
+        '"""Prices of orders."""\n\n\n'
+        "def price_order(items: list[tuple[str, int]], discount: float = 0.0) -> int:\n"
+        '    """Total of an order in cents, after the discount."""\n'
+        "    total = sum(cents for _, cents in items)\n"
+        "    return round(total * (1 - discount))\n"
+    ),
+    "shop/receipts/printer.py": (
+        '"""Receipts on the stall\'s thermal printer."""\n\n\n'
+        "def print_receipt(lines: list[str]) -> str:\n"
+        '    """The receipt as the printer takes it: one line per item, then the total."""\n'
+        '    return "\\n".join(lines)\n'
+    ),
+    **{
+        f"shop/router/step_{i}.py": (
+            f'"""Step {i} of the request flow in this repository."""\n\n\n'
+            f"def flow_step_{i}(request: dict) -> dict:\n"
+            f'    """Move the request one step along the flow (repository step {i})."""\n'
+            f'    request["step"] = {i}\n'
+            "    return request\n"
+        )
+        for i in range(8)
+    },
+}
+
+
+@pytest.fixture
+def overview_repo(workspace: Path) -> Path:
+    """The workspace holding ``OVERVIEW_REPO``, indexed in-process."""
+    from openjarvis.config import IndexConfig
+    from openjarvis.index.indexer import index_workspace
+    from openjarvis.index.store import Store, db_path_for
+
+    for rel, text in OVERVIEW_REPO.items():
+        (workspace / rel).parent.mkdir(parents=True, exist_ok=True)
+        (workspace / rel).write_text(text)
+    with Store.open(db_path_for(workspace)) as store:
+        index_workspace(store, workspace, IndexConfig(workers=1))
+    return workspace
+
+
 # Tiny GGUF models (scripts/make_tiny_gguf.py): random weights, real Qwen-style BPE tokenizer.
 # Built once per session; the drafter and verifier share a tokenizer, "other" does not.
 

@@ -41,11 +41,25 @@ class Weights:
     tolerance: float = 1e-7
     rrf_k: float = 60.0  # reciprocal rank fusion: score = weight / (rrf_k + rank)
     signals: Mapping[str, float] = field(
-        default_factory=lambda: {"text": 1.0, "file": 2.0, "name": 1.0, "exact": 2.0, "fuzzy": 1.0, "focus": 0.5}
-    )
+        default_factory=lambda: {
+            "text": 1.0, "file": 2.0, "name": 1.0, "exact": 2.0, "fuzzy": 1.0, "focus": 0.5,
+            # Overview questions only: the openings of the README and design docs. At rank 1 it
+            # alone scores 4/61 (x overview_doc), more than code that both lexical signals put
+            # first (text + file, 3/61 x graph prior); a symbol the question names (exact + name
+            # + text + file, 6/61 x graph prior) still comes first.
+            "overview": 4.0,
+        }
+    )  # fmt: skip
     graph_prior: float = 0.3  # final score *= 1 + graph_prior * normalised file rank
     prose: float = 0.5  # chunks of files without a grammar (docs, text, translations)
     tests: float = 0.6  # chunks of test files: rarely the answer to "where/how is X done"
+    #: In an overview question, chunks of overview documents are what is asked for: no prose
+    #: discount, and the graph prior of the best-connected file (1 + graph_prior), since the README
+    #: is the repository's entry point though no code references it.
+    overview_doc: float = 1.3
+    #: In an overview question, chunks one directory may take before every other directory has had
+    #: its turn: the answer needs the whole, not ten small hits in the package whose words match best.
+    overview_per_package: int = 2
     chars_per_token: float = 4.0
 
 
@@ -196,12 +210,58 @@ def fuse(
 _TEST_PATH = re.compile(r"(^|/)(tests?|__tests__|spec|testing)/|(^|/)test_[^/]*$|[._-](test|spec)\.[a-z]+$")
 
 
-def path_prior(path: str, is_code: bool, weights: Weights = WEIGHTS) -> float:
-    """A multiplier for chunks by where they live: code outside tests is 1."""
+def path_prior(path: str, is_code: bool, weights: Weights = WEIGHTS, overview: bool = False) -> float:
+    """A multiplier for chunks by where they live: code outside tests is 1.
+
+    With ``overview`` (the question asks about the repository as a whole), the overview
+    documents (``overview_doc_order``) are the answer rather than prose beside it: not discounted.
+    """
+    if overview and overview_doc_order(path) is not None:
+        return weights.overview_doc
     prior = 1.0 if is_code else weights.prose
     if _TEST_PATH.search(path):
         prior *= weights.tests
     return prior
+
+
+#: Documents that describe a whole repository: its README, and design / architecture / overview
+#: pages at the root or in a top-level docs folder, in any of the usual text formats.
+_OVERVIEW_DOC = re.compile(
+    r"^(?:(docs?|documentation)/)?(readme|architecture|design|overview)(\.(md|markdown|rst|txt|adoc|org))?$",
+    re.IGNORECASE,
+)
+
+
+def overview_doc_order(path: str) -> int | None:
+    """Where ``path`` comes among a repository's overview documents (0 first), or None if it is not one.
+
+    The root README comes first: it is the one page nearly every repository has, and its
+    opening says what the repository is. Then the other root documents, then the docs folder's.
+    """
+    match = _OVERVIEW_DOC.match(path)
+    if match is None:
+        return None
+    in_docs = match.group(1) is not None
+    readme = match.group(2).lower() == "readme"
+    return 2 * in_docs + (0 if readme else 1)
+
+
+def diversify(
+    ranked: Sequence[tuple[K, float]], group: Callable[[K], Hashable], per_group: int
+) -> list[tuple[K, float]]:
+    """``ranked`` with each group's entries past its first ``per_group`` moved behind all the rest.
+
+    Order is kept within both parts, so taking the first ``k`` picks the best entries of as many
+    groups as ``k`` allows before a second helping of any one; the first entry never moves.
+    """
+    seen: dict[Hashable, int] = {}
+    kept: list[tuple[K, float]] = []
+    deferred: list[tuple[K, float]] = []
+    for entry in ranked:
+        g = group(entry[0])
+        seen[g] = seen.get(g, 0) + 1
+        (kept if seen[g] <= per_group else deferred).append(entry)
+    return kept + deferred
 
 
 def normalise(values: Mapping[K, float]) -> dict[K, float]:

@@ -9,9 +9,14 @@
 - ``exact``: definitions whose name or qualified name is a word of the query;
 - ``fuzzy``: definitions whose name is close to one (``parse_htpp_date``), by ``close_names``;
 - ``focus``: chunks of the focused files (the editor's or conversation's files), if any;
+- ``overview``: for a question about the repository as a whole (``is_overview``) that names no
+  definition, the openings of its overview documents (the root README first, then design /
+  architecture pages);
 
 and two priors: each file's PageRank in the reference graph (personalised toward the focus files
-when given), and ``rank.path_prior`` (prose and test files weigh less).
+when given), and ``rank.path_prior`` (prose and test files weigh less, except overview documents
+in an overview question). An overview question also takes at most
+``Weights.overview_per_package`` chunks from one directory before every other has had its turn.
 
 Example::
 
@@ -51,6 +56,17 @@ FUZZY_CUTOFF = 0.85
 _Info = tuple[int, str, str, str, int, int, bool]
 SNIPPET_LINES = 3
 SNIPPET_LINE_CHARS = 160
+#: Leading chunks each overview document offers: two, since a README's first chunk may be only
+#: its title and badges, with the sentence that says what the repository is in the next one.
+OVERVIEW_CHUNKS = 2
+#: What makes a question about the repository as a whole rather than a part of it: the whole named
+#: after a determiner ("this repository", "the whole project": "project" alone is also a verb,
+#: as in "project each value"), or a request for its overview or architecture.
+_OVERVIEW = re.compile(
+    r"\b(?:(?:this|the|my|our|your|whole|entire)\s+(?:repository|repo|project|codebase|code\s*base)"
+    r"|overview|architecture)\b",
+    re.IGNORECASE,
+)
 
 STOPWORDS = frozenset(
     (
@@ -108,6 +124,16 @@ def query_terms(query: str) -> list[str]:
     return list(terms)
 
 
+def is_overview(query: str) -> bool:
+    """Whether ``query`` asks about the repository as a whole ("what does this repository do?").
+
+    Such a question is answered by the repository's own description; its words ("repository",
+    "request") match scattered docstrings better than they match the README, so without this the
+    answer is built from whichever package happens to say "repository" most.
+    """
+    return _OVERVIEW.search(query) is not None
+
+
 def _fts_expr(terms: Sequence[str]) -> str:
     return " OR ".join(f'"{t}"' for t in terms)
 
@@ -134,6 +160,11 @@ def search(
     signals["fuzzy"] = _exact_chunks(
         store, [close for word in _identifier_words(query) for close in close_names(store, word, limit=3)]
     )
+    # A question that names a definition is about it, whatever scope it mentions ("how does this
+    # project compute price_order?"): the definition, not the README, should come first.
+    overview = not signals["exact"] and is_overview(query)
+    if overview:
+        signals["overview"] = _overview_chunks(store)
     file_rank = _file_ranks(store, focus)
     if focus:
         ids = [r[0] for r in conn.execute(
@@ -147,9 +178,40 @@ def search(
         return []
     info = _chunk_info(store, candidates)
     prior = {cid: file_rank.get(info[cid][0], 0.0) for cid in candidates if cid in info}
-    mult = {cid: rank.path_prior(v[1], v[6], weights) for cid, v in info.items()}
-    fused = rank.fuse(signals, prior, weights, mult)[:k]
-    return [_hit(store, cid, score, info[cid], terms) for cid, score in fused if cid in info]
+    mult = {cid: rank.path_prior(v[1], v[6], weights, overview) for cid, v in info.items()}
+    fused = [(cid, score) for cid, score in rank.fuse(signals, prior, weights, mult) if cid in info]
+    if overview:
+        # Breadth over depth: pick the k across directories, then show them best first.
+        fused = rank.diversify(fused, lambda cid: _package(info[cid][1]), weights.overview_per_package)
+        fused = sorted(fused[:k], key=lambda kv: -kv[1])
+    return [_hit(store, cid, score, info[cid], terms) for cid, score in fused[:k]]
+
+
+def _package(path: str) -> str:
+    """The directory a file lives in: the unit an overview question should not see ten hits of."""
+    return path.rpartition("/")[0]
+
+
+def _overview_chunks(store: Store) -> list[int]:
+    """The leading chunks of the repository's overview documents, root README first.
+
+    Only the root and one folder down can hold one (``rank.overview_doc_order``); SQLite drops
+    deeper paths before Python sees them, so the cost is one pass over the files table's paths.
+    """
+    docs = sorted(
+        (order, path, fid)
+        for fid, path in store.conn.execute("SELECT id, path FROM files WHERE path NOT LIKE '%/%/%'")
+        if (order := rank.overview_doc_order(path)) is not None
+    )
+    out: list[int] = []
+    for _, _, fid in docs:
+        out.extend(
+            r[0]
+            for r in store.conn.execute(
+                "SELECT id FROM chunks WHERE file_id = ? ORDER BY start_line LIMIT ?", (fid, OVERVIEW_CHUNKS)
+            )
+        )
+    return out[:CANDIDATES]
 
 
 def _name_matches(store: Store, terms: Sequence[str]) -> list[int]:

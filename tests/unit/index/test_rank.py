@@ -103,3 +103,24 @@ def test_render_map_groups_files_and_indents_members() -> None:
 def test_ambiguous_names_share_their_weight_and_stop_names_link_nothing() -> None:
     graph = rank.build_graph([(1, "render"), (2, "render"), (3, "super")], [(4, "render", 1), (4, "super", 5)])
     assert graph.edges == {4: {1: 0.5, 2: 0.5}}
+
+
+def test_overview_documents_readme_first_then_root_then_docs() -> None:
+    paths = ["docs/design.md", "src/README.md", "ARCHITECTURE.md", "readme.rst", "docs/README.md", "docs/gpu.md"]
+    ordered = sorted((o, p) for p in paths if (o := rank.overview_doc_order(p)) is not None)
+    assert [p for _, p in ordered] == ["readme.rst", "ARCHITECTURE.md", "docs/README.md", "docs/design.md"]
+
+
+def test_overview_documents_lose_the_prose_discount_only_in_an_overview_question() -> None:
+    w = Weights()
+    assert rank.path_prior("README.md", False, w) == w.prose
+    assert rank.path_prior("README.md", False, w, overview=True) == w.overview_doc
+    assert rank.path_prior("NOTES.md", False, w, overview=True) == w.prose
+    assert rank.path_prior("src/app.py", True, w, overview=True) == 1.0
+
+
+def test_diversify_defers_a_groups_extra_entries_behind_the_others() -> None:
+    ranked = [("a/1", 9.0), ("a/2", 8.0), ("a/3", 7.0), ("b/1", 6.0), ("a/4", 5.0), ("c/1", 4.0)]
+    out = rank.diversify(ranked, lambda key: key.split("/")[0], per_group=2)
+    assert [k for k, _ in out] == ["a/1", "a/2", "b/1", "c/1", "a/3", "a/4"]
+    assert sorted(out) == sorted(ranked)  # nothing lost, scores untouched

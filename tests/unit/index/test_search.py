@@ -5,7 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from openjarvis.index import rank
-from openjarvis.index.search import close_names, definition, query_terms, repo_map, search, snippet, usages
+from openjarvis.index.search import (
+    close_names,
+    definition,
+    is_overview,
+    query_terms,
+    repo_map,
+    search,
+    snippet,
+    usages,
+)
 from openjarvis.index.store import Store
 
 
@@ -132,3 +141,36 @@ def test_tracer_sees_the_queries_of_a_search(sample_repo: Path, store: Store) ->
         search(traced, "split lines", k=3)
     matches = [sql for sql in seen if "MATCH" in sql]
     assert [sql.split(" FROM ")[1].split()[0] for sql in matches] == ["chunks_fts", "files_fts", "names_fts"]
+
+
+OVERVIEW_QUESTION = "What does this repository do, and where does a request flow?"
+
+
+def test_overview_questions_are_told_from_questions_about_a_part() -> None:
+    assert is_overview(OVERVIEW_QUESTION)
+    assert is_overview("Give me an overview of the architecture")
+    assert not is_overview("Where are HTTP dates parsed?")
+    assert not is_overview("how does parse_http_date handle two-digit years")
+    assert not is_overview("recursively project each value to an observable")  # the verb
+
+
+def test_an_overview_question_draws_on_the_readme_and_design_doc(overview_repo: Path) -> None:
+    """The README's opening says what the repository is; eight small router functions that repeat
+    the question's words ("request", "flow", "repository") must not take its place."""
+    from openjarvis.index.store import open_readonly
+
+    with open_readonly(overview_repo) as store:
+        hits = search(store, OVERVIEW_QUESTION, k=8)
+    places = [(h.path, h.start_line) for h in hits]
+    assert ("README.md", 1) in places[:3], places
+    assert "docs/DESIGN.md" in [h.path for h in hits[:3]], places
+    assert any(h.path.startswith("shop/router/") for h in hits), "the code the question names stays"
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
+def test_a_named_definition_still_comes_first_in_a_question_about_the_project(overview_repo: Path) -> None:
+    from openjarvis.index.store import open_readonly
+
+    with open_readonly(overview_repo) as store:
+        hits = search(store, "How does this project compute price_order totals?", k=8)
+    assert (hits[0].path, hits[0].symbol) == ("shop/pricing/orders.py", "price_order")
