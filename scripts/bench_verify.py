@@ -491,18 +491,10 @@ T1_SETS["w13_12b"] = {
     "t1_w13_4x1024_1w": {"t1_tiles": {"w13": [4, 1024, 1, 2]}},
     "t1_w13_8x1024_2w": {"t1_tiles": {"w13": [8, 1024, 2, 2]}},
 }
-#: ``--set mid13`` (session 13): gate/up letting the down projection launch partway through
-#: its loop (``kernels.PDL_MID``: as each program starts its j-th K tile from the end), not at
-#: its start: run 121's trace saw the down projection's early programs take gate/up's last
-#: programs' slots (gate/up's loop 16.1 -> 16.6 µs). The 1.5B's gate/up has 6 tiles (j = 1,
-#: 2, 3), the 0.5B's one (any j: at its first tile, after the wait). Also the down
-#: projection letting the next layer's qkv launch at its last tile or its last two.
-T1_SETS["mid13"] = {
-    **{f"t1_w13_mid{j}": {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w13": 1 + LATE + K.PDL_MID * j}}
-       for j in (1, 2, 3)},
-    **{f"t1_w2_mid{j}": {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w2": 2 + LATE + K.PDL_MID * j}}
-       for j in (1, 2)},
-}
+#: (Session 13's ``--set mid13``, run 126, gate/up or the down projection letting the next
+#: kernel launch partway through its K loop (``kernels.PDL_MID``) instead of at its start,
+#: lost: gate/up +2.1 to +4.0 % (1.5B, the later the worse), ±0.2 % (0.5B); the down projection
+#: +0.9 to +3.8 %; removed, commit 66ef5ba holds it.)
 #: (Session 10's ``--set cluster``, runs 99-100, one-token attention as one thread-block-cluster
 #: launch with the splits merged through distributed shared memory, lost: at best +2.8 % @512,
 #: +11.8 % @4096 (1.5B), +5.5 / +20 % (0.5B); removed, kept in history as eafbe9b.)
@@ -517,7 +509,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "splits": {}, "stages": {}, "waves": {}, "waves2": {}, "prefetch": {},
     "prefetch2": {}, "rows": {}, "rows2": {}, "warps": {}, "final11": {}, "seg": {},
     "prologue12": {}, "prologue12b": {}, "prologue12c": {}, "prologue12d": {}, "w13_12": {},
-    "w13_12b": {}, "mid13": {},
+    "w13_12b": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

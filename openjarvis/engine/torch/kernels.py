@@ -45,12 +45,6 @@ ATOMIC_SEMS = ("relaxed", "acq_rel")
 #: Added to a PDL mode (1 or 2; 3 in tests): the kernel lets its successor launch after its
 #: main loop (``_gdc_late``) instead of at its start.
 PDL_LATE = 4
-#: Added (times j >= 1) to a linear kernel's PDL mode 5 or 6 (one-token steps): the kernel lets
-#: its successor launch as each program starts the j-th K tile from the end of its split (the
-#: first where the split has fewer), neither at its start nor after its loop: the successor's
-#: programs become resident during this kernel's last tiles without taking slots from its
-#: programs that have not started yet (``_gdc_mid``).
-PDL_MID = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,23 +149,6 @@ def _gdc_late(PDL: tl.constexpr):
     so its waiting programs never hold SM slots that this kernel's later programs need."""
     if PDL == 5 or PDL == 6:
         tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def _launch_dependents():
-    """The PDL trigger on its own (the interpreter has none: its tests patch this)."""
-    tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def _gdc_mid(PDL: tl.constexpr, k0, k_lo, k_hi, BLOCK_K: tl.constexpr):
-    """``PDL_MID``: at the top of the loop's tile ``k0`` (and after a tile reduced before the
-    loop), the trigger if this is the (PDL // 8)-th tile from the end of the split (8:
-    ``PDL_MID``, which a kernel cannot read as a global)."""
-    if PDL >= 8:
-        n = tl.cdiv(k_hi - k_lo, BLOCK_K)
-        if (k0 - k_lo) // BLOCK_K == tl.maximum(n - PDL // 8, 0):
-            _launch_dependents()
 
 
 @triton.jit
@@ -431,13 +408,11 @@ def _linear_kernel(
         if PREFETCH == 0 and PDL % 4 >= 2:
             av, av2, sv = _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE,
                                     NORM)
-            _gdc_mid(PDL, k_lo, k_lo, k_hi, BLOCK_K)
             k_start = k_lo + BLOCK_K
         elif PREFETCH and PDL % 4 < 2:
             cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k_lo, k_hi, soff, sc, N, K, SEG,
                                            MODE, EVICT)
         for k0 in range(k_start, k_hi, BLOCK_K):
-            _gdc_mid(PDL, k0, k_lo, k_hi, BLOCK_K)
             if PREFETCH:  # (cols: carried from the iteration before)
                 coln, cmn, wn, w2n = _seg_tile(w_ptr, srow, smask, k0 + BLOCK_K, k_hi, soff, sc,
                                                N, K, SEG, MODE, EVICT)
@@ -466,9 +441,7 @@ def _linear_kernel(
         _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
         acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
                                   acc2, ss, MODE, NORM, BLOCK_T)
-        _gdc_mid(PDL, k_lo, k_lo, k_hi, BLOCK_K)
         for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
-            _gdc_mid(PDL, k0, k_lo, k_hi, BLOCK_K)
             rk = k0 + tl.arange(0, BLOCK_K)
             kmask = rk < k_hi
             wmask = nmask[:, None] & kmask[None, :]
@@ -485,7 +458,6 @@ def _linear_kernel(
         # Element-wise accumulators reduced once after the loop lost 4-12 % (run 80): 40 -> 70
         # registers for gate/up, too few programs resident.
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            _gdc_mid(PDL, k0, k_lo, k_hi, BLOCK_K)
             rk = k0 + tl.arange(0, BLOCK_K)  # [BK]
             kmask = rk < k_hi
             x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
@@ -892,7 +864,7 @@ def _launch(pdl: int) -> dict[str, bool]:
     """PDL modes: 0 off; 1 launched early, waits first; 2 also loads its first weight tile
     before waiting (linear and qkv kernels); 3 the code of 2 without PDL (tests, interpreter);
     plus ``PDL_LATE`` (5, 6, 7): the next kernel is let go after the main loop, not at the
-    start; plus ``PDL_MID`` times j (one-token linear kernels): partway through the loop."""
+    start."""
     return {"launch_pdl": True} if pdl % 4 in (1, 2) else {}
 
 
@@ -999,9 +971,6 @@ def linear(
     if cfg.swap and t > 1:
         if cfg.block_n < 16:
             raise ValueError("a swapped tile needs block_n >= 16 (it is the MMA's M)")
-        if pdl >= PDL_MID:
-            raise ValueError(f"PDL mode {pdl}: a trigger partway through the loop (PDL_MID) "
-                             f"is for the unswapped kernel; use a mode below {PDL_MID}")
         kernel = _linear_swap_kernel
     else:
         kernel = _linear_kernel

@@ -124,51 +124,6 @@ def test_one_token_products_in_the_row_layout(mode: int, peel: int, split: int,
     assert rel(outs[1], outs[0]) < 1e-6
 
 
-@pytest.mark.parametrize("layout", ["default", "rows", "prefetch"])
-@pytest.mark.parametrize(("split", "j"), [(1, 1), (1, 2), (1, 9), (2, 1), (3, 2)])
-@pytest.mark.parametrize("peel", [False, True])
-def test_a_mid_loop_trigger_fires_once_a_program_at_the_jth_tile_from_its_end(
-        monkeypatch: pytest.MonkeyPatch, layout: str, split: int, j: int, peel: bool) -> None:
-    """``PDL_MID``: each program lets the next kernel launch once, as it starts the j-th K
-    tile from the end of its split (the first where the split has fewer tiles), and the sums
-    stay what they are. K = 80 in tiles of 16: 5 tiles; in 2 splits 3 and 2, in 3 splits 2, 2
-    and 1. The interpreter has no PDL, so the wait and the trigger are patched into marks, and
-    what the trigger records is how many of its program's weight tiles were asked for before
-    it: tile i's trigger comes after tiles 0..i-1, and after tile i too where the loop asks a
-    tile ahead (prefetch) or where tile 0 was asked for before the wait (the prologue)."""
-    from triton.runtime import interpreter as I
-
-    n, k, bk = 32, 80, 16
-    x, w, h0 = g(1, k, seed=1), g(n, k, seed=2), g(1, n, seed=5)
-    out = h0.clone()
-    builder = I.interpreter_builder
-    load = builder.create_masked_load
-    lo, hi = w.data_ptr(), w.data_ptr() + w.numel() * w.element_size()
-    asked: dict[tuple[int, int, int], int] = {}  # weight tiles asked for, by program
-    fired: list[tuple[tuple[int, int, int], int]] = []
-
-    def masked_load(ptrs, mask, other, cache_policy, is_volatile):  # noqa: ANN001, ANN202
-        addr = ptrs.data.astype("int64")
-        if ((addr >= lo) & (addr < hi)).all():
-            asked[builder.grid_idx] = asked.get(builder.grid_idx, 0) + 1
-        return load(ptrs, mask, other, cache_policy, is_volatile)
-
-    monkeypatch.setattr(builder, "create_masked_load", masked_load)
-    monkeypatch.setattr(K, "_gdc", lambda pdl: None)
-    monkeypatch.setattr(K, "_gdc_late", lambda pdl: None)
-    monkeypatch.setattr(K, "_launch_dependents",
-                        lambda: fired.append((builder.grid_idx, asked.get(builder.grid_idx, 0))))
-    cfg = K.LinearConfig(8, bk, split_k=split, rows=layout != "default",
-                         prefetch=layout == "prefetch")
-    K.linear(x, w, out, mode=K.ADD, cfg=cfg, pdl=(6 if peel else 5) + K.PDL_MID * j)
-    assert rel(out, h0 + x @ w.T) < 1e-5
-    assert sorted(p for p, _ in fired) == sorted(asked) and len(fired) == len(asked) == 4 * split
-    per = -(-k // (split * bk)) * bk  # K columns a split
-    for (_, s, _), before in fired:
-        i = max(-(-(min(k, (s + 1) * per) - s * per) // bk) - j, 0)
-        assert before == i + (layout == "prefetch" or (peel and i == 0)), (s, fired)
-
-
 def test_a_prefetch_or_segments_without_the_row_layout_are_refused() -> None:
     with pytest.raises(ValueError, match="prefetch needs rows=True"):
         K.LinearConfig(8, 16, prefetch=True)
@@ -578,16 +533,6 @@ def test_pdl_modes_never_launch_early_without_waiting() -> None:
     kernels without a weight prologue get the plain wait of the same mode."""
     assert [bool(K._launch(m)) for m in range(8)] == [False, True, True, False] * 2
     assert [K._wait(m) for m in range(8)] == [0, 1, 1, 0, 0, 5, 5, 0]
-    # the trigger partway through the loop (PDL_MID) keeps the launch and the wait of 5 and 6
-    assert all(K._launch(m + K.PDL_MID * j) for m in (5, 6) for j in (1, 3))
-
-
-def test_a_mid_loop_trigger_on_the_swapped_kernel_is_refused() -> None:
-    """The swapped (verify) kernel has no such trigger: asking for one is an error, not a
-    kernel that quietly lets the next one go only as it ends."""
-    x, w, out = g(3, 64, seed=1), g(32, 64, seed=2), torch.zeros(3, 32)
-    with pytest.raises(ValueError, match="PDL_MID"):
-        K.linear(x, w, out, cfg=K.LinearConfig(16, 16, swap=True), pdl=5 + K.PDL_MID)
 
 
 def test_dropped_steps_go_at_once_not_at_a_later_garbage_collection() -> None:
