@@ -491,6 +491,52 @@ T1_SETS["w13_12b"] = {
     "t1_w13_4x1024_1w": {"t1_tiles": {"w13": [4, 1024, 1, 2]}},
     "t1_w13_8x1024_2w": {"t1_tiles": {"w13": [8, 1024, 2, 2]}},
 }
+#: ``--set l2side`` (session 13): each layer's gate/up weights partly asked into L2 from a side
+#: stream of the one-token step's graph (``Runner.l2_prefetch``: the rows of its last programs,
+#: [MB, programs]) once the layer before is done, while qkv, the attention, its merge and the
+#: o-projection (~10 µs a layer) leave DRAM idle. Every L2 prefetch before asked from a kernel
+#: of that chain (sessions 3, 5, 7, 10: runs 16, 66, 67, 92) and lost; this one is on no
+#: kernel's path. 1.5B gate/up: 52.5 MB a layer; 0.5B: 16.6 MB.
+T1_SETS["l2side"] = {
+    f"t1_pf{a}_{p}": {"by_width": {"1536": {"l2_prefetch": [a, p]},
+                                   "896": {"l2_prefetch": [b, p]}}}
+    for a, b, p in ((8, 4, 16), (16, 8, 16), (24, 12, 16), (16, 8, 32), (32, 16, 32))
+}
+#: ``--set l2side2`` (session 13, after runs 127-128: asked for once the layer before is done,
+#: the prefetch ran beside qkv and held its loop up, 2.3 -> 4.9 / 9.2 µs with 8 / 16 MB, while
+#: gate/up's loop gained 0.8 / 1.0 µs; 4 MB from 64 programs, a short burst, gave -0.2 % @512 and
+#: -1.8 % @4096): asked for after qkv (1) or after the attention's merge (2) instead, from 16-64
+#: programs; [1.5B MB, programs, after] with the 0.5B asking for half the MB.
+T1_SETS["l2side2"] = {
+    f"t1_pf{a}_{p}_at{at}": {"by_width": {"1536": {"l2_prefetch": [a, p, at]},
+                                          "896": {"l2_prefetch": [a / 2, p, at]}}}
+    for a, p, at in ((4, 64, 0), (8, 64, 1), (16, 64, 1), (24, 64, 1), (8, 16, 1), (16, 32, 1),
+                     (8, 64, 2), (16, 64, 2))
+}
+#: ``--set l2side3`` (session 13, 1.5B, after run 129: after qkv or after the merge the prefetch
+#: held up the attention's loop (3.3 -> 5.6 µs with 16 MB after qkv) or the o-projection's;
+#: only a short burst right after the layer before paid, 4 MB from 64 programs: -0.7 % @512,
+#: -1.6 % @4096 (run 128: -0.2 / -1.8 %); the 0.5B's 2 MB lost @512): bursts of 2-8 MB from
+#: 32-128 programs after the layer before.
+T1_SETS["l2side3"] = {
+    f"t1_pf{a}_{p}": {"l2_prefetch": [a, p, 0]}
+    for a, p in ((2, 64), (4, 64), (6, 64), (4, 32), (4, 128), (8, 128))
+}
+#: ``--set l2side4`` (session 13, after run 130: 8 MB from 128 programs -1.5 % @512, -2.7 %
+#: @4096; the faster the burst, the better): larger bursts from 128-256 programs; the 0.5B
+#: asking for a quarter of the 1.5B's MB (its gate/up is 16.6 MB a layer).
+T1_SETS["l2side4"] = {
+    f"t1_pf{a}_{p}": {"by_width": {"1536": {"l2_prefetch": [a, p, 0]},
+                                   "896": {"l2_prefetch": [a / 4, p, 0]}}}
+    for a, p in ((8, 128), (8, 256), (12, 128), (12, 256), (16, 256), (24, 256))
+}
+#: ``--set final13`` (session 13): the default (the 1.5B's gate/up asking L2 for 8 MB from a
+#: side stream, ``tuning.L2_PREFETCH``) against session 12's (no prefetch), and 6 MB from 64
+#: programs.
+T1_SETS["final13"] = {
+    "t1_session12": {"l2_prefetch": None},
+    "t1_pf6_64": {"by_width": {"1536": {"l2_prefetch": [6, 64, 0]}, "896": {}}},
+}
 #: (Session 13's ``--set mid13``, run 126, gate/up or the down projection letting the next
 #: kernel launch partway through its K loop (``kernels.PDL_MID``) instead of at its start,
 #: lost: gate/up +2.1 to +4.0 % (1.5B, the later the worse), ±0.2 % (0.5B); the down projection
@@ -509,12 +555,12 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "splits": {}, "stages": {}, "waves": {}, "waves2": {}, "prefetch": {},
     "prefetch2": {}, "rows": {}, "rows2": {}, "warps": {}, "final11": {}, "seg": {},
     "prologue12": {}, "prologue12b": {}, "prologue12c": {}, "prologue12d": {}, "w13_12": {},
-    "w13_12b": {},
+    "w13_12b": {}, "l2side": {}, "l2side2": {}, "l2side3": {}, "l2side4": {}, "final13": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps"}
+         "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -550,6 +596,8 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.norm_handoff = bool(v.get("norm_handoff", base["norm_handoff"]))
     r.atomic_sem = v.get("atomic_sem", base["atomic_sem"])
     r.verify_handoff = bool(v.get("verify_handoff", base["verify_handoff"]))
+    pf = v.get("l2_prefetch", base["l2_prefetch"])  # [MB a layer, programs, after]; null: off
+    r.l2_prefetch = (float(pf[0]), int(pf[1]), int(pf[2]) if len(pf) > 2 else 0) if pf else None
     r.drop_steps()
 
 
@@ -572,7 +620,8 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
                "attn_warps": dict(r.attn_warps),
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
-               "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff}
+               "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
+               "l2_prefetch": r.l2_prefetch}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -44,9 +44,12 @@ KINDS = ("qkv", "attn", "merge", "wo", "w13", "w2")
 PROGS = 16384  # programs recorded a launch (the output projection has ~9.5k)
 
 
-def trace(a: ModelArgs, pos: int, replays: int) -> dict[str, Any]:
+def trace(a: ModelArgs, pos: int, replays: int,
+          l2_prefetch: tuple[float, int, int] | None = None) -> dict[str, Any]:
     w = random_weights(a, torch.bfloat16, "cuda", seed=0)
     r = Runner(Transformer(a, w, n_pos=pos + 128), pos + 64, kernels="triton", graphs=True)
+    if l2_prefetch is not None:  # (its side-stream kernel is not traced)
+        r.l2_prefetch = l2_prefetch
     nk = len(KINDS)
     toks = [100]
     r.step(toks, pos)
@@ -94,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="1.5B,0.5B")
     ap.add_argument("--positions", default="512,4096")
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--l2-prefetch", default="",
+                    help="MB,PROGRAMS,AFTER: trace with Runner.l2_prefetch (session 13)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("trace_step needs a CUDA GPU", file=sys.stderr)
@@ -102,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {}
     for name in args.models.split(","):
         for pos in (int(p) for p in args.positions.split(",")):
-            out = trace(models[name], pos, args.replays)
+            pf = tuple(float(x) for x in args.l2_prefetch.split(",")) if args.l2_prefetch else None
+            out = trace(models[name], pos, args.replays,
+                        (pf[0], int(pf[1]), int(pf[2])) if pf else None)
             res[f"{name}@{pos}"] = out
             print(name, pos, json.dumps(out), flush=True)
             args.out.mkdir(parents=True, exist_ok=True)

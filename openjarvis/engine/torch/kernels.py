@@ -838,6 +838,22 @@ def _embed_kernel(tok_ptr, emb_ptr, h_ptr, D, BLOCK_D: tl.constexpr, PDL: tl.con
     _gdc_late(PDL)
 
 
+@triton.jit
+def _l2_prefetch_kernel(w_ptr, off0, off1, n_lines, LINE: tl.constexpr, BLOCK: tl.constexpr,
+                        PER: tl.constexpr):
+    """Program (p, r): ask L2 for its ``PER * BLOCK`` lines of region r (lines of ``LINE``
+    elements from element ``off0``, or ``off1`` for r = 1), one ``prefetch.global.L2`` a line.
+    Nothing waits for the lines: the program ends once it has asked (lines past ``n_lines``
+    ask for the region's first line again)."""
+    base = tl.where(tl.program_id(1) == 0, off0, off1).to(tl.int64)
+    for i in range(PER):
+        idx = (tl.program_id(0) * PER + i) * BLOCK + tl.arange(0, BLOCK)
+        idx = tl.where(idx < n_lines, idx, 0).to(tl.int64)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
+                                  [w_ptr + base + idx * LINE], dtype=tl.int32, is_pure=False,
+                                  pack=1)
+
+
 # --- launchers ------------------------------------------------------------------------------
 
 
@@ -1152,3 +1168,24 @@ def embed(
         **_launch(pdl),
     )
     return h
+
+
+def l2_prefetch(w: torch.Tensor, starts: tuple[int, ...], count: int, programs: int) -> None:
+    """Ask L2 for ``count`` elements of ``w`` from each element offset in ``starts`` (one or
+    two regions), spread over ``programs`` programs a region; returns once asked (the GPU).
+
+    Runs on a side stream of a one-token step (``Runner.l2_prefetch``), so that the latency-
+    bound chain of qkv, attention and o-projection, which leaves DRAM idle, is not what waits
+    for it (sessions 3-10 asked from the kernels of that chain, and lost)."""
+    if w.device.type != "cuda":
+        raise ValueError("an L2 prefetch needs the GPU (the interpreter has no inline assembly)")
+    if not 1 <= len(starts) <= 2 or not w.is_contiguous() or count <= 0 or any(
+            s < 0 or s + count > w.numel() for s in starts):
+        raise ValueError(f"an L2 prefetch takes one or two regions of {count} elements inside "
+                         f"a contiguous tensor of {w.numel()}; got starts {starts}")
+    line = 128 // w.element_size()
+    n_lines = triton.cdiv(count, line)
+    block = 128
+    per = triton.cdiv(n_lines, programs * block)
+    _l2_prefetch_kernel[(programs, len(starts))](w, starts[0], starts[-1], n_lines, LINE=line,
+                                                 BLOCK=block, PER=per, num_warps=4)

@@ -122,6 +122,25 @@ def test_one_token_steps_with_and_without_the_norm_hand_off_agree_with_float32(
     assert float((out.argmax(-1) == expect[170:180].argmax(-1)).float().mean()) > 0.95
 
 
+@pytest.mark.parametrize("after", [0, 1, 2])
+def test_one_token_steps_asking_l2_for_gate_up_compute_the_same_logits(
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor], after: int) -> None:
+    """``Runner.l2_prefetch`` (the 1.5B's default, ``tuning.L2_PREFETCH``; here on the 0.5B's
+    shapes, from each point of the layer it can start at): its side stream joins the step's
+    graph, and the logits are bit for bit those of the same deterministic step without it."""
+    model, _, toks, expect = pair
+    outs = []
+    for pf in (None, (2.0, 64, after)):
+        r = Runner(model, 256)
+        r.make_deterministic()
+        r.l2_prefetch = pf
+        r.logits(toks[:170], 0)
+        outs.append(torch.cat([r.logits(toks[i : i + 1], i).clone() for i in range(170, 180)]))
+    assert r._prefetch_stream is not None  # the prefetch ran
+    assert torch.equal(outs[0], outs[1])
+    assert rel(outs[1], expect[170:180]) < BF16_REL
+
+
 def test_verify_steps_with_the_serial_norm_hand_off_agree_with_float32(
         pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
     """Verify steps whose split-K o-projection hands the feed-forward norm to gate/up through

@@ -80,6 +80,15 @@ for rows, pf, bn, bk, seg, pdl in ((0, 0, 4, 256, 1, 5), (1, 0, 4, 256, 1, 5),
     out[f"loop{rows}{pf}" + ("s" if seg > 1 else "") + ("p" if pdl == 6 else "")] = [
         line.strip() for line in ptx.splitlines()
         if re.search(r"ld\.global|bar\.sync|griddepcontrol\.wait|Loop Header|\bbra\b", line)]
+# the L2 prefetch of Runner.l2_prefetch: 4 lines a thread (PER), asked for and nothing else
+const = dict(LINE=64, BLOCK=128, PER=4)
+src = ASTSource(K._l2_prefetch_kernel, {"w_ptr": "*bf16", "off0": "i64", "off1": "i64",
+                                        "n_lines": "i32", **{k: "constexpr" for k in const}},
+                constexprs=const)
+ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+out["l2_prefetch"] = [line.strip() for line in ptx.splitlines()
+                      if re.search(r"^\s*(@%p\d+ )?(prefetch|ld\.global|st\.global|atom)",
+                                   line)]
 print(json.dumps(out))
 """
 
@@ -159,3 +168,11 @@ def test_the_row_layout_loop_has_no_barrier_and_a_prefetch_asks_a_tile_ahead(
     else:
         assert not early and len(before) == (n if prefetch else 0), seq
     assert len([i for i in weights if head[0] < i < back]) == n, seq
+
+
+def test_the_l2_prefetch_asks_for_each_line_and_loads_nothing(ops: dict[str, list[str]]) -> None:
+    """``kernels.l2_prefetch``: one ``prefetch.global.L2`` a line a thread (the inline assembly
+    is not pure, so the compiler keeps every one though nothing reads its result), and no load
+    or store that would make the program wait for the lines."""
+    seq = ops["l2_prefetch"]
+    assert len(seq) == 4 and all(op.startswith("prefetch.global.L2 [") for op in seq), seq

@@ -124,6 +124,19 @@ def test_one_token_products_in_the_row_layout(mode: int, peel: int, split: int,
     assert rel(outs[1], outs[0]) < 1e-6
 
 
+def test_an_l2_prefetch_it_cannot_ask_for_is_refused_with_the_reason() -> None:
+    """``kernels.l2_prefetch`` (``Runner.l2_prefetch``) asks the GPU's L2 only: on the CPU, or
+    for a region outside the tensor, it says so instead of asking for other memory."""
+    w = g(64, 32, seed=1)
+    with pytest.raises(ValueError, match="needs the GPU"):
+        K.l2_prefetch(w, (0,), 64, 4)
+    if torch.cuda.is_available():
+        wc = w.cuda()
+        for starts, count in (((0, 2000), 64), ((0, 1, 2), 8), ((-1,), 8), ((0,), 0)):
+            with pytest.raises(ValueError, match="inside a contiguous tensor"):
+                K.l2_prefetch(wc, starts, count, 4)
+
+
 def test_a_prefetch_or_segments_without_the_row_layout_are_refused() -> None:
     with pytest.raises(ValueError, match="prefetch needs rows=True"):
         K.LinearConfig(8, 16, prefetch=True)
