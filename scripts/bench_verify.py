@@ -537,17 +537,8 @@ T1_SETS["final13"] = {
     "t1_session12": {"l2_prefetch": None},
     "t1_pf6_64": {"by_width": {"1536": {"l2_prefetch": [6, 64, 0]}, "896": {}}},
 }
-#: ``--set l2v`` (session 13): the verify step (k = 8) asking L2 for gate/up's weights the same
-#: way (``Runner.verify_l2_prefetch``): its chain before gate/up (split-K qkv, RoPE, attention,
-#: merge, split-K o-projection and its serial hand-off) is longer than the one-token step's.
-#: [1.5B MB, programs, after]; the 0.5B asks for a quarter.
-T1_SETS["l2v"] = {}
-_L2V = {
-    f"pfv{a}_{p}_at{at}": {"by_width": {"1536": {"verify_l2_prefetch": [a, p, at]},
-                                        "896": {"verify_l2_prefetch": [a / 4, p, at]}}}
-    for a, p, at in ((8, 128, 0), (16, 128, 0), (16, 256, 0), (24, 256, 0), (8, 128, 1),
-                     (16, 256, 1))
-}
+#: (Session 13's ``--set l2v``, run 134, verify steps asking L2 for gate/up's weights the same
+#: way, lost: 1.5B +1.4 to +4.3 %, 0.5B -0.3 % at best; removed, commit d5a7a2a holds it.)
 #: (Session 13's ``--set mid13``, run 126, gate/up or the down projection letting the next
 #: kernel launch partway through its K loop (``kernels.PDL_MID``) instead of at its start,
 #: lost: gate/up +2.1 to +4.0 % (1.5B, the later the worse), ±0.2 % (0.5B); the down projection
@@ -566,13 +557,12 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "splits": {}, "stages": {}, "waves": {}, "waves2": {}, "prefetch": {},
     "prefetch2": {}, "rows": {}, "rows2": {}, "warps": {}, "final11": {}, "seg": {},
     "prologue12": {}, "prologue12b": {}, "prologue12c": {}, "prologue12d": {}, "w13_12": {},
-    "w13_12b": {}, "l2side": {}, "l2side2": {}, "l2side3": {}, "l2side4": {}, "final13": {}, "l2v": _L2V,
+    "w13_12b": {}, "l2side": {}, "l2side2": {}, "l2side3": {}, "l2side4": {}, "final13": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch",
-         "verify_l2_prefetch"}
+         "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -608,10 +598,8 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.norm_handoff = bool(v.get("norm_handoff", base["norm_handoff"]))
     r.atomic_sem = v.get("atomic_sem", base["atomic_sem"])
     r.verify_handoff = bool(v.get("verify_handoff", base["verify_handoff"]))
-    for key in ("l2_prefetch", "verify_l2_prefetch"):  # [MB a layer, programs, after]; null: off
-        pf = v.get(key, base[key])
-        setattr(r, key, (float(pf[0]), int(pf[1]), int(pf[2]) if len(pf) > 2 else 0)
-                if pf else None)
+    pf = v.get("l2_prefetch", base["l2_prefetch"])  # [MB a layer, programs, after]; null: off
+    r.l2_prefetch = (float(pf[0]), int(pf[1]), int(pf[2]) if len(pf) > 2 else 0) if pf else None
     r.drop_steps()
 
 
@@ -635,7 +623,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "attn_warps": dict(r.attn_warps),
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
                "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
-               "l2_prefetch": r.l2_prefetch, "verify_l2_prefetch": r.verify_l2_prefetch}
+               "l2_prefetch": r.l2_prefetch}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

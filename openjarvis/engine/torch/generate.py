@@ -176,8 +176,6 @@ class Runner:
         #: attention's merge), while the latency-bound chain up to the o-projection leaves DRAM
         #: idle (``kernels.l2_prefetch``). None: off; on the GPU ``tuning.L2_PREFETCH``.
         self.l2_prefetch: tuple[float, int, int] | None = None
-        #: The same for verify steps (T > 1). None: off (experiment, session 13).
-        self.verify_l2_prefetch: tuple[float, int, int] | None = None
         self._prefetch_stream: torch.cuda.Stream | None = None
         #: Set by ``make_deterministic``; default tiles (shapes without tuning) never split K.
         self.deterministic = False
@@ -484,8 +482,8 @@ class Runner:
         wo_cfg = self._wo_tile(t)
         sem = self.atomic_sem
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pk("embed"))
-        pf = ((self.l2_prefetch if t == 1 else self.verify_l2_prefetch)
-              if self.device.type == "cuda" else None)
+        # (verify steps asking the same lost: session 13 run 134, commit d5a7a2a)
+        pf = self.l2_prefetch if t == 1 and self.device.type == "cuda" else None
         main = torch.cuda.current_stream() if pf else None
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
