@@ -59,12 +59,21 @@ SNIPPET_LINE_CHARS = 160
 #: Leading chunks each overview document offers: two, since a README's first chunk may be only
 #: its title and badges, with the sentence that says what the repository is in the next one.
 OVERVIEW_CHUNKS = 2
-#: What makes a question about the repository as a whole rather than a part of it: the whole named
-#: after a determiner ("this repository", "the whole project": "project" alone is also a verb,
-#: as in "project each value"), or a request for its overview or architecture.
+#: What makes a question about the repository as a whole rather than a part of it: what the whole
+#: is or does ("what does this repository do", "what is the project for?"), how it is organized,
+#: its architecture, structure or purpose, the whole or entire repository, or an overview. Naming the repository is
+#: not enough: "how does the project price an order?" asks about one part ("project" alone is also
+#: a verb, as in "project each value"), and so does "where is the CPU architecture detected".
+_WHOLE = r"(?:repository|repo|project|codebase|code\s*base)"
+_THE = r"(?:this|the|my|our|your)"
 _OVERVIEW = re.compile(
-    r"\b(?:(?:this|the|my|our|your|whole|entire)\s+(?:repository|repo|project|codebase|code\s*base)"
-    r"|overview|architecture)\b",
+    rf"\bwhat\s+(?:does|do|is)\s+{_THE}\s+{_WHOLE}(?:\s+(?:do|does|for|about)\b|\s*[?,.;!]|\s*$)"
+    rf"|\b(?:{_THE}|whole|entire|overall)\s+{_WHOLE}(?:'s)?\s+(?:architecture|structure|layout|design|purpose)\b"
+    rf"|\b(?:architecture|structure|layout|design)\s+of\s+{_THE}\s+{_WHOLE}\b"
+    rf"|\bhow\s+is\s+{_THE}\s+{_WHOLE}\s+(?:organi[sz]ed|structured|laid\s+out|built)\b"
+    rf"|\b(?:whole|entire)\s+{_WHOLE}\b"
+    r"|\b(?:the|this|overall|high[- ]level)\s+architecture\b"
+    r"|\boverview\b",
     re.IGNORECASE,
 )
 
@@ -188,7 +197,11 @@ def search(
 
 
 def _package(path: str) -> str:
-    """The directory a file lives in: the unit an overview question should not see ten hits of."""
+    """The directory a file lives in: the unit an overview question should not see ten hits of.
+    Each overview document is a unit of its own, so that the README's chunks do not use up the
+    root's share before a root ARCHITECTURE.md or DESIGN.md is reached."""
+    if rank.overview_doc_order(path) is not None:
+        return path
     return path.rpartition("/")[0]
 
 

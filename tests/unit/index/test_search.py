@@ -152,6 +152,13 @@ def test_overview_questions_are_told_from_questions_about_a_part() -> None:
     assert not is_overview("Where are HTTP dates parsed?")
     assert not is_overview("how does parse_http_date handle two-digit years")
     assert not is_overview("recursively project each value to an observable")  # the verb
+    for whole in ("What is this project for?", "what is the repo?", "Explain the architecture",
+                  "the overall project structure", "the design of this codebase",
+                  "a summary of the whole repository", "How is this repo organized?"):
+        assert is_overview(whole), whole
+    for part in ("How does the project price an order?", "how does the project print receipts",
+                 "where is the CPU architecture detected", "what is the project's build command"):
+        assert not is_overview(part), part
 
 
 def test_an_overview_question_draws_on_the_readme_and_design_doc(overview_repo: Path) -> None:
@@ -166,6 +173,22 @@ def test_an_overview_question_draws_on_the_readme_and_design_doc(overview_repo: 
     assert "docs/DESIGN.md" in [h.path for h in hits[:3]], places
     assert any(h.path.startswith("shop/router/") for h in hits), "the code the question names stays"
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
+def test_a_root_design_doc_is_not_crowded_out_by_the_readme(overview_repo: Path) -> None:
+    """Root files share one directory; the README's two opening chunks must not use up the share
+    that a root ARCHITECTURE.md needs (each overview document counts as a directory of its own)."""
+    from openjarvis.config import IndexConfig
+    from openjarvis.index.indexer import index_workspace
+    from openjarvis.index.store import Store, db_path_for
+
+    (overview_repo / "ARCHITECTURE.md").write_text(
+        "# Architecture\n\nThe stall runs one process: pricing, then receipts.\n"
+    )
+    with Store.open(db_path_for(overview_repo)) as store:
+        index_workspace(store, overview_repo, IndexConfig(workers=1))
+        hits = search(store, OVERVIEW_QUESTION, k=4)
+    assert "ARCHITECTURE.md" in [h.path for h in hits], [(h.path, h.start_line) for h in hits]
 
 
 def test_a_named_definition_still_comes_first_in_a_question_about_the_project(overview_repo: Path) -> None:
