@@ -504,9 +504,11 @@ def bench_model(name: str, a: ModelArgs, bw: float, positions: list[int], smoke:
 
         ws = random_weights(a, torch.bfloat16, dev, seed=0)
         stack_layers(ws)
-        r = Runner(Transformer(a, ws, n_pos=n_ctx + 64), n_ctx, kernels="triton", graphs=True)
-        r.use_megakernel(MegaConfig(), max_t=1)
-        decode_only["ours_mega"] = r
+        mega = Runner(Transformer(a, ws, n_pos=n_ctx + 64), n_ctx, kernels="triton",
+                      graphs=True)
+        mega.use_megakernel(MegaConfig(), max_t=1)
+        decode_only["ours_mega"] = mega
+        del ws, mega  # (decode_only holds them until it is dropped below)
     except Exception:
         log("single-launch step unavailable:", traceback.format_exc(limit=3))
     for pos in positions:

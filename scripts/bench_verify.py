@@ -504,8 +504,8 @@ T1_SETS["l2side"] = {
 }
 #: ``--set l2side2`` (session 13, after runs 127-128: asked for once the layer before is done,
 #: the prefetch ran beside qkv and held its loop up, 2.3 -> 4.9 / 9.2 µs with 8 / 16 MB, while
-#: gate/up's loop gained 0.8 / 1.0 µs; 4 MB from 64 programs, a short burst, gave -0.2 % @512 and
-#: -1.8 % @4096): asked for after qkv (1) or after the attention's merge (2) instead, from 16-64
+#: gate/up's loop gained 0.8 / 1.0 µs; 4 MB from 64 programs, a short burst, gave -0.3 % @512 and
+#: -2.4 % @4096): asked for after qkv (1) or after the attention's merge (2) instead, from 16-64
 #: programs; [1.5B MB, programs, after] with the 0.5B asking for half the MB.
 T1_SETS["l2side2"] = {
     f"t1_pf{a}_{p}_at{at}": {"by_width": {"1536": {"l2_prefetch": [a, p, at]},
@@ -516,7 +516,7 @@ T1_SETS["l2side2"] = {
 #: ``--set l2side3`` (session 13, 1.5B, after run 129: after qkv or after the merge the prefetch
 #: held up the attention's loop (3.3 -> 5.6 µs with 16 MB after qkv) or the o-projection's;
 #: only a short burst right after the layer before paid, 4 MB from 64 programs: -0.7 % @512,
-#: -1.6 % @4096 (run 128: -0.2 / -1.8 %); the 0.5B's 2 MB lost @512): bursts of 2-8 MB from
+#: -1.6 % @4096 (run 128: -0.3 / -2.4 %); the 0.5B's 2 MB lost @512): bursts of 2-8 MB from
 #: 32-128 programs after the layer before.
 T1_SETS["l2side3"] = {
     f"t1_pf{a}_{p}": {"l2_prefetch": [a, p, 0]}
@@ -541,7 +541,7 @@ T1_SETS["final13"] = {
 #: way, lost: 1.5B +1.4 to +4.3 %, 0.5B -0.3 % at best; removed, commit d5a7a2a holds it.)
 #: (Session 13's ``--set mid13``, run 126, gate/up or the down projection letting the next
 #: kernel launch partway through its K loop (``kernels.PDL_MID``) instead of at its start,
-#: lost: gate/up +2.1 to +4.0 % (1.5B, the later the worse), ±0.2 % (0.5B); the down projection
+#: lost: gate/up +2.1 to +4.0 % (1.5B, every j), ±0.2 % (0.5B); the down projection
 #: +0.9 to +3.8 %; removed, commit 66ef5ba holds it.)
 #: (Session 10's ``--set cluster``, runs 99-100, one-token attention as one thread-block-cluster
 #: launch with the splits merged through distributed shared memory, lost: at best +2.8 % @512,

@@ -45,11 +45,11 @@ PROGS = 16384  # programs recorded a launch (the output projection has ~9.5k)
 
 
 def trace(a: ModelArgs, pos: int, replays: int,
-          l2_prefetch: tuple[float, int, int] | None = None) -> dict[str, Any]:
+          l2_prefetch: tuple[float, int, int] | None | bool = True) -> dict[str, Any]:
     w = random_weights(a, torch.bfloat16, "cuda", seed=0)
     r = Runner(Transformer(a, w, n_pos=pos + 128), pos + 64, kernels="triton", graphs=True)
-    if l2_prefetch is not None:  # (its side-stream kernel is not traced)
-        r.l2_prefetch = l2_prefetch
+    if l2_prefetch is not True:  # True: the default's (its side-stream kernel is not traced)
+        r.l2_prefetch = l2_prefetch  # type: ignore[assignment]
     nk = len(KINDS)
     toks = [100]
     r.step(toks, pos)
@@ -98,18 +98,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--positions", default="512,4096")
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--l2-prefetch", default="",
-                    help="MB,PROGRAMS,AFTER: trace with Runner.l2_prefetch (session 13)")
+                    help="MiB,PROGRAMS[,AFTER] (Runner.l2_prefetch), or off; default: the "
+                         "Runner's own")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("trace_step needs a CUDA GPU", file=sys.stderr)
         return 2
     models = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}
+    prefetch: tuple[float, int, int] | None | bool = True  # True: the Runner's default
+    if args.l2_prefetch == "off":
+        prefetch = None
+    elif args.l2_prefetch:
+        pf = [float(x) for x in args.l2_prefetch.split(",")]
+        if len(pf) not in (2, 3):
+            raise SystemExit("trace_step: --l2-prefetch takes MiB,PROGRAMS[,AFTER] or off")
+        prefetch = (pf[0], int(pf[1]), int(pf[2]) if len(pf) > 2 else 0)
     res: dict[str, Any] = {}
     for name in args.models.split(","):
         for pos in (int(p) for p in args.positions.split(",")):
-            pf = tuple(float(x) for x in args.l2_prefetch.split(",")) if args.l2_prefetch else None
-            out = trace(models[name], pos, args.replays,
-                        (pf[0], int(pf[1]), int(pf[2])) if pf else None)
+            out = trace(models[name], pos, args.replays, prefetch)
             res[f"{name}@{pos}"] = out
             print(name, pos, json.dumps(out), flush=True)
             args.out.mkdir(parents=True, exist_ok=True)

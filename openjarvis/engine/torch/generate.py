@@ -170,11 +170,13 @@ class Runner:
         self.verify_pdl: dict[str, int] = {}
         #: The same for one-token steps: PDL mode per kernel, over ``pdl_by_t[1]``.
         self.one_token_pdl: dict[str, int] = {}
-        #: One-token steps on the GPU: (MB, programs, after) of each layer's gate/up weights
-        #: (the rows of its last programs, gate and up halves alike) asked into L2 from a side
-        #: stream once the kernels before are done (after: 0 the layer before, 1 qkv, 2 the
-        #: attention's merge), while the latency-bound chain up to the o-projection leaves DRAM
-        #: idle (``kernels.l2_prefetch``). None: off; on the GPU ``tuning.L2_PREFETCH``.
+        #: One-token steps on the GPU: (MiB, programs a half, after) of each layer's gate/up
+        #: weights (the rows of its last programs, half in the gate half and half in the up
+        #: half) asked into L2 from a side stream once the kernels before are done (after: 0
+        #: the layer before, 1 qkv, 2 the attention's merge; with ``fuse_attn_out``, the merge
+        #: fused with the o-projection), while the latency-bound chain up to the o-projection
+        #: leaves DRAM idle (``kernels.l2_prefetch``). None: off; on the GPU
+        #: ``tuning.L2_PREFETCH``.
         self.l2_prefetch: tuple[float, int, int] | None = None
         self._prefetch_stream: torch.cuda.Stream | None = None
         #: Set by ``make_deterministic``; default tiles (shapes without tuning) never split K.
@@ -484,11 +486,14 @@ class Runner:
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pk("embed"))
         # (verify steps asking the same lost: session 13 run 134, commit d5a7a2a)
         pf = self.l2_prefetch if t == 1 and self.device.type == "cuda" else None
+        if pf is not None and not (pf[0] > 0 and pf[1] > 0 and pf[2] in (0, 1, 2)):
+            raise ValueError(f"l2_prefetch {pf}: needs (MiB > 0, programs > 0, after in 0-2)")
         main = torch.cuda.current_stream() if pf else None
+        forked: torch.cuda.Stream | None = None  # the side stream this step forked, if any
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
             if pf is not None and main is not None and pf[2] == 0:
-                self._prefetch(lw.w13, pf, main)
+                forked = self._prefetch(lw.w13, pf, main)
             if split is not None:
                 assert ws.qkv_acc is not None
                 K.qkv_split(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
@@ -500,14 +505,14 @@ class Runner:
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
                            pdl=pk("qkv"), evict=ev)
             if pf is not None and main is not None and pf[2] == 1:
-                self._prefetch(lw.w13, pf, main)
+                forked = self._prefetch(lw.w13, pf, main)
             hand = None
             if fused:
                 K.attention_out(ws.q, kc, vc, ws.start, lw.wo, ws.h, ws.o_part, ws.ml_part,
                                 block_s=self.attn_block_s, block_n=self.attn_out_block_n,
                                 pdl=pk("attn"), trim=self.trim_merge, atomic_sem=sem)
                 if pf is not None and main is not None and pf[2] == 2:  # (merged with wo)
-                    self._prefetch(lw.w13, pf, main)
+                    forked = self._prefetch(lw.w13, pf, main)
             else:
                 K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
                             block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
@@ -515,7 +520,7 @@ class Runner:
                             pdl_combine=pk("combine"), combine_warps=self.combine_warps.get(t, 1),
                             trim=self.trim_merge)
                 if pf is not None and main is not None and pf[2] == 2:
-                    self._prefetch(lw.w13, pf, main)
+                    forked = self._prefetch(lw.w13, pf, main)
                 if hand_bufs is not None:
                     hand = K.NormHandoff(hand_bufs[0], hand_bufs[1], lw.ffn_norm, hand_bufs[2])
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=wo_cfg, pdl=pk("wo"), evict=ev,
@@ -528,26 +533,33 @@ class Runner:
                          cfg=lc("w13"), pdl=pk("w13"), evict=ev)
             K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"), pdl=pk("w2"), evict=ev,
                      atomic_sem=sem)
-        if main is not None and self._prefetch_stream is not None:
-            main.wait_stream(self._prefetch_stream)  # a captured side stream must join
+        if main is not None and forked is not None:
+            main.wait_stream(forked)  # a captured side stream must join
         K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"),
                  pdl=pk("out"), evict=ev)
         return ws.logits
 
     def _prefetch(self, w13: torch.Tensor, pf: tuple[float, int, int],
-                  main: torch.cuda.Stream) -> None:
+                  main: torch.cuda.Stream) -> torch.cuda.Stream:
         """``l2_prefetch``: once everything launched on ``main`` so far is done, ask L2 for
-        the last ``pf[0]`` MB of gate/up's rows, half in each half."""
+        the last ``pf[0]`` MiB of gate/up's rows, half in each half; the side stream used.
+
+        PyTorch hands out streams round-robin from a pool that the graph's capture stream comes
+        from too: a side stream that is ``main`` would put the prefetch inline in the chain."""
         from openjarvis.engine.torch import kernels as K
 
-        if self._prefetch_stream is None:
+        for _ in range(4):
+            if self._prefetch_stream is not None and self._prefetch_stream != main:
+                break
             self._prefetch_stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
         side = self._prefetch_stream
+        assert side is not None and side != main
         n, k = w13.shape[0] // 2, w13.shape[1]
         rows = max(1, min(n, int(pf[0] * 2**20 / 2 / (k * w13.element_size()))))
         side.wait_stream(main)
         with torch.cuda.stream(side):
             K.l2_prefetch(w13, ((n - rows) * k, (2 * n - rows) * k), rows * k, pf[1])
+        return side
 
     def _wo_tile(self, t: int) -> LinearConfig:
         """The o-projection's tile as its launch resolves it: the hand-off's slots are one a

@@ -1172,17 +1172,19 @@ def embed(
 
 def l2_prefetch(w: torch.Tensor, starts: tuple[int, ...], count: int, programs: int) -> None:
     """Ask L2 for ``count`` elements of ``w`` from each element offset in ``starts`` (one or
-    two regions), spread over ``programs`` programs a region; returns once asked (the GPU).
+    two regions), spread over ``programs`` programs a region; returns once the launch is
+    queued (the GPU).
 
     Runs on a side stream of a one-token step (``Runner.l2_prefetch``), so that the latency-
     bound chain of qkv, attention and o-projection, which leaves DRAM idle, is not what waits
     for it (sessions 3-10 asked from the kernels of that chain, and lost)."""
-    if w.device.type != "cuda":
-        raise ValueError("an L2 prefetch needs the GPU (the interpreter has no inline assembly)")
-    if not 1 <= len(starts) <= 2 or not w.is_contiguous() or count <= 0 or any(
+    if not 1 <= len(starts) <= 2 or not w.is_contiguous() or count <= 0 or programs <= 0 or any(
             s < 0 or s + count > w.numel() for s in starts):
         raise ValueError(f"an L2 prefetch takes one or two regions of {count} elements inside "
-                         f"a contiguous tensor of {w.numel()}; got starts {starts}")
+                         f"a contiguous tensor of {w.numel()}, from programs > 0 ({programs}); "
+                         f"got starts {starts}")
+    if w.device.type != "cuda":
+        raise ValueError("an L2 prefetch needs the GPU (the interpreter has no inline assembly)")
     line = 128 // w.element_size()
     n_lines = triton.cdiv(count, line)
     block = 128

@@ -127,18 +127,29 @@ def test_one_token_steps_asking_l2_for_gate_up_compute_the_same_logits(
         pair: tuple[Transformer, Runner, list[int], torch.Tensor], after: int) -> None:
     """``Runner.l2_prefetch`` (the 1.5B's default, ``tuning.L2_PREFETCH``; here on the 0.5B's
     shapes, from each point of the layer it can start at): its side stream joins the step's
-    graph, and the logits are bit for bit those of the same deterministic step without it."""
+    graph, and the logits are bit for bit those of the same deterministic step without it.
+    With the merge fused into the o-projection (atomics: not bit-reproducible), as close to
+    float32 as the default."""
     model, _, toks, expect = pair
     outs = []
-    for pf in (None, (2.0, 64, after)):
+    for pf, fused in ((None, False), ((2.0, 64, after), False), ((2.0, 64, after), True)):
         r = Runner(model, 256)
-        r.make_deterministic()
+        if fused:
+            r.fuse_attn_out = True
+        else:
+            r.make_deterministic()
         r.l2_prefetch = pf
         r.logits(toks[:170], 0)
         outs.append(torch.cat([r.logits(toks[i : i + 1], i).clone() for i in range(170, 180)]))
-    assert r._prefetch_stream is not None  # the prefetch ran
+        assert (r._prefetch_stream is not None) == (pf is not None)  # the prefetch ran
     assert torch.equal(outs[0], outs[1])
-    assert rel(outs[1], expect[170:180]) < BF16_REL
+    for out in outs[1:]:
+        assert rel(out, expect[170:180]) < BF16_REL
+        assert float((out.argmax(-1) == expect[170:180].argmax(-1)).float().mean()) > 0.95
+    r.l2_prefetch = (2.0, 64, 3)  # no such point
+    r.drop_steps(1)  # (a captured step replays its graph: the setting is read as it is built)
+    with pytest.raises(ValueError, match="after in 0-2"):
+        r.logits(toks[180:181], 180)
 
 
 def test_verify_steps_with_the_serial_norm_hand_off_agree_with_float32(

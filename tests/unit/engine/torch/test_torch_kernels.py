@@ -130,11 +130,12 @@ def test_an_l2_prefetch_it_cannot_ask_for_is_refused_with_the_reason() -> None:
     w = g(64, 32, seed=1)
     with pytest.raises(ValueError, match="needs the GPU"):
         K.l2_prefetch(w, (0,), 64, 4)
-    if torch.cuda.is_available():
-        wc = w.cuda()
-        for starts, count in (((0, 2000), 64), ((0, 1, 2), 8), ((-1,), 8), ((0,), 0)):
-            with pytest.raises(ValueError, match="inside a contiguous tensor"):
-                K.l2_prefetch(wc, starts, count, 4)
+    for starts, count, progs in (((0, 2000), 64, 4), ((0, 1, 2), 8, 4), ((-1,), 8, 4),
+                                 ((0,), 0, 4), ((0,), 8, 0), ((0,), 2049, 4)):
+        with pytest.raises(ValueError, match="inside a contiguous tensor"):
+            K.l2_prefetch(w, starts, count, progs)
+    with pytest.raises(ValueError, match="inside a contiguous tensor"):
+        K.l2_prefetch(w.t(), (0,), 8, 4)
 
 
 def test_a_prefetch_or_segments_without_the_row_layout_are_refused() -> None:
