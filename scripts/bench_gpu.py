@@ -217,7 +217,7 @@ def ours_step_ms(runner: Runner, t: int, pos: int, reps: int = 7) -> float:
 #: Rounds in which ``bench_model`` times each of its step variants once in turn (3 repetitions
 #: each); a variant's figure is its median over the rounds. Until session 13 each variant was
 #: timed once, in a block of its own, and the default step read ~1 % slower here than in
-#: bench_verify.py, which alternates rounds in one process (sessions 12's runs 119, 124, 125).
+#: bench_verify.py, which alternates rounds in one process (session 12's runs 119, 124, 125).
 ROUNDS = 3
 
 
