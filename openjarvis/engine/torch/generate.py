@@ -490,10 +490,16 @@ class Runner:
             raise ValueError(f"l2_prefetch {pf}: needs (MiB > 0, programs > 0, after in 0-2)")
         main = torch.cuda.current_stream() if pf else None
         forked: torch.cuda.Stream | None = None  # the side stream this step forked, if any
+
+        def prefetch_at(point: int, w13: torch.Tensor) -> None:
+            """``l2_prefetch`` where the step has reached ``point`` (its ``after``)."""
+            nonlocal forked
+            if pf is not None and main is not None and pf[2] == point:
+                forked = self._prefetch(w13, pf, main)
+
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
-            if pf is not None and main is not None and pf[2] == 0:
-                forked = self._prefetch(lw.w13, pf, main)
+            prefetch_at(0, lw.w13)
             if split is not None:
                 assert ws.qkv_acc is not None
                 K.qkv_split(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
@@ -504,23 +510,20 @@ class Runner:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
                            pdl=pk("qkv"), evict=ev)
-            if pf is not None and main is not None and pf[2] == 1:
-                forked = self._prefetch(lw.w13, pf, main)
+            prefetch_at(1, lw.w13)
             hand = None
             if fused:
                 K.attention_out(ws.q, kc, vc, ws.start, lw.wo, ws.h, ws.o_part, ws.ml_part,
                                 block_s=self.attn_block_s, block_n=self.attn_out_block_n,
                                 pdl=pk("attn"), trim=self.trim_merge, atomic_sem=sem)
-                if pf is not None and main is not None and pf[2] == 2:  # (merged with wo)
-                    forked = self._prefetch(lw.w13, pf, main)
+                prefetch_at(2, lw.w13)  # (the merge fused with wo)
             else:
                 K.attention(ws.q, kc, vc, ws.start, ws.attn, ws.o_part, ws.ml_part,
                             block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
                             num_warps=self.attn_warps.get(t, 4),
                             pdl_combine=pk("combine"), combine_warps=self.combine_warps.get(t, 1),
                             trim=self.trim_merge)
-                if pf is not None and main is not None and pf[2] == 2:
-                    forked = self._prefetch(lw.w13, pf, main)
+                prefetch_at(2, lw.w13)
                 if hand_bufs is not None:
                     hand = K.NormHandoff(hand_bufs[0], hand_bufs[1], lw.ffn_norm, hand_bufs[2])
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=wo_cfg, pdl=pk("wo"), evict=ev,
