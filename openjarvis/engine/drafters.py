@@ -20,9 +20,9 @@ from typing import Protocol
 
 import numpy as np
 
-from openjarvis.engine.base import CostModel, Engine, Logits
+from openjarvis.engine.base import CostModel, Engine, Logits, greedy_eval
 from openjarvis.engine.prefix_cache import PrefixCache, common_prefix, eval_head, restore_head
-from openjarvis.engine.sampling import Probs, SamplingParams, distribution, greedy, sample
+from openjarvis.engine.sampling import Probs, SamplingParams, distribution, sample
 from openjarvis.errors import IncompatiblePair
 
 
@@ -112,6 +112,21 @@ class ModelDrafter:
 
     def sync(self, context: Sequence[int]) -> Logits:
         """Bring the cache to ``context`` and return the logits row for the next token."""
+        keep = self._catch_up(context)
+        rows = self.engine.eval(context[keep:], last_only=True)
+        self.cached.extend(context[keep:])
+        return np.asarray(rows[-1], dtype=np.float32)
+
+    def sync_greedy(self, context: Sequence[int]) -> int:
+        """``sync`` for a greedy draft: only the next token's argmax (``greedy_eval``)."""
+        keep = self._catch_up(context)
+        tok = greedy_eval(self.engine, context[keep:], last_only=True)[-1]
+        self.cached.extend(context[keep:])
+        return tok
+
+    def _catch_up(self, context: Sequence[int]) -> int:
+        """Roll the cache back to what it shares with ``context`` (evaluating the stable head
+        as a run of its own where it is due); how much of ``context`` it then holds."""
         self._resync()
         keep = min(common_prefix(self.cached, context), len(context) - 1)
         self.engine.rollback(keep)
@@ -120,9 +135,7 @@ class ModelDrafter:
         if keep < h < len(context) and list(context[:h]) == self._head:
             eval_head(self.engine, self.cached, context, keep, h, self._prefix_cache)
             keep = h
-        rows = self.engine.eval(context[keep:], last_only=True)
-        self.cached.extend(context[keep:])
-        return np.asarray(rows[-1], dtype=np.float32)
+        return keep
 
     def propose(
         self,
@@ -134,20 +147,30 @@ class ModelDrafter:
         if max_len <= 0 or not context:
             return None
         params = params or SamplingParams()
+        if params.greedy:
+            return self._propose_greedy(context, max_len)
         row = self.sync(context)
         tokens: list[int] = []
         probs: list[Probs] = []
+        assert rng is not None, "sampling needs a random generator"
         for i in range(max_len):
-            if params.greedy:
-                tok = greedy(row)
-            else:
-                assert rng is not None, "sampling needs a random generator"
-                p = distribution(row, params)
-                tok = sample(p, rng)
-                probs.append(p)
+            p = distribution(row, params)
+            tok = sample(p, rng)
+            probs.append(p)
             tokens.append(tok)
             if tok in self.engine.eos_token_ids or i == max_len - 1:
                 break
             row = self.engine.eval([tok])[-1]
             self.cached.append(tok)
-        return Draft(tokens=tuple(tokens), probs=None if params.greedy else tuple(probs), key="model")
+        return Draft(tokens=tuple(tokens), probs=tuple(probs), key="model")
+
+    def _propose_greedy(self, context: Sequence[int], max_len: int) -> Draft:
+        """Greedy drafts from each step's argmax alone: an engine with ``eval_argmax`` never
+        hands over a logits row (``greedy_eval``)."""
+        tok = self.sync_greedy(context)
+        tokens = [tok]
+        while tok not in self.engine.eos_token_ids and len(tokens) < max_len:
+            tok = greedy_eval(self.engine, [tok])[-1]
+            self.cached.append(tokens[-1])
+            tokens.append(tok)
+        return Draft(tokens=tuple(tokens), probs=None, key="model")

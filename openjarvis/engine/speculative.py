@@ -39,7 +39,7 @@ from typing import Literal
 
 import numpy as np
 
-from openjarvis.engine.base import Engine
+from openjarvis.engine.base import Engine, greedy_eval
 from openjarvis.engine.drafters import Draft, ModelDrafter
 from openjarvis.engine.ngram import NgramDrafter
 from openjarvis.engine.planner import Acceptance, Option, Plan, choose
@@ -283,10 +283,18 @@ class Speculator:
             drafted = draft.tokens if draft is not None else ()
             batch = [committed[-1], *drafted]
             base = len(self.cached)
-            rows = v.eval(batch)
+            # A greedy step that needs no logits row (no logprobs, no tie re-check) asks only
+            # for each row's argmax: the torch engine then never copies its logits to the host.
+            picks: list[int] | None = None
+            rows: np.ndarray | None = None
+            if req.sampling.greedy and not req.logprobs and self.tie_margin <= 0:
+                picks = greedy_eval(v, batch)
+            else:
+                rows = v.eval(batch)
             self.cached.extend(batch)
 
-            decided, n_acc, keep = self._decide(req, rows, batch, drafted, draft, base, rng, stats)
+            decided, n_acc, keep = self._decide(req, rows, picks, batch, drafted, draft, base,
+                                                rng, stats)
             v.rollback(keep)
             del self.cached[keep:]
             t3 = time.perf_counter()
@@ -302,6 +310,7 @@ class Speculator:
             done = False
             for j, tok in enumerate(decided):
                 if req.logprobs:
+                    assert rows is not None  # logprobs always evaluate the rows
                     stats.add_logprob(_logprob(rows[j], tok))
                 if tok in v.eos_token_ids:
                     finish, done = "stop", True
@@ -332,7 +341,8 @@ class Speculator:
     def _decide(
         self,
         req: Request,
-        rows: np.ndarray,
+        rows: np.ndarray | None,
+        picks: list[int] | None,
         batch: list[int],
         drafted: tuple[int, ...],
         draft: Draft | None,
@@ -342,11 +352,21 @@ class Speculator:
     ) -> tuple[list[int], int, int]:
         """Walk the verified rows: (tokens decided, drafts accepted, cache length to keep).
 
-        The last decided token is the new pending one: committed but not yet in the cache.
+        ``picks``: each row's greedy token where only those were evaluated (``greedy_eval``);
+        else ``rows``, the logits. The last decided token is the new pending one: committed
+        but not yet in the cache.
         """
         v = self.verifier
         decided: list[int] = []
         n_acc = 0
+        if picks is not None:
+            for i, tok in enumerate(picks):
+                decided.append(tok)
+                if i == len(drafted) or tok != drafted[i]:
+                    break
+                n_acc += 1
+            return decided, n_acc, base + 1 + n_acc
+        assert rows is not None
         for i in range(len(batch)):
             row = rows[i]
             if (

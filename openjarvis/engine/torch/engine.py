@@ -4,8 +4,10 @@ Weights come from the same GGUF file llama.cpp loads (dequantized once, see ``we
 tokenization is llama.cpp's own, loaded vocab-only (no weights), so token ids, the vocabulary
 fingerprint and detokenized bytes match the llama.cpp engine exactly and the two can pair.
 
-Extra capability beyond the Protocol: ``eval_argmax`` (greedy) returns the argmax of each row,
-computed on the device, without copying ``[T, 151936]`` float32 logits to the host.
+Extra capability beyond the Protocol: ``eval_argmax`` (greedy) returns the argmax of each row
+from steps whose output projection keeps only each program's largest logit (``Runner.argmax``):
+no ``[T, 151936]`` float32 logits are written, let alone copied to the host. The speculator and
+the model drafter use it for greedy requests (``sampling.greedy_eval``).
 
 Example::
 
@@ -36,6 +38,8 @@ from openjarvis.errors import ContextOverflow, EngineError
 
 #: Token counts captured at load on the GPU: one step, verify of up to 16 drafts, prompt chunks.
 WARM_STEPS = (*range(1, 18), MAX_STEP)
+#: The same for greedy steps (``eval_argmax``): one step and verify of up to 16 drafts.
+WARM_GREEDY = tuple(range(1, 18))
 
 
 class Vocab:
@@ -99,6 +103,7 @@ class TorchEngine(GgufInfo, MeasuredCosts):
             raise EngineError(
                 f"{self.path.name}: tokenizer has {vocab.n_vocab} tokens, the model {args.n_vocab}"
             )
+        runner.greedy_cols = vocab.n_vocab  # a greedy step never picks a padding row
 
     @classmethod
     def from_gguf(
@@ -132,9 +137,11 @@ class TorchEngine(GgufInfo, MeasuredCosts):
         runner = Runner(model, n_ctx, kernels=kernels, graphs=graphs)
         if deterministic:
             runner.make_deterministic()
+        engine = cls(path, args, runner, Vocab(path))
         if warmup if warmup is not None else runner.graphs:
             runner.warmup(WARM_STEPS)
-        return cls(path, args, runner, Vocab(path))
+            runner.warmup(WARM_GREEDY, greedy=True)  # after greedy_cols is set: it sizes them
+        return engine
 
     @classmethod
     def from_config(cls, path: Path, config: EngineConfig) -> TorchEngine:
@@ -176,7 +183,7 @@ class TorchEngine(GgufInfo, MeasuredCosts):
     def detokenize(self, tokens: Sequence[int]) -> bytes:
         return self.vocab.detokenize(tokens)
 
-    def _forward(self, tokens: Sequence[int], last_only: bool = False) -> torch.Tensor:
+    def _check(self, tokens: Sequence[int]) -> None:
         if not tokens:
             raise EngineError("eval needs at least one token")
         if self._n_past + len(tokens) > self.n_ctx:
@@ -186,6 +193,9 @@ class TorchEngine(GgufInfo, MeasuredCosts):
             )
         if min(tokens) < 0 or max(tokens) >= self.args.n_vocab:
             raise EngineError(f"token id out of range 0..{self.args.n_vocab - 1}")
+
+    def _forward(self, tokens: Sequence[int], last_only: bool = False) -> torch.Tensor:
+        self._check(tokens)
         out = self.runner.logits(tokens, self._n_past, last_only=last_only)  # [T, V] on device
         self._n_past += len(tokens)
         return out
@@ -196,9 +206,12 @@ class TorchEngine(GgufInfo, MeasuredCosts):
         return arr
 
     def eval_argmax(self, tokens: Sequence[int]) -> list[int]:
-        """Greedy shortcut: ``eval(tokens).argmax(-1)`` without copying the logits to the host."""
-        out = self._forward(tokens)
-        return [int(t) for t in out[:, : self.n_vocab].argmax(-1).tolist()]
+        """Greedy shortcut: ``eval(tokens).argmax(-1)`` (ties to the lowest id), from steps
+        that never write the logits; only ``len(tokens)`` integers reach the host."""
+        self._check(tokens)
+        ids = self.runner.argmax(tokens, self._n_past)
+        self._n_past += len(tokens)
+        return [int(t) for t in ids.tolist()]
 
     def rollback(self, n: int) -> None:
         if not 0 <= n <= self._n_past:

@@ -1,7 +1,9 @@
 """The step runner: evaluate T tokens at a position, fast, with one CUDA graph per T.
 
 ``Runner.logits(tokens, start)`` appends ``tokens`` at ``start`` to the static KV cache and
-returns their logits. Two implementations of the forward pass share the cache and the weights:
+returns their logits; ``Runner.argmax`` returns only each token's greedy next token, from steps
+of their own whose output projection never writes the logits. Two implementations of the
+forward pass share the cache and the weights:
 
 - ``"triton"``: the fused kernels of ``kernels.py`` over fixed per-T workspaces (6 launches per
   layer). Positions are read from a device scalar, so the graph captured for T serves every
@@ -63,8 +65,14 @@ class Workspace:
     ml_part: torch.Tensor  # [NSPLIT, T, H, 2] float32
     attn: torch.Tensor  # [T, q_dim]
     act: torch.Tensor  # [T, F]
-    logits: torch.Tensor  # [T, V] float32
+    logits: torch.Tensor  # [T, V] float32 ([0] in a greedy Triton step: never written)
     graph: torch.cuda.CUDAGraph | None = None
+    #: A greedy step (``Runner.argmax``): its result is ``ids`` [T] int64, the first column of
+    #: each token's largest logit among the first ``Runner.greedy_cols``; the Triton path
+    #: writes only the output projection's per-program maxima (``partials``), never the logits.
+    greedy: bool = False
+    ids: torch.Tensor | None = None
+    partials: torch.Tensor | None = None
     #: Which forward pass runs this T (``Runner._run``): fixed when the workspace is built. A
     #: name rather than a closure, so nothing in the workspace refers back to it or the Runner
     #: and a dropped step (its CUDA graph) is freed at once, never by a garbage collection that
@@ -115,6 +123,8 @@ class Runner:
         if model.rope.shape[0] < self.cache.capacity:
             raise ValueError("the RoPE table is shorter than the cache")
         self._steps: dict[int, Workspace] = {}
+        self._greedy_steps: dict[int, Workspace] = {}  # ``argmax``'s, by T
+        self._greedy_cols = self.args.n_vocab
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         #: Tiles per (matrix, T): "wo", "w13", "w2", "out" -> LinearConfig; "qkv" -> (block_p,
         #: block_k). Filled by tuning (scripts/bench_gpu.py); defaults where absent.
@@ -220,6 +230,21 @@ class Runner:
             self.nsplit, self.attn_block_s = ATTENTION.get(shape, (nsplit, self.attn_block_s))
             self.l2_prefetch = L2_PREFETCH.get(shape)
 
+    @property
+    def greedy_cols(self) -> int:
+        """Columns of the output projection a greedy step chooses among: the model's
+        vocabulary, or fewer where the tokenizer's is smaller (the rest are padding rows that
+        no token has). Setting it drops the greedy steps built for another width."""
+        return self._greedy_cols
+
+    @greedy_cols.setter
+    def greedy_cols(self, n: int) -> None:
+        if not 0 < n <= self.args.n_vocab:
+            raise ValueError(f"greedy_cols must be in 1..{self.args.n_vocab}, not {n}")
+        if n != self._greedy_cols:
+            self._greedy_steps.clear()
+        self._greedy_cols = n
+
     def use_megakernel(self, cfg: MegaConfig | None = None, max_t: int = 1) -> None:
         """Run steps of up to ``max_t`` tokens as one persistent launch (Triton kernels only).
 
@@ -273,8 +298,10 @@ class Runner:
         and captures it anew with the settings of then (its CUDA graph is freed here)."""
         if t is None:
             self._steps.clear()
+            self._greedy_steps.clear()
         else:
             self._steps.pop(t, None)
+            self._greedy_steps.pop(t, None)
 
     def tiles(self, name: str, t: int) -> LinearConfig | None:
         """The tile the linear ``name`` ("wo", "w13", "w2", "out") of a T-token step runs with;
@@ -338,27 +365,43 @@ class Runner:
                 rows.append((out[-1:] if last_only else out).clone())
         return torch.cat(rows)
 
-    def step(self, tokens: Sequence[int], start: int) -> torch.Tensor:
-        """One fixed-shape step of ``len(tokens) <= MAX_STEP``; returns the workspace's logits."""
-        ws = self._workspace(len(tokens))
+    def argmax(self, tokens: Sequence[int], start: int) -> torch.Tensor:
+        """Each token's greedy next token, ``[T]`` int64 on the device: the first column of its
+        largest logit among the first ``greedy_cols``, as ``logits(...)[:, :greedy_cols]
+        .argmax(-1)`` gives, from a step that writes 16 bytes a program of the output
+        projection instead of 4 a vocabulary entry (``kernels.ARGMAX``). A view of a
+        workspace, valid until the next greedy call with the same T."""
+        n = len(tokens)
+        if n == 0 or start < 0 or start + n > self.n_ctx:
+            raise ValueError(f"cannot evaluate {n} tokens at {start} in a {self.n_ctx} window")
+        if n <= MAX_STEP:
+            return self.step(tokens, start, greedy=True)
+        return torch.cat([self.step(tokens[i : i + MAX_STEP], start + i, greedy=True).clone()
+                          for i in range(0, n, MAX_STEP)])
+
+    def step(self, tokens: Sequence[int], start: int, *, greedy: bool = False) -> torch.Tensor:
+        """One fixed-shape step of ``len(tokens) <= MAX_STEP``; returns the workspace's logits
+        (``greedy``: its token ids, ``argmax``)."""
+        ws = self._workspace(len(tokens), greedy)
         host = torch.tensor([start, *tokens], dtype=torch.int64)
         ws.inputs.copy_(host, non_blocking=False)
         if self.graphs and ws.graph is None:
             self._capture(ws)  # after the inputs: warm-up runs write K/V at this step's positions
         if ws.graph is not None:
             ws.graph.replay()
-            return ws.logits
+            return _result(ws)
         return self._run(ws)
 
-    def warmup(self, ts: Sequence[int]) -> None:
+    def warmup(self, ts: Sequence[int], *, greedy: bool = False) -> None:
         """Build (and on the GPU compile and capture) the steps of each T now rather than on
-        first use. Writes K/V only at positions 0..T-1: call it on an empty cache."""
+        first use (``greedy``: ``argmax``'s). Writes K/V only at positions 0..T-1: call it on
+        an empty cache."""
         for t in ts:
-            self.step([0] * t, 0)
+            self.step([0] * t, 0, greedy=greedy)
 
-    def replay(self, t: int) -> None:
+    def replay(self, t: int, *, greedy: bool = False) -> None:
         """Re-run the captured step of ``t`` tokens on whatever inputs it holds (benchmarks)."""
-        ws = self._steps[t]
+        ws = (self._greedy_steps if greedy else self._steps)[t]
         if ws.graph is not None:
             ws.graph.replay()
         else:
@@ -373,13 +416,20 @@ class Runner:
             t, pos, self.cache, kv_len=start + len(tokens), last_only=last_only
         )
 
-    def _workspace(self, t: int) -> Workspace:
-        ws = self._steps.get(t)
+    def _workspace(self, t: int, greedy: bool = False) -> Workspace:
+        steps = self._greedy_steps if greedy else self._steps
+        ws = steps.get(t)
         if ws is not None:
             return ws
         a, dev, dt = self.args, self.device, self.model.dtype
         f32 = torch.float32
         nsplit = self.attention_tiles(t)[0]
+        path: StepPath = self.kernels
+        if t == 1 and self.cuda_step is not None:
+            path = "cuda_step"
+        elif self.mega is not None and t <= self.mega_max_t:
+            path = "mega"
+        bare = greedy and path == "triton"  # its output projection writes partials instead
         ws = Workspace(
             inputs=torch.zeros(1 + t, dtype=torch.int64, device=dev),
             h=torch.empty(t, a.n_embd, dtype=f32, device=dev),
@@ -388,30 +438,45 @@ class Runner:
             ml_part=torch.empty(nsplit, t, a.n_head, 2, dtype=f32, device=dev),
             attn=torch.empty(t, a.q_dim, dtype=dt, device=dev),
             act=torch.empty(t, a.n_ff, dtype=dt, device=dev),
-            logits=torch.empty(t, a.n_vocab, dtype=f32, device=dev),
+            logits=torch.empty(0 if bare or path in ("cuda_step", "mega") else t, a.n_vocab,
+                               dtype=f32, device=dev),  # (those two write their own)
+            path=path,
+            greedy=greedy,
         )
-        if t == 1 and self.cuda_step is not None:
-            ws.path, ws.logits = "cuda_step", self.cuda_step.logits
-        elif self.mega is not None and t <= self.mega_max_t:
+        if greedy:
+            ws.ids = torch.zeros(t, dtype=torch.int64, device=dev)
+        if path == "cuda_step":
+            assert self.cuda_step is not None
+            ws.logits = self.cuda_step.logits
+        elif path == "mega":
             from openjarvis.engine.torch.megakernel import scratch
 
+            assert self.mega is not None
             ws.mega = scratch(a, t, self.mega.for_t(t).nsplit, dev)
-            ws.path, ws.logits = "mega", ws.mega.logits
-        else:
-            ws.path = self.kernels
-        self._steps[t] = ws
+            ws.logits = ws.mega.logits
+        elif bare:
+            from openjarvis.engine.torch.kernels import argmax_partials
+
+            ws.partials = argmax_partials(t, self.greedy_cols, self._out_tile(t), dev)
+        steps[t] = ws
         return ws
 
     def _run(self, ws: Workspace) -> torch.Tensor:
-        """One step on the inputs ``ws`` holds, by the path it was built for; its logits."""
-        if ws.path == "cuda_step":
-            assert self.cuda_step is not None  # use_cuda_step drops the step it replaces
-            return self.cuda_step(ws.inputs)
-        if ws.path == "mega":
-            return self._mega_forward(ws)
+        """One step on the inputs ``ws`` holds, by the path it was built for; its logits (a
+        greedy step: its token ids)."""
         if ws.path == "triton":
             return self._triton_forward(ws)
-        return self._torch_forward(ws)
+        if ws.path == "cuda_step":
+            assert self.cuda_step is not None  # use_cuda_step drops the step it replaces
+            logits = self.cuda_step(ws.inputs)
+        elif ws.path == "mega":
+            logits = self._mega_forward(ws)
+        else:
+            logits = self._torch_forward(ws)
+        if not ws.greedy:
+            return logits
+        assert ws.ids is not None  # these paths write the logits: the argmax follows them
+        return torch.argmax(logits[:, : self.greedy_cols], dim=-1, out=ws.ids)
 
     def _capture(self, ws: Workspace) -> None:
         """Warm up (compiles kernels) on a side stream, then capture one step into a graph.
@@ -438,7 +503,10 @@ class Runner:
         finally:
             if enabled:
                 gc.enable()
-        ws.logits = out
+        if ws.greedy:
+            ws.ids = out
+        else:
+            ws.logits = out
         ws.graph = graph
 
     def _torch_forward(self, ws: Workspace) -> torch.Tensor:
@@ -538,6 +606,12 @@ class Runner:
                      atomic_sem=sem)
         if main is not None and forked is not None:
             main.wait_stream(forked)  # a captured side stream must join
+        if ws.greedy:
+            assert ws.partials is not None and ws.ids is not None
+            K.linear(ws.h, w.out[: self.greedy_cols], ws.partials, mode=K.ARGMAX,
+                     norm=w.out_norm, eps=a.rms_eps, cfg=self._out_tile(t), pdl=pk("out"),
+                     evict=ev)
+            return K.argmax_merge(ws.partials, ws.ids, pdl=1 if pk("out") % 4 in (1, 2) else 0)
         K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"),
                  pdl=pk("out"), evict=ev)
         return ws.logits
@@ -563,6 +637,15 @@ class Runner:
         with torch.cuda.stream(side):
             K.l2_prefetch(w13, ((n - rows) * k, (2 * n - rows) * k), rows * k, pf[1])
         return side
+
+    def _out_tile(self, t: int) -> LinearConfig:
+        """The output projection's tile as its launch resolves it (a greedy step sizes its
+        partials by it)."""
+        from openjarvis.engine.torch import kernels as K
+
+        a = self.args
+        return self.tiles("out", t) or K.default_linear_config(t, a.n_vocab, a.n_embd,
+                                                               self.device.type == "cuda")
 
     def _wo_tile(self, t: int) -> LinearConfig:
         """The o-projection's tile as its launch resolves it: the hand-off's slots are one a
@@ -601,6 +684,13 @@ class Runner:
         if split and ws.hand_count is None:
             ws.hand_count = torch.zeros(n_prog, dtype=torch.int32, device=self.device)
         return ws.xg, ws.ss_part, ws.hand_count if split else None
+
+
+def _result(ws: Workspace) -> torch.Tensor:
+    if ws.greedy:
+        assert ws.ids is not None
+        return ws.ids
+    return ws.logits
 
 
 def _has_triton() -> bool:

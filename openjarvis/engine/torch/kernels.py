@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 # Linear modes
-STORE, ADD, SWIGLU = 0, 1, 2
+STORE, ADD, SWIGLU, ARGMAX = 0, 1, 2, 3
 #: Memory semantics a split-K partial's float atomic may take. The partials need no order of
 #: their own: a sum is read either after the kernel that adds it ends, or, in a serial
 #: hand-off (``_serial_hand_off``), after a block barrier and an acq_rel count that order them.
@@ -253,13 +253,15 @@ def _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc, acc2, ss
 
 
 @triton.jit
-def _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
+def _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps, pid,
                 MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
                 SPLIT_K: tl.constexpr, SEM: tl.constexpr):
     """The linear kernels' epilogue on acc [BT, BN]: 1/RMS (NORM 1; NORM 2 leaves it to the
     caller), bias, then store, add into out, SwiGLU, or (split-K) atomically add a partial
     with memory semantics ``SEM`` (what orders the partials is the kernel boundary, or a serial
-    hand-off's barrier and count: ``ATOMIC_SEMS``)."""
+    hand-off's barrier and count: ``ATOMIC_SEMS``). ``ARGMAX`` (3) stores, per token, only
+    this program's largest value and its first column, as two float32 at ``2 * pid`` of the
+    token's row of out (``argmax_partials``): a greedy step never writes its logits."""
     if NORM == 1:
         inv = tl.rsqrt(ss / K + eps)
         acc = acc * inv[:, None]
@@ -268,7 +270,13 @@ def _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out,
         acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
     omask = tmask[:, None] & nmask[None, :]
     optr = out_ptr + rt[:, None] * stride_out + rn[None, :]
-    if SPLIT_K > 1:  # MODE 1 only: out (float32) += this split's partial sum
+    if MODE == 3:
+        v = tl.where(nmask[None, :], acc, float("-inf"))
+        best = tl.max(v, axis=1)  # [BT]
+        first = tl.min(tl.where(v == best[:, None], rn[None, :], 2147483647), axis=1)
+        tl.store(out_ptr + rt * stride_out + 2 * pid, best, mask=tmask)
+        tl.store(out_ptr + rt * stride_out + 2 * pid + 1, first.to(tl.float32), mask=tmask)
+    elif SPLIT_K > 1:  # MODE 1 only: out (float32) += this split's partial sum
         tl.atomic_add(optr, acc, mask=omask, sem=SEM)
     else:
         if MODE == 1:
@@ -335,12 +343,12 @@ def _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride
         if TRANS:
             acc, acc2 = tl.trans(acc), tl.trans(acc2)
         _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
-                    MODE, 1, BIAS, SPLIT_K, SEM)
+                    pid, MODE, 1, BIAS, SPLIT_K, SEM)
     else:
         if TRANS:
             acc, acc2 = tl.trans(acc), tl.trans(acc2)
         h = _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
-                        MODE, NORM, BIAS, SPLIT_K, SEM)
+                        pid, MODE, NORM, BIAS, SPLIT_K, SEM)
         if HAND == 1 and SPLIT_K > 1:
             _serial_hand_off(out_ptr, stride_out, rn, rt, nmask, tmask, cnt_ptr, g2_ptr, xg_ptr,
                              ssp_ptr, stride_xg, NP, pid, SPLIT_K)
@@ -947,6 +955,11 @@ def linear(
                             or out.dtype != torch.float32):
         raise ValueError("split_k > 1 needs mode=ADD into float32, without a norm scale or bias")
     grid = (triton.cdiv(n, cfg.block_n), cfg.split_k)
+    if mode == ARGMAX and (out.dtype != torch.float32 or tuple(out.shape) != (t, 2 * grid[0])
+                           or not out.is_contiguous() or hand_out is not None):
+        raise ValueError(f"an ARGMAX linear writes contiguous float32 partials [{t}, "
+                         f"{2 * grid[0]}] (argmax_partials), two a program; got "
+                         f"{out.dtype} {tuple(out.shape)}")
     hand = hand_out or hand_in
     if hand is not None:
         if norm is not None or (hand_out is not None) == (hand_in is not None):
@@ -996,6 +1009,52 @@ def linear(
         t, n, k, x.stride(0), out.stride(0), eps, *hand_args, *tr, **common, **trc,
     )
     return out
+
+
+def argmax_partials(t: int, n: int, cfg: LinearConfig, device: torch.device | str) -> torch.Tensor:
+    """The buffer an ``ARGMAX`` linear of ``n`` columns with tile ``cfg`` writes for ``t``
+    tokens: per token, each program's largest value and its first column (float32 holds every
+    column index of a vocabulary below 2^24 exactly)."""
+    return torch.empty(t, 2 * triton.cdiv(n, cfg.block_n), dtype=torch.float32, device=device)
+
+
+@triton.jit
+def _argmax_merge_kernel(part_ptr, ids_ptr, NP, stride_p, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
+    """Program = token: the largest of the ``NP`` programs' maxima and its column. The
+    programs' columns rise with their index and each gave its first column of its maximum,
+    so keeping the earlier chunk on equal values gives the first column overall, as
+    ``torch.argmax`` and ``np.argmax`` do."""
+    t = tl.program_id(0)
+    _gdc(PDL)
+    row = part_ptr + t * stride_p
+    p = tl.arange(0, BLOCK)
+    v = tl.load(row + 2 * p, mask=p < NP, other=float("-inf"))
+    i = tl.load(row + 2 * p + 1, mask=p < NP, other=0.0)
+    best = tl.max(v, 0)
+    first = tl.min(tl.where(v == best, i, 3.0e38), 0)
+    for p0 in range(BLOCK, NP, BLOCK):
+        p = p0 + tl.arange(0, BLOCK)
+        v = tl.load(row + 2 * p, mask=p < NP, other=float("-inf"))
+        i = tl.load(row + 2 * p + 1, mask=p < NP, other=0.0)
+        cm = tl.max(v, 0)
+        ci = tl.min(tl.where(v == cm, i, 3.0e38), 0)
+        first = tl.where(cm > best, ci, first)
+        best = tl.maximum(best, cm)
+    tl.store(ids_ptr + t, first.to(ids_ptr.dtype.element_ty))
+
+
+def argmax_merge(partials: torch.Tensor, ids: torch.Tensor, pdl: int = 0) -> torch.Tensor:
+    """``ids [T]`` (int64) = each token's column of its largest value, from the partials of an
+    ``ARGMAX`` linear (``argmax_partials``): the greedy token, with no logits written."""
+    t, width = partials.shape
+    if width % 2 or ids.shape != (t,) or ids.dtype != torch.int64 or not partials.is_contiguous():
+        raise ValueError(f"argmax_merge takes contiguous partials [T, 2 * programs] and int64 ids "
+                         f"[T]; got {tuple(partials.shape)} and {ids.dtype} {tuple(ids.shape)}")
+    block = min(2048, triton.next_power_of_2(width // 2))
+    _argmax_merge_kernel[(t,)](partials, ids, width // 2, partials.stride(0), BLOCK=block,
+                               PDL=_wait(pdl), num_warps=4, **_launch(pdl))
+    return ids
 
 
 def qkv_rope(

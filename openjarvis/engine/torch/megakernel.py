@@ -212,7 +212,7 @@ def _rows(x_ptr, stride_x, w_ptr, g_ptr, b_ptr, out_ptr, stride_out, inv, row0, 
     if NORM:  # the phase's 1/RMS, computed once per program (``inv``), not per row block
         acc = acc * inv[:, None]
         acc2 = acc2 * inv[:, None]
-    _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, 0.0,
+    _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, 0.0, 0,
                 MODE, 2 if NORM else 0, BIAS, 1, "relaxed")
 
 

@@ -152,6 +152,27 @@ def test_one_token_steps_asking_l2_for_gate_up_compute_the_same_logits(
         r.logits(toks[180:181], 180)
 
 
+@pytest.mark.parametrize("t", [1, 9])
+def test_greedy_steps_give_the_argmax_of_the_deterministic_logits_steps(
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor], t: int) -> None:
+    """``Runner.argmax`` (the output projection keeping only each program's maximum, then a
+    merge kernel) against the argmax of the same deterministic step's logits: the same tokens
+    wherever the logits' top two differ, which bit-identical logits make everywhere; among the
+    tokenizer's columns only; and the greedy step's graph, replayed, gives them again."""
+    model, _, toks, _ = pair
+    r = Runner(model, 256)
+    r.make_deterministic()
+    r.greedy_cols = A.n_vocab - 271  # the tokenizer's 151,665 of 151,936 rows
+    r.logits(toks[:150], 0)
+    for i in range(150, 190, t):
+        logits = r.logits(toks[i : i + t], i)[:, : r.greedy_cols].clone()
+        ids = r.argmax(toks[i : i + t], i)
+        assert ids.tolist() == logits.argmax(-1).tolist()
+        r.replay(t, greedy=True)
+        assert ids.tolist() == logits.argmax(-1).tolist()
+    assert r._greedy_steps[t].logits.numel() == 0  # no logits were written
+
+
 def test_verify_steps_with_the_serial_norm_hand_off_agree_with_float32(
         pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
     """Verify steps whose split-K o-projection hands the feed-forward norm to gate/up through

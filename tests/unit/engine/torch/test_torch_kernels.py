@@ -83,6 +83,44 @@ def test_linear_modes(t: int, mode: int, peel: int, swap: bool) -> None:
     assert rel(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize(("t", "bn", "swap"), [(1, 8, False), (3, 16, False), (9, 16, True)])
+def test_a_greedy_output_projection_gives_the_argmax_without_writing_logits(
+        t: int, bn: int, swap: bool) -> None:
+    n, k = 203, 72  # 26 or 13 programs, the last one partly masked
+    x, w, norm = g(t, k, seed=1), g(n, k, seed=2), g(k, seed=3) + 1
+    w[150] = w[40]  # token 0's maximum twice, in different programs: the first column wins
+    w[41] = w[40]  # and twice in one program
+    x[0] = w[40] * 10
+    cfg = K.LinearConfig(block_n=bn, block_k=32, swap=swap)
+    part = K.argmax_partials(t, n, cfg, "cpu").fill_(POISON)
+    K.linear(x, w, part, mode=K.ARGMAX, norm=norm, eps=1e-6, cfg=cfg)
+    assert not part.isnan().any()  # every program wrote its pair for every token
+    ids = K.argmax_merge(part, torch.full((t,), -1, dtype=torch.int64))
+    logits = rms_norm(x, norm, 1e-6) @ w.T
+    assert logits[0, 40] == logits[0, 150] == logits[0, 41] == logits[0].max()
+    assert ids.tolist() == logits.argmax(-1).tolist() and ids[0] == 40
+
+
+def test_the_argmax_merge_takes_the_first_largest_across_chunks() -> None:
+    """More programs than one chunk of the merge (2048): equal maxima in different chunks."""
+    n_prog = 5000
+    vals = g(2, n_prog, seed=7)
+    vals[0, 3000] = vals[0, 4500] = 9.0  # token 0: first in the second chunk
+    vals[1, 10] = vals[1, 4999] = 9.0  # token 1: first in the first chunk
+    part = torch.stack([vals, torch.arange(n_prog).float().expand(2, -1) * 3], -1).reshape(2, -1)
+    ids = K.argmax_merge(part.contiguous(), torch.zeros(2, dtype=torch.int64))
+    assert ids.tolist() == [9000, 30]
+
+
+def test_an_argmax_it_cannot_write_is_refused_with_the_reason() -> None:
+    x, w = g(1, 72, seed=1), g(40, 72, seed=2)
+    cfg = K.LinearConfig(block_n=8, block_k=32)
+    with pytest.raises(ValueError, match=r"float32 partials \[1, 10\]"):
+        K.linear(x, w, torch.empty(1, 40), mode=K.ARGMAX, cfg=cfg)
+    with pytest.raises(ValueError, match="int64 ids"):
+        K.argmax_merge(K.argmax_partials(1, 40, cfg, "cpu"), torch.zeros(1, dtype=torch.int32))
+
+
 @pytest.mark.parametrize(("prefetch", "segments"), [(False, 1), (True, 1), (False, 4),
                                                     (True, 2)])
 @pytest.mark.parametrize(("peel", "split"), [(0, 1), (3, 1), (0, 3), (7, 2), (7, 4)])
@@ -347,6 +385,27 @@ def test_triton_runner_matches_the_reference_path(fuse: bool) -> None:
     rows.append(fast.logits(seq[7:], 7))
     out = torch.cat(rows)
     assert rel(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("kernels", ["triton", "torch"])
+def test_greedy_steps_pick_the_argmax_of_the_logits_among_the_tokenizer_columns(
+        kernels: str) -> None:
+    model = _model()
+    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (40,), generator=torch.Generator())]
+    full = Runner(model, 64, kernels=kernels, nsplit=4)  # type: ignore[arg-type]
+    logits = full.logits(seq, 0)  # 40 tokens: two steps of MAX_STEP = 32 and 8
+    fast = Runner(model, 64, kernels=kernels, nsplit=4)  # type: ignore[arg-type]
+    assert fast.argmax(seq, 0).tolist() == logits.argmax(-1).tolist()
+    cols = int(logits.argmax(-1)[-1])  # the last row's best column is now out of reach
+    fast.greedy_cols = cols
+    ids = fast.argmax(seq[-3:], 37)
+    assert ids.tolist() == logits[-3:, :cols].argmax(-1).tolist() and ids[-1] < cols
+    assert fast.logits(seq[-1:], 39)[0].argmax() == cols  # logits steps keep every column
+    if kernels == "triton":  # its greedy steps hold per-program maxima, never the logits
+        ws = fast._greedy_steps[3]
+        assert ws.logits.numel() == 0 and ws.partials is not None
+    with pytest.raises(ValueError, match="greedy_cols must be in 1..101"):
+        fast.greedy_cols = 0
 
 
 def test_a_trimmed_merge_never_reads_partials_left_by_a_longer_sequence() -> None:

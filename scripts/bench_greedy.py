@@ -1,0 +1,178 @@
+"""Greedy steps that never write their logits, against the logits steps they replace.
+
+A greedy decision needs one integer a token; a logits step writes ``[T, 151936]`` float32 on
+the GPU, and ``TorchEngine.eval`` then copies them to the host, where the speculator used to
+take each row's argmax. ``Runner.argmax`` runs steps whose output projection keeps only each
+program's largest logit and a tiny merge kernel picks the token (``kernels.ARGMAX``). Run on
+the lent H200 (``device`` tool): ``python3 scripts/bench_greedy.py --out $OUT``. In one process,
+per model (the default pair's shapes, random non-zero bf16 weights), at each position:
+
+1. agreement: on a deterministic runner (no split-K atomics, so two steps of the same inputs
+   give the same bits), the greedy step's tokens against the argmax of the logits step's rows;
+2. the step alone, in its CUDA graph: logits step against greedy step, T = 1, 5, 9 (GPU time,
+   ``bench_gpu.time_ms``), in alternating rounds;
+3. one call as the engine and the speculator make it, wall time with the host's part (Python,
+   the input copy, the result's copy and sync), in alternating rounds, median of each round's
+   median, T = 1, 5, 9:
+   - ``eval``: the logits step, its rows copied to the host as numpy, ``np.argmax`` a row
+     (what the speculator and the model drafter did for every greedy step);
+   - ``torch_argmax``: the logits step, then ``torch.argmax`` on the GPU and ``.tolist()``
+     (``TorchEngine.eval_argmax`` before this change);
+   - ``greedy``: the greedy step and ``.tolist()`` (``eval_argmax`` now);
+4. greedy speculation composed from those wall times (``bench_gpu.compose``, per-token
+   acceptance ``--accept``): both models on the GPU, the drafter stepping once a draft token.
+
+Results go to ``--out``/greedy.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gpu import compose, log, time_ms  # noqa: E402  # the benchmarks' timer and composition
+
+from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
+from openjarvis.engine.torch.generate import Runner  # noqa: E402
+from openjarvis.engine.torch.model import Transformer  # noqa: E402
+from openjarvis.engine.torch.weights import random_weights  # noqa: E402
+
+TS = (1, 5, 9)
+#: Qwen2.5's tokenizer: 151,665 tokens of the model's 151,936 output rows (the rest padding).
+TOKENIZER_VOCAB = 151665
+
+
+def wall_ms(fn: Callable[[], object], reps: int) -> float:
+    """Median wall time of one call of ``fn`` (each ends on a host sync of its result)."""
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(ts)
+
+
+def calls(r: Runner, toks: list[int], pos: int, vocab: int) -> dict[str, Callable[[], object]]:
+    """The three ways of one greedy call of ``len(toks)`` tokens at ``pos``."""
+
+    def eval_rows() -> list[int]:
+        rows = r.logits(toks, pos)[:, :vocab].float().cpu().numpy()
+        return [int(np.argmax(row)) for row in rows]
+
+    def torch_argmax() -> list[int]:
+        return [int(x) for x in r.logits(toks, pos)[:, :vocab].argmax(-1).tolist()]
+
+    def greedy() -> list[int]:
+        return [int(x) for x in r.argmax(toks, pos).tolist()]
+
+    return {"eval": eval_rows, "torch_argmax": torch_argmax, "greedy": greedy}
+
+
+def agreement(a: ModelArgs, w: Any, pos: int) -> dict[str, Any]:
+    """Deterministic steps: the greedy tokens against the logits' argmax, T = 1 and 9 over a
+    few positions, with random tokens."""
+    r = Runner(Transformer(a, w, n_pos=pos + 128), pos + 64, kernels="triton", graphs=True)
+    r.make_deterministic()
+    r.greedy_cols = TOKENIZER_VOCAB
+    gen = torch.Generator().manual_seed(5)
+    same = total = 0
+    for t in (1, 9):
+        for p in range(pos - 40, pos, 10):
+            toks = torch.randint(0, TOKENIZER_VOCAB, (t,), generator=gen).tolist()
+            ref = r.logits(toks, p)[:, :TOKENIZER_VOCAB].argmax(-1).tolist()
+            got = r.argmax(toks, p).tolist()
+            same += sum(x == y for x, y in zip(got, ref, strict=True))
+            total += t
+    return {"same": same, "rows": total}
+
+
+def bench_model(name: str, a: ModelArgs, positions: list[int], rounds: int,
+                reps: int) -> dict[str, Any]:
+    w = random_weights(a, torch.bfloat16, "cuda", seed=0)
+    res: dict[str, Any] = {"agreement": agreement(a, w, max(positions))}
+    log(name, "agreement", res["agreement"])
+    r = Runner(Transformer(a, w, n_pos=max(positions) + 128), max(positions) + 64,
+               kernels="triton", graphs=True)
+    r.greedy_cols = TOKENIZER_VOCAB
+    toks = list(range(100, 100 + max(TS)))
+    for pos in positions:
+        graph: dict[str, list[float]] = {}
+        wall: dict[str, list[float]] = {}
+        for t in TS:  # capture both steps of each T first
+            r.step(toks[:t], pos)
+            r.step(toks[:t], pos, greedy=True)
+        for rnd in range(rounds):
+            for t in TS:
+                graph.setdefault(f"logits_T{t}", []).append(time_ms(partial(r.replay, t)))
+                graph.setdefault(f"greedy_T{t}", []).append(
+                    time_ms(partial(r.replay, t, greedy=True)))
+                for how, fn in calls(r, toks[:t], pos, TOKENIZER_VOCAB).items():
+                    wall.setdefault(f"{how}_T{t}", []).append(wall_ms(fn, reps))
+            log(name, pos, "round", rnd, {k: round(v[-1], 4) for k, v in wall.items()})
+        row: dict[str, Any] = {
+            "graph_ms": {k: statistics.median(v) for k, v in graph.items()},
+            "wall_ms": {k: statistics.median(v) for k, v in wall.items()},
+        }
+        row["graph_ratio"] = {f"T{t}": statistics.median(
+            g / lg for g, lg in zip(graph[f"greedy_T{t}"], graph[f"logits_T{t}"], strict=True))
+            for t in TS}
+        row["wall_ratio_to_eval"] = {f"{how}_T{t}": statistics.median(
+            x / e for x, e in zip(wall[f"{how}_T{t}"], wall[f"eval_T{t}"], strict=True))
+            for how in ("torch_argmax", "greedy") for t in TS}
+        res[f"pos{pos}"] = row
+        log(name, pos, row)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--models", default="1.5B,0.5B")
+    ap.add_argument("--positions", default="512,4096")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=100, help="calls a round of each wall time")
+    ap.add_argument("--accept", type=float, default=0.933,
+                    help="per-token greedy acceptance of the real pair (bench_gpu --acceptance)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_greedy needs a CUDA GPU", file=sys.stderr)
+        return 2
+    models = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}
+    positions = [int(p) for p in args.positions.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "accept": args.accept}
+    for name in args.models.split(","):
+        res[name] = bench_model(name, models[name], positions, args.rounds, args.reps)
+        (args.out / "greedy.json").write_text(json.dumps(res, indent=1))
+        torch.cuda.empty_cache()
+    if "1.5B" in res and "0.5B" in res:
+        spec: dict[str, Any] = {}
+        for pos in positions:
+            v, d = res["1.5B"][f"pos{pos}"]["wall_ms"], res["0.5B"][f"pos{pos}"]["wall_ms"]
+            spec[f"pos{pos}"] = {
+                how: {"plain_tok_s": 1e3 / v[f"{how}_T1"],
+                      "k4": compose(args.accept, 4, d[f"{how}_T1"], v[f"{how}_T5"]),
+                      "k8": compose(args.accept, 8, d[f"{how}_T1"], v[f"{how}_T9"])}
+                for how in ("eval", "torch_argmax", "greedy")}
+        res["speculative"] = spec
+        log("speculative", spec)
+    (args.out / "greedy.json").write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
