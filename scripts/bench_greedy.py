@@ -14,11 +14,12 @@ per model (the default pair's shapes, random non-zero bf16 weights), at each pos
 3. one call as the engine and the speculator make it, wall time with the host's part (Python,
    the input copy, the result's copy and sync), in alternating rounds, median of each round's
    median, T = 1, 5, 9:
-   - ``eval``: the logits step, its rows copied to the host as numpy, ``np.argmax`` a row
-     (what the speculator and the model drafter did for every greedy step);
-   - ``torch_argmax``: the logits step, then ``torch.argmax`` on the GPU and ``.tolist()``
-     (``TorchEngine.eval_argmax`` before this change);
-   - ``greedy``: the greedy step and ``.tolist()`` (``eval_argmax`` now);
+   - ``eval``: the logits step, its rows copied to the host as numpy (``TorchEngine.eval``),
+     ``np.argmax`` a row (what the speculator and the model drafter did for every greedy step
+     before session 14, and still do for sampled ones);
+   - ``eval_pageable``: the same through pageable memory (before session 14; ``eval`` now
+     takes logits through page-locked memory, ``Runner.host``);
+   - ``greedy``: the greedy step, its tokens copied to the host (``eval_argmax`` now);
 4. greedy speculation composed from those wall times (``bench_gpu.compose``, per-token
    acceptance ``--accept``): both models on the GPU, the drafter stepping once a draft token.
 
@@ -66,20 +67,24 @@ def wall_ms(fn: Callable[[], object], reps: int) -> float:
     return 1e3 * statistics.median(ts)
 
 
-def calls(r: Runner, toks: list[int], pos: int, vocab: int) -> dict[str, Callable[[], object]]:
-    """The three ways of one greedy call of ``len(toks)`` tokens at ``pos``."""
+HOWS = ("eval_pageable", "eval", "greedy")
 
-    def eval_rows() -> list[int]:
-        rows = r.logits(toks, pos)[:, :vocab].float().cpu().numpy()
+
+def calls(r: Runner, toks: list[int], pos: int, vocab: int) -> dict[str, Callable[[], object]]:
+    """The ways (``HOWS``) of one greedy call of ``len(toks)`` tokens at ``pos``, as
+    ``TorchEngine.eval`` and ``eval_argmax`` make it."""
+
+    def eval_rows(pinned: bool) -> list[int]:
+        r.pinned_io = pinned
+        rows = r.host(r.logits(toks, pos)[:, :vocab].float()).numpy()
         return [int(np.argmax(row)) for row in rows]
 
-    def torch_argmax() -> list[int]:
-        return [int(x) for x in r.logits(toks, pos)[:, :vocab].argmax(-1).tolist()]
-
     def greedy() -> list[int]:
-        return [int(x) for x in r.argmax(toks, pos).tolist()]
+        r.pinned_io = True
+        return [int(x) for x in r.host(r.argmax(toks, pos)).tolist()]
 
-    return {"eval": eval_rows, "torch_argmax": torch_argmax, "greedy": greedy}
+    return {"eval_pageable": partial(eval_rows, False), "eval": partial(eval_rows, True),
+            "greedy": greedy}
 
 
 def agreement(a: ModelArgs, w: Any, pos: int) -> dict[str, Any]:
@@ -130,9 +135,9 @@ def bench_model(name: str, a: ModelArgs, positions: list[int], rounds: int,
         row["graph_ratio"] = {f"T{t}": statistics.median(
             g / lg for g, lg in zip(graph[f"greedy_T{t}"], graph[f"logits_T{t}"], strict=True))
             for t in TS}
-        row["wall_ratio_to_eval"] = {f"{how}_T{t}": statistics.median(
-            x / e for x, e in zip(wall[f"{how}_T{t}"], wall[f"eval_T{t}"], strict=True))
-            for how in ("torch_argmax", "greedy") for t in TS}
+        row["wall_ratio_to_eval_pageable"] = {f"{how}_T{t}": statistics.median(
+            x / e for x, e in zip(wall[f"{how}_T{t}"], wall[f"eval_pageable_T{t}"], strict=True))
+            for how in HOWS[1:] for t in TS}
         res[f"pos{pos}"] = row
         log(name, pos, row)
     return res
@@ -167,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                 how: {"plain_tok_s": 1e3 / v[f"{how}_T1"],
                       "k4": compose(args.accept, 4, d[f"{how}_T1"], v[f"{how}_T5"]),
                       "k8": compose(args.accept, 8, d[f"{how}_T1"], v[f"{how}_T9"])}
-                for how in ("eval", "torch_argmax", "greedy")}
+                for how in HOWS}
         res["speculative"] = spec
         log("speculative", spec)
     (args.out / "greedy.json").write_text(json.dumps(res, indent=1))

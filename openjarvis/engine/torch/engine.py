@@ -202,7 +202,7 @@ class TorchEngine(GgufInfo, MeasuredCosts):
 
     def eval(self, tokens: Sequence[int], *, last_only: bool = False) -> Logits:
         out = self._forward(tokens, last_only)
-        arr: Logits = out[:, : self.n_vocab].float().cpu().numpy()
+        arr: Logits = self.runner.host(out[:, : self.n_vocab].float()).numpy()
         return arr
 
     def eval_argmax(self, tokens: Sequence[int]) -> list[int]:
@@ -211,7 +211,7 @@ class TorchEngine(GgufInfo, MeasuredCosts):
         self._check(tokens)
         ids = self.runner.argmax(tokens, self._n_past)
         self._n_past += len(tokens)
-        return [int(t) for t in ids.tolist()]
+        return [int(t) for t in self.runner.host(ids).tolist()]
 
     def rollback(self, n: int) -> None:
         if not 0 <= n <= self._n_past:

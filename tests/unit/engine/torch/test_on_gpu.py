@@ -171,6 +171,11 @@ def test_greedy_steps_give_the_argmax_of_the_deterministic_logits_steps(
         r.replay(t, greedy=True)
         assert ids.tolist() == logits.argmax(-1).tolist()
     assert r._greedy_steps[t].logits.numel() == 0  # no logits were written
+    assert r.host(ids).tolist() == ids.tolist() and not r.host(ids).is_pinned()  # bytes
+    pinned = r.host(logits)  # 600 KB a row: through page-locked memory (``pinned_io``)
+    r.pinned_io = False
+    pageable = r.host(logits)
+    assert pinned.is_pinned() and not pageable.is_pinned() and torch.equal(pinned, pageable)
 
 
 def test_verify_steps_with_the_serial_norm_hand_off_agree_with_float32(
