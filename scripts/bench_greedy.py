@@ -19,7 +19,11 @@ per model (the default pair's shapes, random non-zero bf16 weights), at each pos
      before session 14, and still do for sampled ones);
    - ``eval_pageable``: the same through pageable memory (before session 14; ``eval`` now
      takes logits through page-locked memory, ``Runner.host``);
-   - ``greedy``: the greedy step, its tokens copied to the host (``eval_argmax`` now);
+   - ``greedy_plain``: the greedy step, its tokens copied to the host after it;
+   - ``greedy_copy``: the same with ``Runner.graph_io``: the inputs and the tokens copied by
+     the step's graph itself (copy nodes), one sync a call;
+   - ``greedy``: the default (``eval_argmax`` now): as ``greedy_copy``, but the merge kernel
+     writes the tokens into page-locked memory itself (``Runner.host_ids_direct``);
 4. greedy speculation composed from those wall times (``bench_gpu.compose``, per-token
    acceptance ``--accept``): both models on the GPU, the drafter stepping once a draft token.
 
@@ -67,24 +71,27 @@ def wall_ms(fn: Callable[[], object], reps: int) -> float:
     return 1e3 * statistics.median(ts)
 
 
-HOWS = ("eval_pageable", "eval", "greedy")
+HOWS = ("eval_pageable", "eval", "greedy_plain", "greedy_copy", "greedy")
 
 
-def calls(r: Runner, toks: list[int], pos: int, vocab: int) -> dict[str, Callable[[], object]]:
+def calls(r: Runner, r0: Runner, r1: Runner, toks: list[int], pos: int,
+          vocab: int) -> dict[str, Callable[[], object]]:
     """The ways (``HOWS``) of one greedy call of ``len(toks)`` tokens at ``pos``, as
-    ``TorchEngine.eval`` and ``eval_argmax`` make it."""
+    ``TorchEngine.eval`` and ``eval_argmax`` make it: ``r`` with the defaults, ``r0`` without
+    ``graph_io`` (the inputs and results copied around the graph, synchronously), ``r1``
+    with it but the tokens copied out by a copy node (no ``host_ids_direct``)."""
 
-    def eval_rows(pinned: bool) -> list[int]:
-        r.pinned_io = pinned
-        rows = r.host(r.logits(toks, pos)[:, :vocab].float()).numpy()
+    def eval_rows(runner: Runner, pinned: bool) -> list[int]:
+        runner.pinned_io = pinned
+        rows = runner.host(runner.logits(toks, pos)[:, :vocab].float()).numpy()
         return [int(np.argmax(row)) for row in rows]
 
-    def greedy() -> list[int]:
-        r.pinned_io = True
-        return [int(x) for x in r.host(r.argmax(toks, pos)).tolist()]
+    def greedy_plain() -> list[int]:
+        return [int(x) for x in r0.host(r0.argmax(toks, pos)).tolist()]
 
-    return {"eval_pageable": partial(eval_rows, False), "eval": partial(eval_rows, True),
-            "greedy": greedy}
+    return {"eval_pageable": partial(eval_rows, r0, False), "eval": partial(eval_rows, r, True),
+            "greedy_plain": greedy_plain, "greedy_copy": partial(r1.greedy_tokens, toks, pos),
+            "greedy": partial(r.greedy_tokens, toks, pos)}
 
 
 def agreement(a: ModelArgs, w: Any, pos: int) -> dict[str, Any]:
@@ -110,22 +117,32 @@ def bench_model(name: str, a: ModelArgs, positions: list[int], rounds: int,
     w = random_weights(a, torch.bfloat16, "cuda", seed=0)
     res: dict[str, Any] = {"agreement": agreement(a, w, max(positions))}
     log(name, "agreement", res["agreement"])
-    r = Runner(Transformer(a, w, n_pos=max(positions) + 128), max(positions) + 64,
-               kernels="triton", graphs=True)
-    r.greedy_cols = TOKENIZER_VOCAB
+    model = Transformer(a, w, n_pos=max(positions) + 128)
+    r = Runner(model, max(positions) + 64, kernels="triton", graphs=True)
+    r0 = Runner(model, max(positions) + 64, kernels="triton", graphs=True)
+    r1 = Runner(model, max(positions) + 64, kernels="triton", graphs=True)
+    r0.graph_io = False
+    r1.host_ids_direct = False
+    for x in (r, r0, r1):
+        x.greedy_cols = TOKENIZER_VOCAB
     toks = list(range(100, 100 + max(TS)))
     for pos in positions:
         graph: dict[str, list[float]] = {}
         wall: dict[str, list[float]] = {}
-        for t in TS:  # capture both steps of each T first
-            r.step(toks[:t], pos)
-            r.step(toks[:t], pos, greedy=True)
+        for t in TS:  # capture the steps of each T first
+            for x in (r, r0, r1):
+                x.step(toks[:t], pos)
+                x.step(toks[:t], pos, greedy=True)
         for rnd in range(rounds):
             for t in TS:
-                graph.setdefault(f"logits_T{t}", []).append(time_ms(partial(r.replay, t)))
+                graph.setdefault(f"logits_T{t}", []).append(time_ms(partial(r0.replay, t)))
                 graph.setdefault(f"greedy_T{t}", []).append(
+                    time_ms(partial(r0.replay, t, greedy=True)))
+                graph.setdefault(f"greedy_io_T{t}", []).append(  # with the input's copy node
                     time_ms(partial(r.replay, t, greedy=True)))
-                for how, fn in calls(r, toks[:t], pos, TOKENIZER_VOCAB).items():
+                graph.setdefault(f"greedy_io_copy_T{t}", []).append(  # and the tokens' one
+                    time_ms(partial(r1.replay, t, greedy=True)))
+                for how, fn in calls(r, r0, r1, toks[:t], pos, TOKENIZER_VOCAB).items():
                     wall.setdefault(f"{how}_T{t}", []).append(wall_ms(fn, reps))
             log(name, pos, "round", rnd, {k: round(v[-1], 4) for k, v in wall.items()})
         row: dict[str, Any] = {

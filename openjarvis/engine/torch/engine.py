@@ -209,9 +209,9 @@ class TorchEngine(GgufInfo, MeasuredCosts):
         """Greedy shortcut: ``eval(tokens).argmax(-1)`` (ties to the lowest id), from steps
         that never write the logits; only ``len(tokens)`` integers reach the host."""
         self._check(tokens)
-        ids = self.runner.argmax(tokens, self._n_past)
+        ids = self.runner.greedy_tokens(tokens, self._n_past)
         self._n_past += len(tokens)
-        return [int(t) for t in self.runner.host(ids).tolist()]
+        return ids
 
     def rollback(self, n: int) -> None:
         if not 0 <= n <= self._n_past:

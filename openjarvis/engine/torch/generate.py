@@ -76,6 +76,12 @@ class Workspace:
     greedy: bool = False
     ids: torch.Tensor | None = None
     partials: torch.Tensor | None = None
+    #: ``Runner.graph_io``: the page-locked inputs the graph copies in as its first node, the
+    #: greedy step's token ids it copies out as its last, and the event of the last replay
+    #: (the host rewrites ``host_in`` only once the replay before has read it).
+    host_in: torch.Tensor | None = None
+    host_ids: torch.Tensor | None = None
+    replayed: torch.cuda.Event | None = None
     #: Which forward pass runs this T (``Runner._run``): fixed when the workspace is built. A
     #: name rather than a closure, so nothing in the workspace refers back to it or the Runner
     #: and a dropped step (its CUDA graph) is freed at once, never by a garbage collection that
@@ -131,6 +137,10 @@ class Runner:
         #: On the GPU, ``host`` brings results of ``PINNED_MIN_BYTES`` or more (logits) down
         #: through page-locked memory.
         self.pinned_io = on_cuda
+        self._graph_io = self.graphs
+        #: With ``graph_io``, the Triton greedy step's merge kernel writes the token ids into
+        #: page-locked host memory itself, instead of a copy node after it.
+        self.host_ids_direct = True
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         #: Tiles per (matrix, T): "wo", "w13", "w2", "out" -> LinearConfig; "qkv" -> (block_p,
         #: block_k). Filled by tuning (scripts/bench_gpu.py); defaults where absent.
@@ -235,6 +245,20 @@ class Runner:
                 self.weight_evict = WEIGHT_EVICT
             self.nsplit, self.attn_block_s = ATTENTION.get(shape, (nsplit, self.attn_block_s))
             self.l2_prefetch = L2_PREFETCH.get(shape)
+
+    @property
+    def graph_io(self) -> bool:
+        """Captured steps copy their inputs in from page-locked memory as the graph's first
+        node, and greedy steps their token ids out as its last (``greedy_tokens``), so a call
+        is a write to host memory, one replay and one sync, instead of two synchronous copies
+        around the replay. Setting it drops the steps captured the other way."""
+        return self._graph_io
+
+    @graph_io.setter
+    def graph_io(self, on: bool) -> None:
+        if on != self._graph_io:
+            self.drop_steps()
+        self._graph_io = on and self.graphs
 
     @property
     def greedy_cols(self) -> int:
@@ -385,10 +409,23 @@ class Runner:
         return torch.cat([self.step(tokens[i : i + MAX_STEP], start + i, greedy=True).clone()
                           for i in range(0, n, MAX_STEP)])
 
+    def greedy_tokens(self, tokens: Sequence[int], start: int) -> list[int]:
+        """``argmax`` on the host, as a list. With ``graph_io`` the step's graph has already
+        copied them into page-locked memory: one sync, no copy call."""
+        if self.graph_io and len(tokens) <= MAX_STEP:
+            self.argmax(tokens, start)
+            ws = self._greedy_steps[len(tokens)]
+            assert ws.replayed is not None and ws.host_ids is not None
+            ws.replayed.synchronize()
+            return [int(x) for x in ws.host_ids.tolist()]
+        return [int(x) for x in self.host(self.argmax(tokens, start)).tolist()]
+
     def step(self, tokens: Sequence[int], start: int, *, greedy: bool = False) -> torch.Tensor:
         """One fixed-shape step of ``len(tokens) <= MAX_STEP``; returns the workspace's logits
         (``greedy``: its token ids, ``argmax``)."""
         ws = self._workspace(len(tokens), greedy)
+        if self.graph_io:
+            return self._step_graph_io(ws, start, tokens)
         host = torch.tensor([start, *tokens], dtype=torch.int64)
         ws.inputs.copy_(host, non_blocking=False)
         if self.graphs and ws.graph is None:
@@ -397,6 +434,26 @@ class Runner:
             ws.graph.replay()
             return _result(ws)
         return self._run(ws)
+
+    def _step_graph_io(self, ws: Workspace, start: int, tokens: Sequence[int]) -> torch.Tensor:
+        """``step`` with ``graph_io``: the inputs written to the workspace's page-locked
+        buffer, which the graph's first node copies in."""
+        if ws.host_in is None or ws.replayed is None:
+            ws.host_in = torch.empty(ws.inputs.shape, dtype=torch.int64, pin_memory=True)
+            if ws.greedy:
+                ws.host_ids = torch.empty(ws.inputs.shape[0] - 1, dtype=torch.int64,
+                                          pin_memory=True)
+            ws.replayed = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        else:
+            ws.replayed.synchronize()  # the replay before has read host_in (and written ids)
+        ws.host_in.numpy()[:] = (start, *tokens)
+        if ws.graph is None:
+            ws.inputs.copy_(ws.host_in)  # the warm-up runs before the capture read them
+            self._capture(ws)
+        assert ws.graph is not None
+        ws.graph.replay()
+        ws.replayed.record(torch.cuda.current_stream(self.device))
+        return _result(ws)
 
     def host(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (a step's result) on the host, once every step launched so far is done. With
@@ -519,7 +576,11 @@ class Runner:
         try:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
+                if ws.host_in is not None:  # graph_io: the inputs' copy is the first node
+                    ws.inputs.copy_(ws.host_in, non_blocking=True)
                 out = self._run(ws)
+                if ws.host_ids is not None and not (self.host_ids_direct and ws.path == "triton"):
+                    ws.host_ids.copy_(out, non_blocking=True)  # a greedy step's tokens: last
         finally:
             if enabled:
                 gc.enable()
@@ -631,7 +692,8 @@ class Runner:
             K.linear(ws.h, w.out[: self.greedy_cols], ws.partials, mode=K.ARGMAX,
                      norm=w.out_norm, eps=a.rms_eps, cfg=self._out_tile(t), pdl=pk("out"),
                      evict=ev)
-            return K.argmax_merge(ws.partials, ws.ids, pdl=1 if pk("out") % 4 in (1, 2) else 0)
+            return K.argmax_merge(ws.partials, ws.ids, pdl=1 if pk("out") % 4 in (1, 2) else 0,
+                                  host=ws.host_ids if self.host_ids_direct else None)
         K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"),
                  pdl=pk("out"), evict=ev)
         return ws.logits

@@ -170,12 +170,20 @@ def test_greedy_steps_give_the_argmax_of_the_deterministic_logits_steps(
         assert ids.tolist() == logits.argmax(-1).tolist()
         r.replay(t, greedy=True)
         assert ids.tolist() == logits.argmax(-1).tolist()
+        # the graph's own copy of them into page-locked memory (``graph_io``)
+        assert r.graph_io and r.greedy_tokens(toks[i : i + t], i) == ids.tolist()
     assert r._greedy_steps[t].logits.numel() == 0  # no logits were written
     assert r.host(ids).tolist() == ids.tolist() and not r.host(ids).is_pinned()  # bytes
     pinned = r.host(logits)  # 600 KB a row: through page-locked memory (``pinned_io``)
     r.pinned_io = False
     pageable = r.host(logits)
     assert pinned.is_pinned() and not pageable.is_pinned() and torch.equal(pinned, pageable)
+    want = r.argmax(toks[190 : 190 + t], 190).tolist()
+    r.graph_io = False  # the copies around the graph instead: the same tokens
+    assert not r._greedy_steps  # (the steps captured with them went)
+    assert r.greedy_tokens(toks[190 : 190 + t], 190) == want
+    r.graph_io, r.host_ids_direct = True, False  # a copy node instead of the merge's own store
+    assert r.greedy_tokens(toks[190 : 190 + t], 190) == want
 
 
 def test_verify_steps_with_the_serial_norm_hand_off_agree_with_float32(
