@@ -24,8 +24,12 @@ per model (the default pair's shapes, random non-zero bf16 weights), at each pos
      the step's graph itself (copy nodes), one sync a call;
    - ``greedy``: the default (``eval_argmax`` now): as ``greedy_copy``, but the merge kernel
      writes the tokens into page-locked memory itself (``Runner.host_ids_direct``);
-4. greedy speculation composed from those wall times (``bench_gpu.compose``, per-token
-   acceptance ``--accept``): both models on the GPU, the drafter stepping once a draft token.
+4. a greedy draft of k = 4 and 8 tokens as the model drafter makes it: k one-token greedy
+   calls (``draft_calls``), against one call for the first token and ``Runner.draft`` for
+   the k - 1 after it, one graph replay (``draft_chain``: ``TorchEngine.draft_greedy``);
+5. greedy speculation composed from those wall times (``bench_gpu.compose``, per-token
+   acceptance ``--accept``): both models on the GPU, the drafter's k tokens as k calls or as
+   the chain.
 
 Results go to ``--out``/greedy.json.
 """
@@ -145,7 +149,34 @@ def bench_model(name: str, a: ModelArgs, positions: list[int], rounds: int,
                 for how, fn in calls(r, r0, r1, toks[:t], pos, TOKENIZER_VOCAB).items():
                     wall.setdefault(f"{how}_T{t}", []).append(wall_ms(fn, reps))
             log(name, pos, "round", rnd, {k: round(v[-1], 4) for k, v in wall.items()})
+        drafts: dict[str, list[float]] = {}
+        for k in (4, 8):
+            r.draft(toks[0], pos, k - 1)  # capture the chain first
+
+            def calls_k(k: int = k, p: int = pos) -> list[int]:
+                out, tok = [], toks[0]
+                for j in range(k):
+                    tok = r.greedy_tokens([tok], p + j)[0]
+                    out.append(tok)
+                return out
+
+            def chain_k(k: int = k, p: int = pos) -> list[int]:
+                first = r.greedy_tokens([toks[0]], p)[0]
+                return [first, *r.draft(first, p + 1, k - 1)]
+
+            for _ in range(rounds):
+                drafts.setdefault(f"draft_calls_k{k}", []).append(wall_ms(calls_k, reps // 4))
+                drafts.setdefault(f"draft_chain_k{k}", []).append(wall_ms(chain_k, reps // 4))
+            # (split-K atomics: the two may part at a near-tie; the GPU test checks equality on
+            # deterministic steps)
+            same = sum(a == b for a, b in zip(calls_k(), chain_k(), strict=True))
+            drafts.setdefault("same_tokens", []).append(same)
         row: dict[str, Any] = {
+            "draft_ms": {k: statistics.median(v) for k, v in drafts.items() if k != "same_tokens"},
+            "draft_same_tokens": drafts["same_tokens"],  # of 4, of 8
+            "draft_ratio": {f"k{k}": statistics.median(
+                c / s for c, s in zip(drafts[f"draft_chain_k{k}"], drafts[f"draft_calls_k{k}"],
+                                      strict=True)) for k in (4, 8)},
             "graph_ms": {k: statistics.median(v) for k, v in graph.items()},
             "wall_ms": {k: statistics.median(v) for k, v in wall.items()},
         }
@@ -190,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
                       "k4": compose(args.accept, 4, d[f"{how}_T1"], v[f"{how}_T5"]),
                       "k8": compose(args.accept, 8, d[f"{how}_T1"], v[f"{how}_T9"])}
                 for how in HOWS}
+            dd = res["0.5B"][f"pos{pos}"]["draft_ms"]
+            spec[f"pos{pos}"]["greedy_chain"] = {  # the draft's k tokens: one call + the chain
+                "k4": compose(args.accept, 4, dd["draft_chain_k4"] / 4, v["greedy_T5"]),
+                "k8": compose(args.accept, 8, dd["draft_chain_k8"] / 8, v["greedy_T9"])}
         res["speculative"] = spec
         log("speculative", spec)
     (args.out / "greedy.json").write_text(json.dumps(res, indent=1))

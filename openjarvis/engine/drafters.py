@@ -166,10 +166,21 @@ class ModelDrafter:
 
     def _propose_greedy(self, context: Sequence[int], max_len: int) -> Draft:
         """Greedy drafts from each step's argmax alone: an engine with ``eval_argmax`` never
-        hands over a logits row (``greedy_eval``)."""
+        hands over a logits row (``greedy_eval``), and one with ``draft_greedy`` (the torch
+        engine) drafts every token after the first in one call, one GPU graph."""
         tok = self.sync_greedy(context)
         tokens = [tok]
-        while tok not in self.engine.eos_token_ids and len(tokens) < max_len:
+        eos = self.engine.eos_token_ids
+        chain = getattr(self.engine, "draft_greedy", None)
+        if chain is not None and tok not in eos and max_len > 1:
+            more: list[int] = list(chain(tok, max_len - 1))
+            self.cached.extend([tok, *more[:-1]])  # what the engine evaluated
+            for t in more:  # an end of text ends the draft; what it drafted past that goes
+                tokens.append(t)
+                if t in eos:
+                    break
+            return Draft(tokens=tuple(tokens), probs=None, key="model")
+        while tok not in eos and len(tokens) < max_len:
             tok = greedy_eval(self.engine, [tok])[-1]
             self.cached.append(tokens[-1])
             tokens.append(tok)

@@ -213,6 +213,18 @@ class TorchEngine(GgufInfo, MeasuredCosts):
         self._n_past += len(tokens)
         return ids
 
+    def draft_greedy(self, token: int, n: int) -> list[int]:
+        """Greedy drafting in one call: evaluate ``token``, then each step's greedy token, ``n``
+        steps in all (the cache grows by ``n``); their ``n`` greedy tokens, the last one not
+        evaluated. On the GPU one graph replay (``Runner.draft``): no host round trip between
+        draft tokens. The model drafter uses it where the engine has it."""
+        if n < 1:
+            raise EngineError(f"draft_greedy needs n >= 1, got {n}")
+        self._check([token] * n)
+        out = self.runner.draft(token, self._n_past, n)
+        self._n_past += n
+        return out
+
     def rollback(self, n: int) -> None:
         if not 0 <= n <= self._n_past:
             raise EngineError(f"cannot roll back to {n}: the cache holds {self._n_past} tokens")

@@ -82,6 +82,9 @@ class Workspace:
     host_in: torch.Tensor | None = None
     host_ids: torch.Tensor | None = None
     replayed: torch.cuda.Event | None = None
+    #: ``Runner.draft`` (set while a chain is captured): where the merge kernel also writes
+    #: its token, the next step's input.
+    feed: torch.Tensor | None = None
     #: Which forward pass runs this T (``Runner._run``): fixed when the workspace is built. A
     #: name rather than a closure, so nothing in the workspace refers back to it or the Runner
     #: and a dropped step (its CUDA graph) is freed at once, never by a garbage collection that
@@ -109,6 +112,19 @@ class Workspace:
         return self.inputs[1:]
 
 
+@dataclass(slots=True)
+class Chain:
+    """``Runner.draft``'s graph of n greedy one-token steps, over the one-token greedy step's
+    workspace: step j reads row j of ``dev_in`` (position, token) and its merge kernel writes
+    its token into row j + 1 and into ``host_out[j]``."""
+
+    host_in: torch.Tensor  # [n, 2] int64 page-locked: the positions and the first token
+    dev_in: torch.Tensor  # [n, 2] int64: the graph's copy of it, fed forward on the GPU
+    host_out: torch.Tensor  # [n] int64 page-locked: each step's greedy token
+    graph: torch.cuda.CUDAGraph
+    replayed: torch.cuda.Event
+
+
 class Runner:
     """Owns the cache and the per-T steps of one model on one device."""
 
@@ -133,6 +149,7 @@ class Runner:
             raise ValueError("the RoPE table is shorter than the cache")
         self._steps: dict[int, Workspace] = {}
         self._greedy_steps: dict[int, Workspace] = {}  # ``argmax``'s, by T
+        self._chains: dict[int, Chain] = {}  # ``draft``'s, by length
         self._greedy_cols = self.args.n_vocab
         #: On the GPU, ``host`` brings results of ``PINNED_MIN_BYTES`` or more (logits) down
         #: through page-locked memory.
@@ -273,6 +290,7 @@ class Runner:
             raise ValueError(f"greedy_cols must be in 1..{self.args.n_vocab}, not {n}")
         if n != self._greedy_cols:
             self._greedy_steps.clear()
+            self._chains.clear()
         self._greedy_cols = n
 
     def use_megakernel(self, cfg: MegaConfig | None = None, max_t: int = 1) -> None:
@@ -332,6 +350,8 @@ class Runner:
         else:
             self._steps.pop(t, None)
             self._greedy_steps.pop(t, None)
+        if t in (None, 1):
+            self._chains.clear()  # (they run the one-token greedy step's kernels and buffers)
 
     def tiles(self, name: str, t: int) -> LinearConfig | None:
         """The tile the linear ``name`` ("wo", "w13", "w2", "out") of a T-token step runs with;
@@ -419,6 +439,75 @@ class Runner:
             ws.replayed.synchronize()
             return [int(x) for x in ws.host_ids.tolist()]
         return [int(x) for x in self.host(self.argmax(tokens, start)).tolist()]
+
+    def draft(self, token: int, start: int, n: int) -> list[int]:
+        """Greedy drafting: ``token`` at ``start``, then each step's greedy token at the next
+        position, ``n`` one-token steps in all; their ``n`` tokens (the last is not evaluated).
+        With ``graph_io`` on the Triton path, one replay of a graph of the ``n`` steps, each
+        step's merge kernel writing its token into the next step's inputs on the GPU: no host
+        round trip between draft tokens (captured on first use of each ``n``)."""
+        if n < 1 or start < 0 or start + n > self.n_ctx:
+            raise ValueError(f"cannot draft {n} tokens at {start} in a {self.n_ctx} window")
+        chained = (self.graph_io and self.host_ids_direct and self.kernels == "triton"
+                   and self.cuda_step is None and (self.mega is None or self.mega_max_t < 1))
+        if not chained:
+            out, tok = [], token
+            for j in range(n):
+                tok = self.greedy_tokens([tok], start + j)[0]
+                out.append(tok)
+            return out
+        ch = self._chains.get(n) or self._capture_chain(n, token, start)
+        ch.replayed.synchronize()  # the replay before has read host_in
+        ch.host_in.numpy()[:, 0] = range(start, start + n)
+        ch.host_in.numpy()[0, 1] = token
+        ch.graph.replay()
+        ch.replayed.record(torch.cuda.current_stream(self.device))
+        ch.replayed.synchronize()
+        return [int(x) for x in ch.host_out.tolist()]
+
+    def _capture_chain(self, n: int, token: int, start: int) -> Chain:
+        """Capture ``draft``'s graph of ``n`` steps (warmed up once on a side stream first:
+        it writes K/V at ``start``.. ``start + n - 1``, which the replay rewrites)."""
+        ws = self._workspace(1, greedy=True)
+        if ws.graph is None:  # compile the one-token greedy step's kernels
+            self.step([token], start, greedy=True)
+        dev = self.device
+        host_in = torch.empty(n, 2, dtype=torch.int64, pin_memory=True)
+        host_in.numpy()[:, 0] = range(start, start + n)
+        host_in.numpy()[:, 1] = token
+        host_out = torch.zeros(n, dtype=torch.int64, pin_memory=True)
+        dev_in = host_in.to(dev)
+
+        def steps() -> None:
+            saved = ws.inputs, ws.host_ids, ws.feed
+            try:
+                for j in range(n):
+                    ws.inputs, ws.host_ids = dev_in[j], host_out[j : j + 1]
+                    ws.feed = dev_in[j + 1, 1:] if j + 1 < n else None
+                    self._triton_forward(ws)
+            finally:
+                ws.inputs, ws.host_ids, ws.feed = saved
+
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            steps()
+        torch.cuda.current_stream().wait_stream(side)
+        enabled = gc.isenabled()
+        gc.disable()  # (as in ``_capture``)
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                dev_in.copy_(host_in, non_blocking=True)
+                steps()
+        finally:
+            if enabled:
+                gc.enable()
+        ch = Chain(host_in, dev_in, host_out, graph,
+                   torch.cuda.Event())  # type: ignore[no-untyped-call]
+        ch.replayed.record(torch.cuda.current_stream(self.device))
+        self._chains[n] = ch
+        return ch
 
     def step(self, tokens: Sequence[int], start: int, *, greedy: bool = False) -> torch.Tensor:
         """One fixed-shape step of ``len(tokens) <= MAX_STEP``; returns the workspace's logits
@@ -693,7 +782,8 @@ class Runner:
                      norm=w.out_norm, eps=a.rms_eps, cfg=self._out_tile(t), pdl=pk("out"),
                      evict=ev)
             return K.argmax_merge(ws.partials, ws.ids, pdl=1 if pk("out") % 4 in (1, 2) else 0,
-                                  host=ws.host_ids if self.host_ids_direct else None)
+                                  host=ws.host_ids if self.host_ids_direct else None,
+                                  feed=ws.feed)
         K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"),
                  pdl=pk("out"), evict=ev)
         return ws.logits

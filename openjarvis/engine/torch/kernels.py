@@ -1019,8 +1019,9 @@ def argmax_partials(t: int, n: int, cfg: LinearConfig, device: torch.device | st
 
 
 @triton.jit
-def _argmax_merge_kernel(part_ptr, ids_ptr, host_ptr, NP, stride_p, BLOCK: tl.constexpr,
-                         PDL: tl.constexpr, HOST: tl.constexpr):
+def _argmax_merge_kernel(part_ptr, ids_ptr, host_ptr, feed_ptr, NP, stride_p,
+                         BLOCK: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr,
+                         FEED: tl.constexpr):
     """Program = token: the largest of the ``NP`` programs' maxima and its column. The
     programs' columns rise with their index and each gave its first column of its maximum,
     so keeping the earlier chunk on equal values gives the first column overall, as
@@ -1044,14 +1045,18 @@ def _argmax_merge_kernel(part_ptr, ids_ptr, host_ptr, NP, stride_p, BLOCK: tl.co
     tl.store(ids_ptr + t, first.to(ids_ptr.dtype.element_ty))
     if HOST:  # page-locked host memory, written straight over the bus
         tl.store(host_ptr + t, first.to(host_ptr.dtype.element_ty))
+    if FEED:  # the next step's input token (``Runner.draft``)
+        tl.store(feed_ptr + t, first.to(feed_ptr.dtype.element_ty))
 
 
 def argmax_merge(partials: torch.Tensor, ids: torch.Tensor, pdl: int = 0,
-                 host: torch.Tensor | None = None) -> torch.Tensor:
+                 host: torch.Tensor | None = None,
+                 feed: torch.Tensor | None = None) -> torch.Tensor:
     """``ids [T]`` (int64) = each token's column of its largest value, from the partials of an
     ``ARGMAX`` linear (``argmax_partials``): the greedy token, with no logits written. ``host``
     (page-locked, [T] int64): written too, by the kernel itself (mapped memory), so that no
-    copy follows it (``Runner.graph_io``)."""
+    copy follows it (``Runner.graph_io``). ``feed`` ([T] int64 on the device): written too, as
+    the input token of the step that follows in the same graph (``Runner.draft``)."""
     t, width = partials.shape
     if width % 2 or ids.shape != (t,) or ids.dtype != torch.int64 or not partials.is_contiguous():
         raise ValueError(f"argmax_merge takes contiguous partials [T, 2 * programs] and int64 ids "
@@ -1060,10 +1065,15 @@ def argmax_merge(partials: torch.Tensor, ids: torch.Tensor, pdl: int = 0,
                              or not host.is_pinned()):
         raise ValueError(f"argmax_merge writes host ids into page-locked int64 [{t}]; got "
                          f"{host.dtype} {tuple(host.shape)}, pinned: {host.is_pinned()}")
+    if feed is not None and (feed.shape != (t,) or feed.dtype != torch.int64
+                             or feed.device != ids.device):
+        raise ValueError(f"argmax_merge feeds int64 [{t}] on the ids' device; got "
+                         f"{feed.dtype} {tuple(feed.shape)} on {feed.device}")
     block = min(2048, triton.next_power_of_2(width // 2))
-    _argmax_merge_kernel[(t,)](partials, ids, ids if host is None else host, width // 2,
-                               partials.stride(0), BLOCK=block, PDL=_wait(pdl),
-                               HOST=host is not None, num_warps=4, **_launch(pdl))
+    _argmax_merge_kernel[(t,)](partials, ids, ids if host is None else host,
+                               ids if feed is None else feed, width // 2, partials.stride(0),
+                               BLOCK=block, PDL=_wait(pdl), HOST=host is not None,
+                               FEED=feed is not None, num_warps=4, **_launch(pdl))
     return ids
 
 

@@ -186,6 +186,30 @@ def test_greedy_steps_give_the_argmax_of_the_deterministic_logits_steps(
     assert r.greedy_tokens(toks[190 : 190 + t], 190) == want
 
 
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_a_chained_draft_is_the_greedy_steps_one_by_one(
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor], n: int) -> None:
+    """``Runner.draft``: n greedy one-token steps in one graph, each step's merge kernel
+    feeding its token to the next, against the same deterministic steps one call at a time:
+    the same tokens, and the same cache behind them (the logits of the step after)."""
+    model, _, toks, _ = pair
+    r = Runner(model, 256)
+    r.make_deterministic()
+    r.logits(toks[:150], 0)
+    one, tok = [], toks[150]
+    for j in range(n):
+        tok = r.greedy_tokens([tok], 150 + j)[0]
+        one.append(tok)
+    after_one = r.logits([one[-1]], 150 + n).clone()
+    for _ in range(2):  # the first call captures the chain, the second replays it
+        chained = r.draft(toks[150], 150, n)
+        assert chained == one
+    assert torch.equal(r.logits([one[-1]], 150 + n), after_one)
+    assert n in r._chains
+    with pytest.raises(ValueError, match="cannot draft"):
+        r.draft(1, 250, 16)
+
+
 def test_verify_steps_with_the_serial_norm_hand_off_agree_with_float32(
         pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
     """Verify steps whose split-K o-projection hands the feed-forward norm to gate/up through

@@ -85,6 +85,23 @@ def test_eval_argmax_is_the_argmax_of_eval(engine: TorchEngine) -> None:
     assert greedy == [int(x) for x in engine.eval(tokens).argmax(-1)]
 
 
+def test_draft_greedy_is_each_step_s_argmax_fed_to_the_next(engine: TorchEngine) -> None:
+    tokens = engine.tokenize(TEXT)
+    engine.eval_argmax(tokens[:-1])
+    drafted = engine.draft_greedy(tokens[-1], 5)
+    assert engine.n_past == len(tokens) + 4
+    engine.rollback(len(tokens) - 1)
+    one_by_one, tok = [], tokens[-1]
+    for _ in range(5):
+        tok = engine.eval_argmax([tok])[0]
+        one_by_one.append(tok)
+    assert drafted == one_by_one
+    with pytest.raises(ContextOverflow):
+        engine.draft_greedy(1, engine.n_ctx)
+    with pytest.raises(EngineError, match="n >= 1"):
+        engine.draft_greedy(1, 0)
+
+
 def test_warmup_leaves_an_empty_cache_that_computes_the_same(tiny_verifier_path: Path) -> None:
     with TorchEngine.from_gguf(tiny_verifier_path, context=256, warmup=True) as warm, \
             TorchEngine.from_gguf(tiny_verifier_path, context=256) as cold:

@@ -115,7 +115,7 @@ def test_the_torch_engine_reads_name_template_and_special_tokens_from_the_gguf(
 
 def _count_calls(engine: TorchEngine, calls: Counter[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Count ``engine``'s eval and eval_argmax calls into ``calls`` (by name)."""
-    for name in ("eval", "eval_argmax"):
+    for name in ("eval", "eval_argmax", "draft_greedy"):
         real = getattr(engine, name)
 
         def spy(*a: Any, _real: Any = real, _name: str = name, **k: Any) -> Any:
@@ -140,7 +140,9 @@ def test_greedy_steps_take_only_the_argmax_and_logprobs_still_take_the_logits(
         prompt = verifier.tokenize(PROMPT)
         gen = spec.generate(Request(prompt, max_tokens=40, drafter="model")).run()
         assert v_calls == {"eval": 1, "eval_argmax": gen.stats.steps}  # eval: the prefill
-        assert d_calls["eval"] == 0 and d_calls["eval_argmax"] > gen.stats.steps
+        drafts = gen.stats.per_drafter["model"].drafts  # each: one catch-up, then one chain
+        assert d_calls["eval"] == 0 and d_calls["eval_argmax"] == drafts
+        assert 0 < d_calls["draft_greedy"] <= drafts
         v_calls.clear()
         with_lp = spec.generate(Request(prompt, max_tokens=40, drafter="model", logprobs=True)).run()
     assert with_lp.tokens == gen.tokens and with_lp.stats.mean_logprob is not None
