@@ -7,6 +7,12 @@ device and thread count it times ``eval`` of k tokens for each k in ``MEASURED_K
 few runs, at a realistic cache position, then rolled back) and stores the table in
 ``$XDG_CACHE_HOME/openjarvis/costs.json``. Any change of model file, CPU, thread count or
 backend changes the key and triggers a new measurement. A corrupt cache file is ignored.
+
+An engine that can give argmaxes alone (``eval_argmax``: the torch engine) is timed the way a
+greedy request, the default, runs it (``greedy_eval``): on a GPU a logits call costs 1.3x a
+greedy one at k = 8 (BENCHMARKS.md, "Greedy calls"), so logits timings would price verifying
+too high and the planner would draft too little. Sampled requests then find verifying priced a
+little low.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from openjarvis import paths
-from openjarvis.engine.base import CostModel, Engine
+from openjarvis.engine.base import CostModel, Engine, greedy_eval
 
 #: Batch sizes timed; the speculator interpolates between them.
 MEASURED_KS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 17)
@@ -40,10 +46,12 @@ def costs_path() -> Path:
 
 
 def measure(engine: Engine, key: str, ks: tuple[int, ...] = MEASURED_KS) -> CostModel:
-    """Time ``eval`` of k tokens for each k; the engine's cache is restored afterwards."""
+    """Time ``eval`` of k tokens for each k (``greedy_eval`` where the engine has
+    ``eval_argmax``); the engine's cache is restored afterwards."""
     base = engine.n_past
     filler = [(7 + 13 * i) % max(1, min(engine.n_vocab, 200)) for i in range(MEASURE_POSITION + max(ks) + 1)]
-    room = engine.n_ctx - base - max(ks)
+    greedy = hasattr(engine, "eval_argmax")
+    room = engine.n_ctx - base - max(*ks, 8)  # (8: the warm-up below)
     pad = max(0, min(MEASURE_POSITION - base, room))
     try:
         if pad:
@@ -56,7 +64,10 @@ def measure(engine: Engine, key: str, ks: tuple[int, ...] = MEASURED_KS) -> Cost
             runs = []
             for _ in range(REPEATS):
                 t0 = time.perf_counter()
-                engine.eval(filler[pad : pad + k])
+                if greedy:
+                    greedy_eval(engine, filler[pad : pad + k])
+                else:
+                    engine.eval(filler[pad : pad + k])
                 runs.append(time.perf_counter() - t0)
                 engine.rollback(pos)
             runs.sort()

@@ -256,6 +256,7 @@ class TorchEngine(GgufInfo, MeasuredCosts):
         return (
             f"{self.path.name}:{st.st_size}|{dev.type}:{name}|torch-{r.kernels}"
             f"-{'graphs' if r.graphs else 'eager'}-{self.runner.model.dtype}"
+            "-argmax"  # timed as greedy calls (``costs.measure``): not session 13's tables
             + ("-deterministic" if r.deterministic else "")  # its verify steps cost more
         )
 

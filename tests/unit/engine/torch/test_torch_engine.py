@@ -102,6 +102,28 @@ def test_draft_greedy_is_each_step_s_argmax_fed_to_the_next(engine: TorchEngine)
         engine.draft_greedy(1, 0)
 
 
+def test_costs_are_timed_as_greedy_calls(engine: TorchEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy requests (the default) verify through ``eval_argmax``: the planner's costs are
+    timed that way, and the cache is left as it was."""
+    from openjarvis.engine import costs
+
+    calls: list[tuple[str, int]] = []
+    for name in ("eval", "eval_argmax"):
+        real = getattr(engine, name)
+
+        def spy(tokens: list[int], *a: object, _real: object = real, _name: str = name,
+                **k: object) -> object:
+            calls.append((_name, len(tokens)))
+            return _real(tokens, *a, **k)  # type: ignore[operator]
+
+        monkeypatch.setattr(engine, name, spy)
+    cost = costs.measure(engine, "key", ks=(1, 3))
+    assert set(cost.seconds) == {1, 3} and engine.n_past == 0
+    timed = [c for c in calls if c[1] in (1, 3)]
+    assert timed and all(name == "eval_argmax" for name, _ in timed)
+    assert engine.cost_key().endswith("-argmax")
+
+
 def test_warmup_leaves_an_empty_cache_that_computes_the_same(tiny_verifier_path: Path) -> None:
     with TorchEngine.from_gguf(tiny_verifier_path, context=256, warmup=True) as warm, \
             TorchEngine.from_gguf(tiny_verifier_path, context=256) as cold:
