@@ -186,15 +186,19 @@ def test_greedy_steps_give_the_argmax_of_the_deterministic_logits_steps(
     assert r.greedy_tokens(toks[190 : 190 + t], 190) == want
 
 
-@pytest.mark.parametrize("n", [1, 4, 16])
+@pytest.mark.parametrize(("n", "prefetch"), [(1, False), (4, False), (16, False), (8, True)])
 def test_a_chained_draft_is_the_greedy_steps_one_by_one(
-        pair: tuple[Transformer, Runner, list[int], torch.Tensor], n: int) -> None:
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor], n: int,
+        prefetch: bool) -> None:
     """``Runner.draft``: n greedy one-token steps in one graph, each step's merge kernel
     feeding its token to the next, against the same deterministic steps one call at a time:
-    the same tokens, and the same cache behind them (the logits of the step after)."""
+    the same tokens, and the same cache behind them (the logits of the step after). With
+    ``l2_prefetch`` (the 1.5B's default) each step of the chain forks and joins its side
+    stream."""
     model, _, toks, _ = pair
     r = Runner(model, 256)
     r.make_deterministic()
+    r.l2_prefetch = (2.0, 64, 0) if prefetch else None
     r.logits(toks[:150], 0)
     one, tok = [], toks[150]
     for j in range(n):
