@@ -93,6 +93,12 @@ OVERVIEW_REPO = {
 
 
 @pytest.fixture
+def overview_question() -> str:
+    """The README's own question, which ``OVERVIEW_REPO`` is built to answer from its README."""
+    return "What does this repository do, and where does a request flow?"
+
+
+@pytest.fixture
 def overview_repo(workspace: Path) -> Path:
     """The workspace holding ``OVERVIEW_REPO``, indexed in-process."""
     from openjarvis.config import IndexConfig

@@ -7,14 +7,13 @@ from pathlib import Path
 from openjarvis.assistant.service import Assistant, ChatRequest, IndexRetriever
 from openjarvis.config import load_config
 
-OVERVIEW_QUESTION = "What does this repository do, and where does a request flow?"
 
-
-def test_an_overview_question_puts_the_readme_opening_in_the_prompt(overview_repo: Path) -> None:
+def test_an_overview_question_puts_the_readme_opening_in_the_prompt(
+        overview_repo: Path, overview_question: str) -> None:
     """Within a budget that holds only part of what retrieval offers, the README's opening is kept."""
     config = load_config(overview_repo, overrides={"generation.prompt_budget": "350"})
     # No model is installed in the test's home: the prompt is still built, sized by an estimate.
-    prepared = Assistant(config).prepare(ChatRequest(OVERVIEW_QUESTION), IndexRetriever(overview_repo))
+    prepared = Assistant(config).prepare(ChatRequest(overview_question), IndexRetriever(overview_repo))
     assert prepared.tokens is None and prepared.local_error
     prompt = prepared.prompt
     assert ("README.md", 1) in [(s.path, s.start_line) for s in prompt.sources]

@@ -143,11 +143,8 @@ def test_tracer_sees_the_queries_of_a_search(sample_repo: Path, store: Store) ->
     assert [sql.split(" FROM ")[1].split()[0] for sql in matches] == ["chunks_fts", "files_fts", "names_fts"]
 
 
-OVERVIEW_QUESTION = "What does this repository do, and where does a request flow?"
-
-
-def test_overview_questions_are_told_from_questions_about_a_part() -> None:
-    assert is_overview(OVERVIEW_QUESTION)
+def test_overview_questions_are_told_from_questions_about_a_part(overview_question: str) -> None:
+    assert is_overview(overview_question)
     assert is_overview("Give me an overview of the architecture")
     assert not is_overview("Where are HTTP dates parsed?")
     assert not is_overview("how does parse_http_date handle two-digit years")
@@ -161,13 +158,14 @@ def test_overview_questions_are_told_from_questions_about_a_part() -> None:
         assert not is_overview(part), part
 
 
-def test_an_overview_question_draws_on_the_readme_and_design_doc(overview_repo: Path) -> None:
+def test_an_overview_question_draws_on_the_readme_and_design_doc(
+        overview_repo: Path, overview_question: str) -> None:
     """The README's opening says what the repository is; eight small router functions that repeat
     the question's words ("request", "flow", "repository") must not take its place."""
     from openjarvis.index.store import open_readonly
 
     with open_readonly(overview_repo) as store:
-        hits = search(store, OVERVIEW_QUESTION, k=8)
+        hits = search(store, overview_question, k=8)
     places = [(h.path, h.start_line) for h in hits]
     assert ("README.md", 1) in places[:3], places
     assert "docs/DESIGN.md" in [h.path for h in hits[:3]], places
@@ -175,7 +173,8 @@ def test_an_overview_question_draws_on_the_readme_and_design_doc(overview_repo: 
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
 
 
-def test_a_root_design_doc_is_not_crowded_out_by_the_readme(overview_repo: Path) -> None:
+def test_a_root_design_doc_is_not_crowded_out_by_the_readme(
+        overview_repo: Path, overview_question: str) -> None:
     """Root files share one directory; the README's two opening chunks must not use up the share
     that a root ARCHITECTURE.md needs (each overview document counts as a directory of its own)."""
     from openjarvis.config import IndexConfig
@@ -187,7 +186,7 @@ def test_a_root_design_doc_is_not_crowded_out_by_the_readme(overview_repo: Path)
     )
     with Store.open(db_path_for(overview_repo)) as store:
         index_workspace(store, overview_repo, IndexConfig(workers=1))
-        hits = search(store, OVERVIEW_QUESTION, k=4)
+        hits = search(store, overview_question, k=4)
     assert "ARCHITECTURE.md" in [h.path for h in hits], [(h.path, h.start_line) for h in hits]
 
 
