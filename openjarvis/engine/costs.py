@@ -57,7 +57,10 @@ def measure(engine: Engine, key: str, ks: tuple[int, ...] = MEASURED_KS) -> Cost
         if pad:
             engine.eval(filler[:pad], last_only=True)
         pos = engine.n_past
-        engine.eval(filler[:8])  # warm-up: first use allocates buffers
+        if greedy:  # warm-up: first use allocates buffers (and captures graphs)
+            greedy_eval(engine, filler[:8])
+        else:
+            engine.eval(filler[:8])
         engine.rollback(pos)
         seconds: dict[int, float] = {}
         for k in ks:

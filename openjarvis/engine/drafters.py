@@ -76,6 +76,9 @@ class ModelDrafter:
                 " text; pick a drafter of the same model family"
             )
         self.engine = engine
+        warm = getattr(engine, "warm_drafts", None)  # (the torch engine: its draft graphs)
+        if warm is not None:
+            warm()
         self.cached: list[int] = []
         #: The current request's stable head, and where to save its state once evaluated.
         self._head: list[int] = []
@@ -172,8 +175,10 @@ class ModelDrafter:
         tokens = [tok]
         eos = self.engine.eos_token_ids
         chain = getattr(self.engine, "draft_greedy", None)
-        if chain is not None and tok not in eos and max_len > 1:
-            more: list[int] = list(chain(tok, max_len - 1))
+        # (a chain always runs its n steps, past an end of text too: never past the context)
+        n = min(max_len - 1, self.engine.n_ctx - self.engine.n_past)
+        if chain is not None and tok not in eos and n >= 1:
+            more: list[int] = list(chain(tok, n))
             self.cached.extend([tok, *more[:-1]])  # what the engine evaluated
             for t in more:  # an end of text ends the draft; what it drafted past that goes
                 tokens.append(t)

@@ -7,7 +7,8 @@ fingerprint and detokenized bytes match the llama.cpp engine exactly and the two
 Extra capability beyond the Protocol: ``eval_argmax`` (greedy) returns the argmax of each row
 from steps whose output projection keeps only each program's largest logit (``Runner.argmax``):
 no ``[T, 151936]`` float32 logits are written, let alone copied to the host. The speculator and
-the model drafter use it for greedy requests (``sampling.greedy_eval``).
+the model drafter use it for greedy requests (``base.greedy_eval``), and the model drafter
+``draft_greedy``, a whole greedy draft in one call.
 
 Example::
 
@@ -139,8 +140,12 @@ class TorchEngine(GgufInfo, MeasuredCosts):
             runner.make_deterministic()
         engine = cls(path, args, runner, Vocab(path))
         if warmup if warmup is not None else runner.graphs:
-            runner.warmup(WARM_STEPS)
-            runner.warmup(WARM_GREEDY, greedy=True)  # after greedy_cols is set: it sizes them
+            try:
+                runner.warmup(WARM_STEPS)
+                runner.warmup(WARM_GREEDY, greedy=True)  # after greedy_cols is set: it sizes them
+            except BaseException:
+                engine.close()
+                raise
         return engine
 
     @classmethod
@@ -205,13 +210,21 @@ class TorchEngine(GgufInfo, MeasuredCosts):
         arr: Logits = self.runner.host(out[:, : self.n_vocab].float()).numpy()
         return arr
 
-    def eval_argmax(self, tokens: Sequence[int]) -> list[int]:
+    def eval_argmax(self, tokens: Sequence[int], *, last_only: bool = False) -> list[int]:
         """Greedy shortcut: ``eval(tokens).argmax(-1)`` (ties to the lowest id), from steps
-        that never write the logits; only ``len(tokens)`` integers reach the host."""
+        that never write the logits; only ``len(tokens)`` integers reach the host (one with
+        ``last_only``, where on the CPU only the last row is projected, as in ``eval``)."""
         self._check(tokens)
-        ids = self.runner.greedy_tokens(tokens, self._n_past)
+        ids = self.runner.greedy_tokens(tokens, self._n_past, last_only=last_only)
         self._n_past += len(tokens)
         return ids
+
+    def warm_drafts(self) -> None:
+        """Capture ``draft_greedy``'s graphs of every length a draft can take now, not during
+        the first requests (the model drafter calls it once; a no-op off the GPU's graphs)."""
+        from openjarvis.engine.torch.generate import MAX_CHAIN
+
+        self.runner.warm_chains(range(1, MAX_CHAIN), self._n_past)
 
     def draft_greedy(self, token: int, n: int) -> list[int]:
         """Greedy drafting in one call: evaluate ``token``, then each step's greedy token, ``n``
@@ -220,6 +233,8 @@ class TorchEngine(GgufInfo, MeasuredCosts):
         draft tokens. The model drafter uses it where the engine has it."""
         if n < 1:
             raise EngineError(f"draft_greedy needs n >= 1, got {n}")
+        if not 0 <= token < self.args.n_vocab:
+            raise EngineError(f"token id out of range 0..{self.args.n_vocab - 1}")
         self._check([token] * n)
         out = self.runner.draft(token, self._n_past, n)
         self._n_past += n

@@ -37,8 +37,13 @@ StepPath = Literal["cuda_step", "mega", "triton", "torch"]
 #: Largest T run as one fixed-shape step (a k=16 verify is 17 tokens; prefill chunks are this).
 MAX_STEP = 32
 #: ``Runner.host``: results this large or larger come down through page-locked memory (a
-#: logits row is 600 KB; token ids are bytes).
+#: logits row is 600 KB; token ids are bytes), up to ``PINNED_MAX_BYTES`` (the caching host
+#: allocator keeps its blocks: a long prompt's logits would stay pinned for good).
 PINNED_MIN_BYTES = 64 * 1024
+PINNED_MAX_BYTES = 32 * 2**20
+#: Longest ``Runner.draft`` chain in one graph (a k = 16 draft's 15 steps after its first);
+#: longer drafts run as several.
+MAX_CHAIN = 16
 #: Sequence splits of the decode attention (grid = n_head_kv x NSPLIT programs).
 NSPLIT = 64
 #: PDL mode per T where supported (see ``Runner.pdl``; verify steps take theirs per kernel
@@ -77,7 +82,8 @@ class Workspace:
     ids: torch.Tensor | None = None
     partials: torch.Tensor | None = None
     #: ``Runner.graph_io``: the page-locked inputs the graph copies in as its first node, the
-    #: greedy step's token ids it copies out as its last, and the event of the last replay
+    #: greedy step's token ids in page-locked memory (its merge kernel writes them there, or
+    #: a copy node after it: ``Runner.host_ids_direct``), and the event of the last replay
     #: (the host rewrites ``host_in`` only once the replay before has read it).
     host_in: torch.Tensor | None = None
     host_ids: torch.Tensor | None = None
@@ -266,9 +272,10 @@ class Runner:
     @property
     def graph_io(self) -> bool:
         """Captured steps copy their inputs in from page-locked memory as the graph's first
-        node, and greedy steps their token ids out as its last (``greedy_tokens``), so a call
-        is a write to host memory, one replay and one sync, instead of two synchronous copies
-        around the replay. Setting it drops the steps captured the other way."""
+        node, and greedy steps leave their token ids in page-locked memory (``greedy_tokens``;
+        ``host_ids_direct``), so a call is a write to host memory, one replay and one sync,
+        instead of two synchronous copies around the replay. Setting it drops the steps
+        captured the other way."""
         return self._graph_io
 
     @graph_io.setter
@@ -415,30 +422,40 @@ class Runner:
                 rows.append((out[-1:] if last_only else out).clone())
         return torch.cat(rows)
 
-    def argmax(self, tokens: Sequence[int], start: int) -> torch.Tensor:
+    def argmax(self, tokens: Sequence[int], start: int, *,
+               last_only: bool = False) -> torch.Tensor:
         """Each token's greedy next token, ``[T]`` int64 on the device: the first column of its
         largest logit among the first ``greedy_cols``, as ``logits(...)[:, :greedy_cols]
-        .argmax(-1)`` gives, from a step that writes 16 bytes a program of the output
-        projection instead of 4 a vocabulary entry (``kernels.ARGMAX``). A view of a
-        workspace, valid until the next greedy call with the same T."""
+        .argmax(-1)`` gives, from a step whose output projection writes 8 bytes a token a
+        program instead of 4 a vocabulary entry (``kernels.ARGMAX``). A view of a workspace,
+        valid until the next greedy call with the same T. ``last_only``: only the last
+        token's (``[1]``; the eager CPU path then projects only that row, as ``logits``
+        does)."""
         n = len(tokens)
         if n == 0 or start < 0 or start + n > self.n_ctx:
             raise ValueError(f"cannot evaluate {n} tokens at {start} in a {self.n_ctx} window")
+        if self.kernels == "torch" and not self.graphs:  # attends to the live positions only
+            out = self._eager(tokens, start, last_only)[:, : self.greedy_cols].argmax(-1)
+            return out
+        if last_only:
+            return self.argmax(tokens, start)[-1:]
         if n <= MAX_STEP:
             return self.step(tokens, start, greedy=True)
         return torch.cat([self.step(tokens[i : i + MAX_STEP], start + i, greedy=True).clone()
                           for i in range(0, n, MAX_STEP)])
 
-    def greedy_tokens(self, tokens: Sequence[int], start: int) -> list[int]:
+    def greedy_tokens(self, tokens: Sequence[int], start: int, *,
+                      last_only: bool = False) -> list[int]:
         """``argmax`` on the host, as a list. With ``graph_io`` the step's graph has already
-        copied them into page-locked memory: one sync, no copy call."""
+        put them in page-locked memory: one sync, no copy call."""
         if self.graph_io and len(tokens) <= MAX_STEP:
             self.argmax(tokens, start)
             ws = self._greedy_steps[len(tokens)]
             assert ws.replayed is not None and ws.host_ids is not None
             ws.replayed.synchronize()
-            return [int(x) for x in ws.host_ids.tolist()]
-        return [int(x) for x in self.host(self.argmax(tokens, start)).tolist()]
+            ids = [int(x) for x in ws.host_ids.tolist()]
+            return ids[-1:] if last_only else ids
+        return [int(x) for x in self.host(self.argmax(tokens, start, last_only=last_only)).tolist()]
 
     def draft(self, token: int, start: int, n: int) -> list[int]:
         """Greedy drafting: ``token`` at ``start``, then each step's greedy token at the next
@@ -448,14 +465,15 @@ class Runner:
         round trip between draft tokens (captured on first use of each ``n``)."""
         if n < 1 or start < 0 or start + n > self.n_ctx:
             raise ValueError(f"cannot draft {n} tokens at {start} in a {self.n_ctx} window")
-        chained = (self.graph_io and self.host_ids_direct and self.kernels == "triton"
-                   and self.cuda_step is None and (self.mega is None or self.mega_max_t < 1))
-        if not chained:
+        if not self._chained():
             out, tok = [], token
             for j in range(n):
                 tok = self.greedy_tokens([tok], start + j)[0]
                 out.append(tok)
             return out
+        if n > MAX_CHAIN:  # as chains of MAX_CHAIN, each from the last token of the one before
+            out = self.draft(token, start, MAX_CHAIN)
+            return out + self.draft(out[-1], start + MAX_CHAIN, n - MAX_CHAIN)
         ch = self._chains.get(n) or self._capture_chain(n, token, start)
         ch.replayed.synchronize()  # the replay before has read host_in
         ch.host_in.numpy()[:, 0] = range(start, start + n)
@@ -464,6 +482,21 @@ class Runner:
         ch.replayed.record(torch.cuda.current_stream(self.device))
         ch.replayed.synchronize()
         return [int(x) for x in ch.host_out.tolist()]
+
+    def warm_chains(self, ns: Sequence[int], start: int) -> None:
+        """Capture ``draft``'s graphs of each length in ``ns`` now rather than on first use (a
+        drafter's request would wait for them). Writes K/V at ``start`` onwards only: pass
+        the first position the cache does not hold."""
+        if self._chained():
+            for n in ns:
+                if n not in self._chains and 1 <= n <= MAX_CHAIN and start + n <= self.n_ctx:
+                    self._capture_chain(n, 0, start)
+
+    def _chained(self) -> bool:
+        """Whether ``draft`` runs as one graph: the Triton path, captured, its tokens written
+        into page-locked memory by the merge kernel."""
+        return (self.graph_io and self.host_ids_direct and self.kernels == "triton"
+                and self.cuda_step is None and (self.mega is None or self.mega_max_t < 1))
 
     def _capture_chain(self, n: int, token: int, start: int) -> Chain:
         """Capture ``draft``'s graph of ``n`` steps (warmed up once on a side stream first:
@@ -551,7 +584,8 @@ class Runner:
         and synced once, where a pageable copy is staged through a driver buffer: k = 8
         verify logits to numpy 2.70 -> 1.96 ms a call (1.5B @512, session 14 run 138). Token
         ids stay pageable: there the page-locked way cost 0.3 to 3 % more a call."""
-        if not (self.pinned_io and x.is_cuda and x.numel() * x.element_size() >= PINNED_MIN_BYTES):
+        size = x.numel() * x.element_size()
+        if not (self.pinned_io and x.is_cuda and PINNED_MIN_BYTES <= size <= PINNED_MAX_BYTES):
             return x.cpu()
         out = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
         out.copy_(x, non_blocking=True)
@@ -570,6 +604,8 @@ class Runner:
         ws = (self._greedy_steps if greedy else self._steps)[t]
         if ws.graph is not None:
             ws.graph.replay()
+            if ws.replayed is not None:  # (``graph_io``: it reads host_in)
+                ws.replayed.record(torch.cuda.current_stream(self.device))
         else:
             self._run(ws)
 

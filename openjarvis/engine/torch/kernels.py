@@ -274,6 +274,7 @@ def _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out,
         v = tl.where(nmask[None, :], acc, float("-inf"))
         best = tl.max(v, axis=1)  # [BT]
         first = tl.min(tl.where(v == best[:, None], rn[None, :], 2147483647), axis=1)
+        first = tl.minimum(first, tl.max(tl.where(nmask, rn, 0), 0))  # (NaN: a column of ours)
         tl.store(out_ptr + rt * stride_out + 2 * pid, best, mask=tmask)
         tl.store(out_ptr + rt * stride_out + 2 * pid + 1, first.to(tl.float32), mask=tmask)
     elif SPLIT_K > 1:  # MODE 1 only: out (float32) += this split's partial sum
@@ -1042,6 +1043,7 @@ def _argmax_merge_kernel(part_ptr, ids_ptr, host_ptr, feed_ptr, NP, stride_p,
         ci = tl.min(tl.where(v == cm, i, 3.0e38), 0)
         first = tl.where(cm > best, ci, first)
         best = tl.maximum(best, cm)
+    first = tl.where(first < 3.0e38, first, 0.0)  # (all NaN: still a column)
     tl.store(ids_ptr + t, first.to(ids_ptr.dtype.element_ty))
     if HOST:  # page-locked host memory, written straight over the bus
         tl.store(host_ptr + t, first.to(host_ptr.dtype.element_ty))

@@ -178,3 +178,24 @@ def test_near_tie_recheck_keeps_output_and_counts(
     gen = spec.generate(Request(prompt, max_tokens=40, drafter="model")).run()
     assert gen.tokens == expected
     assert gen.stats.tie_rechecks > 0
+
+
+def test_greedy_decisions_from_argmaxes_equal_those_from_the_rows(verifier: LlamaEngine) -> None:
+    """Greedy verify steps now get each row's argmax alone (``base.greedy_eval``): deciding on
+    those gives the same tokens, accepted drafts and cache length as deciding on the rows."""
+    from openjarvis.engine.stats import Stats
+
+    spec = Speculator(verifier)
+    rng = np.random.default_rng(0)
+    req = Request([1, 2, 3])
+    for k in (0, 1, 4):
+        rows = rng.standard_normal((k + 1, 50)).astype(np.float32)
+        best = [int(np.argmax(r)) for r in rows]
+        for n_ok in range(k + 1):  # the drafts right up to n_ok, then wrong
+            drafted = tuple(best[:n_ok]) + tuple((b + 1) % 50 for b in best[n_ok:k])
+            batch = [7, *drafted]
+            from_rows = spec._decide(req, rows, None, batch, drafted, None, 10, rng, Stats())
+            from_picks = spec._decide(req, None, best, batch, drafted, None, 10, rng, Stats())
+            assert from_rows == from_picks
+            assert from_rows[1] == n_ok and from_rows[2] == 10 + 1 + n_ok
+            assert from_rows[0] == best[: n_ok + 1]

@@ -214,6 +214,27 @@ def test_a_chained_draft_is_the_greedy_steps_one_by_one(
         r.draft(1, 250, 16)
 
 
+def test_long_drafts_run_as_several_chains_and_chains_can_be_captured_ahead(
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
+    """A draft longer than ``MAX_CHAIN`` runs as a chain of 16 then one of 4, each from the last
+    token of the one before: the same tokens as 20 deterministic steps one by one.
+    ``warm_chains`` captures chains before their first use."""
+    from openjarvis.engine.torch.generate import MAX_CHAIN
+
+    model, _, toks, _ = pair
+    r = Runner(model, 256)
+    r.make_deterministic()
+    r.logits(toks[:150], 0)
+    r.warm_chains([2, 3], 150)
+    assert set(r._chains) == {2, 3}
+    one, tok = [], toks[150]
+    for j in range(MAX_CHAIN + 4):
+        tok = r.greedy_tokens([tok], 150 + j)[0]
+        one.append(tok)
+    assert r.draft(toks[150], 150, MAX_CHAIN + 4) == one
+    assert set(r._chains) == {2, 3, 4, MAX_CHAIN}
+
+
 def test_verify_steps_with_the_serial_norm_hand_off_agree_with_float32(
         pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
     """Verify steps whose split-K o-projection hands the feed-forward norm to gate/up through

@@ -395,7 +395,10 @@ def test_greedy_steps_pick_the_argmax_of_the_logits_among_the_tokenizer_columns(
     full = Runner(model, 64, kernels=kernels, nsplit=4)  # type: ignore[arg-type]
     logits = full.logits(seq, 0)  # 40 tokens: two steps of MAX_STEP = 32 and 8
     fast = Runner(model, 64, kernels=kernels, nsplit=4)  # type: ignore[arg-type]
+    assert fast.argmax(seq[:-1], 0, last_only=True).tolist() == [int(logits[-2].argmax())]
+    fast.drop_steps()  # (the same positions again, from the start)
     assert fast.argmax(seq, 0).tolist() == logits.argmax(-1).tolist()
+    assert fast.greedy_tokens(seq[-2:], 38, last_only=True) == [int(logits[-1].argmax())]
     cols = int(logits.argmax(-1)[-1])  # the last row's best column is now out of reach
     fast.greedy_cols = cols
     ids = fast.argmax(seq[-3:], 37)
