@@ -11,8 +11,9 @@ backend changes the key and triggers a new measurement. A corrupt cache file is 
 An engine that can give argmaxes alone (``eval_argmax``: the torch engine) is timed the way a
 greedy request, the default, runs it (``greedy_eval``): on a GPU a logits call costs 1.3x a
 greedy one at k = 8 (BENCHMARKS.md, "Greedy calls"), so logits timings would price verifying
-too high and the planner would draft too little. Sampled requests then find verifying priced a
-little low.
+too high and the planner would draft too little. Such an engine keeps a second table for sampled
+requests, timed through ``eval`` (``MeasuredCosts.sampled_cost_model``, measured the first time
+one comes, under the key with ``|logits`` added).
 """
 
 from __future__ import annotations
@@ -45,12 +46,14 @@ def costs_path() -> Path:
     return paths.cache_dir() / COSTS_FILE
 
 
-def measure(engine: Engine, key: str, ks: tuple[int, ...] = MEASURED_KS) -> CostModel:
-    """Time ``eval`` of k tokens for each k (``greedy_eval`` where the engine has
-    ``eval_argmax``); the engine's cache is restored afterwards."""
+def measure(engine: Engine, key: str, ks: tuple[int, ...] = MEASURED_KS,
+            greedy: bool | None = None) -> CostModel:
+    """Time ``eval`` of k tokens for each k (``greedy_eval`` where ``greedy``, by default where
+    the engine has ``eval_argmax``); the engine's cache is restored afterwards."""
     base = engine.n_past
     filler = [(7 + 13 * i) % max(1, min(engine.n_vocab, 200)) for i in range(MEASURE_POSITION + max(ks) + 1)]
-    greedy = hasattr(engine, "eval_argmax")
+    if greedy is None:
+        greedy = hasattr(engine, "eval_argmax")
     room = engine.n_ctx - base - max(*ks, 8)  # (8: the warm-up below)
     pad = max(0, min(MEASURE_POSITION - base, room))
     try:
@@ -126,12 +129,14 @@ def store(cost: CostModel, path: Path | None = None) -> None:
     os.replace(tmp, path)
 
 
-def load_or_measure(engine: Measurable) -> CostModel:
-    key = engine.cost_key()
+def load_or_measure(engine: Measurable, sampled: bool = False) -> CostModel:
+    """The engine's cached table, or one measured now and cached; ``sampled``: the table of
+    calls that return logits, for an engine whose default table times greedy calls."""
+    key = engine.cost_key() + ("|logits" if sampled else "")
     hit = cached(key)
     if hit is not None:
         return hit
-    cost = measure(engine, key)
+    cost = measure(engine, key, greedy=False if sampled else None)
     with contextlib.suppress(OSError):
         store(cost)
     return cost
@@ -142,11 +147,23 @@ class MeasuredCosts:
     use and cached on disk (``load_or_measure``), or pinned by a caller (tests, benchmarks)."""
 
     _cost: CostModel | None = None
+    _sampled: CostModel | None = None
 
     def cost_model(self) -> CostModel:
         if self._cost is None:
             self._cost = load_or_measure(self)  # type: ignore[arg-type]  # engines are Measurable
         return self._cost
 
-    def set_cost_model(self, cost: CostModel) -> None:
+    def sampled_cost_model(self) -> CostModel:
+        """The costs of calls that return logits (sampled requests): ``cost_model`` itself
+        unless that table times greedy calls (an engine with ``eval_argmax``)."""
+        if not hasattr(self, "eval_argmax"):
+            return self.cost_model()
+        if self._sampled is None:
+            self._sampled = load_or_measure(self, sampled=True)  # type: ignore[arg-type]
+        return self._sampled
+
+    def set_cost_model(self, cost: CostModel, sampled: CostModel | None = None) -> None:
+        """Pin the costs (``sampled``: of sampled requests; by default the same table)."""
         self._cost = cost
+        self._sampled = sampled or cost

@@ -39,7 +39,7 @@ from typing import Literal
 
 import numpy as np
 
-from openjarvis.engine.base import Engine, greedy_eval
+from openjarvis.engine.base import CostModel, Engine, greedy_eval
 from openjarvis.engine.drafters import Draft, ModelDrafter
 from openjarvis.engine.ngram import NgramDrafter
 from openjarvis.engine.planner import Acceptance, Option, Plan, choose
@@ -180,7 +180,11 @@ class Speculator:
         k_cap: int,
         ngram: NgramDrafter | None,
         remaining: int,
+        greedy_draft: bool = True,
+        greedy_verify: bool = True,
     ) -> tuple[Plan, Draft | None]:
+        """The drafter and draft length for this step, priced by each engine's table for the
+        calls it will make (greedy ones, or ones returning logits: ``_costs``)."""
         if mode == "none" or k_cap <= 0:
             return Plan(None, 0, 0.0, 0.0), None
         options: list[Option] = []
@@ -189,9 +193,10 @@ class Speculator:
             options.append(Option(ngram_draft.key, len(ngram_draft.tokens), fixed=NGRAM_COST_S))
         md = self.model_drafter
         if md is not None and mode in ("auto", "model"):
-            step = md.cost_model().step()
+            d_cost = _costs(md.engine, greedy_draft)
+            step = d_cost.step()
             # Catching the drafter up on text it has not seen, spread over the rest of the answer.
-            catch_up = md.cost_model().verify(md.missing(committed)) if md.missing(committed) else 0.0
+            catch_up = d_cost.verify(md.missing(committed)) if md.missing(committed) else 0.0
             rounds = max(1.0, remaining / 2.0)
             options.append(Option("model", k_cap, per_token=step, fixed=catch_up / rounds))
         if mode in ("model", "ngram"):
@@ -199,10 +204,11 @@ class Speculator:
         if not options:
             return Plan(None, 0, 0.0, 0.0), None
         table = self.acceptance.table([o.key for o in options])
+        v_cost = _costs(self.verifier, greedy_verify)
         if mode == "auto":
-            plan = choose(self.verifier.cost_model(), options, table)
+            plan = choose(v_cost, options, table)
         else:
-            plan = choose(self.verifier.cost_model(), options, table, min_gain=-1.0)
+            plan = choose(v_cost, options, table, min_gain=-1.0)
             if plan.key is None:  # forced drafter: draft even where it does not pay
                 plan = Plan(options[0].key, 1, 0.0, 0.0)
         return plan, ngram_draft
@@ -271,7 +277,9 @@ class Speculator:
                 break
             room = v.n_ctx - len(self.cached) - 1
             k_cap = min(req.max_draft, remaining - 1, room)
-            plan, ngram_draft = self._plan(req.drafter, committed, k_cap, ngram, remaining)
+            plan, ngram_draft = self._plan(req.drafter, committed, k_cap, ngram, remaining,
+                                           greedy_draft=req.sampling.greedy,
+                                           greedy_verify=self._argmax_only(req))
 
             t0 = time.perf_counter()
             draft: Draft | None = None
@@ -287,7 +295,7 @@ class Speculator:
             # for each row's argmax: the torch engine then never copies its logits to the host.
             picks: list[int] | None = None
             rows: np.ndarray | None = None
-            if req.sampling.greedy and not req.logprobs and self.tie_margin <= 0:
+            if self._argmax_only(req):
                 picks = greedy_eval(v, batch)
             else:
                 rows = v.eval(batch)
@@ -337,6 +345,11 @@ class Speculator:
             yield Piece(tail, ())
         stats.finish_reason = finish
 
+
+    def _argmax_only(self, req: Request) -> bool:
+        """Whether this request's steps need each row's argmax alone: greedy, with no
+        log-probabilities and no near-tie re-check, which read the rows."""
+        return req.sampling.greedy and not req.logprobs and self.tie_margin <= 0
 
     def _decide(
         self,
@@ -403,6 +416,13 @@ class Speculator:
                 break
             n_acc += 1
         return decided, n_acc, base + 1 + n_acc
+
+
+def _costs(engine: Engine, greedy: bool) -> CostModel:
+    """What the planner prices ``engine``'s calls at: its greedy table, or for a sampled request
+    the table of calls that return logits, where the engine keeps one."""
+    sampled = None if greedy else getattr(engine, "sampled_cost_model", None)
+    return sampled() if sampled is not None else engine.cost_model()
 
 
 def _logprob(row: np.ndarray, tok: int) -> float:

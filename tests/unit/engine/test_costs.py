@@ -23,6 +23,9 @@ def test_measured_once_then_read_from_the_cache(verifier: LlamaEngine) -> None:
     assert "|t1|" in verifier.cost_key()
     assert verifier.cost_key() == cost_key_for(verifier.path, 1)
     assert cost_key_for(verifier.path, 2) != verifier.cost_key()  # threads are part of the key
+    # llama.cpp hands over logits for every call: one table serves sampled requests too
+    assert verifier.sampled_cost_model() is cost
+    assert costs.cached(verifier.cost_key() + "|logits") is None
 
 
 def test_corrupt_cache_is_ignored(tmp_path: Path) -> None:

@@ -128,6 +128,10 @@ def test_costs_are_timed_as_greedy_calls(engine: TorchEngine, monkeypatch: pytes
     timed = [c for c in calls if c[1] in (1, 3)]
     assert timed and all(name == "eval_argmax" for name, _ in timed)
     assert "-argmax" in engine.cost_key()
+    calls.clear()
+    sampled = costs.measure(engine, "key|logits", ks=(1, 3), greedy=False)  # the other table
+    assert set(sampled.seconds) == {1, 3} and engine.n_past == 0
+    assert all(name == "eval" for name, n in calls if n in (1, 3))
 
 
 def test_warmup_leaves_an_empty_cache_that_computes_the_same(tiny_verifier_path: Path) -> None:

@@ -147,3 +147,25 @@ def test_greedy_steps_take_only_the_argmax_and_logprobs_still_take_the_logits(
         with_lp = spec.generate(Request(prompt, max_tokens=40, drafter="model", logprobs=True)).run()
     assert with_lp.tokens == gen.tokens and with_lp.stats.mean_logprob is not None
     assert v_calls["eval_argmax"] == 0 and v_calls["eval"] >= with_lp.stats.steps
+
+
+def test_sampled_requests_are_planned_with_the_costs_of_calls_that_return_logits(
+    verifier: TorchEngine, tiny_drafter_path: Path
+) -> None:
+    """The torch engine's default table times greedy calls; a sampled step reads logits, so
+    its plan uses the engine's other table. Here verifying is nearly free for greedy calls and
+    dear for sampled ones: a greedy plan drafts, a sampled one does not."""
+    cheap = CostModel("v", {1: 1e-3, 2: 1.01e-3, 8: 1.02e-3, 17: 1.03e-3})
+    dear = CostModel("v|logits", {1: 1e-3, 2: 2e-3, 8: 8e-3, 17: 17e-3})
+    verifier.set_cost_model(cheap, sampled=dear)
+    with TorchEngine.from_gguf(tiny_drafter_path, context=512) as drafter:
+        drafter.set_cost_model(DRAFTER_COST)
+        spec = Speculator(verifier, model_drafter=ModelDrafter(drafter, verifier=verifier))
+        spec.acceptance.record("model", 100, 95)  # a drafter that is usually right
+        committed = verifier.tokenize(PROMPT)
+        greedy_plan, _ = spec._plan("auto", committed, 8, None, 100)
+        sampled_plan, _ = spec._plan("auto", committed, 8, None, 100, greedy_draft=False,
+                                     greedy_verify=False)
+    assert greedy_plan.key == "model" and greedy_plan.k > 1
+    assert sampled_plan.key is None
+    assert verifier.sampled_cost_model() is dear and verifier.cost_model() is cheap
