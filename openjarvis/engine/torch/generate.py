@@ -17,9 +17,9 @@ Graphs are captured lazily, on the first call with a given T, and kept on the Ru
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import torch
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # importing megakernel imports triton: only where the step is
     from openjarvis.engine.torch.kernels import LinearConfig
     from openjarvis.engine.torch.megakernel import MegaConfig, Scratch
 
+_R = TypeVar("_R")
 Kernels = Literal["triton", "torch"]
 StepPath = Literal["cuda_step", "mega", "triton", "torch"]
 
@@ -521,21 +522,11 @@ class Runner:
             finally:
                 ws.inputs, ws.host_ids, ws.feed = saved
 
-        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        def captured() -> None:
+            dev_in.copy_(host_in, non_blocking=True)
             steps()
-        torch.cuda.current_stream().wait_stream(side)
-        enabled = gc.isenabled()
-        gc.disable()  # (as in ``_capture``)
-        try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                dev_in.copy_(host_in, non_blocking=True)
-                steps()
-        finally:
-            if enabled:
-                gc.enable()
+
+        graph, _ = self._graph(steps, captured, warm_runs=1)
         ch = Chain(host_in, dev_in, host_out, graph,
                    torch.cuda.Event())  # type: ignore[no-untyped-call]
         ch.replayed.record(torch.cuda.current_stream(self.device))
@@ -686,34 +677,46 @@ class Runner:
         Warm-up runs the step the inputs hold (a step is idempotent: it rewrites the same K/V
         positions with the same values), so the inputs must be filled first.
         """
-        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._run(ws)
-        torch.cuda.current_stream().wait_stream(side)
-        # No garbage collection inside the capture: one that freed another CUDA graph (a Runner
-        # dropped whole, a workspace some caller kept in a cycle) would fail it. Off for the
-        # capture rather than a full collection before each one (~0.1 s a capture, 18 of them
-        # when an engine loads).
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                if ws.host_in is not None:  # graph_io: the inputs' copy is the first node
-                    ws.inputs.copy_(ws.host_in, non_blocking=True)
-                out = self._run(ws)
-                if ws.host_ids is not None and not (self.host_ids_direct and ws.path == "triton"):
-                    ws.host_ids.copy_(out, non_blocking=True)  # a greedy step's tokens: last
-        finally:
-            if enabled:
-                gc.enable()
+        def captured() -> torch.Tensor:
+            if ws.host_in is not None:  # graph_io: the inputs' copy is the first node
+                ws.inputs.copy_(ws.host_in, non_blocking=True)
+            out = self._run(ws)
+            if ws.host_ids is not None and not (self.host_ids_direct and ws.path == "triton"):
+                ws.host_ids.copy_(out, non_blocking=True)  # a greedy step's tokens: last
+            return out
+
+        graph, out = self._graph(lambda: self._run(ws), captured, warm_runs=2)
         if ws.greedy:
             ws.ids = out
         else:
             ws.logits = out
         ws.graph = graph
+
+    def _graph(self, warm: Callable[[], object], body: Callable[[], _R],
+               warm_runs: int) -> tuple[torch.cuda.CUDAGraph, _R]:
+        """Run ``warm`` ``warm_runs`` times on a side stream (compiles kernels), then capture
+        ``body`` into a graph of the Runner's pool; the graph and what ``body`` returned.
+
+        No garbage collection inside the capture: one that freed another CUDA graph (a Runner
+        dropped whole, a workspace some caller kept in a cycle) would fail it. Off for the
+        capture rather than a full collection before each one (~0.1 s a capture, 18 of them
+        when an engine loads)."""
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warm_runs):
+                warm()
+        torch.cuda.current_stream().wait_stream(side)
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = body()
+        finally:
+            if enabled:
+                gc.enable()
+        return graph, out
 
     def _torch_forward(self, ws: Workspace) -> torch.Tensor:
         t = ws.tokens.shape[0]
