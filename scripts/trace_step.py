@@ -1,7 +1,8 @@
-"""Where a one-token step's time goes between and inside its kernels: a GPU-timer trace.
+"""Where a step's time goes between and inside its kernels: a GPU-timer trace.
 
 Every program of the step's traced kernels (qkv, the attention's split and merge kernels, the
-o-projection, gate/up, down, output) stamps the GPU's global timer at entry, past its PDL wait,
+o-projection, gate/up, down, output; a verify step's qkv is a split-K product and a RoPE
+kernel, ``--tokens``) stamps the GPU's global timer at entry, past its PDL wait,
 past its main loop and at its end (``kernels._stamp``). The step is captured once with tracing
 on and replayed; per launch the first and last program of each event give, per kernel kind and
 median over the middle layers and the replays:
@@ -41,19 +42,23 @@ from openjarvis.engine.torch.model import Transformer  # noqa: E402
 from openjarvis.engine.torch.weights import random_weights  # noqa: E402
 
 KINDS = ("qkv", "attn", "merge", "wo", "w13", "w2")
+#: A verify step's launches a layer (T > 1): qkv is ``kernels.qkv_split``'s two.
+VERIFY_KINDS = ("qkv", "rope", "attn", "merge", "wo", "w13", "w2")
 PROGS = 16384  # programs recorded a launch (the output projection has ~9.5k)
 
 
 def trace(a: ModelArgs, pos: int, replays: int,
-          l2_prefetch: tuple[float, int, int] | None | bool = True) -> dict[str, Any]:
+          l2_prefetch: tuple[float, int, int] | None | bool = True,
+          t: int = 1) -> dict[str, Any]:
     w = random_weights(a, torch.bfloat16, "cuda", seed=0)
     r = Runner(Transformer(a, w, n_pos=pos + 128), pos + 64, kernels="triton", graphs=True)
     if l2_prefetch is not True:  # True: the default's (its side-stream kernel is not traced)
         r.l2_prefetch = l2_prefetch  # type: ignore[assignment]
-    nk = len(KINDS)
-    toks = [100]
+    kinds = KINDS if t == 1 else VERIFY_KINDS
+    nk = len(kinds)
+    toks = list(range(100, 100 + t))
     r.step(toks, pos)
-    replay = functools.partial(r.replay, 1)
+    replay = functools.partial(r.replay, t)
     plain_ms = time_ms(replay)
     n_launch = nk * a.n_layer + 1
     with K.tracing(n_launch, PROGS, "cuda") as buf:
@@ -63,7 +68,7 @@ def trace(a: ModelArgs, pos: int, replays: int,
     rows: dict[str, list[float]] = {}
     for _ in range(replays):
         buf.zero_()
-        r.replay(1)
+        r.replay(t)
         torch.cuda.synchronize()
         st = buf.view(n_launch, PROGS, 4).cpu().double()
         seen = st[:, :, 0] > 0
@@ -73,7 +78,7 @@ def trace(a: ModelArgs, pos: int, replays: int,
         t0 = float(first[:, 0].min())
         first, last = (first - t0) / 1e3, (last - t0) / 1e3  # us from the step's first entry
         for li in range(2, a.n_layer - 2):
-            for k, kind in enumerate(KINDS):
+            for k, kind in enumerate(kinds):
                 j = nk * li + k
                 for name, val in (("release", first[j, 1] - last[j - 1, 3]),
                                   ("lead", first[j, 1] - first[j, 0]),
@@ -88,7 +93,7 @@ def trace(a: ModelArgs, pos: int, replays: int,
         rows.setdefault("out.loop", []).append(float(last[j, 2] - first[j, 1]))
         rows.setdefault("step_span", []).append(float(last[:, 3].max()))
     med = {k: round(statistics.median(v), 3) for k, v in rows.items()}
-    return {"ms": plain_ms, "traced_ms": traced_ms, "median_us": med}
+    return {"t": t, "ms": plain_ms, "traced_ms": traced_ms, "median_us": med}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="1.5B,0.5B")
     ap.add_argument("--positions", default="512,4096")
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--tokens", default="1", help="token counts of the steps traced (T = k + 1 "
+                    "for a verify step of k drafts), comma-separated")
     ap.add_argument("--l2-prefetch", default="",
                     help="MiB,PROGRAMS[,AFTER] (Runner.l2_prefetch), or off; default: the "
                          "Runner's own")
@@ -116,18 +123,19 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {}
     for name in args.models.split(","):
         for pos in (int(p) for p in args.positions.split(",")):
-            out = trace(models[name], pos, args.replays, prefetch)
-            res[f"{name}@{pos}"] = out
-            print(name, pos, json.dumps(out), flush=True)
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "trace.json").write_text(json.dumps(res, indent=1))
-            torch.cuda.empty_cache()
+            for t in (int(x) for x in args.tokens.split(",")):
+                out = trace(models[name], pos, args.replays, prefetch, t)
+                res[f"{name}@{pos}" + (f"_T{t}" if t > 1 else "")] = out
+                print(name, pos, t, json.dumps(out), flush=True)
+                args.out.mkdir(parents=True, exist_ok=True)
+                (args.out / "trace.json").write_text(json.dumps(res, indent=1))
+                torch.cuda.empty_cache()
     for key, out in res.items():
         m = out["median_us"]
         print(f"\n{key}: step {out['ms']:.4f} ms (traced {out['traced_ms']:.4f}), "
               f"layer {m['layer']:.2f} us")
         print("kind    release  lead  wait_spread  loop   tail")
-        for kind in KINDS:
+        for kind in KINDS if out["t"] == 1 else VERIFY_KINDS:
             print(f"{kind:6s} " + " ".join(f"{m[f'{kind}.{x}']:7.2f}"
                                            for x in ("release", "lead", "wait_spread", "loop",
                                                      "tail")))

@@ -495,9 +495,11 @@ def _linear_swap_kernel(
     SEM: tl.constexpr, TRACE: tl.constexpr = 0,
 ):
     """``_linear_kernel`` for T > 1 with the product transposed: accT [BN, BT] += W [BN, BK] .
-    x^T [BK, BT]; transposed back once, in the same epilogue (``HAND`` as there). It takes the
-    trace arguments of the linear launcher but stamps nothing: only one-token steps are traced."""
+    x^T [BK, BT]; transposed back once, in the same epilogue (``HAND`` as there); ``TRACE``:
+    ``_stamp`` (tracing only)."""
     pid = tl.program_id(0)
+    tpid = pid * SPLIT_K + tl.program_id(1)
+    _stamp(tr_ptr, tr_base, tpid, 0, TRACE)
     k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     k_lo = tl.program_id(1) * k_per
     k_hi = tl.minimum(k_lo + k_per, K)
@@ -512,6 +514,7 @@ def _linear_swap_kernel(
     # tile out of the pipelined loop lost 1-4 % in every verify step it was tried in (session 6
     # runs 52-58; the peeled version is in commit c2f5d97).
     _gdc(PDL)
+    _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < k_hi
@@ -523,10 +526,12 @@ def _linear_swap_kernel(
         if MODE == 2:
             w2 = _w_tile(w_ptr, rn, N, rk[None, :], wmask, K, EVICT)
             acc2_t = tl.dot(w2, xt, acc2_t)
+    _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
     _gdc_late(PDL)
     _linear_epilogue(acc_t, acc2_t, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
                      g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, pid,
                      MODE, NORM, BIAS, SPLIT_K, SEM, HAND, NP_BLOCK, True)
+    _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
 
 
 @triton.jit
@@ -603,9 +608,9 @@ def _qkv_rope_kernel(
 @triton.jit
 def _rope_kv_kernel(
     qkv_ptr, h_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
-    D, stride_ch, stride_cs, eps,
+    D, stride_ch, stride_cs, eps, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, TRACE: tl.constexpr = 0,
 ):
     """Program = (token, head of q, k or v): finish a split-K qkv product. ``qkv [T, QKV]``
     holds (x * g) @ W^T summed over the splits; scale by the token's 1/RMS, add the bias, RoPE
@@ -618,6 +623,8 @@ def _rope_kv_kernel(
     QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
     t = tl.program_id(0)
     head = tl.program_id(1)
+    tpid = t * (N_HEAD + 2 * N_KV) + head
+    _stamp(tr_ptr, tr_base, tpid, 0, TRACE)
     j = tl.arange(0, HALF)
     r1 = head * HD + j
     r2 = r1 + HALF
@@ -627,6 +634,7 @@ def _rope_kv_kernel(
     cos = tl.load(rope_ptr + pos * HD + 2 * j)
     sin = tl.load(rope_ptr + pos * HD + 2 * j + 1)
     _gdc(PDL)
+    _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
     p1 = tl.load(qkv_ptr + t * QKV + r1)
     p2 = tl.load(qkv_ptr + t * QKV + r2)
     ss = tl.zeros([BLOCK_D], dtype=tl.float32)
@@ -634,6 +642,7 @@ def _rope_kv_kernel(
         d = d0 + tl.arange(0, BLOCK_D)
         x = tl.load(h_ptr + t * D + d, mask=d < D, other=0.0)
         ss += x * x
+    _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
     _gdc_late(PDL)
     inv = tl.rsqrt(tl.sum(ss, 0) / D + eps)
     a1 = p1 * inv + b1
@@ -658,6 +667,7 @@ def _rope_kv_kernel(
         vp = vc_ptr + (head - N_HEAD - N_KV) * stride_ch + pos * stride_cs + j
         tl.store(vp, o1.to(vc_ptr.dtype.element_ty))
         tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty))
+    _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
 
 
 @triton.jit
@@ -1149,12 +1159,13 @@ def qkv_split(
                          f"the kernel zeroes); got {rope_warps}")
     linear(x, wqkv, acc, mode=ADD, norm=norm, eps=eps, cfg=cfg, pdl=pdl, norm_scale=False,
            evict=evict, atomic_sem=atomic_sem)
+    tr, trc = _trace(acc)
     _rope_kv_kernel[(t, n_head + 2 * n_kv)](
         acc, x, bias, rope, start, q_out, k_cache, v_cache,
-        d, k_cache.stride(0), k_cache.stride(1), eps,
+        d, k_cache.stride(0), k_cache.stride(1), eps, *tr,
         N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_D=min(2048, triton.next_power_of_2(d)),
         PDL=_wait(pdl if pdl_rope is None else pdl_rope), num_warps=rope_warps,
-        **_launch(pdl if pdl_rope is None else pdl_rope),
+        **_launch(pdl if pdl_rope is None else pdl_rope), **trc,
     )
 
 

@@ -255,27 +255,29 @@ def test_verify_steps_with_the_serial_norm_hand_off_agree_with_float32(
     assert float((out.argmax(-1) == ref.argmax(-1)).float().mean()) > 0.95
 
 
-def test_a_traced_one_token_step_stamps_every_program_in_order_and_computes_the_same(
-        pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
-    """scripts/trace_step.py's instrument: with ``kernels.TRACE`` set while a one-token step is
-    captured, every program of its 6 launches a layer and of the output projection stamps entry,
-    past the PDL wait, past the main loop and done, in that order; its logits stay within the
-    float32 reference's tolerance, and a step captured after tracing is switched off writes
-    nothing."""
+@pytest.mark.parametrize("t", [1, 9])
+def test_a_traced_step_stamps_every_program_in_order_and_computes_the_same(
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor], t: int) -> None:
+    """scripts/trace_step.py's instrument: with ``kernels.TRACE`` set while a step is captured,
+    every program of its launches (6 a layer for one token; 7 for a verify step, whose qkv is a
+    split-K product and a RoPE kernel) and of the output projection stamps entry, past the PDL
+    wait, past the main loop and done, in that order; its logits stay within the float32
+    reference's tolerance, and a step captured after tracing is switched off writes nothing."""
     from openjarvis.engine.torch import kernels as K
 
     model, _, toks, expect = pair
     r = Runner(model, 256)
     r.logits(toks[:170], 0)
     progs = 16384
-    n_launch = 6 * model.args.n_layer + 1
+    n_launch = (6 if t == 1 else 7) * model.args.n_layer + 1
+    p0, p1, p2 = 170, 170 + t, 170 + 2 * t
     with K.tracing(n_launch, progs, "cuda") as buf:
-        r.drop_steps(1)
-        r.logits(toks[170:171], 170)  # captured with tracing: launch slots 0 .. n_launch - 1
+        r.drop_steps(t)
+        r.logits(toks[p0:p1], p0)  # captured with tracing: launch slots 0 .. n_launch - 1
         assert K.TRACE["next"] == n_launch
     assert K.TRACE["buf"] is None
     buf.zero_()
-    got = r.logits(toks[171:172], 171).clone()  # a replay of the traced graph
+    got = r.logits(toks[p1:p2], p1).clone()  # a replay of the traced graph
     torch.cuda.synchronize()
     st = buf.view(n_launch, progs, 4)
     seen = st[:, :, 0] > 0
@@ -283,10 +285,10 @@ def test_a_traced_one_token_step_stamps_every_program_in_order_and_computes_the_
     stamped = st[seen]
     assert (stamped > 0).all()  # every program that entered stamped all four events
     assert (stamped[:, 1:] >= stamped[:, :-1]).all()  # entry <= waited <= looped <= done
-    assert rel(got, expect[171:172]) < BF16_REL
-    r.drop_steps(1)
+    assert rel(got, expect[p1:p2]) < BF16_REL
+    r.drop_steps(t)
     buf.zero_()
-    r.logits(toks[172:173], 172)
+    r.logits(toks[p2:p2 + t], p2)
     torch.cuda.synchronize()
     assert not buf.any()  # captured untraced: no stamps
 
