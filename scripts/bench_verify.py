@@ -23,8 +23,7 @@ variants ``pdl_by_t`` (keys as strings) and ``one_token_pdl``; for both, ``trim_
 (false: the merge reads every split, as before session 7); ``norm_handoff`` (one-token steps:
 the o-projection hands the feed-forward norm to gate/up, ``kernels.NormHandoff``);
 ``atomic_sem`` (split-K atomics: "acq_rel" or "relaxed"); ``verify_handoff`` (verify steps
-hand the norm off too, serially from a split-K o-projection); ``qkv_fused`` (verify steps'
-split-K qkv in one launch, ``Runner.qkv_fused``). Results go
+hand the norm off too, serially from a split-K o-projection). Results go
 to ``--out``/verify.json; ``--norm-cost`` instead prices the norm inside each normed product.
 """
 
@@ -563,8 +562,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch",
-         "qkv_fused"}
+         "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -600,7 +598,6 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.norm_handoff = bool(v.get("norm_handoff", base["norm_handoff"]))
     r.atomic_sem = v.get("atomic_sem", base["atomic_sem"])
     r.verify_handoff = bool(v.get("verify_handoff", base["verify_handoff"]))
-    r.qkv_fused = bool(v.get("qkv_fused", base["qkv_fused"]))
     pf = v.get("l2_prefetch", base["l2_prefetch"])  # [MB a layer, programs, after]; null: off
     r.l2_prefetch = (float(pf[0]), int(pf[1]), int(pf[2]) if len(pf) > 2 else 0) if pf else None
     r.drop_steps()
@@ -626,7 +623,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "attn_warps": dict(r.attn_warps),
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
                "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
-               "l2_prefetch": r.l2_prefetch, "qkv_fused": r.qkv_fused}
+               "l2_prefetch": r.l2_prefetch}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

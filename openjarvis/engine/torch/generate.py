@@ -101,9 +101,6 @@ class Workspace:
     mega: Scratch | None = None
     #: [T, qkv_dim] float32 zeros: the split-K qkv accumulator of verify steps (``qkv_split``).
     qkv_acc: torch.Tensor | None = None
-    #: ``Runner.qkv_fused``: per (head, split) sums of squares, and per head arrival counts
-    #: (int32 zeros between launches).
-    qkv_fused: tuple[torch.Tensor, torch.Tensor] | None = None
     #: The o-projection's hand-off to gate/up (``Runner.norm_handoff``, ``verify_handoff``):
     #: x * g (float32 in one-token steps, the weights' dtype in verify steps) and per-program
     #: sums of squares.
@@ -195,9 +192,6 @@ class Runner:
         #: The same for verify steps (T > 1), serially where the o-projection splits K. On by
         #: default for the shapes in ``tuning.VERIFY_HANDOFF``.
         self.verify_handoff = False
-        #: Verify steps' split-K qkv in one launch, the last program of each head applying
-        #: 1/RMS, bias and RoPE (``kernels.qkv_split``'s ``fused``) instead of a second kernel.
-        self.qkv_fused = False
         self.attn_out_block_n = 128
         #: Memory semantics of split-K partials' float atomics (``kernels.ATOMIC_SEMS``).
         self.atomic_sem = "relaxed"
@@ -762,15 +756,6 @@ class Runner:
             split = None
         if split is not None and ws.qkv_acc is None:
             ws.qkv_acc = torch.zeros(t, a.qkv_dim, dtype=torch.float32, device=self.device)
-        fused_qkv = None
-        if split is not None and self.qkv_fused:
-            heads = a.n_head + 2 * a.n_head_kv
-            if ws.qkv_fused is None or ws.qkv_fused[0].shape[1] != split.split_k:
-                ws.qkv_fused = (
-                    torch.zeros(heads, split.split_k, K.block_t(t), dtype=torch.float32,
-                                device=self.device),
-                    torch.zeros(heads, dtype=torch.int32, device=self.device))
-            fused_qkv = ws.qkv_fused
         fused = t == 1 and self.fuse_attn_out and not self.deterministic
         hand_bufs = None if fused else self._handoff_buffers(ws)
         wo_cfg = self._wo_tile(t)
@@ -797,7 +782,7 @@ class Runner:
                 K.qkv_split(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                             kc, vc, ws.qkv_acc, a.rms_eps, cfg=split, pdl=pk("qkv"), evict=ev,
                             pdl_rope=pk("rope_kv"), rope_warps=self.rope_warps.get(t, 1),
-                            atomic_sem=sem, fused=fused_qkv)
+                            atomic_sem=sem)
             else:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],

@@ -510,31 +510,14 @@ def _linear_swap_kernel(
     acc_t = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
     acc2_t = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    # PDL modes 2 and 6: the first weight tile loads before the wait, and the pipelined loop
-    # takes the tiles after it. Peeling it lost 1-4 % in every verify step of session 6 (runs
-    # 52-58), where the kernel before let this one launch only after its own main loop; the
-    # one-token step's prologue paid only once the kernel before launched it at its start
-    # (session 12), which a verify step can now ask for too (its own PDL modes).
-    k_first = k_lo
-    if PDL % 4 >= 2:
-        rk = k_lo + tl.arange(0, BLOCK_K)
-        kmask = rk < k_hi
-        wmask = nmask[:, None] & kmask[None, :]
-        w = _w_tile(w_ptr, rn, 0, rk[None, :], wmask, K, EVICT)
-        if MODE == 2:
-            w2 = _w_tile(w_ptr, rn, N, rk[None, :], wmask, K, EVICT)
-        _gdc(PDL)
-        _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-        x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
-        xt = tl.trans(x.to(w.dtype))  # [BK, BT]
-        acc_t = tl.dot(w, xt, acc_t)
-        if MODE == 2:
-            acc2_t = tl.dot(w2, xt, acc2_t)
-        k_first = k_lo + BLOCK_K
-    else:
-        _gdc(PDL)
-        _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-    for k0 in range(k_first, k_hi, BLOCK_K):
+    # No weight prologue here (PDL modes 2 and 6 wait first, like 1 and 5): peeling the first
+    # tile out of the pipelined loop lost 1-4 % in every verify step it was tried in (session 6
+    # runs 52-58; the peeled version is in commit c2f5d97), and again with gate/up launching
+    # the down projection at its start (session 15 runs 146-147: +5.4 %, or -0.7 % with a
+    # 64-row tile that gains as much without it; commit 890aa4f).
+    _gdc(PDL)
+    _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < k_hi
         x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, NORM)
@@ -686,113 +669,6 @@ def _rope_kv_kernel(
         vp = vc_ptr + (head - N_HEAD - N_KV) * stride_ch + pos * stride_cs + j
         tl.store(vp, o1.to(vc_ptr.dtype.element_ty))
         tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty))
-    _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
-
-
-@triton.jit
-def _qkv_split_kernel(
-    x_ptr, w_ptr, g_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr, acc_ptr, ssp_ptr,
-    cnt_ptr, T, K, stride_x, stride_ch, stride_cs, eps, tr_ptr, tr_base,
-    N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EVICT: tl.constexpr, SEM: tl.constexpr, TRACE: tl.constexpr = 0,
-):
-    """``qkv_split`` in one launch (``fused``): program = (BLOCK_N rows of one head, K split).
-    Each adds its partial of (x * g) @ W^T into ``acc`` [T, QKV]; the programs of a head's
-    first row block also leave their split's sums of squares of x in ``ssp`` [heads, SPLIT_K,
-    BLOCK_T]. The last program of a head to count itself in (``cnt``, one a head) finishes the
-    head as ``_rope_kv_kernel`` does (1/RMS, bias, RoPE, q or the cache) and zeroes its rows
-    of ``acc`` and its count for the next layer: no second launch, and no wait for the other
-    heads. Ordering as in ``_serial_hand_off``: a block barrier puts every thread's partial
-    before the acq_rel count, and the finisher reads past its L1; a second barrier puts all of
-    its reads before it zeroes what it read (a thread may hold another's copy)."""
-    QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
-    HALF: tl.constexpr = HD // 2
-    RB: tl.constexpr = HD // BLOCK_N  # row blocks a head
-    pid = tl.program_id(0)
-    sp = tl.program_id(1)
-    tpid = pid * SPLIT_K + sp
-    _stamp(tr_ptr, tr_base, tpid, 0, TRACE)
-    k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
-    k_lo = sp * k_per
-    k_hi = tl.minimum(k_lo + k_per, K)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rt = tl.arange(0, BLOCK_T)
-    tmask = rt < T
-    nmask = rn < QKV
-    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-    acc2 = acc
-    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    k_first = k_lo
-    if PDL % 4 >= 2:  # the first weight tile before the wait
-        rk = k_lo + tl.arange(0, BLOCK_K)
-        kmask = rk < k_hi
-        w, w2 = _w_pair(w_ptr, rn, rk[None, :], nmask[:, None] & kmask[None, :], QKV, K, 1,
-                        EVICT)
-        _gdc(PDL)
-        _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-        acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc, acc2,
-                                  ss, 1, 1, BLOCK_T)
-        k_first = k_lo + BLOCK_K
-    else:
-        _gdc(PDL)
-        _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-    for k0 in range(k_first, k_hi, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        kmask = rk < k_hi
-        w, w2 = _w_pair(w_ptr, rn, rk[None, :], nmask[:, None] & kmask[None, :], QKV, K, 1,
-                        EVICT)
-        acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc, acc2,
-                                  ss, 1, 1, BLOCK_T)
-    _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
-    _gdc_late(PDL)
-    tl.atomic_add(acc_ptr + rt[:, None] * QKV + rn[None, :], acc,
-                  mask=tmask[:, None] & nmask[None, :], sem=SEM)
-    head = pid // RB
-    if pid % RB == 0:
-        tl.store(ssp_ptr + (head * SPLIT_K + sp) * BLOCK_T + rt, ss)
-    tl.debug_barrier()
-    n = tl.atomic_add(cnt_ptr + head, 1, sem="acq_rel", scope="gpu")
-    if n == RB * SPLIT_K - 1:
-        sps = tl.arange(0, SPLIT_K)
-        tot = tl.sum(tl.load(ssp_ptr + (head * SPLIT_K + sps[:, None]) * BLOCK_T + rt[None, :],
-                             cache_modifier=".cg"), axis=0)  # [BT]
-        inv = tl.rsqrt(tot / K + eps)
-        j = tl.arange(0, HALF)
-        r1 = head * HD + j
-        m = tmask[:, None]
-        p1 = acc_ptr + rt[:, None] * QKV + r1[None, :]
-        a1 = tl.load(p1, mask=m, other=0.0, cache_modifier=".cg")
-        a2 = tl.load(p1 + HALF, mask=m, other=0.0, cache_modifier=".cg")
-        a1 = a1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
-        a2 = a2 * inv[:, None] + tl.load(b_ptr + r1 + HALF).to(tl.float32)[None, :]
-        tl.debug_barrier()
-        zero = tl.zeros([BLOCK_T, HALF], dtype=tl.float32)
-        tl.store(p1, zero, mask=m)
-        tl.store(p1 + HALF, zero, mask=m)
-        pos = tl.load(start_ptr) + rt  # [BT]
-        if head < N_HEAD + N_KV:
-            rp = rope_ptr + pos[:, None] * HD + 2 * j[None, :]
-            cos = tl.load(rp, mask=m, other=1.0)
-            sin = tl.load(rp + 1, mask=m, other=0.0)
-            o1 = a1 * cos - a2 * sin
-            o2 = a2 * cos + a1 * sin
-        else:
-            o1 = a1
-            o2 = a2
-        if head < N_HEAD:
-            qp = q_ptr + (rt[:, None] * N_HEAD + head) * HD + j[None, :]
-            tl.store(qp, o1, mask=m)
-            tl.store(qp + HALF, o2, mask=m)
-        elif head < N_HEAD + N_KV:
-            kp = kc_ptr + (head - N_HEAD) * stride_ch + pos[:, None] * stride_cs + j[None, :]
-            tl.store(kp, o1.to(kc_ptr.dtype.element_ty), mask=m)
-            tl.store(kp + HALF, o2.to(kc_ptr.dtype.element_ty), mask=m)
-        else:
-            vp = vc_ptr + (head - N_HEAD - N_KV) * stride_ch + pos[:, None] * stride_cs + j[None, :]
-            tl.store(vp, o1.to(vc_ptr.dtype.element_ty), mask=m)
-            tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty), mask=m)
-        tl.store(cnt_ptr + head, 0)
     _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
 
 
@@ -1266,7 +1142,6 @@ def qkv_split(
     pdl_rope: int | None = None,  # the second kernel's PDL mode; default: as ``pdl``
     rope_warps: int = 1,  # warps of each (token, head) program of the second kernel
     atomic_sem: str = "relaxed",
-    fused: tuple[torch.Tensor, torch.Tensor] | None = None,  # (ssp, cnt): one launch
 ) -> None:
     """``qkv_rope`` for verify steps in two launches: a split-K product (many programs; the
     per-pair qkv kernel has only (heads x pairs / 16) of them at T > 1) and a small kernel that
@@ -1276,35 +1151,10 @@ def qkv_split(
     a program has more threads than values, threads hold copies, and in another warp a copy
     could be read after its owner zeroed it (session 9 run 89 saw that race in a kernel since
     removed); within one warp the load and the store keep their order. So a (token, head)
-    program has one warp, or at most as many as own hd / 2 values a thread (hd / 64).
-
-    ``fused`` = (ssp [heads, split_k, block_t] float32, cnt [heads] int32 zeros): one launch
-    instead (``_qkv_split_kernel``), the last program of each head finishing it; ``pdl``
-    alone sets its PDL mode."""
+    program has one warp, or at most as many as own hd / 2 values a thread (hd / 64)."""
     t, d = x.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]
-    if fused is not None:
-        ssp, cnt = fused
-        heads = n_head + 2 * n_kv
-        bt = block_t(t)
-        _check_sem(atomic_sem)
-        if (hd % cfg.block_n or cfg.swap or cfg.split_k & (cfg.split_k - 1)
-                or tuple(ssp.shape) != (heads, cfg.split_k, bt) or tuple(cnt.shape) != (heads,)
-                or bt < 16):
-            raise ValueError(f"fused split-K qkv needs block_n dividing {hd}, unswapped tiles, "
-                             f"a power-of-two split_k, T > 1, ssp [{heads}, {cfg.split_k}, "
-                             f"{bt}] and cnt [{heads}]; got {cfg}, {tuple(ssp.shape)}, "
-                             f"{tuple(cnt.shape)}")
-        tr, trc = _trace(acc)
-        _qkv_split_kernel[(heads * hd // cfg.block_n, cfg.split_k)](
-            x, wqkv, norm, bias, rope, start, q_out, k_cache, v_cache, acc, ssp, cnt,
-            t, d, x.stride(0), k_cache.stride(0), k_cache.stride(1), eps, *tr,
-            N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_T=bt, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, PDL=pdl, EVICT=evict, SEM=atomic_sem,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl), **trc,
-        )
-        return
     if rope_warps < 1 or (rope_warps > 1 and rope_warps * 32 > hd // 2):
         raise ValueError(f"rope_warps must be 1, or at most {max(1, hd // 64)} for head "
                          f"dimension {hd} (no thread of another warp may hold a copy of a value "
