@@ -51,7 +51,6 @@ from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
 from openjarvis.engine.torch.generate import DEFAULT_ONE_TOKEN_PDL, Runner  # noqa: E402
 from openjarvis.engine.torch.model import Transformer  # noqa: E402
-from openjarvis.engine.torch.tuning import VERIFY_PDL  # noqa: E402
 from openjarvis.engine.torch.weights import cast, random_weights  # noqa: E402
 
 RES: dict[str, Any] = {}
@@ -160,8 +159,9 @@ TILES_VARIANTS: dict[str, dict[str, Any]] = {
 }
 #: ``--set final``: the verify defaults of sessions 5 and 6 beside the current ones.
 SESSION5_VERIFY_PDL = {"attn": 1, "combine": 1}
-#: The verify default since session 6: every kernel early and late (the same for both shapes).
-_ALL_LATE_NOW = VERIFY_PDL[(1536, 8960)]
+#: The verify default of sessions 6-14: every kernel early and late (the same for both shapes).
+_ALL_LATE_NOW = {k: 1 + LATE for k in
+                 ("embed", "qkv", "rope_kv", "attn", "combine", "wo", "w13", "w2", "out")}
 _W2_0_5B_S8 = {"896": {"tiles": {"w2": [32, 128, 4, 3, 8, True]}}}  # verify, before session 9
 FINAL_VARIANTS: dict[str, dict[str, Any]] = {
     "session5": {"verify_pdl": SESSION5_VERIFY_PDL, "verify_attention": None,
@@ -548,6 +548,38 @@ T1_SETS["final13"] = {
 #: +11.8 % @4096 (1.5B), +5.5 / +20 % (0.5B); removed, kept in history as eafbe9b.)
 #: (Session 10's ``--set merge_sb``, run 101, more splits with the merge reading the partials
 #: 16 or 32 splits at a time, lost: +0.1 to +21 %; commit 98efb21 holds it.)
+
+
+def _pdl15(**modes: int) -> dict[str, Any]:
+    return {"verify_pdl": {**_ALL_LATE_NOW, **modes}}
+
+
+#: ``--set tiles15`` (session 15, run 145, 1.5B @4096): verify gate/up and down tiles under
+#: session 14's default (all lost or within 0.5 %).
+TILES15_VARIANTS: dict[str, dict[str, Any]] = {
+    f"{m}_{c[0]}x{c[1]}_s{c[3]}_k{c[4]}": {"tiles": {m: list(c)}}
+    for m, cs in (("w13", ((32, 64, 4, 4, 1, True), (64, 64, 4, 6, 1, True),
+                           (32, 128, 4, 3, 1, True), (16, 128, 4, 4, 1, True))),
+                  ("w2", ((32, 128, 4, 4, 8, True), (64, 128, 4, 3, 8, True),
+                          (16, 128, 4, 3, 8, True), (32, 256, 4, 3, 4, True))))
+    for c in cs
+}
+#: ``--set early15`` (session 15, runs 146-148): one kernel at a time, then together, letting
+#: its successor launch at its start (mode 1) instead of after its main loop, against session
+#: 14's default (every verify kernel late); ``session14`` is that default against today's.
+#: (The same runs' swapped-operand weight prologue and one-launch split-K qkv lost; commit
+#: 890aa4f holds them.)
+EARLY15_VARIANTS: dict[str, dict[str, Any]] = {
+    "session14": {"verify_pdl": _ALL_LATE_NOW},
+    "w2": _pdl15(w2=1), "qkv": _pdl15(qkv=1), "w13": _pdl15(w13=1), "combine": _pdl15(combine=1),
+    "w2_qkv": _pdl15(w2=1, qkv=1),
+    "w2_qkv_rope": _pdl15(w2=1, qkv=1, rope_kv=1),
+    "w2_qkv_rope_attn": _pdl15(w2=1, qkv=1, rope_kv=1, attn=1),  # the 1.5B's, adopted
+    "qkv_rope": _pdl15(qkv=1, rope_kv=1),
+    "w2_qkv_rope_attn_combine": _pdl15(w2=1, qkv=1, rope_kv=1, attn=1, combine=1),  # the 0.5B's
+}
+T1_SETS["tiles15"] = {}
+T1_SETS["early15"] = {}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -558,6 +590,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "prefetch2": {}, "rows": {}, "rows2": {}, "warps": {}, "final11": {}, "seg": {},
     "prologue12": {}, "prologue12b": {}, "prologue12c": {}, "prologue12d": {}, "w13_12": {},
     "w13_12b": {}, "l2side": {}, "l2side2": {}, "l2side3": {}, "l2side4": {}, "final13": {},
+    "tiles15": TILES15_VARIANTS, "early15": EARLY15_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

@@ -67,10 +67,21 @@ PDL_PROLOGUE: dict[tuple[int, int], frozenset[str]] = {
 #: session 5's; 0.5B: run 55's, every kernel late with the weight prologue): 1.5B 1.507 ->
 #: 1.465 ms @512, 1.627 -> 1.553 @4096; 0.5B 0.781 -> 0.729, 0.831 -> 0.779. Against session
 #: 5's for both: BENCHMARKS.md, run 61.
+#: Session 15 (runs 146-148, k = 8 against that): the kernels of the chain from the down
+#: projection to the attention's merge let their successor launch at their start instead
+#: (mode 1: the successor's programs are resident, waiting, when the kernel ends; the trace of
+#: run 145 had every verify boundary releasing in 1.0-1.3 us where the one-token step's early
+#: launches release in 0.5): the down projection (qkv), the split-K qkv product (its RoPE
+#: kernel), the RoPE kernel (the attention), the attention (its merge), and for the 0.5B the
+#: merge (the o-projection). Run 148, 7 rounds: 1.5B 1.307x -> 1.254x one step @512, 1.286x ->
+#: 1.245x @4096; 0.5B 1.488x -> 1.381x, 1.455x -> 1.363x. Launching gate/up or the down
+#: projection early, or the 1.5B's o-projection, lost (runs 146-148: +1 to +5 %).
 _ALL_LATE = {k: 1 + PDL_LATE for k in
              ("embed", "qkv", "rope_kv", "attn", "combine", "wo", "w13", "w2", "out")}
+_EARLY_CHAIN = {"w2": 1, "qkv": 1, "rope_kv": 1, "attn": 1}
 VERIFY_PDL: dict[tuple[int, int], dict[str, int]] = {
-    (1536, 8960): dict(_ALL_LATE), (896, 4864): dict(_ALL_LATE),
+    (1536, 8960): {**_ALL_LATE, **_EARLY_CHAIN},
+    (896, 4864): {**_ALL_LATE, **_EARLY_CHAIN, "combine": 1},
 }
 #: (n_embd, n_ff) -> (attention splits, keys per block) of verify steps where they differ from
 #: ``ATTENTION`` (session 6 run 58: 1.5B -2.0 % @4096, +1.5 % @512; 0.5B even).
