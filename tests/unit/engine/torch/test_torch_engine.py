@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from engine_spy import record_calls
 from torch_ref import qwen2_f64
 
 from openjarvis.engine.base import Engine
@@ -113,16 +114,7 @@ def test_costs_are_timed_as_greedy_calls(engine: TorchEngine, monkeypatch: pytes
     timed that way, and the cache is left as it was."""
     from openjarvis.engine import costs
 
-    calls: list[tuple[str, int]] = []
-    for name in ("eval", "eval_argmax"):
-        real = getattr(engine, name)
-
-        def spy(tokens: list[int], *a: object, _real: object = real, _name: str = name,
-                **k: object) -> object:
-            calls.append((_name, len(tokens)))
-            return _real(tokens, *a, **k)  # type: ignore[operator]
-
-        monkeypatch.setattr(engine, name, spy)
+    calls = record_calls(engine, ("eval", "eval_argmax"), monkeypatch)
     cost = costs.measure(engine, "key", ks=(1, 3))
     assert set(cost.seconds) == {1, 3} and engine.n_past == 0
     timed = [c for c in calls if c[1] in (1, 3)]

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from engine_spy import record_calls
 
 from openjarvis.engine.base import CostModel
 from openjarvis.engine.drafters import ModelDrafter
@@ -113,18 +113,6 @@ def test_the_torch_engine_reads_name_template_and_special_tokens_from_the_gguf(
         assert torch_e.special_token("not a special token") is None
 
 
-def _count_calls(engine: TorchEngine, calls: Counter[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Count ``engine``'s eval and eval_argmax calls into ``calls`` (by name)."""
-    for name in ("eval", "eval_argmax", "draft_greedy"):
-        real = getattr(engine, name)
-
-        def spy(*a: Any, _real: Any = real, _name: str = name, **k: Any) -> Any:
-            calls[_name] += 1
-            return _real(*a, **k)
-
-        monkeypatch.setattr(engine, name, spy)
-
-
 def test_greedy_steps_take_only_the_argmax_and_logprobs_still_take_the_logits(
     verifier: TorchEngine, tiny_drafter_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -132,19 +120,20 @@ def test_greedy_steps_take_only_the_argmax_and_logprobs_still_take_the_logits(
     for log-probabilities needs the rows, and gets them, with the same tokens."""
     with TorchEngine.from_gguf(tiny_drafter_path, context=512) as drafter:
         drafter.set_cost_model(DRAFTER_COST)
-        v_calls: Counter[str] = Counter()
-        d_calls: Counter[str] = Counter()
-        _count_calls(verifier, v_calls, monkeypatch)
-        _count_calls(drafter, d_calls, monkeypatch)
+        names = ("eval", "eval_argmax", "draft_greedy")
+        v_seen = record_calls(verifier, names, monkeypatch)
+        d_seen = record_calls(drafter, names, monkeypatch)
         spec = Speculator(verifier, model_drafter=ModelDrafter(drafter, verifier=verifier))
         prompt = verifier.tokenize(PROMPT)
         gen = spec.generate(Request(prompt, max_tokens=40, drafter="model")).run()
+        v_calls, d_calls = Counter(n for n, _ in v_seen), Counter(n for n, _ in d_seen)
         assert v_calls == {"eval": 1, "eval_argmax": gen.stats.steps}  # eval: the prefill
         drafts = gen.stats.per_drafter["model"].drafts  # each: one catch-up, then one chain
         assert d_calls["eval"] == 0 and d_calls["eval_argmax"] == drafts
         assert 0 < d_calls["draft_greedy"] <= drafts
-        v_calls.clear()
+        v_seen.clear()
         with_lp = spec.generate(Request(prompt, max_tokens=40, drafter="model", logprobs=True)).run()
+        v_calls = Counter(n for n, _ in v_seen)
     assert with_lp.tokens == gen.tokens and with_lp.stats.mean_logprob is not None
     assert v_calls["eval_argmax"] == 0 and v_calls["eval"] >= with_lp.stats.steps
 
