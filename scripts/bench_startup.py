@@ -13,10 +13,11 @@ here), as the engine calls them, in the engine's order:
 
 Each model is loaded twice in the process: the first pays Triton's compilation of every kernel
 variant unless its on-disk cache (``TRITON_CACHE_DIR``) already holds them, the second finds
-them compiled in memory and pays the captures alone. Run it twice with the same fresh
-``TRITON_CACHE_DIR`` to see a first start (empty cache) and a restart (cache on disk):
-``TRITON_CACHE_DIR=$(mktemp -d) python3 scripts/bench_startup.py --out $OUT``. Results go to
-``--out``/startup.json (appended per run, so two runs land side by side).
+them compiled in memory and pays the captures (with their warm-up runs) alone. Run it twice
+with the same fresh ``TRITON_CACHE_DIR`` to see a first start (empty cache) and a restart
+(cache on disk): ``export TRITON_CACHE_DIR=$(mktemp -d)``, then ``python3
+scripts/bench_startup.py --out $OUT --label first_start`` and the same with ``--label
+restart``. Results go to ``--out``/startup.json (appended per run, side by side).
 """
 
 from __future__ import annotations

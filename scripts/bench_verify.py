@@ -167,9 +167,10 @@ FINAL_VARIANTS: dict[str, dict[str, Any]] = {
     "session5": {"verify_pdl": SESSION5_VERIFY_PDL, "verify_attention": None,
                  "combine_warps": {}, "trim_merge": False, "atomic_sem": "acq_rel",
                  "verify_handoff": False, "by_width": _W2_0_5B_S8},
-    "session6": {"trim_merge": False, "atomic_sem": "acq_rel", "verify_handoff": False,
+    "session6": {"verify_pdl": _ALL_LATE_NOW, "trim_merge": False, "atomic_sem": "acq_rel",
+                 "verify_handoff": False, "by_width": _W2_0_5B_S8},
+    "session8": {"verify_pdl": _ALL_LATE_NOW, "atomic_sem": "acq_rel", "verify_handoff": False,
                  "by_width": _W2_0_5B_S8},
-    "session8": {"atomic_sem": "acq_rel", "verify_handoff": False, "by_width": _W2_0_5B_S8},
 }
 #: ``--set attn``: the same for verify steps.
 ATTN_VARIANTS: dict[str, dict[str, Any]] = {
@@ -555,25 +556,29 @@ def _pdl15(**modes: int) -> dict[str, Any]:
 
 
 #: ``--set tiles15`` (session 15, run 145, 1.5B @4096): verify gate/up and down tiles under
-#: session 14's default (all lost or within 0.5 %).
+#: session 14's default, every verify kernel launching its successor late (all lost or within
+#: 0.5 %).
 TILES15_VARIANTS: dict[str, dict[str, Any]] = {
-    f"{m}_{c[0]}x{c[1]}_s{c[3]}_k{c[4]}": {"tiles": {m: list(c)}}
+    f"{m}_{c[0]}x{c[1]}_s{c[3]}_k{c[4]}": {"tiles": {m: list(c)}, "verify_pdl": _ALL_LATE_NOW}
     for m, cs in (("w13", ((32, 64, 4, 4, 1, True), (64, 64, 4, 6, 1, True),
                            (32, 128, 4, 3, 1, True), (16, 128, 4, 4, 1, True))),
                   ("w2", ((32, 128, 4, 4, 8, True), (64, 128, 4, 3, 8, True),
                           (16, 128, 4, 3, 8, True), (32, 256, 4, 3, 4, True))))
     for c in cs
 }
-#: ``--set early15`` (session 15, runs 146-148): one kernel at a time, then together, letting
-#: its successor launch at its start (mode 1) instead of after its main loop, against session
-#: 14's default (every verify kernel late); ``session14`` is that default against today's.
-#: (The same runs' swapped-operand weight prologue and one-launch split-K qkv lost; commit
-#: 890aa4f holds them.)
+#: ``--set early15`` (session 15, runs 146-148 and 152): one kernel at a time, then together,
+#: letting its successor launch at its start (mode 1) instead of after its main loop;
+#: ``session14`` is session 14's default (every verify kernel late) against today's. (Runs
+#: 146-147's swapped-operand weight prologue and one-launch split-K qkv lost and are gone;
+#: commit 890aa4f holds them and their variants.)
 EARLY15_VARIANTS: dict[str, dict[str, Any]] = {
     "session14": {"verify_pdl": _ALL_LATE_NOW},
     "w2": _pdl15(w2=1), "qkv": _pdl15(qkv=1), "w13": _pdl15(w13=1), "combine": _pdl15(combine=1),
     "w2_qkv": _pdl15(w2=1, qkv=1),
     "w2_qkv_rope": _pdl15(w2=1, qkv=1, rope_kv=1),
+    "w2_qkv_attn": _pdl15(w2=1, qkv=1, attn=1),
+    "w2_qkv_rope_w2_64": {**_pdl15(w2=1, qkv=1, rope_kv=1),
+                          "tiles": {"w2": [64, 128, 4, 3, 8, True]}},
     "w2_qkv_rope_attn": _pdl15(w2=1, qkv=1, rope_kv=1, attn=1),  # the 1.5B's, adopted
     "qkv_rope": _pdl15(qkv=1, rope_kv=1),
     "w2_qkv_rope_attn_combine": _pdl15(w2=1, qkv=1, rope_kv=1, attn=1, combine=1),  # the 0.5B's

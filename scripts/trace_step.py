@@ -64,6 +64,9 @@ def trace(a: ModelArgs, pos: int, replays: int,
     with K.tracing(n_launch, PROGS, "cuda") as buf:
         r.drop_steps()
         r.step(toks, pos)  # captured traced: its replays stamp into buf
+        if K.TRACE["next"] != n_launch:  # (a step without split-K qkv, say: misindexed)
+            raise SystemExit(f"trace_step: the step made {K.TRACE['next']} traced launches, "
+                             f"expected {n_launch} ({nk} a layer and the output)")
     traced_ms = time_ms(replay)
     rows: dict[str, list[float]] = {}
     for _ in range(replays):

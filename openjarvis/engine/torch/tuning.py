@@ -70,12 +70,14 @@ PDL_PROLOGUE: dict[tuple[int, int], frozenset[str]] = {
 #: Session 15 (runs 146-148, k = 8 against that): the kernels of the chain from the down
 #: projection to the attention's merge let their successor launch at their start instead
 #: (mode 1: the successor's programs are resident, waiting, when the kernel ends; the trace of
-#: run 145 had every verify boundary releasing in 1.0-1.3 us where the one-token step's early
-#: launches release in 0.5): the down projection (qkv), the split-K qkv product (its RoPE
-#: kernel), the RoPE kernel (the attention), the attention (its merge), and for the 0.5B the
-#: merge (the o-projection). Run 148, 7 rounds: 1.5B 1.307x -> 1.254x one step @512, 1.286x ->
-#: 1.245x @4096; 0.5B 1.488x -> 1.381x, 1.455x -> 1.363x. Launching gate/up or the down
-#: projection early, or the 1.5B's o-projection, lost (runs 146-148: +1 to +5 %).
+#: run 145 had every verify boundary releasing in 1.0-1.3 us where the one-token step's
+#: release in 0.5-0.8): the down projection (qkv), the split-K qkv product (its RoPE kernel),
+#: the RoPE kernel (the attention), the attention (its merge), and for the 0.5B the merge (the
+#: o-projection). Run 148, 7 rounds: 1.5B 1.307x -> 1.254x one step @512, 1.286x -> 1.245x
+#: @4096; 0.5B 1.488x -> 1.381x, 1.455x -> 1.363x. Lost (runs 146-152): gate/up letting the
+#: down projection launch at its start (+1.5 to +5.0 %), the 1.5B's merge letting the
+#: o-projection launch (+1.2 to +4.8 %); the o-projection letting gate/up launch was even for
+#: the 1.5B (+0.0 / +0.1 %) and lost for the 0.5B (+2.0 / +2.9 %).
 _ALL_LATE = {k: 1 + PDL_LATE for k in
              ("embed", "qkv", "rope_kv", "attn", "combine", "wo", "w13", "w2", "out")}
 _EARLY_CHAIN = {"w2": 1, "qkv": 1, "rope_kv": 1, "attn": 1}
