@@ -34,15 +34,15 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_greedy import TOKENIZER_VOCAB  # noqa: E402  # the greedy steps' partials size
 
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
 from openjarvis.engine.torch.engine import WARM_GREEDY, WARM_STEPS  # noqa: E402
 from openjarvis.engine.torch.generate import MAX_CHAIN, Runner  # noqa: E402
 from openjarvis.engine.torch.model import Transformer  # noqa: E402
 from openjarvis.engine.torch.weights import random_weights  # noqa: E402
-
-#: Qwen2.5's tokenizer (``bench_greedy.TOKENIZER_VOCAB``): the greedy steps' partials size.
-TOKENIZER_VOCAB = 151665
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -60,20 +61,16 @@ def measure(engine: Engine, key: str, ks: tuple[int, ...] = MEASURED_KS,
         if pad:
             engine.eval(filler[:pad], last_only=True)
         pos = engine.n_past
-        if greedy:  # warm-up: first use allocates buffers (and captures graphs)
-            greedy_eval(engine, filler[:8])
-        else:
-            engine.eval(filler[:8])
+        call: Callable[[list[int]], object] = (
+            (lambda toks: greedy_eval(engine, toks)) if greedy else engine.eval)
+        call(filler[:8])  # warm-up: first use allocates buffers (and captures graphs)
         engine.rollback(pos)
         seconds: dict[int, float] = {}
         for k in ks:
             runs = []
             for _ in range(REPEATS):
                 t0 = time.perf_counter()
-                if greedy:
-                    greedy_eval(engine, filler[pad : pad + k])
-                else:
-                    engine.eval(filler[pad : pad + k])
+                call(filler[pad : pad + k])
                 runs.append(time.perf_counter() - t0)
                 engine.rollback(pos)
             runs.sort()

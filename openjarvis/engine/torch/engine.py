@@ -32,7 +32,7 @@ from openjarvis.engine.base import Logits
 from openjarvis.engine.costs import MeasuredCosts
 from openjarvis.engine.llama import GgufInfo, detokenize, tokenize, vocab_fingerprint
 from openjarvis.engine.torch.config import ModelArgs
-from openjarvis.engine.torch.generate import MAX_STEP, Kernels, Runner
+from openjarvis.engine.torch.generate import MAX_CHAIN, MAX_STEP, Kernels, Runner
 from openjarvis.engine.torch.model import Transformer
 from openjarvis.engine.torch.weights import load_gguf
 from openjarvis.errors import ContextOverflow, EngineError
@@ -222,8 +222,6 @@ class TorchEngine(GgufInfo, MeasuredCosts):
     def warm_drafts(self) -> None:
         """Capture ``draft_greedy``'s graphs of every length a draft can take now, not during
         the first requests (the model drafter calls it once; a no-op off the GPU's graphs)."""
-        from openjarvis.engine.torch.generate import MAX_CHAIN
-
         self.runner.warm_chains(range(1, MAX_CHAIN), self._n_past)
 
     def draft_greedy(self, token: int, n: int) -> list[int]:

@@ -906,9 +906,9 @@ def _launch(pdl: int) -> dict[str, bool]:
 
 
 #: Tracing only (scripts/trace_step.py): while ``buf`` is set (int64 [slots, 4]), each launch
-#: of a step's traced kernels (one-token and verify) takes the next ``progs`` slots for its programs' ``_stamp``s
-#: (``next`` counts launches; the Runner resets it as a step is captured). ``tracing`` sets
-#: and clears it.
+#: of a step's traced kernels (one-token and verify) takes the next ``progs`` slots for its
+#: programs' ``_stamp``s (``next`` counts launches; the Runner resets it as a step is
+#: captured). ``tracing`` sets and clears it.
 TRACE: dict[str, object] = {"buf": None, "progs": 0, "next": 0}
 
 
