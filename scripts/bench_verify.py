@@ -51,6 +51,7 @@ from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
 from openjarvis.engine.torch.generate import DEFAULT_ONE_TOKEN_PDL, Runner  # noqa: E402
 from openjarvis.engine.torch.model import Transformer  # noqa: E402
+from openjarvis.engine.torch.tuning import VERIFY_PDL  # noqa: E402
 from openjarvis.engine.torch.weights import cast, random_weights  # noqa: E402
 
 RES: dict[str, Any] = {}
@@ -583,8 +584,33 @@ EARLY15_VARIANTS: dict[str, dict[str, Any]] = {
     "qkv_rope": _pdl15(qkv=1, rope_kv=1),
     "w2_qkv_rope_attn_combine": _pdl15(w2=1, qkv=1, rope_kv=1, attn=1, combine=1),  # the 0.5B's
 }
+#: ``--set after15`` (session 15, runs 150-152), against today's default: one-token steps whose
+#: qkv or o-projection lets its successor launch at its start (run 150); verify qkv split,
+#: down-projection and attention tiles (run 151); the verify chain's other boundaries early,
+#: and no norm hand-off (run 152). All lost or within 0.8 %.
+
+
+def _chain15(**modes: int) -> dict[str, Any]:
+    """Today's verify launches of each model with ``modes`` on top."""
+    return {"by_width": {str(w): {"verify_pdl": {**VERIFY_PDL[(w, f)], **modes}}
+                         for w, f in ((1536, 8960), (896, 4864))}}
+
+
+AFTER15_VARIANTS: dict[str, dict[str, Any]] = {
+    "w2_64x128": {"tiles": {"w2": [64, 128, 4, 3, 8, True]}},
+    **{f"qkv_{c[0]}x{c[1]}_k{c[4]}": {"qkv_split": list(c)}
+       for c in ((32, 128, 4, 3, 4), (64, 64, 4, 3, 8), (32, 64, 4, 3, 4), (16, 64, 4, 3, 8))},
+    "attn_32x64": {"verify_attention": [32, 64]}, "attn_128x32": {"verify_attention": [128, 32]},
+    "w13e": _chain15(w13=1), "woe": _chain15(wo=1), "combine_e": _chain15(combine=1),
+    "no_vhand": {"verify_handoff": False},
+}
 T1_SETS["tiles15"] = {}
 T1_SETS["early15"] = {}
+T1_SETS["after15"] = {
+    f"t1_{name}": {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, **modes}}
+    for name, modes in (("qkv_early", {"qkv": 2}), ("wo_early", {"wo": 2}),
+                        ("both_early", {"qkv": 2, "wo": 2}))
+}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -595,7 +621,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "prefetch2": {}, "rows": {}, "rows2": {}, "warps": {}, "final11": {}, "seg": {},
     "prologue12": {}, "prologue12b": {}, "prologue12c": {}, "prologue12d": {}, "w13_12": {},
     "w13_12b": {}, "l2side": {}, "l2side2": {}, "l2side3": {}, "l2side4": {}, "final13": {},
-    "tiles15": TILES15_VARIANTS, "early15": EARLY15_VARIANTS,
+    "tiles15": TILES15_VARIANTS, "early15": EARLY15_VARIANTS, "after15": AFTER15_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
