@@ -237,29 +237,34 @@ class JarvisApp(App[None]):
 
     # -- reactives to widgets -----------------------------------------------------------------
 
-    def _status(self) -> StatusBar:
-        return self.query_one(StatusBar)
+    def _set_status(self, field: str, value: object) -> None:
+        """Show a reactive's new value in the status bar. A daemon message can still arrive
+        while the app shuts down, after its widgets are gone (seen in CI: an index state
+        processed during exit); there is nothing left to show it in then."""
+        bars = self.query(StatusBar)
+        if bars:
+            setattr(bars.first(), field, value)
 
     def watch_route_mode(self, value: str) -> None:
-        self._status().route_mode = value
+        self._set_status("route_mode", value)
 
     def watch_busy(self, value: bool) -> None:
-        self._status().busy = value
+        self._set_status("busy", value)
 
     def watch_connected(self, value: bool) -> None:
-        self._status().connected = value
+        self._set_status("connected", value)
 
     def watch_connecting(self, value: bool) -> None:
-        self._status().connecting = value
+        self._set_status("connecting", value)
 
     def watch_last_result(self, value: dict[str, Any] | None) -> None:
-        self._status().last_result = value
+        self._set_status("last_result", value)
 
     def watch_index_status(self, value: dict[str, Any] | None) -> None:
-        self._status().index_status = value
+        self._set_status("index_status", value)
 
     def watch_index_progress(self, value: tuple[int, int] | None) -> None:
-        self._status().index_progress = value
+        self._set_status("index_progress", value)
 
     # -- input --------------------------------------------------------------------------------
 

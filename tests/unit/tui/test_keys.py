@@ -72,3 +72,27 @@ def test_palette_lists_every_action_and_help_lists_every_command(tmp_path: Path)
             assert not app.query(".note")  # the screen is cleared
 
     asyncio.run(scenario())
+
+
+def test_a_daemon_message_after_the_status_bar_is_gone_is_taken_without_a_crash(
+        tmp_path: Path) -> None:
+    """While the app shuts down its widgets go first, and an index state or progress message
+    from the daemon can still be processed (CI saw one crash the app at exit): the app's state
+    takes it, and there is no status bar left to show it in."""
+    from openjarvis.tui.messages import IndexProgress, IndexState
+    from openjarvis.tui.widgets.status import StatusBar
+
+    async def scenario() -> None:
+        app = offline_app(tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            bar = app.query_one(StatusBar)
+            app.post_message(IndexState({"files": 3}))
+            await pilot.pause()
+            assert bar.index_status == {"files": 3}  # shown while the bar is there
+            await bar.remove()
+            app.post_message(IndexProgress(1, 2))
+            app.post_message(IndexState({"files": 4}))
+            await pilot.pause()
+            assert app.index_status == {"files": 4} and app.is_running
+
+    asyncio.run(scenario())
