@@ -350,14 +350,24 @@ def _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride
             acc, acc2 = tl.trans(acc), tl.trans(acc2)
         h = _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
                         pid, MODE, NORM, BIAS, SPLIT_K, SEM)
-        if HAND == 3:  # (RawQKV) one column block's programs: their K slices' squares
-            if pid == 0:
-                tl.atomic_add(ssp_ptr + rt, ss, mask=tmask, sem=SEM)
-        elif HAND == 1 and SPLIT_K > 1:
+        if HAND == 1 and SPLIT_K > 1:
             _serial_hand_off(out_ptr, stride_out, rn, rt, nmask, tmask, cnt_ptr, g2_ptr, xg_ptr,
                              ssp_ptr, stride_xg, NP, pid, SPLIT_K)
         elif HAND == 1:
             _hand_off(h, rn, rt, nmask, tmask, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, pid)
+
+
+@triton.jit
+def _ss_out(x_ptr, ss_ptr, rt, tmask, k_lo, k_hi, stride_x, SEM: tl.constexpr,
+            BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``linear``'s ``ss_out``: add the squares of x [T, k_lo:k_hi] into ``ss`` [T]."""
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                    mask=tmask[:, None] & (rk < k_hi)[None, :], other=0.0).to(tl.float32)
+        ss += tl.sum(x * x, axis=1)
+    tl.atomic_add(ss_ptr + rt, ss, mask=tmask, sem=SEM)
 
 
 @triton.jit
@@ -377,7 +387,7 @@ def _linear_kernel(
     ``HAND`` (``NormHandoff``): 1, also hand the new rows of ``out`` (a residual) to the
     next norm (``_hand_off``; with split-K, ``_serial_hand_off``); 2, ``x`` is such a hand-off
     (x * g) and the RMS statistics are the ``NP`` partial sums at ``ssp``: no squares or norm
-    weight in the loop; 3 (``RawQKV``), add x's squares into ``ssp`` [T] (``ss_out``)."""
+    weight in the loop; 3, also add x's squares into ``ssp`` [T] (``linear``'s ``ss_out``)."""
     pid = tl.program_id(0)
     tpid = pid * SPLIT_K + tl.program_id(1)
     _stamp(tr_ptr, tr_base, tpid, 0, TRACE)
@@ -484,6 +494,9 @@ def _linear_kernel(
     _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
                      g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, pid,
                      MODE, NORM, BIAS, SPLIT_K, SEM, HAND, NP_BLOCK, False)
+    if HAND == 3:  # (ss_out) the first column block's programs: their K slices' squares,
+        if pid == 0:  # read again rather than summed in the loop (run 155: +5.6 to +6.8 %)
+            _ss_out(x_ptr, ssp_ptr, rt, tmask, k_lo, k_hi, stride_x, SEM, BLOCK_T, BLOCK_K)
     _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
 
 
@@ -613,9 +626,9 @@ def _qkv_rope_kernel(
 @triton.jit
 def _rope_kv_kernel(
     qkv_ptr, h_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
-    D, stride_ch, stride_cs, eps, tr_ptr, tr_base,
+    D, stride_ch, stride_cs, eps, tr_ptr, tr_base, ss_ptr, zero_ptr,
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr, TRACE: tl.constexpr = 0,
+    PDL: tl.constexpr, TRACE: tl.constexpr = 0, SS: tl.constexpr = 0,
 ):
     """Program = (token, head of q, k or v): finish a split-K qkv product. ``qkv [T, QKV]``
     holds (x * g) @ W^T summed over the splits; scale by the token's 1/RMS, add the bias, RoPE
@@ -623,7 +636,11 @@ def _rope_kv_kernel(
 
     What a step never writes (bias, position, its RoPE row) loads before the PDL wait, and the
     product's rows beside h in one round trip rather than after it (session 8 runs 75-76:
-    k = 8 verify -0.3 to -0.4 % for the 1.5B, -0.2 to 0 % for the 0.5B, never worse)."""
+    k = 8 verify -0.3 to -0.4 % for the 1.5B, -0.2 to 0 % for the 0.5B, never worse).
+
+    ``SS``: the product summed each token's squares into ``ss`` (its ``ss_out``), so no
+    program reads h; head 0's program zeroes the token's slot of the next product's sums at
+    ``zero`` (every reader of that slot finished before this kernel began)."""
     HALF: tl.constexpr = HD // 2
     QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
     t = tl.program_id(0)
@@ -642,14 +659,20 @@ def _rope_kv_kernel(
     _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
     p1 = tl.load(qkv_ptr + t * QKV + r1)
     p2 = tl.load(qkv_ptr + t * QKV + r2)
-    ss = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):  # one pass where D <= 2048 (the launcher's BLOCK_D)
-        d = d0 + tl.arange(0, BLOCK_D)
-        x = tl.load(h_ptr + t * D + d, mask=d < D, other=0.0)
-        ss += x * x
+    if SS:
+        tot = tl.load(ss_ptr + t)
+        if head == 0:
+            tl.store(zero_ptr + t, 0.0)
+    else:
+        ss = tl.zeros([BLOCK_D], dtype=tl.float32)
+        for d0 in range(0, D, BLOCK_D):  # one pass where D <= 2048 (the launcher's BLOCK_D)
+            d = d0 + tl.arange(0, BLOCK_D)
+            x = tl.load(h_ptr + t * D + d, mask=d < D, other=0.0)
+            ss += x * x
+        tot = tl.sum(ss, 0)
     _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
     _gdc_late(PDL)
-    inv = tl.rsqrt(tl.sum(ss, 0) / D + eps)
+    inv = tl.rsqrt(tot / D + eps)
     a1 = p1 * inv + b1
     a2 = p2 * inv + b2
     tl.store(qkv_ptr + t * QKV + r1, tl.zeros([HALF], dtype=tl.float32))
@@ -704,72 +727,16 @@ def _attn_update(q, kt, vt, s, smask, qpos, m, den, acc):
 
 
 @triton.jit
-def _raw_consts(b_ptr, rope_ptr, col, pos, mask, HD: tl.constexpr, ROT: tl.constexpr):
-    """``RawQKV``: the bias halves of rows [R] whose head starts at column ``col`` [R], and
-    (``ROT``) the RoPE table's cos and sin at positions ``pos`` [R]. (Loaded before the PDL
-    wait, held in registers across it, they cost the attention more than they hid: session
-    16 run 153.)"""
-    j = tl.arange(0, HD // 2)
-    m = mask[:, None]
-    c = col[:, None] + j[None, :]
-    b1 = tl.load(b_ptr + c, mask=m, other=0.0).to(tl.float32)
-    b2 = tl.load(b_ptr + c + HD // 2, mask=m, other=0.0).to(tl.float32)
-    if ROT:
-        cs = rope_ptr + pos[:, None] * HD + 2 * j[None, :]  # table [n_pos, HD/2, (cos, sin)]
-        cos = tl.load(cs, mask=m, other=1.0)
-        sin = tl.load(cs + 1, mask=m, other=0.0)
-    else:
-        cos = b1
-        sin = b2
-    return b1, b2, cos, sin
-
-
-@triton.jit
-def _raw_rows(acc_ptr, row, col, stride, inv, b1, b2, cos, sin, mask, HD: tl.constexpr,
-              ROT: tl.constexpr):
-    """``RawQKV``: the finished halves [R, HD/2] of rows (token ``row``, head
-    at column ``col``) of the split-K sums: scaled by the token's 1/RMS ``inv``, biased, and
-    (``ROT``) rotated (NeoX pairs j, j + HD/2)."""
-    j = tl.arange(0, HD // 2)
-    m = mask[:, None]
-    p = acc_ptr + row[:, None] * stride + col[:, None] + j[None, :]
-    a1 = tl.load(p, mask=m, other=0.0) * inv[:, None] + b1
-    a2 = tl.load(p + HD // 2, mask=m, other=0.0) * inv[:, None] + b2
-    if ROT:
-        o1 = a1 * cos - a2 * sin
-        o2 = a2 * cos + a1 * sin
-    else:
-        o1 = a1
-        o2 = a2
-    return o1, o2
-
-
-@triton.jit
-def _halves(a, b, ROWS: tl.constexpr, HD: tl.constexpr):
-    """[ROWS, HD] whose columns are a's [ROWS, HD/2] and then b's."""
-    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (ROWS, HD))
-
-
-@triton.jit
 def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_ch, stride_cs, scale,
                N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
                BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
                TRIM: tl.constexpr, tr_ptr=None, tr_base=0, tpid=0,
-               TRACE: tl.constexpr = 0, RAW: tl.constexpr = 0, ss_ptr=None, b_ptr=None,
-               rope_ptr=None, D=1, eps=0.0, BLOCK_T: tl.constexpr = 16):
+               TRACE: tl.constexpr = 0):
     """Flash-decoding partials of one (kv head, split of the sequence): rows r = t * G + g of
     the query tile (all query heads of the group, all T tokens) share one K/V stream.
 
     ``PDL``: wait for the previous kernel (``_gdc``) first. ``TRIM``: empty splits store
     nothing (a trimmed merge reads only the splits that hold keys).
-
-    ``RAW`` (``RawQKV``): ``q_ptr`` is a split-K qkv product's sums [T, QKV] and ``ss_ptr``
-    each token's sum of squares; this program finishes its query rows itself (1/RMS, bias,
-    RoPE), its loop reads only what earlier steps cached, and where its split holds this
-    step's positions it finishes their keys and values too, attends to them from registers
-    after the loop, and writes them into the cache. (Writing them first and reading them back
-    in the loop, behind a block barrier, put a store, the barrier and a load between the wait
-    and the first score: session 16 run 153, k = 8 +6.6 % for the 1.5B.)
 
     Loading the first K/V block before the wait (positions before ``start`` are written by
     earlier steps) was measured in session 7 (runs 63-64) and lost 1-3 % in every step: the
@@ -787,47 +754,18 @@ def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_c
     vbase = vc_ptr + kvh * stride_ch
     _gdc(PDL)
     _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-    s_old = s_hi
-    if RAW:
-        QKV: tl.constexpr = (N_HEAD + 2 * (N_HEAD // G)) * HD
-        inv = tl.rsqrt(tl.load(ss_ptr + t, mask=rmask, other=0.0) / D + eps)
-        qb1, qb2, qcos, qsin = _raw_consts(b_ptr, rope_ptr, head * HD, start + t, rmask, HD, True)
-        q1, q2 = _raw_rows(q_ptr, t, head * HD, QKV, inv, qb1, qb2, qcos, qsin, rmask, HD, True)
-        q = _halves(q1, q2, BLOCK_R, HD) * scale
-        s_old = tl.minimum(s_hi, start)  # the loop reads what earlier steps cached
-    else:
-        q = tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
-                    mask=rmask[:, None], other=0.0) * scale  # [R, HD] float32
+    q = tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
+                mask=rmask[:, None], other=0.0) * scale  # [R, HD] float32
     qpos = start + t  # [R]
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     den = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
-    for s0 in range(s_lo, s_old, BLOCK_S):
+    for s0 in range(s_lo, s_hi, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
-        smask = s < s_old
+        smask = s < s_hi
         kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
         vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
         m, den, acc = _attn_update(q, kt, vt, s, smask, qpos, m, den, acc)
-    if RAW:
-        if (s_hi > start) & (s_lo < s_hi):  # this split holds some of this step's positions:
-            # their keys and values finished here, attended from registers, and cached
-            rt = tl.arange(0, BLOCK_T)
-            tmask = rt < T
-            tpos = start + rt
-            new = tmask & (tpos >= s_lo) & (tpos < s_hi)
-            kcol = (N_HEAD + kvh) * HD + rt * 0  # [BT]
-            vcol = (N_HEAD + N_HEAD // G + kvh) * HD + rt * 0
-            inv_t = tl.rsqrt(tl.load(ss_ptr + rt, mask=tmask, other=0.0) / D + eps)
-            kb1, kb2, kcos, ksin = _raw_consts(b_ptr, rope_ptr, kcol, tpos, tmask, HD, True)
-            vb1, vb2, vcos, vsin = _raw_consts(b_ptr, rope_ptr, vcol, tpos, tmask, HD, False)
-            k1, k2 = _raw_rows(q_ptr, rt, kcol, QKV, inv_t, kb1, kb2, kcos, ksin, tmask, HD, True)
-            v1, v2 = _raw_rows(q_ptr, rt, vcol, QKV, inv_t, vb1, vb2, vcos, vsin, tmask, HD, False)
-            kt = _halves(k1, k2, BLOCK_T, HD).to(kc_ptr.dtype.element_ty)
-            vt = _halves(v1, v2, BLOCK_T, HD).to(vc_ptr.dtype.element_ty)
-            off = tpos[:, None] * stride_cs + d[None, :]
-            tl.store(kbase + off, kt, mask=new[:, None])
-            tl.store(vbase + off, vt, mask=new[:, None])
-            m, den, acc = _attn_update(q, kt, vt, tpos, new, qpos, m, den, acc)
     _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
     idx = (sp * T + t) * N_HEAD + head  # partials [NSPLIT, T, H, ...]
     if TRIM:
@@ -840,19 +778,18 @@ def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_c
 @triton.jit
 def _attn_split_kernel(
     q_ptr, kc_ptr, vc_ptr, start_ptr, o_ptr, ml_ptr,
-    T, stride_ch, stride_cs, scale, tr_ptr, tr_base, ss_ptr, b_ptr, rope_ptr, D, eps,
+    T, stride_ch, stride_cs, scale, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr, TRIM: tl.constexpr,
-    TRACE: tl.constexpr = 0, RAW: tl.constexpr = 0, BLOCK_T: tl.constexpr = 16,
+    TRACE: tl.constexpr = 0,
 ):
-    """Program = (kv head, split): ``_attn_item`` (``RAW``: from a ``RawQKV``). ``start`` is
-    written before the step's graph is launched, so it is read before the PDL wait."""
+    """Program = (kv head, split): ``_attn_item``. ``start`` is written before the step's
+    graph is launched, so it is read before the PDL wait."""
     tpid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
     _stamp(tr_ptr, tr_base, tpid, 0, TRACE)
     _attn_item(q_ptr, kc_ptr, vc_ptr, tl.load(start_ptr), o_ptr, ml_ptr, T, tl.program_id(0),
                tl.program_id(1), stride_ch, stride_cs, scale, N_HEAD, G, HD, NSPLIT, BLOCK_R,
-               BLOCK_S, PDL, TRIM, tr_ptr, tr_base, tpid, TRACE, RAW, ss_ptr, b_ptr, rope_ptr,
-               D, eps, BLOCK_T)
+               BLOCK_S, PDL, TRIM, tr_ptr, tr_base, tpid, TRACE)
     _gdc_late(PDL)
     _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
 
@@ -896,31 +833,16 @@ def _combine_item(o_ptr, ml_ptr, out_ptr, T, item, n_used, N_HEAD: tl.constexpr,
 
 @triton.jit
 def _attn_combine_kernel(
-    o_ptr, ml_ptr, out_ptr, start_ptr, T, tr_ptr, tr_base, acc_ptr, ss_ptr,
+    o_ptr, ml_ptr, out_ptr, start_ptr, T, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
-    PDL: tl.constexpr, TRIM: tl.constexpr, TRACE: tl.constexpr = 0, N_KV: tl.constexpr = 1,
-    RAW: tl.constexpr = 0,
+    PDL: tl.constexpr, TRIM: tl.constexpr, TRACE: tl.constexpr = 0,
 ):
-    """Program = (token, head). ``RAW``: the attention read a ``RawQKV``, whose sums every
-    one of its programs has read by now: zero them (the query head's row, for the first 2 *
-    N_KV heads a key or value head's row too, and for head 0 the token's sum of squares), so
-    the next layer's product can add into them."""
+    """Program = (token, head)."""
     pid = tl.program_id(0)
     _stamp(tr_ptr, tr_base, pid, 0, TRACE)
     n_used = _n_used(start_ptr, T, NSPLIT, BLOCK_S, TRIM)
     _gdc(PDL)
     _stamp(tr_ptr, tr_base, pid, 1, TRACE)
-    if RAW:
-        QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
-        t = pid // N_HEAD
-        head = pid % N_HEAD
-        d = tl.arange(0, HD)
-        zero = tl.zeros([HD], dtype=tl.float32)
-        tl.store(acc_ptr + t * QKV + head * HD + d, zero)
-        if head < 2 * N_KV:
-            tl.store(acc_ptr + t * QKV + (N_HEAD + head) * HD + d, zero)
-        if head == 0:
-            tl.store(ss_ptr + t, 0.0)
     _combine_item(o_ptr, ml_ptr, out_ptr, T, pid, n_used, N_HEAD, HD, NSPLIT)
     _stamp(tr_ptr, tr_base, pid, 2, TRACE)
     _gdc_late(PDL)
@@ -1063,7 +985,7 @@ def linear(
     hand_out: NormHandoff | None = None,  # ADD into a residual: also hand it to the next norm
     hand_in: NormHandoff | None = None,  # x is hand_in.xg: normalize with its statistics
     atomic_sem: str = "relaxed",  # split-K: memory semantics of the partials' atomics
-    ss_out: torch.Tensor | None = None,  # [T] float32: also add x's squares here (RawQKV)
+    ss_out: torch.Tensor | None = None,  # [T] float32: also add x's squares here (qkv_split)
 ) -> torch.Tensor:
     t, k = x.shape
     _check_sem(atomic_sem)
@@ -1080,10 +1002,11 @@ def linear(
                          f"{out.dtype} {tuple(out.shape)}")
     hand = hand_out or hand_in
     if ss_out is not None and (
-            hand is not None or norm is None or norm_scale or ss_out.dtype != torch.float32
+            hand is not None or norm is None or norm_scale or (cfg.swap and t > 1)
+            or ss_out.dtype != torch.float32
             or tuple(ss_out.shape) != (t,) or not ss_out.is_contiguous()):
         raise ValueError(f"ss_out takes a norm's statistics (norm with norm_scale=False, no "
-                         f"hand-off) into contiguous float32 [{t}]")
+                         f"hand-off, unswapped tiles) into contiguous float32 [{t}]")
     if hand is not None:
         if norm is not None or (hand_out is not None) == (hand_in is not None):
             raise ValueError("a norm hand-off runs instead of a norm, one side at a time")
@@ -1253,6 +1176,8 @@ def qkv_split(
     pdl_rope: int | None = None,  # the second kernel's PDL mode; default: as ``pdl``
     rope_warps: int = 1,  # warps of each (token, head) program of the second kernel
     atomic_sem: str = "relaxed",
+    ss: torch.Tensor | None = None,  # [T] float32 zeros: the product sums x's squares here
+    ss_next: torch.Tensor | None = None,  # [T]: the next product's ``ss``, zeroed here
 ) -> None:
     """``qkv_rope`` for verify steps in two launches: a split-K product (many programs; the
     per-pair qkv kernel has only (heads x pairs / 16) of them at T > 1) and a small kernel that
@@ -1262,7 +1187,12 @@ def qkv_split(
     a program has more threads than values, threads hold copies, and in another warp a copy
     could be read after its owner zeroed it (session 9 run 89 saw that race in a kernel since
     removed); within one warp the load and the store keep their order. So a (token, head)
-    program has one warp, or at most as many as own hd / 2 values a thread (hd / 64)."""
+    program has one warp, or at most as many as own hd / 2 values a thread (hd / 64).
+
+    With ``ss`` and ``ss_next`` (``Runner.qkv_stats``): the product also sums each token's
+    squares (``linear``'s ``ss_out``), so the second kernel does not read h for them, and
+    zeroes ``ss_next``, the next layer's slot (a slot a layer: the caller's, each zeroed by
+    the layer before it, the first by the last)."""
     t, d = x.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]
@@ -1270,40 +1200,27 @@ def qkv_split(
         raise ValueError(f"rope_warps must be 1, or at most {max(1, hd // 64)} for head "
                          f"dimension {hd} (no thread of another warp may hold a copy of a value "
                          f"the kernel zeroes); got {rope_warps}")
+    if (ss is None) != (ss_next is None) or (
+            ss is not None and ss_next is not None and (
+                tuple(ss_next.shape) != (t,) or ss_next.dtype != torch.float32
+                or ss_next.data_ptr() == ss.data_ptr())):
+        raise ValueError(f"ss and ss_next go together: two distinct float32 [{t}] slots")
     linear(x, wqkv, acc, mode=ADD, norm=norm, eps=eps, cfg=cfg, pdl=pdl, norm_scale=False,
-           evict=evict, atomic_sem=atomic_sem)
+           evict=evict, atomic_sem=atomic_sem, ss_out=ss)
     tr, trc = _trace(acc)
     _rope_kv_kernel[(t, n_head + 2 * n_kv)](
         acc, x, bias, rope, start, q_out, k_cache, v_cache,
         d, k_cache.stride(0), k_cache.stride(1), eps, *tr,
+        ss if ss is not None else acc, ss_next if ss_next is not None else acc,
+        SS=int(ss is not None),
         N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_D=min(2048, triton.next_power_of_2(d)),
         PDL=_wait(pdl if pdl_rope is None else pdl_rope), num_warps=rope_warps,
         **_launch(pdl if pdl_rope is None else pdl_rope), **trc,
     )
 
 
-@dataclass(frozen=True, slots=True)
-class RawQKV:
-    """A verify step's qkv left as a split-K product's sums for the attention to finish:
-    ``linear(x, wqkv, acc, mode=ADD, norm=g, norm_scale=False, ss_out=ss)`` adds
-    (x * g) @ Wqkv^T into ``acc`` and, from its first column block, x's squares into ``ss``;
-    then ``attention(None, ..., raw=...)``'s programs apply each token's 1/RMS, the bias and
-    RoPE to the rows they read, the programs whose split holds the step's positions write their
-    keys and values into the cache, and the merge zeroes ``acc`` and ``ss`` again. That is
-    ``qkv_split`` without its second kernel, whose launch and load of h for the statistics sat
-    between the product and the attention (the largest piece of a verify layer's time over a
-    one-token layer's, session 15's trace)."""
-
-    acc: torch.Tensor  # [T, (H + 2 Hkv) hd] float32, zeros on entry to the product
-    ss: torch.Tensor  # [T] float32, zeros on entry to the product
-    bias: torch.Tensor  # [(H + 2 Hkv) hd]
-    rope: torch.Tensor  # [n_pos, hd/2, 2] float32
-    dim: int  # the model's width D: 1/RMS = rsqrt(ss / D + eps)
-    eps: float
-
-
 def attention(
-    q: torch.Tensor | None,  # [T, H, hd] float32, RoPE applied (None with ``raw``)
+    q: torch.Tensor,  # [T, H, hd] float32, RoPE applied
     k_cache: torch.Tensor,  # [Hkv, S, hd]
     v_cache: torch.Tensor,  # [Hkv, S, hd]
     start: torch.Tensor,  # [1]: q[t] sits at position start + t and sees keys 0..start+t
@@ -1316,48 +1233,29 @@ def attention(
     pdl_combine: int | None = None,  # the merge kernel's PDL mode; default: as ``pdl``
     combine_warps: int = 1,  # warps of each (token, head) program of the merge
     trim: bool = True,  # the merge reads only the splits that hold keys
-    raw: RawQKV | None = None,  # q as a split-K product's sums, finished here (RawQKV)
 ) -> torch.Tensor:
     """Attention of T query tokens over the cache in two launches: partials per (kv head,
     split), then their merge."""
-    n_kv, hd = k_cache.shape[0], k_cache.shape[2]
-    t, n_head = out.shape[0], out.shape[1] // hd
-    if (q is None) == (raw is None):
-        raise ValueError("attention takes q, or raw (the qkv product's sums), not both")
-    if q is not None and tuple(q.shape) != (t, n_head, hd):
-        raise ValueError(f"q must be [{t}, {n_head}, {hd}] for out {tuple(out.shape)}; "
-                         f"got {tuple(q.shape)}")
-    if raw is not None and (
-            tuple(raw.acc.shape) != (t, (n_head + 2 * n_kv) * hd) or tuple(raw.ss.shape) != (t,)
-            or raw.acc.dtype != torch.float32 or raw.ss.dtype != torch.float32
-            or not (raw.acc.is_contiguous() and raw.ss.is_contiguous())
-            or n_head < 2 * n_kv):
-        raise ValueError(f"raw needs contiguous float32 acc [{t}, {(n_head + 2 * n_kv) * hd}] "
-                         f"and ss [{t}], and at least 2 query heads a kv head (the merge "
-                         f"zeroes k and v rows); got acc {tuple(raw.acc.shape)}, ss "
-                         f"{tuple(raw.ss.shape)}, {n_head} / {n_kv} heads")
+    t, n_head, hd = q.shape
+    n_kv = k_cache.shape[0]
     g = n_head // n_kv
     nsplit = o_part.shape[0]
     block_r = max(16, triton.next_power_of_2(t * g))
     num_warps = num_warps if block_r <= 32 else 8
-    src = raw.acc if raw is not None else q
-    raw_args = ((raw.ss, raw.bias, raw.rope, raw.dim, raw.eps) if raw is not None
-                else (out, out, out, 1, 0.0))
     tr, trc = _trace(out)
     _attn_split_kernel[(n_kv, nsplit)](
-        src, k_cache, v_cache, start, o_part, ml_part,
-        t, k_cache.stride(0), k_cache.stride(1), hd**-0.5, *tr, *raw_args,
+        q, k_cache, v_cache, start, o_part, ml_part,
+        t, k_cache.stride(0), k_cache.stride(1), hd**-0.5, *tr,
         N_HEAD=n_head, G=g, HD=hd, NSPLIT=nsplit,
         BLOCK_R=block_r, BLOCK_S=block_s, PDL=_wait(pdl), TRIM=trim, num_warps=num_warps,
-        RAW=int(raw is not None), BLOCK_T=block_t(max(t, 2)), **_launch(pdl), **trc,
+        **_launch(pdl), **trc,
     )
     pc = pdl if pdl_combine is None else pdl_combine
     tr, trc = _trace(out)
     _attn_combine_kernel[(t * n_head,)](
-        o_part, ml_part, out, start, t, *tr, raw.acc if raw is not None else out,
-        raw.ss if raw is not None else out, N_HEAD=n_head, HD=hd, NSPLIT=nsplit,
-        BLOCK_S=block_s, PDL=_wait(pc), TRIM=trim, num_warps=combine_warps, N_KV=n_kv,
-        RAW=int(raw is not None), **_launch(pc), **trc,
+        o_part, ml_part, out, start, t, *tr, N_HEAD=n_head, HD=hd, NSPLIT=nsplit,
+        BLOCK_S=block_s, PDL=_wait(pc), TRIM=trim, num_warps=combine_warps, **_launch(pc),
+        **trc,
     )
     return out
 
@@ -1388,7 +1286,7 @@ def attention_out(
     tr, trc = _trace(o_part)
     _attn_split_kernel[(n_kv, nsplit)](
         q, k_cache, v_cache, start, o_part, ml_part,
-        1, k_cache.stride(0), k_cache.stride(1), hd**-0.5, *tr, o_part, o_part, o_part, 1, 0.0,
+        1, k_cache.stride(0), k_cache.stride(1), hd**-0.5, *tr,
         N_HEAD=n_head, G=n_head // n_kv, HD=hd, NSPLIT=nsplit,
         BLOCK_R=max(16, triton.next_power_of_2(n_head // n_kv)), BLOCK_S=block_s,
         PDL=_wait(pdl), TRIM=trim, num_warps=4, **_launch(pdl), **trc,

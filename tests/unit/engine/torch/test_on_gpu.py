@@ -255,22 +255,23 @@ def test_verify_steps_with_the_serial_norm_hand_off_agree_with_float32(
     assert float((out.argmax(-1) == ref.argmax(-1)).float().mean()) > 0.95
 
 
-@pytest.mark.parametrize("raw", [True, False])
-def test_verify_steps_whose_attention_finishes_the_qkv_sums_agree_with_float32(
-        pair: tuple[Transformer, Runner, list[int], torch.Tensor], raw: bool) -> None:
-    """``raw_qkv`` (the attention applies 1/RMS, bias and RoPE to the split-K qkv's sums and
-    writes the step's keys and values; no RoPE kernel) and the RoPE kernel: the same closeness
-    to float32 over three k = 8 steps, whose positions (150-176, splits of 32 keys) fall in one
-    split and then across two; the sums and statistics back at zero."""
+@pytest.mark.parametrize("stats", [True, False])
+def test_verify_steps_whose_qkv_product_sums_the_squares_agree_with_float32(
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor], stats: bool) -> None:
+    """``qkv_stats`` (the split-K qkv product sums each token's squares for the RoPE kernel,
+    a slot a layer) and without: the same closeness to float32 over three k = 8 steps; the
+    product's sums back at zero, and of the slots only the first layer's."""
     model, _, toks, expect = pair
     r = Runner(model, 256)
-    r.raw_qkv = raw
+    r.qkv_stats = stats
     r.logits(toks[:150], 0)
     out = torch.cat([r.logits(toks[150 + 9 * i : 159 + 9 * i], 150 + 9 * i).clone()
                      for i in range(3)])
     ws = r._steps[9]
     assert ws.qkv_acc is not None and not ws.qkv_acc.any()
-    assert (ws.qkv_ss is not None) == raw and (ws.qkv_ss is None or not ws.qkv_ss.any())
+    assert (ws.qkv_ss is not None) == stats
+    if ws.qkv_ss is not None:
+        assert not ws.qkv_ss[0].any() and ws.qkv_ss[1:].all()
     ref = expect[150:177]
     assert torch.isfinite(out).all()
     assert rel(out, ref) < BF16_REL
