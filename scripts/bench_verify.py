@@ -604,15 +604,6 @@ AFTER15_VARIANTS: dict[str, dict[str, Any]] = {
     "w13e": _chain15(w13=1), "woe": _chain15(wo=1), "combine_e": _chain15(combine=1),
     "no_vhand": {"verify_handoff": False},
 }
-#: ``--set stats16`` (session 16, run 155): the split-K qkv product summing each token's
-#: squares for the RoPE kernel, which then reads no h (``Runner.qkv_stats``); also with the
-#: RoPE kernel's programs in 2 warps (the 1.5B; the 0.5B's head takes one). (Runs 153-154's attention finishing the product's sums
-#: itself, with no RoPE kernel, lost 6.6-9.2 %; commit 0dfbe26 holds it and its variants.)
-STATS16_VARIANTS: dict[str, dict[str, Any]] = {
-    "stats": {"qkv_stats": True},
-    "stats_rope2": {"qkv_stats": True, "by_width": {"1536": {"rope_warps": 2}}},
-}
-T1_SETS["stats16"] = {}
 T1_SETS["tiles15"] = {}
 T1_SETS["early15"] = {}
 T1_SETS["after15"] = {
@@ -631,13 +622,11 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "prologue12": {}, "prologue12b": {}, "prologue12c": {}, "prologue12d": {}, "w13_12": {},
     "w13_12b": {}, "l2side": {}, "l2side2": {}, "l2side3": {}, "l2side4": {}, "final13": {},
     "tiles15": TILES15_VARIANTS, "early15": EARLY15_VARIANTS, "after15": AFTER15_VARIANTS,
-    "stats16": STATS16_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch",
-         "qkv_stats"}
+         "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -669,7 +658,6 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
                 else {int(t): w for t, w in val.items()})
     qs = v.get("qkv_split")  # tiles; false: the per-pair qkv kernel
     r.qkv_split = (None if qs is False else K.LinearConfig(*qs) if qs else base["qkv_split"])
-    r.qkv_stats = bool(v.get("qkv_stats", base["qkv_stats"]))
     r.pdl_by_t = {int(k): m for k, m in v.get("pdl_by_t", base["pdl_by_t"]).items()}
     r.norm_handoff = bool(v.get("norm_handoff", base["norm_handoff"]))
     r.atomic_sem = v.get("atomic_sem", base["atomic_sem"])
@@ -699,7 +687,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "attn_warps": dict(r.attn_warps),
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
                "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
-               "l2_prefetch": r.l2_prefetch, "qkv_stats": r.qkv_stats}
+               "l2_prefetch": r.l2_prefetch}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

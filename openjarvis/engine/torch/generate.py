@@ -101,9 +101,6 @@ class Workspace:
     mega: Scratch | None = None
     #: [T, qkv_dim] float32 zeros: the split-K qkv accumulator of verify steps (``qkv_split``).
     qkv_acc: torch.Tensor | None = None
-    #: [n_layer, T] float32: with ``Runner.qkv_stats``, each layer's slot of the tokens' sums
-    #: of squares (zeros before its product: the layer before zeroes it, the last the first's).
-    qkv_ss: torch.Tensor | None = None
     #: The o-projection's hand-off to gate/up (``Runner.norm_handoff``, ``verify_handoff``):
     #: x * g (float32 in one-token steps, the weights' dtype in verify steps) and per-program
     #: sums of squares.
@@ -210,10 +207,6 @@ class Runner:
         #: T > 1: qkv as a split-K product plus a small RoPE/KV-write kernel (``kernels.qkv_split``)
         #: with these tiles, instead of the per-pair qkv kernel; None keeps the per-pair kernel.
         self.qkv_split: object | None = None
-        #: With ``qkv_split``: the product sums each token's squares for the RoPE kernel, which
-        #: then does not read h (``kernels.qkv_split``'s ``ss``). On by default for the shapes
-        #: in ``tuning.VERIFY_QKV_STATS``; needs two layers or more.
-        self.qkv_stats = False
         self._stacked: object | None = None
         #: Cache policy of the weight loads: "" or "evict_first" (a step reads each weight once).
         self.weight_evict = ""
@@ -254,7 +247,6 @@ class Runner:
                 VERIFY_COMBINE_WARPS,
                 VERIFY_HANDOFF,
                 VERIFY_PDL,
-                VERIFY_QKV_STATS,
                 WEIGHT_EVICT,
                 tuned_configs,
             )
@@ -270,7 +262,6 @@ class Runner:
                                                    VERIFY_COMBINE_WARPS[shape])
             self.linear_configs = tuned_configs(self.args, MAX_STEP)
             self.qkv_split = QKV_SPLIT.get(shape)
-            self.qkv_stats = shape in VERIFY_QKV_STATS
             self.norm_handoff = shape in NORM_HANDOFF
             self.verify_handoff = shape in VERIFY_HANDOFF
             self.pdl_prologue = PDL_PROLOGUE.get(shape, frozenset())
@@ -765,10 +756,6 @@ class Runner:
             split = None
         if split is not None and ws.qkv_acc is None:
             ws.qkv_acc = torch.zeros(t, a.qkv_dim, dtype=torch.float32, device=self.device)
-        stats = split is not None and self.qkv_stats and a.n_layer > 1
-        if stats and ws.qkv_ss is None:
-            ws.qkv_ss = torch.zeros(a.n_layer, t, dtype=torch.float32, device=self.device)
-        nl = a.n_layer
         fused = t == 1 and self.fuse_attn_out and not self.deterministic
         hand_bufs = None if fused else self._handoff_buffers(ws)
         wo_cfg = self._wo_tile(t)
@@ -795,10 +782,7 @@ class Runner:
                 K.qkv_split(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                             kc, vc, ws.qkv_acc, a.rms_eps, cfg=split, pdl=pk("qkv"), evict=ev,
                             pdl_rope=pk("rope_kv"), rope_warps=self.rope_warps.get(t, 1),
-                            atomic_sem=sem,
-                            ss=ws.qkv_ss[i] if stats and ws.qkv_ss is not None else None,
-                            ss_next=(ws.qkv_ss[(i + 1) % nl]
-                                     if stats and ws.qkv_ss is not None else None))
+                            atomic_sem=sem)
             else:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],

@@ -358,19 +358,6 @@ def _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride
 
 
 @triton.jit
-def _ss_out(x_ptr, ss_ptr, rt, tmask, k_lo, k_hi, stride_x, SEM: tl.constexpr,
-            BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``linear``'s ``ss_out``: add the squares of x [T, k_lo:k_hi] into ``ss`` [T]."""
-    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
-                    mask=tmask[:, None] & (rk < k_hi)[None, :], other=0.0).to(tl.float32)
-        ss += tl.sum(x * x, axis=1)
-    tl.atomic_add(ss_ptr + rt, ss, mask=tmask, sem=SEM)
-
-
-@triton.jit
 def _linear_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
     T, N, K, stride_x, stride_out, eps,
@@ -387,7 +374,7 @@ def _linear_kernel(
     ``HAND`` (``NormHandoff``): 1, also hand the new rows of ``out`` (a residual) to the
     next norm (``_hand_off``; with split-K, ``_serial_hand_off``); 2, ``x`` is such a hand-off
     (x * g) and the RMS statistics are the ``NP`` partial sums at ``ssp``: no squares or norm
-    weight in the loop; 3, also add x's squares into ``ssp`` [T] (``linear``'s ``ss_out``)."""
+    weight in the loop."""
     pid = tl.program_id(0)
     tpid = pid * SPLIT_K + tl.program_id(1)
     _stamp(tr_ptr, tr_base, tpid, 0, TRACE)
@@ -494,9 +481,6 @@ def _linear_kernel(
     _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
                      g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, pid,
                      MODE, NORM, BIAS, SPLIT_K, SEM, HAND, NP_BLOCK, False)
-    if HAND == 3:  # (ss_out) the first column block's programs: their K slices' squares,
-        if pid == 0:  # read again rather than summed in the loop (run 155: +5.6 to +6.8 %)
-            _ss_out(x_ptr, ssp_ptr, rt, tmask, k_lo, k_hi, stride_x, SEM, BLOCK_T, BLOCK_K)
     _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
 
 
@@ -626,9 +610,9 @@ def _qkv_rope_kernel(
 @triton.jit
 def _rope_kv_kernel(
     qkv_ptr, h_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
-    D, stride_ch, stride_cs, eps, tr_ptr, tr_base, ss_ptr, zero_ptr,
+    D, stride_ch, stride_cs, eps, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr, TRACE: tl.constexpr = 0, SS: tl.constexpr = 0,
+    PDL: tl.constexpr, TRACE: tl.constexpr = 0,
 ):
     """Program = (token, head of q, k or v): finish a split-K qkv product. ``qkv [T, QKV]``
     holds (x * g) @ W^T summed over the splits; scale by the token's 1/RMS, add the bias, RoPE
@@ -636,11 +620,7 @@ def _rope_kv_kernel(
 
     What a step never writes (bias, position, its RoPE row) loads before the PDL wait, and the
     product's rows beside h in one round trip rather than after it (session 8 runs 75-76:
-    k = 8 verify -0.3 to -0.4 % for the 1.5B, -0.2 to 0 % for the 0.5B, never worse).
-
-    ``SS``: the product summed each token's squares into ``ss`` (its ``ss_out``), so no
-    program reads h; head 0's program zeroes the token's slot of the next product's sums at
-    ``zero`` (every reader of that slot finished before this kernel began)."""
+    k = 8 verify -0.3 to -0.4 % for the 1.5B, -0.2 to 0 % for the 0.5B, never worse)."""
     HALF: tl.constexpr = HD // 2
     QKV: tl.constexpr = (N_HEAD + 2 * N_KV) * HD
     t = tl.program_id(0)
@@ -659,20 +639,14 @@ def _rope_kv_kernel(
     _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
     p1 = tl.load(qkv_ptr + t * QKV + r1)
     p2 = tl.load(qkv_ptr + t * QKV + r2)
-    if SS:
-        tot = tl.load(ss_ptr + t)
-        if head == 0:
-            tl.store(zero_ptr + t, 0.0)
-    else:
-        ss = tl.zeros([BLOCK_D], dtype=tl.float32)
-        for d0 in range(0, D, BLOCK_D):  # one pass where D <= 2048 (the launcher's BLOCK_D)
-            d = d0 + tl.arange(0, BLOCK_D)
-            x = tl.load(h_ptr + t * D + d, mask=d < D, other=0.0)
-            ss += x * x
-        tot = tl.sum(ss, 0)
+    ss = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):  # one pass where D <= 2048 (the launcher's BLOCK_D)
+        d = d0 + tl.arange(0, BLOCK_D)
+        x = tl.load(h_ptr + t * D + d, mask=d < D, other=0.0)
+        ss += x * x
     _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
     _gdc_late(PDL)
-    inv = tl.rsqrt(tot / D + eps)
+    inv = tl.rsqrt(tl.sum(ss, 0) / D + eps)
     a1 = p1 * inv + b1
     a2 = p2 * inv + b2
     tl.store(qkv_ptr + t * QKV + r1, tl.zeros([HALF], dtype=tl.float32))
@@ -985,7 +959,6 @@ def linear(
     hand_out: NormHandoff | None = None,  # ADD into a residual: also hand it to the next norm
     hand_in: NormHandoff | None = None,  # x is hand_in.xg: normalize with its statistics
     atomic_sem: str = "relaxed",  # split-K: memory semantics of the partials' atomics
-    ss_out: torch.Tensor | None = None,  # [T] float32: also add x's squares here (qkv_split)
 ) -> torch.Tensor:
     t, k = x.shape
     _check_sem(atomic_sem)
@@ -1001,12 +974,6 @@ def linear(
                          f"{2 * grid[0]}] (argmax_partials), two a program; got "
                          f"{out.dtype} {tuple(out.shape)}")
     hand = hand_out or hand_in
-    if ss_out is not None and (
-            hand is not None or norm is None or norm_scale or (cfg.swap and t > 1)
-            or ss_out.dtype != torch.float32
-            or tuple(ss_out.shape) != (t,) or not ss_out.is_contiguous()):
-        raise ValueError(f"ss_out takes a norm's statistics (norm with norm_scale=False, no "
-                         f"hand-off, unswapped tiles) into contiguous float32 [{t}]")
     if hand is not None:
         if norm is not None or (hand_out is not None) == (hand_in is not None):
             raise ValueError("a norm hand-off runs instead of a norm, one side at a time")
@@ -1030,15 +997,14 @@ def linear(
         if hand_in is not None and x.data_ptr() != hand.xg.data_ptr():
             raise ValueError("a hand-off consumer reads x from the hand-off (hand_in.xg)")
     hand_args = (
-        hand.weight if hand else w, hand.xg if hand else w,
-        hand.ss_part if hand else ss_out if ss_out is not None else out,
+        hand.weight if hand else w, hand.xg if hand else w, hand.ss_part if hand else out,
         hand.xg.stride(0) if hand else 0, hand.ss_part.shape[1] if hand else 1,
         hand.count if hand is not None and hand.count is not None else out,
     )
     common = dict(
         MODE=mode, NORM=0 if norm is None else 1 if norm_scale else 2, BIAS=bias is not None,
         BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        PDL=pdl, EVICT=evict, HAND=1 if hand_out else 2 if hand_in else 3 if ss_out is not None else 0,
+        PDL=pdl, EVICT=evict, HAND=1 if hand_out else 2 if hand_in else 0,
         NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1, SEM=atomic_sem,
         **({"ROWS": 1, "PREFETCH": int(cfg.prefetch), "SEG": cfg.segments}
            if cfg.rows and t == 1 else {}),
@@ -1176,8 +1142,6 @@ def qkv_split(
     pdl_rope: int | None = None,  # the second kernel's PDL mode; default: as ``pdl``
     rope_warps: int = 1,  # warps of each (token, head) program of the second kernel
     atomic_sem: str = "relaxed",
-    ss: torch.Tensor | None = None,  # [T] float32 zeros: the product sums x's squares here
-    ss_next: torch.Tensor | None = None,  # [T]: the next product's ``ss``, zeroed here
 ) -> None:
     """``qkv_rope`` for verify steps in two launches: a split-K product (many programs; the
     per-pair qkv kernel has only (heads x pairs / 16) of them at T > 1) and a small kernel that
@@ -1187,12 +1151,7 @@ def qkv_split(
     a program has more threads than values, threads hold copies, and in another warp a copy
     could be read after its owner zeroed it (session 9 run 89 saw that race in a kernel since
     removed); within one warp the load and the store keep their order. So a (token, head)
-    program has one warp, or at most as many as own hd / 2 values a thread (hd / 64).
-
-    With ``ss`` and ``ss_next`` (``Runner.qkv_stats``): the product also sums each token's
-    squares (``linear``'s ``ss_out``), so the second kernel does not read h for them, and
-    zeroes ``ss_next``, the next layer's slot (a slot a layer: the caller's, each zeroed by
-    the layer before it, the first by the last)."""
+    program has one warp, or at most as many as own hd / 2 values a thread (hd / 64)."""
     t, d = x.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]
@@ -1200,19 +1159,12 @@ def qkv_split(
         raise ValueError(f"rope_warps must be 1, or at most {max(1, hd // 64)} for head "
                          f"dimension {hd} (no thread of another warp may hold a copy of a value "
                          f"the kernel zeroes); got {rope_warps}")
-    if (ss is None) != (ss_next is None) or (
-            ss is not None and ss_next is not None and (
-                tuple(ss_next.shape) != (t,) or ss_next.dtype != torch.float32
-                or ss_next.data_ptr() == ss.data_ptr())):
-        raise ValueError(f"ss and ss_next go together: two distinct float32 [{t}] slots")
     linear(x, wqkv, acc, mode=ADD, norm=norm, eps=eps, cfg=cfg, pdl=pdl, norm_scale=False,
-           evict=evict, atomic_sem=atomic_sem, ss_out=ss)
+           evict=evict, atomic_sem=atomic_sem)
     tr, trc = _trace(acc)
     _rope_kv_kernel[(t, n_head + 2 * n_kv)](
         acc, x, bias, rope, start, q_out, k_cache, v_cache,
         d, k_cache.stride(0), k_cache.stride(1), eps, *tr,
-        ss if ss is not None else acc, ss_next if ss_next is not None else acc,
-        SS=int(ss is not None),
         N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_D=min(2048, triton.next_power_of_2(d)),
         PDL=_wait(pdl if pdl_rope is None else pdl_rope), num_warps=rope_warps,
         **_launch(pdl if pdl_rope is None else pdl_rope), **trc,

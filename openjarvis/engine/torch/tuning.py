@@ -85,9 +85,6 @@ VERIFY_PDL: dict[tuple[int, int], dict[str, int]] = {
     (1536, 8960): {**_ALL_LATE, **_EARLY_CHAIN},
     (896, 4864): {**_ALL_LATE, **_EARLY_CHAIN, "combine": 1},
 }
-#: (n_embd, n_ff) whose verify steps' split-K qkv product sums each token's squares for the
-#: RoPE kernel after it (``Runner.qkv_stats``), which then reads no h.
-VERIFY_QKV_STATS: frozenset[tuple[int, int]] = frozenset()
 #: (n_embd, n_ff) -> (attention splits, keys per block) of verify steps where they differ from
 #: ``ATTENTION`` (session 6 run 58: 1.5B -2.0 % @4096, +1.5 % @512; 0.5B even).
 VERIFY_ATTENTION: dict[tuple[int, int], tuple[int, int]] = {

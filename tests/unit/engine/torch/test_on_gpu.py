@@ -255,29 +255,6 @@ def test_verify_steps_with_the_serial_norm_hand_off_agree_with_float32(
     assert float((out.argmax(-1) == ref.argmax(-1)).float().mean()) > 0.95
 
 
-@pytest.mark.parametrize("stats", [True, False])
-def test_verify_steps_whose_qkv_product_sums_the_squares_agree_with_float32(
-        pair: tuple[Transformer, Runner, list[int], torch.Tensor], stats: bool) -> None:
-    """``qkv_stats`` (the split-K qkv product sums each token's squares for the RoPE kernel,
-    a slot a layer) and without: the same closeness to float32 over three k = 8 steps; the
-    product's sums back at zero, and of the slots only the first layer's."""
-    model, _, toks, expect = pair
-    r = Runner(model, 256)
-    r.qkv_stats = stats
-    r.logits(toks[:150], 0)
-    out = torch.cat([r.logits(toks[150 + 9 * i : 159 + 9 * i], 150 + 9 * i).clone()
-                     for i in range(3)])
-    ws = r._steps[9]
-    assert ws.qkv_acc is not None and not ws.qkv_acc.any()
-    assert (ws.qkv_ss is not None) == stats
-    if ws.qkv_ss is not None:
-        assert not ws.qkv_ss[0].any() and ws.qkv_ss[1:].all()
-    ref = expect[150:177]
-    assert torch.isfinite(out).all()
-    assert rel(out, ref) < BF16_REL
-    assert float((out.argmax(-1) == ref.argmax(-1)).float().mean()) > 0.95
-
-
 @pytest.mark.parametrize("t", [1, 9])
 def test_a_traced_step_stamps_every_program_in_order_and_computes_the_same(
         pair: tuple[Transformer, Runner, list[int], torch.Tensor], t: int) -> None:
