@@ -48,7 +48,10 @@ TUNED: dict[tuple[int, int], dict[tuple[str, int], object]] = {
     },
 }
 #: (n_embd, n_ff) -> tiles of the split-K qkv product of verify steps (T > 1; session 2 run 13:
-#: k = 8 verify 1.60x -> 1.45x of a step for the 1.5B, 1.67x -> 1.49x for the 0.5B).
+#: k = 8 verify 1.60x -> 1.45x of a step for the 1.5B, 1.67x -> 1.49x for the 0.5B). Its RoPE
+#: kernel stays: the attention finishing the product's sums instead lost 6-9 %, the product
+#: summing the squares for it was even at best (session 16 runs 153-156; commits 0dfbe26 and
+#: 9ead307 hold both).
 QKV_SPLIT: dict[tuple[int, int], LinearConfig] = {
     (1536, 8960): L(32, 64, 4, 3, 8), (896, 4864): L(32, 64, 4, 3, 8),
 }
