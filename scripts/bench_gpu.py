@@ -806,6 +806,7 @@ def latency_variants(name: str, positions: list[int]) -> dict[str, Any]:
     tuned = dict(r.linear_configs)
     pro0, ev0, vp0 = r.pdl_prologue, r.weight_evict, dict(r.verify_pdl)
     ot0, va0, cw0 = dict(r.one_token_pdl), r.verify_attention, dict(r.combine_warps)
+    cc0 = dict(r.combine_cols)
     res: dict[str, Any] = {}
 
     def setup(evict: str | None = None, prologue: frozenset[str] | None = None, qkv_bk: int = 0,
@@ -813,10 +814,12 @@ def latency_variants(name: str, positions: list[int]) -> dict[str, Any]:
               vpdl: dict[str, int] | None = None, session2: bool = False) -> None:
         r.verify_pdl = dict(vp0 if vpdl is None else vpdl)
         # session 2 (and 3): every one-token kernel let the next launch at its start, the
-        # verify steps took the one-token attention tiles and a one-warp merge
+        # verify steps took the one-token attention tiles and a one-warp merge, one program
+        # a (token, head)
         r.one_token_pdl = {} if session2 else dict(ot0)
         r.verify_attention = None if session2 else va0
         r.combine_warps = {} if session2 else dict(cw0)
+        r.combine_cols = {} if session2 else dict(cc0)
         r.linear_configs = dict(tuned)
         r.linear_configs.update(tiles or {})
         r.qkv_split = QKV_SPLIT_DEFAULT.get((a.n_embd, a.n_ff))

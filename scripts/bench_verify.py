@@ -604,6 +604,19 @@ AFTER15_VARIANTS: dict[str, dict[str, Any]] = {
     "w13e": _chain15(w13=1), "woe": _chain15(wo=1), "combine_e": _chain15(combine=1),
     "no_vhand": {"verify_handoff": False},
 }
+#: ``--set merge16`` (session 16, runs 158-159, timed against session 15's merge: one program
+#: a (token, head), of 2 warps in the 1.5B's verify steps): the attention's merge with each
+#: (token, head) split over 2 or 4 programs of the head's columns (``Runner.combine_cols``), in
+#: verify steps (also with 1 warp a program) and in one-token steps. ``session15`` is that
+#: merge against today's default (run 160).
+MERGE16_VARIANTS: dict[str, dict[str, Any]] = {
+    "session15": {"combine_cols": {}, "by_width": {"1536": {"combine_warps": 2}}},
+    "cols2": {"combine_cols": 2}, "cols4": {"combine_cols": 4},
+    "cols2_w1": {"combine_cols": 2, "combine_warps": 1},
+    "cols4_w1": {"combine_cols": 4, "combine_warps": 1},
+}
+T1_SETS["merge16"] = {"t1_cols2": {"combine_cols": {"1": 2}},
+                      "t1_cols4": {"combine_cols": {"1": 4}}, "t1_session15": {"combine_cols": {}}}
 T1_SETS["tiles15"] = {}
 T1_SETS["early15"] = {}
 T1_SETS["after15"] = {
@@ -622,11 +635,13 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "prologue12": {}, "prologue12b": {}, "prologue12c": {}, "prologue12d": {}, "w13_12": {},
     "w13_12b": {}, "l2side": {}, "l2side2": {}, "l2side3": {}, "l2side4": {}, "final13": {},
     "tiles15": TILES15_VARIANTS, "early15": EARLY15_VARIANTS, "after15": AFTER15_VARIANTS,
+    "merge16": MERGE16_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
-         "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch"}
+         "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch",
+         "combine_cols"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -652,7 +667,8 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.nsplit, r.attn_block_s = v.get("attention", base["attention"])
     r.fuse_attn_out = bool(v.get("fuse_attn_out", False))
     r.trim_merge = bool(v.get("trim_merge", base["trim_merge"]))
-    for key in ("combine_warps", "rope_warps", "attn_warps"):  # {T: warps}, or warps for every T > 1
+    # {T: n}, or n for every T > 1
+    for key in ("combine_warps", "rope_warps", "attn_warps", "combine_cols"):
         val = v.get(key, base[key])
         setattr(r, key, {t: val for t in range(2, 33)} if isinstance(val, int)
                 else {int(t): w for t, w in val.items()})
@@ -684,7 +700,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "one_token_pdl": dict(r.one_token_pdl), "verify_attention": r.verify_attention,
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
-               "attn_warps": dict(r.attn_warps),
+               "attn_warps": dict(r.attn_warps), "combine_cols": dict(r.combine_cols),
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
                "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
                "l2_prefetch": r.l2_prefetch}

@@ -180,6 +180,9 @@ class Runner:
         #: Warps of each (kv head, split) program of the attention, per T (absent: 4; query
         #: tiles over 32 rows always take 8).
         self.attn_warps: dict[int, int] = {}
+        #: Programs of the attention's merge a (token, head), per T (absent: 1), each merging
+        #: head_dim / this columns (``kernels.attention``'s ``combine_cols``).
+        self.combine_cols: dict[int, int] = {}
         #: T = 1: merge the attention splits inside the o-projection (one launch fewer per
         #: layer; float atomics into the residual, so the last bits vary from run to run).
         self.fuse_attn_out = False
@@ -239,6 +242,7 @@ class Runner:
             from openjarvis.engine.torch.kernels import pdl_supported
             from openjarvis.engine.torch.tuning import (
                 ATTENTION,
+                COMBINE_COLS,
                 L2_PREFETCH,
                 NORM_HANDOFF,
                 PDL_PROLOGUE,
@@ -260,6 +264,9 @@ class Runner:
             if shape in VERIFY_COMBINE_WARPS:
                 self.combine_warps = dict.fromkeys(range(2, MAX_STEP + 1),
                                                    VERIFY_COMBINE_WARPS[shape])
+            for ct, n in COMBINE_COLS.get(shape, {}).items():
+                self.combine_cols.update(dict.fromkeys(range(2, MAX_STEP + 1), n) if ct == 0
+                                         else {ct: n})
             self.linear_configs = tuned_configs(self.args, MAX_STEP)
             self.qkv_split = QKV_SPLIT.get(shape)
             self.norm_handoff = shape in NORM_HANDOFF
@@ -799,7 +806,7 @@ class Runner:
                             block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
                             num_warps=self.attn_warps.get(t, 4),
                             pdl_combine=pk("combine"), combine_warps=self.combine_warps.get(t, 1),
-                            trim=self.trim_merge)
+                            trim=self.trim_merge, combine_cols=self.combine_cols.get(t, 1))
                 prefetch_at(2, lw.w13)
                 if hand_bufs is not None:
                     hand = K.NormHandoff(hand_bufs[0], hand_bufs[1], lw.ffn_norm, hand_bufs[2])

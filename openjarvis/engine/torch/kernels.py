@@ -770,15 +770,19 @@ def _attn_split_kernel(
 
 @triton.jit
 def _merged(o_ptr, ml_ptr, T, item, n_used, N_HEAD: tl.constexpr, HD: tl.constexpr,
-            NSPLIT: tl.constexpr):
+            NSPLIT: tl.constexpr, c0=0, HDC: tl.constexpr = 0):
     """The attention output [HD] (float32) of item = t * N_HEAD + head: the first ``n_used``
-    splits' (max, sum, partial output) merged; the others are never read.
+    splits' (max, sum, partial output) merged; the others are never read. ``HDC`` > 0: only
+    its columns c0 .. c0 + HDC - 1 ([HDC]).
 
     One [NSPLIT, HD] tile, even where it spills: reading the partials 16 or 32 splits at a
     time lost 0.1 to 21 % (session 10 run 101, commit 98efb21 holds it)."""
     sp = tl.arange(0, NSPLIT)
     used = sp < n_used
-    d = tl.arange(0, HD)
+    if HDC > 0:
+        d = c0 + tl.arange(0, HDC)
+    else:
+        d = tl.arange(0, HD)
     idx = sp * T * N_HEAD + item  # partials [NSPLIT, T, H, ...]
     m = tl.load(ml_ptr + idx * 2, mask=used, other=float("-inf"))
     den = tl.load(ml_ptr + idx * 2 + 1, mask=used, other=0.0)
@@ -799,25 +803,31 @@ def _n_used(start_ptr, T, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, TRIM: tl.
 
 @triton.jit
 def _combine_item(o_ptr, ml_ptr, out_ptr, T, item, n_used, N_HEAD: tl.constexpr,
-                  HD: tl.constexpr, NSPLIT: tl.constexpr):
-    """Merge the splits of item = t * N_HEAD + head (``_merged``) into ``out``."""
-    res = _merged(o_ptr, ml_ptr, T, item, n_used, N_HEAD, HD, NSPLIT)
-    tl.store(out_ptr + item * HD + tl.arange(0, HD), res.to(out_ptr.dtype.element_ty))
+                  HD: tl.constexpr, NSPLIT: tl.constexpr, c0=0, HDC: tl.constexpr = 0):
+    """Merge the splits of item = t * N_HEAD + head (``_merged``; ``HDC`` > 0: columns c0 ..
+    c0 + HDC - 1 only) into ``out``."""
+    res = _merged(o_ptr, ml_ptr, T, item, n_used, N_HEAD, HD, NSPLIT, c0, HDC)
+    if HDC > 0:
+        d = c0 + tl.arange(0, HDC)
+    else:
+        d = tl.arange(0, HD)
+    tl.store(out_ptr + item * HD + d, res.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
 def _attn_combine_kernel(
     o_ptr, ml_ptr, out_ptr, start_ptr, T, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
-    PDL: tl.constexpr, TRIM: tl.constexpr, TRACE: tl.constexpr = 0,
+    PDL: tl.constexpr, TRIM: tl.constexpr, TRACE: tl.constexpr = 0, HDC: tl.constexpr = 0,
 ):
-    """Program = (token, head)."""
-    pid = tl.program_id(0)
+    """Program = (token, head), or with ``HDC`` > 0 (token, head, HDC columns of the head)."""
+    pid = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
     _stamp(tr_ptr, tr_base, pid, 0, TRACE)
     n_used = _n_used(start_ptr, T, NSPLIT, BLOCK_S, TRIM)
     _gdc(PDL)
     _stamp(tr_ptr, tr_base, pid, 1, TRACE)
-    _combine_item(o_ptr, ml_ptr, out_ptr, T, pid, n_used, N_HEAD, HD, NSPLIT)
+    _combine_item(o_ptr, ml_ptr, out_ptr, T, tl.program_id(0), n_used, N_HEAD, HD, NSPLIT,
+                  tl.program_id(1) * HDC, HDC)
     _stamp(tr_ptr, tr_base, pid, 2, TRACE)
     _gdc_late(PDL)
     _stamp(tr_ptr, tr_base, pid, 3, TRACE)
@@ -1185,10 +1195,14 @@ def attention(
     pdl_combine: int | None = None,  # the merge kernel's PDL mode; default: as ``pdl``
     combine_warps: int = 1,  # warps of each (token, head) program of the merge
     trim: bool = True,  # the merge reads only the splits that hold keys
+    combine_cols: int = 1,  # programs of the merge a (token, head), each hd / this columns
 ) -> torch.Tensor:
     """Attention of T query tokens over the cache in two launches: partials per (kv head,
     split), then their merge."""
     t, n_head, hd = q.shape
+    if combine_cols < 1 or hd % combine_cols or (hd // combine_cols) & (hd // combine_cols - 1):
+        raise ValueError(f"combine_cols must divide the head dimension {hd} into a power of "
+                         f"two; got {combine_cols}")
     n_kv = k_cache.shape[0]
     g = n_head // n_kv
     nsplit = o_part.shape[0]
@@ -1204,10 +1218,10 @@ def attention(
     )
     pc = pdl if pdl_combine is None else pdl_combine
     tr, trc = _trace(out)
-    _attn_combine_kernel[(t * n_head,)](
+    _attn_combine_kernel[(t * n_head, combine_cols)](
         o_part, ml_part, out, start, t, *tr, N_HEAD=n_head, HD=hd, NSPLIT=nsplit,
-        BLOCK_S=block_s, PDL=_wait(pc), TRIM=trim, num_warps=combine_warps, **_launch(pc),
-        **trc,
+        BLOCK_S=block_s, PDL=_wait(pc), TRIM=trim, num_warps=combine_warps,
+        HDC=hd // combine_cols if combine_cols > 1 else 0, **_launch(pc), **trc,
     )
     return out
 

@@ -353,6 +353,25 @@ def test_split_attention(t: int, start: int, h: int, hd: int, trim: bool) -> Non
     assert rel(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize("cols", [2, 4])
+def test_a_merge_split_over_the_head_columns_gives_the_same_output(cols: int) -> None:
+    """``combine_cols``: each (token, head) merged by ``cols`` programs of hd / cols columns:
+    every column written, the same values as one program a (token, head)."""
+    t, h, hkv, hd, s, start, nsplit = 3, 6, 2, 32, 96, 70, 8
+    q, kc, vc = g(t, h, hd, seed=1), g(hkv, s, hd, seed=2), g(hkv, s, hd, seed=3)
+    outs = []
+    for c in (1, cols):
+        out = torch.full((t, h * hd), POISON)
+        K.attention(q, kc, vc, torch.tensor([start]), out, torch.full((nsplit, t, h, hd), POISON),
+                    torch.full((nsplit, t, h, 2), POISON), block_s=16, combine_cols=c)
+        outs.append(out)
+    assert not outs[1].isnan().any()
+    assert rel(outs[1], outs[0]) < 1e-6
+    with pytest.raises(ValueError, match="combine_cols must divide the head dimension 32"):
+        K.attention(q, kc, vc, torch.tensor([start]), outs[0], torch.zeros(nsplit, t, h, hd),
+                    torch.zeros(nsplit, t, h, 2), block_s=16, combine_cols=3)
+
+
 @pytest.mark.parametrize(("start", "trim"), [(0, True), (70, True), (70, False), (126, True)])
 def test_attention_fused_with_the_output_projection(start: int, trim: bool) -> None:
     h, hkv, hd, s, d = 6, 2, 32, 128, 80
