@@ -615,6 +615,12 @@ MERGE16_VARIANTS: dict[str, dict[str, Any]] = {
     "cols2_w1": {"combine_cols": 2, "combine_warps": 1},
     "cols4_w1": {"combine_cols": 4, "combine_warps": 1},
 }
+#: ``--set splits16`` (session 16, run 162): run 95's more attention splits in one-token steps
+#: again, now that a merge can spread a head's columns over programs (``combine_cols``).
+T1_SETS["splits16"] = {
+    f"t1_attn{sp}x{bs}_c{c}": {"attention": [sp, bs], "combine_cols": {"1": c}}
+    for sp, bs, c in ((64, 64, 4), (128, 32, 4), (128, 32, 8), (64, 32, 4), (256, 16, 8))
+}
 T1_SETS["merge16"] = {"t1_cols2": {"combine_cols": {"1": 2}},
                       "t1_cols4": {"combine_cols": {"1": 4}}, "t1_session15": {"combine_cols": {}}}
 T1_SETS["tiles15"] = {}
@@ -635,7 +641,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "prologue12": {}, "prologue12b": {}, "prologue12c": {}, "prologue12d": {}, "w13_12": {},
     "w13_12b": {}, "l2side": {}, "l2side2": {}, "l2side3": {}, "l2side4": {}, "final13": {},
     "tiles15": TILES15_VARIANTS, "early15": EARLY15_VARIANTS, "after15": AFTER15_VARIANTS,
-    "merge16": MERGE16_VARIANTS,
+    "merge16": MERGE16_VARIANTS, "splits16": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

@@ -108,8 +108,9 @@ VERIFY_COMBINE_WARPS: dict[tuple[int, int], int] = {}
 #: -1.2 / -0.9 %, then +0.9 / +0.6 %) and the 0.5B's verify merge (-0.6 / +0.7 %, -0.4 /
 #: +0.8 %). A merge reads 17-64 splits' partials per (token, head); a program that reads
 #: fewer columns of them waits less on its loads.
+#: The 1.5B's one-token merge in 4 since run 162 (with ``ATTENTION``'s 64 splits).
 COMBINE_COLS: dict[tuple[int, int], dict[int, int]] = {
-    (1536, 8960): {0: 2}, (896, 4864): {1: 4},
+    (1536, 8960): {1: 4, 0: 2}, (896, 4864): {1: 4},
 }
 #: (n_embd, n_ff) whose one-token steps hand the feed-forward RMSNorm from the o-projection
 #: to gate/up (``kernels.NormHandoff``; session 8 run 81: 1.5B 1.122 -> 1.084 ms @512, 1.217 ->
@@ -130,8 +131,13 @@ WEIGHT_EVICT = "evict_first"
 #: @4096). Longer bursts, more MiB, or asking after qkv or after the merge held up qkv's loop
 #: or the attention's by more than gate/up gained (runs 127-129); the 0.5B lost in every form.
 L2_PREFETCH: dict[tuple[int, int], tuple[float, int, int]] = {(1536, 8960): (8.0, 128, 0)}
-#: (n_embd, n_ff) -> (attention splits, keys per block).
-ATTENTION: dict[tuple[int, int], tuple[int, int]] = {(1536, 8960): (32, 64), (896, 4864): (64, 64)}
+#: (n_embd, n_ff) -> (attention splits, keys per block). The 1.5B's one-token step in 64
+#: splits of 32-key blocks with its merge in 4 programs a head (``COMBINE_COLS``), against 32
+#: of 64 with one: session 16 run 162 -0.5 / -3.2 % @512 / @4096, run 163 -0.5 / -3.2 %
+#: (1.037 -> 1.032 ms, 1.110 -> 1.076). Run 95 had found more splits costing the merge what
+#: they saved the attention, with the merge a program a head. The 0.5B in 64 x 32 with that
+#: merge: -1.0 / +0.8 % (run 162), left.
+ATTENTION: dict[tuple[int, int], tuple[int, int]] = {(1536, 8960): (64, 32), (896, 4864): (64, 64)}
 
 
 def tuned_configs(args: ModelArgs, max_t: int) -> dict[tuple[str, int], object]:
