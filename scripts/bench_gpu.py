@@ -267,6 +267,9 @@ VERIFY_SWAP: dict[str, list[Any]] = {
 }
 QKV_CANDS = {True: [(1, 1024), (2, 512), (2, 1024), (4, 512), (8, 256), (1, 512)],
              False: [(16, 128), (16, 256), (16, 64), (16, 512), (16, 32)]}
+#: One-token attention (splits, keys per block) of the default pair in session 2's step (and
+#: until session 16, when the 1.5B's became (64, 32)).
+SESSION2_ATTENTION = {(1536, 8960): (32, 64), (896, 4864): (64, 64)}
 ATTN_CANDS = [(16, 64), (32, 64), (64, 64), (32, 32), (64, 32), (128, 32)]  # nsplit, block_s
 
 
@@ -347,7 +350,8 @@ def tune(runner: Runner, ts: tuple[int, ...], positions: list[int]) -> dict[str,
             def every_layer(st: torch.Tensor = st, op: torch.Tensor = op,
                             ml: torch.Tensor = ml, bs: int = bs) -> None:
                 for i in range(nl):
-                    K.attention(q, c.k[i], c.v[i], st, o, op, ml, block_s=bs)
+                    K.attention(q, c.k[i], c.v[i], st, o, op, ml, block_s=bs,
+                                combine_cols=runner.combine_cols.get(1, 1))
 
             tot += graph_us(every_layer, nl)
         log(f"tune attention nsplit={nsplit} block_s={bs}: {tot:.2f} us/launch summed over "
@@ -383,7 +387,8 @@ def breakdown(runner: Runner, pos: int) -> dict[str, float]:
                                 ws.ml_part, block_s=runner.attn_block_s, trim=runner.trim_merge)
             elif name == "attention":
                 K.attention(ws.q, c.k[i], c.v[i], ws.start, ws.attn, ws.o_part, ws.ml_part,
-                            block_s=runner.attn_block_s, trim=runner.trim_merge)
+                            block_s=runner.attn_block_s, trim=runner.trim_merge,
+                            combine_cols=runner.combine_cols.get(1, 1))
             elif name == "wo":
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=runner.tiles("wo", 1))
             elif name == "w13":
@@ -806,7 +811,7 @@ def latency_variants(name: str, positions: list[int]) -> dict[str, Any]:
     tuned = dict(r.linear_configs)
     pro0, ev0, vp0 = r.pdl_prologue, r.weight_evict, dict(r.verify_pdl)
     ot0, va0, cw0 = dict(r.one_token_pdl), r.verify_attention, dict(r.combine_warps)
-    cc0 = dict(r.combine_cols)
+    cc0, at0 = dict(r.combine_cols), (r.nsplit, r.attn_block_s)
     res: dict[str, Any] = {}
 
     def setup(evict: str | None = None, prologue: frozenset[str] | None = None, qkv_bk: int = 0,
@@ -820,6 +825,9 @@ def latency_variants(name: str, positions: list[int]) -> dict[str, Any]:
         r.verify_attention = None if session2 else va0
         r.combine_warps = {} if session2 else dict(cw0)
         r.combine_cols = {} if session2 else dict(cc0)
+        # (and the one-token attention tiles tuning.ATTENTION had until session 16)
+        r.nsplit, r.attn_block_s = (SESSION2_ATTENTION.get((a.n_embd, a.n_ff), at0)
+                                    if session2 else at0)
         r.linear_configs = dict(tuned)
         r.linear_configs.update(tiles or {})
         r.qkv_split = QKV_SPLIT_DEFAULT.get((a.n_embd, a.n_ff))

@@ -607,8 +607,9 @@ AFTER15_VARIANTS: dict[str, dict[str, Any]] = {
 #: ``--set merge16`` (session 16, runs 158-159, timed against session 15's merge: one program
 #: a (token, head), of 2 warps in the 1.5B's verify steps): the attention's merge with each
 #: (token, head) split over 2 or 4 programs of the head's columns (``Runner.combine_cols``), in
-#: verify steps (also with 1 warp a program) and in one-token steps. ``session15`` is that
-#: merge against today's default (run 160).
+#: verify steps (also with 1 warp a program) and in one-token steps. ``session15`` and
+#: ``t1_session15`` are session 15's merge (and one-token attention tiles) against today's
+#: default (run 160 ran them before the 1.5B's attention changed).
 MERGE16_VARIANTS: dict[str, dict[str, Any]] = {
     "session15": {"combine_cols": {}, "by_width": {"1536": {"combine_warps": 2}}},
     "cols2": {"combine_cols": 2}, "cols4": {"combine_cols": 4},
@@ -622,7 +623,9 @@ T1_SETS["splits16"] = {
     for sp, bs, c in ((64, 64, 4), (128, 32, 4), (128, 32, 8), (64, 32, 4), (256, 16, 8))
 }
 T1_SETS["merge16"] = {"t1_cols2": {"combine_cols": {"1": 2}},
-                      "t1_cols4": {"combine_cols": {"1": 4}}, "t1_session15": {"combine_cols": {}}}
+                      "t1_cols4": {"combine_cols": {"1": 4}},
+                      "t1_session15": {"combine_cols": {},
+                                       "by_width": {"1536": {"attention": [32, 64]}}}}
 T1_SETS["tiles15"] = {}
 T1_SETS["early15"] = {}
 T1_SETS["after15"] = {

@@ -181,7 +181,9 @@ class Runner:
         #: tiles over 32 rows always take 8).
         self.attn_warps: dict[int, int] = {}
         #: Programs of the attention's merge a (token, head), per T (absent: 1), each merging
-        #: head_dim / this columns (``kernels.attention``'s ``combine_cols``).
+        #: head_dim / this columns (``kernels.attention``'s ``combine_cols``; a one-token step
+        #: with ``fuse_attn_out`` merges inside the o-projection instead). On the GPU
+        #: ``tuning.COMBINE_COLS``.
         self.combine_cols: dict[int, int] = {}
         #: T = 1: merge the attention splits inside the o-projection (one launch fewer per
         #: layer; float atomics into the residual, so the last bits vary from run to run).
@@ -242,7 +244,6 @@ class Runner:
             from openjarvis.engine.torch.kernels import pdl_supported
             from openjarvis.engine.torch.tuning import (
                 ATTENTION,
-                COMBINE_COLS,
                 L2_PREFETCH,
                 NORM_HANDOFF,
                 PDL_PROLOGUE,
@@ -252,6 +253,7 @@ class Runner:
                 VERIFY_HANDOFF,
                 VERIFY_PDL,
                 WEIGHT_EVICT,
+                combine_cols,
                 tuned_configs,
             )
 
@@ -264,9 +266,7 @@ class Runner:
             if shape in VERIFY_COMBINE_WARPS:
                 self.combine_warps = dict.fromkeys(range(2, MAX_STEP + 1),
                                                    VERIFY_COMBINE_WARPS[shape])
-            for ct, n in COMBINE_COLS.get(shape, {}).items():
-                self.combine_cols.update(dict.fromkeys(range(2, MAX_STEP + 1), n) if ct == 0
-                                         else {ct: n})
+            self.combine_cols = combine_cols(self.args, MAX_STEP)
             self.linear_configs = tuned_configs(self.args, MAX_STEP)
             self.qkv_split = QKV_SPLIT.get(shape)
             self.norm_handoff = shape in NORM_HANDOFF

@@ -775,7 +775,7 @@ def _merged(o_ptr, ml_ptr, T, item, n_used, N_HEAD: tl.constexpr, HD: tl.constex
     splits' (max, sum, partial output) merged; the others are never read. ``HDC`` > 0: only
     its columns c0 .. c0 + HDC - 1 ([HDC]).
 
-    One [NSPLIT, HD] tile, even where it spills: reading the partials 16 or 32 splits at a
+    One [NSPLIT, HD] (or [NSPLIT, HDC]) tile, even where it spills: reading the partials 16 or 32 splits at a
     time lost 0.1 to 21 % (session 10 run 101, commit 98efb21 holds it)."""
     sp = tl.arange(0, NSPLIT)
     used = sp < n_used
@@ -1193,14 +1193,15 @@ def attention(
     num_warps: int = 4,
     pdl: int = 0,
     pdl_combine: int | None = None,  # the merge kernel's PDL mode; default: as ``pdl``
-    combine_warps: int = 1,  # warps of each (token, head) program of the merge
+    combine_warps: int = 1,  # warps of each program of the merge
     trim: bool = True,  # the merge reads only the splits that hold keys
     combine_cols: int = 1,  # programs of the merge a (token, head), each hd / this columns
 ) -> torch.Tensor:
     """Attention of T query tokens over the cache in two launches: partials per (kv head,
     split), then their merge."""
     t, n_head, hd = q.shape
-    if combine_cols < 1 or hd % combine_cols or (hd // combine_cols) & (hd // combine_cols - 1):
+    width = hd // max(combine_cols, 1)
+    if combine_cols < 1 or hd % combine_cols or (combine_cols > 1 and width & (width - 1)):
         raise ValueError(f"combine_cols must divide the head dimension {hd} into a power of "
                          f"two; got {combine_cols}")
     n_kv = k_cache.shape[0]

@@ -104,11 +104,11 @@ VERIFY_COMBINE_WARPS: dict[tuple[int, int], int] = {}
 #: Session 16 runs 158-160 (7, 9 and 7 rounds, against one program a (token, head)), @512 /
 #: @4096: the 1.5B's k = 8 verify in 2 of one warp (against one of two warps: -1.0 / -0.4 %,
 #: -1.2 / -0.5 %, -1.0 / -0.5 %); the 0.5B's one-token step in 4 (-0.9 / -1.7 %, -0.8 /
-#: -1.7 %, -0.5 / -1.6 %). Left at one: the 1.5B's one-token merge (in 2: -0.2 / -0.5 %,
-#: -1.2 / -0.9 %, then +0.9 / +0.6 %) and the 0.5B's verify merge (-0.6 / +0.7 %, -0.4 /
-#: +0.8 %). A merge reads 17-64 splits' partials per (token, head); a program that reads
-#: fewer columns of them waits less on its loads.
-#: The 1.5B's one-token merge in 4 since run 162 (with ``ATTENTION``'s 64 splits).
+#: -1.7 %, -0.5 / -1.6 %). Left at one then: the 1.5B's one-token merge (in 2: -0.2 /
+#: -0.5 %, -1.2 / -0.9 %, then +0.9 / +0.6 %; in 4 since run 162, with ``ATTENTION``'s 64
+#: splits) and the 0.5B's verify merge (-0.6 / +0.7 %, -0.4 / +0.8 %). A merge reads 17-64
+#: splits' partials per (token, head); a program that reads fewer columns of them waits less
+#: on its loads.
 COMBINE_COLS: dict[tuple[int, int], dict[int, int]] = {
     (1536, 8960): {1: 4, 0: 2}, (896, 4864): {1: 4},
 }
@@ -151,4 +151,13 @@ def tuned_configs(args: ModelArgs, max_t: int) -> dict[tuple[str, int], object]:
             out[(name, 1)] = cfg
         else:
             out.update({(name, tt): cfg for tt in range(2, max_t + 1)})
+    return out
+
+
+def combine_cols(args: ModelArgs, max_t: int) -> dict[int, int]:
+    """``COMBINE_COLS`` of the shape as {T: programs} for T = 1..max_t (T 0 spread over every
+    verify size, then the sizes it names), or {} for a shape without measurements."""
+    cols = COMBINE_COLS.get((args.n_embd, args.n_ff), {})
+    out = dict.fromkeys(range(2, max_t + 1), cols[0]) if 0 in cols else {}
+    out.update({t: n for t, n in cols.items() if t != 0})
     return out

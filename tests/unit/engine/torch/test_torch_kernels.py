@@ -372,6 +372,19 @@ def test_a_merge_split_over_the_head_columns_gives_the_same_output(cols: int) ->
                     torch.zeros(nsplit, t, h, 2), block_s=16, combine_cols=3)
 
 
+def test_tuned_merge_programs_cover_every_verify_size_and_name_the_one_token_step() -> None:
+    """``tuning.combine_cols``: T 0 of ``COMBINE_COLS`` spreads over T = 2..max_t, a T it
+    names keeps its own count; a shape without measurements gets none."""
+    from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B
+    from openjarvis.engine.torch.tuning import COMBINE_COLS, combine_cols
+
+    big = combine_cols(QWEN25_1_5B, 32)
+    assert big == {1: COMBINE_COLS[(1536, 8960)][1],
+                   **dict.fromkeys(range(2, 33), COMBINE_COLS[(1536, 8960)][0])}
+    assert combine_cols(QWEN25_0_5B, 32) == {1: COMBINE_COLS[(896, 4864)][1]}
+    assert combine_cols(ARGS, 32) == {}
+
+
 @pytest.mark.parametrize(("start", "trim"), [(0, True), (70, True), (70, False), (126, True)])
 def test_attention_fused_with_the_output_projection(start: int, trim: bool) -> None:
     h, hkv, hd, s, d = 6, 2, 32, 128, 80
@@ -708,6 +721,11 @@ def test_each_kernel_launch_gets_its_pdl_mode_cache_policy_and_tiles(
     assert late[2][1]["pdl_combine"] == 1 and late[2][1]["combine_warps"] == 1
     r.combine_warps = {3: 2}  # the merge's warps per T (tuning.VERIFY_COMBINE_WARPS)
     assert plan(3)[2][1]["combine_warps"] == 2 and plan(1)[2][1]["combine_warps"] == 1
+    assert late[2][1]["combine_cols"] == 1
+    r.combine_cols = {1: 4, 3: 2}  # the merge's programs a (token, head) per T (COMBINE_COLS)
+    assert plan(3)[2][1]["combine_cols"] == 2 and plan(1)[2][1]["combine_cols"] == 4
+    assert plan(2)[2][1]["combine_cols"] == 1
+    r.combine_cols = {}
     assert late[2][1]["num_warps"] == 4
     r.attn_warps = {1: 2}  # the attention's own warps per T
     assert plan(1)[2][1]["num_warps"] == 2 and plan(3)[2][1]["num_warps"] == 4
