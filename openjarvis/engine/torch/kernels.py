@@ -775,8 +775,8 @@ def _merged(o_ptr, ml_ptr, T, item, n_used, N_HEAD: tl.constexpr, HD: tl.constex
     splits' (max, sum, partial output) merged; the others are never read. ``HDC`` > 0: only
     its columns c0 .. c0 + HDC - 1 ([HDC]).
 
-    One [NSPLIT, HD] (or [NSPLIT, HDC]) tile, even where it spills: reading the partials 16 or 32 splits at a
-    time lost 0.1 to 21 % (session 10 run 101, commit 98efb21 holds it)."""
+    One [NSPLIT, HD] (or [NSPLIT, HDC]) tile, even where it spills: reading the partials 16
+    or 32 splits at a time lost 0.1 to 21 % (session 10 run 101, commit 98efb21 holds it)."""
     sp = tl.arange(0, NSPLIT)
     used = sp < n_used
     if HDC > 0:
