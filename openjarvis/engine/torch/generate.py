@@ -173,8 +173,8 @@ class Runner:
         #: T > 1: (splits, keys per block) of the attention where they differ from the
         #: one-token step's (``nsplit``, ``attn_block_s``); None: the same.
         self.verify_attention: tuple[int, int] | None = None
-        #: Warps of each (token, head) program of the attention's merge and of the verify
-        #: steps' RoPE kernel, per T (absent: 1).
+        #: Warps of each program of the attention's merge, per T (absent: 1; one beat more
+        #: since the merge spreads over ``combine_cols``, session 16 runs 158-160).
         self.combine_warps: dict[int, int] = {}
         self.rope_warps: dict[int, int] = {}
         #: Warps of each (kv head, split) program of the attention, per T (absent: 4; query
@@ -249,7 +249,6 @@ class Runner:
                 PDL_PROLOGUE,
                 QKV_SPLIT,
                 VERIFY_ATTENTION,
-                VERIFY_COMBINE_WARPS,
                 VERIFY_HANDOFF,
                 VERIFY_PDL,
                 WEIGHT_EVICT,
@@ -263,9 +262,6 @@ class Runner:
                 self.one_token_pdl = dict(DEFAULT_ONE_TOKEN_PDL)
                 self.verify_pdl = dict(VERIFY_PDL.get(shape, {}))
             self.verify_attention = VERIFY_ATTENTION.get(shape)
-            if shape in VERIFY_COMBINE_WARPS:
-                self.combine_warps = dict.fromkeys(range(2, MAX_STEP + 1),
-                                                   VERIFY_COMBINE_WARPS[shape])
             self.combine_cols = combine_cols(self.args, MAX_STEP)
             self.linear_configs = tuned_configs(self.args, MAX_STEP)
             self.qkv_split = QKV_SPLIT.get(shape)

@@ -769,6 +769,16 @@ def _attn_split_kernel(
 
 
 @triton.jit
+def _head_cols(c0, HD: tl.constexpr, HDC: tl.constexpr):
+    """The columns of a head a merge program takes: c0 .. c0 + HDC - 1, or (HDC 0) all HD."""
+    if HDC > 0:
+        d = c0 + tl.arange(0, HDC)
+    else:
+        d = tl.arange(0, HD)
+    return d
+
+
+@triton.jit
 def _merged(o_ptr, ml_ptr, T, item, n_used, N_HEAD: tl.constexpr, HD: tl.constexpr,
             NSPLIT: tl.constexpr, c0=0, HDC: tl.constexpr = 0):
     """The attention output [HD] (float32) of item = t * N_HEAD + head: the first ``n_used``
@@ -779,10 +789,7 @@ def _merged(o_ptr, ml_ptr, T, item, n_used, N_HEAD: tl.constexpr, HD: tl.constex
     or 32 splits at a time lost 0.1 to 21 % (session 10 run 101, commit 98efb21 holds it)."""
     sp = tl.arange(0, NSPLIT)
     used = sp < n_used
-    if HDC > 0:
-        d = c0 + tl.arange(0, HDC)
-    else:
-        d = tl.arange(0, HD)
+    d = _head_cols(c0, HD, HDC)
     idx = sp * T * N_HEAD + item  # partials [NSPLIT, T, H, ...]
     m = tl.load(ml_ptr + idx * 2, mask=used, other=float("-inf"))
     den = tl.load(ml_ptr + idx * 2 + 1, mask=used, other=0.0)
@@ -807,11 +814,7 @@ def _combine_item(o_ptr, ml_ptr, out_ptr, T, item, n_used, N_HEAD: tl.constexpr,
     """Merge the splits of item = t * N_HEAD + head (``_merged``; ``HDC`` > 0: columns c0 ..
     c0 + HDC - 1 only) into ``out``."""
     res = _merged(o_ptr, ml_ptr, T, item, n_used, N_HEAD, HD, NSPLIT, c0, HDC)
-    if HDC > 0:
-        d = c0 + tl.arange(0, HDC)
-    else:
-        d = tl.arange(0, HD)
-    tl.store(out_ptr + item * HD + d, res.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + item * HD + _head_cols(c0, HD, HDC), res.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit

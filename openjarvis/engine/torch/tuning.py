@@ -93,22 +93,17 @@ VERIFY_PDL: dict[tuple[int, int], dict[str, int]] = {
 VERIFY_ATTENTION: dict[tuple[int, int], tuple[int, int]] = {
     (1536, 8960): (64, 32), (896, 4864): (64, 32),
 }
-#: (n_embd, n_ff) -> warps of each (token, head) program of the attention's merge in verify
-#: steps (session 6 run 60, 1.5B, 64 splits of 128 values to merge: k = 8 1.454 -> 1.420 ms
-#: @512, 1.542 -> 1.507 @4096; 4 or 8 warps, the 0.5B and one-token steps: no better than 1).
-#: Since session 16 the 1.5B's verify merge is two programs of one warp a (token, head)
-#: (``COMBINE_COLS``), which beat one of two warps.
-VERIFY_COMBINE_WARPS: dict[tuple[int, int], int] = {}
 #: (n_embd, n_ff) -> {T: programs of the attention's merge a (token, head)}, each merging
 #: head_dim / n of its columns (``Runner.combine_cols``); T 0 stands for every verify size.
 #: Session 16 runs 158-160 (7, 9 and 7 rounds, against one program a (token, head)), @512 /
-#: @4096: the 1.5B's k = 8 verify in 2 of one warp (against one of two warps: -1.0 / -0.4 %,
-#: -1.2 / -0.5 %, -1.0 / -0.5 %); the 0.5B's one-token step in 4 (-0.9 / -1.7 %, -0.8 /
-#: -1.7 %, -0.5 / -1.6 %). Left at one then: the 1.5B's one-token merge (in 2: -0.2 /
-#: -0.5 %, -1.2 / -0.9 %, then +0.9 / +0.6 %; in 4 since run 162, with ``ATTENTION``'s 64
-#: splits) and the 0.5B's verify merge (-0.6 / +0.7 %, -0.4 / +0.8 %). A merge reads 17-64
-#: splits' partials per (token, head); a program that reads fewer columns of them waits less
-#: on its loads.
+#: @4096: the 1.5B's k = 8 verify in 2 of one warp (-1.0 / -0.4 %, -1.2 / -0.5 %, -1.0 /
+#: -0.5 %, against one program of two warps: session 6 run 60's ``VERIFY_COMBINE_WARPS``,
+#: now gone, which had taken k = 8 1.454 -> 1.420 ms @512, 1.542 -> 1.507 @4096); the
+#: 0.5B's one-token step in 4 (-0.9 / -1.7 %, -0.8 / -1.7 %, -0.5 / -1.6 %). Left at one
+#: then: the 1.5B's one-token merge (in 2: -0.2 / -0.5 %, -1.2 / -0.9 %, then +0.9 / +0.6 %;
+#: in 4 since run 162, with ``ATTENTION``'s 64 splits) and the 0.5B's verify merge (-0.6 /
+#: +0.7 %, -0.4 / +0.8 %). A merge reads 17-64 splits' partials per (token, head); a program
+#: that reads fewer columns of them waits less on its loads.
 COMBINE_COLS: dict[tuple[int, int], dict[int, int]] = {
     (1536, 8960): {1: 4, 0: 2}, (896, 4864): {1: 4},
 }

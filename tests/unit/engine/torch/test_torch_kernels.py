@@ -719,7 +719,7 @@ def test_each_kernel_launch_gets_its_pdl_mode_cache_policy_and_tiles(
     assert modes(late) == [("embed", 5), ("qkv_rope", 6), ("attention", 1), ("wo", 6),
                            ("w13", 1), ("w2", 2), ("qkv_rope", 6)]
     assert late[2][1]["pdl_combine"] == 1 and late[2][1]["combine_warps"] == 1
-    r.combine_warps = {3: 2}  # the merge's warps per T (tuning.VERIFY_COMBINE_WARPS)
+    r.combine_warps = {3: 2}  # the merge's warps per T
     assert plan(3)[2][1]["combine_warps"] == 2 and plan(1)[2][1]["combine_warps"] == 1
     assert late[2][1]["combine_cols"] == 1
     r.combine_cols = {1: 4, 3: 2}  # the merge's programs a (token, head) per T (COMBINE_COLS)
