@@ -633,6 +633,46 @@ T1_SETS["after15"] = {
     for name, modes in (("qkv_early", {"qkv": 2}), ("wo_early", {"wo": 2}),
                         ("both_early", {"qkv": 2, "wo": 2}))
 }
+#: ``--set sweep17`` (session 17, run 164; each model ran alone there, so a setting for one
+#: model only is an A/A check for the other): verify attention splits under the merge spread
+#: over columns, unswapped 16-row o-projection tiles, the 0.5B's verify merge in 2 or 4
+#: programs of one warp; one-token merges in 8 programs, the 0.5B's attention in 64 x 32 or
+#: 32 x 64 with them.
+_WO16 = {"by_width": {"896": {"tiles": {"wo": [16, 128, 4, 3, 8]}},
+                      "1536": {"tiles": {"wo": [16, 128, 4, 3, 4]}}}}
+SWEEP17_VARIANTS: dict[str, dict[str, Any]] = {
+    "va128": {"by_width": {"1536": {"verify_attention": [128, 32]}}},
+    "va128_c4": {"verify_attention": [128, 32], "combine_cols": 4,
+                 "by_width": {"896": {"combine_warps": 1}}},
+    "va32x64": {"by_width": {"1536": {"verify_attention": [32, 64]}}},
+    "wo16": _WO16,
+    "wo16_2": {"by_width": {"1536": {"tiles": {"wo": [16, 128, 4, 3, 2]}},
+                            "896": {"tiles": {"wo": [16, 128, 4, 3, 4]}}}},
+    "c2w1": {"by_width": {"896": {"combine_cols": 2, "combine_warps": 1}}},
+    "c4w1": {"by_width": {"896": {"combine_cols": 4, "combine_warps": 1}}},
+}
+T1_SETS["sweep17"] = {
+    "t1_c8": {"combine_cols": {"1": 8}},
+    "t1_a64x32_c8": {"by_width": {"896": {"attention": [64, 32], "combine_cols": {"1": 8}}}},
+    "t1_a32x64_c4": {"by_width": {"896": {"attention": [32, 64], "combine_cols": {"1": 4}}}},
+    "t1_c4": {"combine_cols": {"1": 4}},
+}
+#: ``--set early17`` (session 17, run 165): verify gate/up letting the down projection launch
+#: at its start (run 152's loss again), also with the down projection letting qkv go only
+#: after its loop (stopping the early-launch cascade there); the 0.5B's o-projection in 16
+#: unswapped rows, 8 or 16 splits.
+_VPDL = {k: 1 + K.PDL_LATE for k in ("embed", "combine", "wo", "out")} | {
+    "qkv": 1, "rope_kv": 1, "attn": 1}
+EARLY17_VARIANTS: dict[str, dict[str, Any]] = {
+    "w13e": {"verify_pdl": {**_VPDL, "w13": 1, "w2": 1},
+             "by_width": {"896": {"verify_pdl": {**_VPDL, "combine": 1, "w13": 1, "w2": 1}}}},
+    "w13e_w2late": {"verify_pdl": {**_VPDL, "w13": 1, "w2": 1 + K.PDL_LATE},
+                    "by_width": {"896": {"verify_pdl": {**_VPDL, "combine": 1, "w13": 1,
+                                                        "w2": 1 + K.PDL_LATE}}}},
+    "wo16": {"by_width": {"896": {"tiles": {"wo": [16, 128, 4, 3, 8]}}}},
+    "wo16_16": {"by_width": {"896": {"tiles": {"wo": [16, 128, 4, 3, 16]}}}},
+}
+T1_SETS["early17"] = {"t1_c8": {"combine_cols": {"1": 8}}, "t1_c4": {"combine_cols": {"1": 4}}}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -645,6 +685,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "w13_12b": {}, "l2side": {}, "l2side2": {}, "l2side3": {}, "l2side4": {}, "final13": {},
     "tiles15": TILES15_VARIANTS, "early15": EARLY15_VARIANTS, "after15": AFTER15_VARIANTS,
     "merge16": MERGE16_VARIANTS, "splits16": {},
+    "sweep17": SWEEP17_VARIANTS, "early17": EARLY17_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

@@ -103,9 +103,11 @@ VERIFY_ATTENTION: dict[tuple[int, int], tuple[int, int]] = {
 #: then: the 1.5B's one-token merge (in 2: -0.2 / -0.5 %, -1.2 / -0.9 %, then +0.9 / +0.6 %;
 #: in 4 since run 162, with ``ATTENTION``'s 64 splits) and the 0.5B's verify merge (-0.6 /
 #: +0.7 %, -0.4 / +0.8 %). A merge reads 17-64 splits' partials per (token, head); a program
-#: that reads fewer columns of them waits less on its loads.
+#: that reads fewer columns of them waits less on its loads. Session 17 runs 164-165 (7 and 9
+#: rounds): the 1.5B's one-token merge in 8 programs of 16 columns against 4, -1.0 / -0.5 %
+#: and -1.1 / -0.5 %; the 0.5B's in 8 -0.0 / +0.3 % (left at 4).
 COMBINE_COLS: dict[tuple[int, int], dict[int, int]] = {
-    (1536, 8960): {1: 4, 0: 2}, (896, 4864): {1: 4},
+    (1536, 8960): {1: 8, 0: 2}, (896, 4864): {1: 4},
 }
 #: (n_embd, n_ff) whose one-token steps hand the feed-forward RMSNorm from the o-projection
 #: to gate/up (``kernels.NormHandoff``; session 8 run 81: 1.5B 1.122 -> 1.084 ms @512, 1.217 ->

@@ -353,7 +353,7 @@ def test_split_attention(t: int, start: int, h: int, hd: int, trim: bool) -> Non
     assert rel(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("cols", [2, 4])
+@pytest.mark.parametrize("cols", [2, 4, 8])
 def test_a_merge_split_over_the_head_columns_gives_the_same_output(cols: int) -> None:
     """``combine_cols``: each (token, head) merged by ``cols`` programs of hd / cols columns:
     every column written, the same values as one program a (token, head)."""
