@@ -673,6 +673,50 @@ EARLY17_VARIANTS: dict[str, dict[str, Any]] = {
     "wo16_16": {"by_width": {"896": {"tiles": {"wo": [16, 128, 4, 3, 16]}}}},
 }
 T1_SETS["early17"] = {"t1_c8": {"combine_cols": {"1": 8}}, "t1_c4": {"combine_cols": {"1": 4}}}
+#: ``--set wait17`` (session 17, run 166): kernels that let their successor launch after their
+#: main loop letting it go right after their PDL wait instead (``kernels.PDL_AFTER_WAIT``):
+#: one-token qkv and o-projection, whose loops are one load and reduction; with the attention
+#: then letting its merge go only after its loop; verify o-projection and the 1.5B's merge.
+_AW = K.PDL_AFTER_WAIT
+T1_SETS["wait17"] = {
+    f"t1_{name}": {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, **modes}}
+    for name, modes in (("qkv_aw", {"qkv": 2 + _AW}),
+                        ("qkv_aw_attn_late", {"qkv": 2 + _AW, "attn": 1 + K.PDL_LATE}),
+                        ("wo_aw", {"wo": 2 + _AW}), ("both_aw", {"qkv": 2 + _AW, "wo": 2 + _AW}))
+}
+WAIT17_VARIANTS: dict[str, dict[str, Any]] = {
+    "wo_aw": {"verify_pdl": {**_VPDL, "w13": 1 + K.PDL_LATE, "w2": 1, "wo": 1 + _AW},
+              "by_width": {"896": {"verify_pdl": {**_VPDL, "combine": 1, "w13": 1 + K.PDL_LATE,
+                                                  "w2": 1, "wo": 1 + _AW}}}},
+    "merge_aw": {"by_width": {"1536": {"verify_pdl": {**_VPDL, "w13": 1 + K.PDL_LATE, "w2": 1,
+                                                      "combine": 1 + _AW}}}},
+}
+#: ``--set wait17b`` (session 17, run 167): run 166's one gain again (the 1.5B's verify merge
+#: letting the o-projection go after its wait), with the merge in 4 programs; the 0.5B's
+#: merge (which lets it go at its start) after its wait; the RoPE kernel's and the attention's
+#: successors let go after their wait instead of at their start; the one-token merge in 4
+#: programs (session 16's) against 8.
+_V15 = {**_VPDL, "w13": 1 + K.PDL_LATE, "w2": 1}
+_V05 = {**_V15, "combine": 1}
+WAIT17B_VARIANTS: dict[str, dict[str, Any]] = {
+    "merge_aw": {"verify_pdl": {**_V15, "combine": 1 + _AW},
+                 "by_width": {"896": {"verify_pdl": {**_V05, "combine": 1 + _AW}}}},
+    "merge_aw_c4": {"verify_pdl": {**_V15, "combine": 1 + _AW}, "combine_cols": 4,
+                    "by_width": {"896": {"verify_pdl": {**_V05, "combine": 1 + _AW}}}},
+    "rope_aw": {"verify_pdl": {**_V15, "rope_kv": 1 + _AW},
+                "by_width": {"896": {"verify_pdl": {**_V05, "rope_kv": 1 + _AW}}}},
+    "attn_aw": {"verify_pdl": {**_V15, "attn": 1 + _AW},
+                "by_width": {"896": {"verify_pdl": {**_V05, "attn": 1 + _AW}}}},
+}
+T1_SETS["wait17b"] = {"t1_c4": {"combine_cols": {"1": 4}}}
+#: ``--set final17`` (session 17, run 168): session 16's defaults (the verify merge letting the
+#: o-projection go after its loop (1.5B) or at its start (0.5B); the 1.5B's one-token merge in
+#: 4 programs) against today's.
+FINAL17_VARIANTS: dict[str, dict[str, Any]] = {
+    "session16": {"verify_pdl": {**_V15, "combine": 1 + K.PDL_LATE},
+                  "by_width": {"896": {"verify_pdl": _V05}}},
+}
+T1_SETS["final17"] = {"t1_session16": {"by_width": {"1536": {"combine_cols": {"1": 4}}}}}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -685,7 +729,8 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "w13_12b": {}, "l2side": {}, "l2side2": {}, "l2side3": {}, "l2side4": {}, "final13": {},
     "tiles15": TILES15_VARIANTS, "early15": EARLY15_VARIANTS, "after15": AFTER15_VARIANTS,
     "merge16": MERGE16_VARIANTS, "splits16": {},
-    "sweep17": SWEEP17_VARIANTS, "early17": EARLY17_VARIANTS,
+    "sweep17": SWEEP17_VARIANTS, "early17": EARLY17_VARIANTS, "wait17": WAIT17_VARIANTS,
+    "wait17b": WAIT17B_VARIANTS, "final17": FINAL17_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

@@ -45,6 +45,11 @@ ATOMIC_SEMS = ("relaxed", "acq_rel")
 #: Added to a PDL mode (1 or 2; 3 in tests): the kernel lets its successor launch after its
 #: main loop (``_gdc_late``) instead of at its start.
 PDL_LATE = 4
+#: Added to a PDL mode (1 or 2) instead: the kernel lets its successor launch right after its
+#: PDL wait, between the start and the end of its main loop. For a kernel whose loop is one
+#: load and reduction (the one-token qkv, the o-projection), that puts its successor's
+#: programs, and what they load before their own wait, under this kernel's loop.
+PDL_AFTER_WAIT = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,11 +141,13 @@ def _gdc(PDL: tl.constexpr):
     ``PDL_LATE`` moves that to ``_gdc_late``), then wait until the previous kernel has finished
     and its writes are visible. Everything before this point may read only what no kernel of
     the step writes: weights, the RoPE table, and ``start`` (the host writes it before the
-    step's graph runs)."""
+    step's graph runs). ``PDL_AFTER_WAIT``: the next kernel is let go just after the wait."""
     if PDL % 4 == 1 or PDL % 4 == 2:
         if PDL < 4:
             tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
+        if PDL >= 8:
+            tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -905,16 +912,16 @@ def pdl_supported() -> bool:
 
 
 def _wait(pdl: int) -> int:
-    """The PDL flag of kernels without a weight prologue: wait first (keeping ``PDL_LATE``),
-    or not at all."""
-    return (1 | (pdl & PDL_LATE)) if pdl % 4 in (1, 2) else 0
+    """The PDL flag of kernels without a weight prologue: wait first (keeping ``PDL_LATE`` or
+    ``PDL_AFTER_WAIT``), or not at all."""
+    return (1 | (pdl & (PDL_LATE | PDL_AFTER_WAIT))) if pdl % 4 in (1, 2) else 0
 
 
 def _launch(pdl: int) -> dict[str, bool]:
     """PDL modes: 0 off; 1 launched early, waits first; 2 also loads its first weight tile
     before waiting (linear and qkv kernels); 3 the code of 2 without PDL (tests, interpreter);
     plus ``PDL_LATE`` (5, 6, 7): the next kernel is let go after the main loop, not at the
-    start."""
+    start; or plus ``PDL_AFTER_WAIT`` (9, 10, 11): just after the wait."""
     return {"launch_pdl": True} if pdl % 4 in (1, 2) else {}
 
 

@@ -4,7 +4,7 @@ docs/gpu-notes.md). Other shapes, or other GPUs, use ``kernels.default_linear_co
 from __future__ import annotations
 
 from openjarvis.engine.torch.config import ModelArgs
-from openjarvis.engine.torch.kernels import PDL_LATE, LinearConfig
+from openjarvis.engine.torch.kernels import PDL_AFTER_WAIT, PDL_LATE, LinearConfig
 
 L = LinearConfig
 #: Verify steps (T > 1). Session 2 run 14: gate/up, down and output (and the 0.5B's o-proj)
@@ -81,12 +81,18 @@ PDL_PROLOGUE: dict[tuple[int, int], frozenset[str]] = {
 #: down projection launch at its start (+1.5 to +5.0 %), the 1.5B's merge letting the
 #: o-projection launch (+1.2 to +4.8 %); the o-projection letting gate/up launch was even for
 #: the 1.5B (+0.0 / +0.1 %) and lost for the 0.5B (+2.0 / +2.9 %).
+#: Session 17 (runs 166-167, 9 rounds each): the merge letting the o-projection launch right
+#: after its PDL wait (``kernels.PDL_AFTER_WAIT``): the 1.5B's instead of after its loop,
+#: -1.2 / -1.2 % and -1.0 / -1.0 % @512 / @4096; the 0.5B's instead of at its start, -0.8 /
+#: -0.9 % (run 166 ran the 0.5B's as an A/A check: +0.0 / +0.0 %). The o-projection the same
+#: way: +0.0 / +0.1 % (1.5B), +2.8 / +2.2 % (0.5B); the RoPE kernel and the attention after
+#: their wait instead of at their start: -0.6 to +5.5 %.
 _ALL_LATE = {k: 1 + PDL_LATE for k in
              ("embed", "qkv", "rope_kv", "attn", "combine", "wo", "w13", "w2", "out")}
-_EARLY_CHAIN = {"w2": 1, "qkv": 1, "rope_kv": 1, "attn": 1}
+_EARLY_CHAIN = {"w2": 1, "qkv": 1, "rope_kv": 1, "attn": 1, "combine": 1 + PDL_AFTER_WAIT}
 VERIFY_PDL: dict[tuple[int, int], dict[str, int]] = {
     (1536, 8960): {**_ALL_LATE, **_EARLY_CHAIN},
-    (896, 4864): {**_ALL_LATE, **_EARLY_CHAIN, "combine": 1},
+    (896, 4864): {**_ALL_LATE, **_EARLY_CHAIN},
 }
 #: (n_embd, n_ff) -> (attention splits, keys per block) of verify steps where they differ from
 #: ``ATTENTION`` (session 6 run 58: 1.5B -2.0 % @4096, +1.5 % @512; 0.5B even).

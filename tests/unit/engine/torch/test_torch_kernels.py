@@ -637,10 +637,11 @@ def test_evict_first_weight_loads_and_the_deterministic_tiles_compute_the_same_l
 
 def test_pdl_modes_never_launch_early_without_waiting() -> None:
     """The launch attribute (start before the previous kernel ends) goes exactly with the modes
-    whose kernels wait before they read activations (1, 2 and, with the late trigger, 5, 6);
-    kernels without a weight prologue get the plain wait of the same mode."""
-    assert [bool(K._launch(m)) for m in range(8)] == [False, True, True, False] * 2
-    assert [K._wait(m) for m in range(8)] == [0, 1, 1, 0, 0, 5, 5, 0]
+    whose kernels wait before they read activations (1, 2 and, with the late trigger, 5, 6,
+    or with the trigger after the wait, 9, 10); kernels without a weight prologue get the
+    plain wait of the same mode, keeping where it lets the next kernel go."""
+    assert [bool(K._launch(m)) for m in range(12)] == [False, True, True, False] * 3
+    assert [K._wait(m) for m in range(12)] == [0, 1, 1, 0, 0, 5, 5, 0, 0, 9, 9, 0]
 
 
 def test_dropped_steps_go_at_once_not_at_a_later_garbage_collection() -> None:
