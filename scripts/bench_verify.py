@@ -709,6 +709,41 @@ WAIT17B_VARIANTS: dict[str, dict[str, Any]] = {
                 "by_width": {"896": {"verify_pdl": {**_V05, "attn": 1 + _AW}}}},
 }
 T1_SETS["wait17b"] = {"t1_c4": {"combine_cols": {"1": 4}}}
+#: ``--set wait17c`` (session 17, run 168): the rest of the chain's launch points after the
+#: wait: one-token merge, attention and down projection (which let theirs go at their start);
+#: the verify down projection the same.
+T1_SETS["wait17c"] = {
+    f"t1_{name}": {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, **modes}}
+    for name, modes in (("merge_aw", {"combine": 1 + _AW}), ("attn_aw", {"attn": 1 + _AW}),
+                        ("w2_aw", {"w2": 2 + _AW}))
+}
+WAIT17C_VARIANTS: dict[str, dict[str, Any]] = {
+    "w2_aw": {"verify_pdl": {**_V15, "combine": 1 + _AW, "w2": 1 + _AW}},
+}
+#: ``--set warps17`` (session 17, run 169): with the verify merge letting the o-projection go
+#: after its wait: the merge in 2 or 4 programs of two warps, the 1.5B's RoPE kernel on 2 warps,
+#: the o-projection letting gate/up go after its wait again; the 1.5B's one-token merge (8
+#: programs) on two warps.
+WARPS17_VARIANTS: dict[str, dict[str, Any]] = {
+    "c2w2": {"combine_cols": 2, "combine_warps": 2},
+    "c4w2": {"combine_cols": 4, "combine_warps": 2},
+    # (rope_warps is at most head_dim / 64: 2 for the 1.5B, 1 for the 0.5B; run 169 also
+    # asked for 4, which the Runner refused)
+    "rope2w": {"by_width": {"1536": {"rope_warps": 2}}},
+    "wo_aw": {"verify_pdl": {**_V15, "combine": 1 + _AW, "wo": 1 + _AW}},
+}
+T1_SETS["warps17"] = {"t1_c8w2": {"by_width": {"1536": {"combine_warps": {"1": 2}}}}}
+#: ``--set pro17`` (session 17, run 170): verify weight prologues again, now that the merge
+#: lets the o-projection launch 1.5 us before its release (run 168's trace): the 1.5B's
+#: o-projection (unswapped; the 0.5B's is swapped, which has no prologue: an A/A check) with
+#: its first K tile before its wait, letting gate/up go after its loop or after its wait; the
+#: split-K qkv product's first tile before its wait.
+PRO17_VARIANTS: dict[str, dict[str, Any]] = {
+    "wo_pro": {"verify_pdl": {**_V15, "combine": 1 + _AW, "wo": 2 + K.PDL_LATE}},
+    "wo_pro_aw": {"verify_pdl": {**_V15, "combine": 1 + _AW, "wo": 2 + _AW}},
+    "qkv_pro": {"verify_pdl": {**_V15, "combine": 1 + _AW, "qkv": 2}},
+}
+T1_SETS["pro17"] = {}
 #: ``--set final17`` (session 17, run 168): session 16's defaults (the verify merge letting the
 #: o-projection go after its loop (1.5B) or at its start (0.5B); the 1.5B's one-token merge in
 #: 4 programs) against today's.
@@ -731,6 +766,8 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "merge16": MERGE16_VARIANTS, "splits16": {},
     "sweep17": SWEEP17_VARIANTS, "early17": EARLY17_VARIANTS, "wait17": WAIT17_VARIANTS,
     "wait17b": WAIT17B_VARIANTS, "final17": FINAL17_VARIANTS,
+    "wait17c": WAIT17C_VARIANTS, "warps17": WARPS17_VARIANTS,
+    "pro17": PRO17_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
