@@ -636,8 +636,8 @@ T1_SETS["after15"] = {
 #: ``--set sweep17`` (session 17, run 164; each model ran alone there, so a setting for one
 #: model only is an A/A check for the other): verify attention splits under the merge spread
 #: over columns, unswapped 16-row o-projection tiles, the 0.5B's verify merge in 2 or 4
-#: programs of one warp; one-token merges in 8 programs, the 0.5B's attention in 64 x 32 or
-#: 32 x 64 with them.
+#: programs of one warp; one-token merges in 8 programs, the 0.5B's attention in 64 x 32 with
+#: its merge in 8 or in 32 x 64 with its merge in 4.
 _WO16 = {"by_width": {"896": {"tiles": {"wo": [16, 128, 4, 3, 8]}},
                       "1536": {"tiles": {"wo": [16, 128, 4, 3, 4]}}}}
 SWEEP17_VARIANTS: dict[str, dict[str, Any]] = {
@@ -744,7 +744,7 @@ PRO17_VARIANTS: dict[str, dict[str, Any]] = {
     "qkv_pro": {"verify_pdl": {**_V15, "combine": 1 + _AW, "qkv": 2}},
 }
 T1_SETS["pro17"] = {}
-#: ``--set final17`` (session 17, run 168): session 16's defaults (the verify merge letting the
+#: ``--set final17`` (session 17, run 171): session 16's defaults (the verify merge letting the
 #: o-projection go after its loop (1.5B) or at its start (0.5B); the 1.5B's one-token merge in
 #: 4 programs) against today's.
 FINAL17_VARIANTS: dict[str, dict[str, Any]] = {

@@ -221,7 +221,8 @@ class Runner:
         self.pdl_prologue: frozenset[str] = frozenset()
         #: Verify steps (T > 1): PDL mode per kernel ("qkv", "rope_kv", "attn", "combine", "wo",
         #: "w13", "w2", "out", "embed"; others use ``pdl_by_t``), ``kernels.PDL_LATE`` added
-        #: where the next kernel should launch only after this one's main loop.
+        #: where the next kernel should launch only after this one's main loop,
+        #: ``kernels.PDL_AFTER_WAIT`` where right after this one's wait.
         self.verify_pdl: dict[str, int] = {}
         #: The same for one-token steps: PDL mode per kernel, over ``pdl_by_t[1]``.
         self.one_token_pdl: dict[str, int] = {}
@@ -386,7 +387,8 @@ class Runner:
         """PDL mode of kernel ``name`` in a T-token step: ``verify_pdl`` for T > 1 and
         ``one_token_pdl`` for T = 1 where they name the kernel, else the step's mode
         (``pdl_by_t``, ``pdl``), raised to 2 (weights before the wait) for the
-        ``pdl_prologue`` kernels where that mode is 1 (5 to 6 with ``PDL_LATE``)."""
+        ``pdl_prologue`` kernels where that mode is 1 (5 to 6 with ``PDL_LATE``, 9 to 10 with
+        ``PDL_AFTER_WAIT``)."""
         if t > 1 and name in self.verify_pdl:
             return self.verify_pdl[name]
         if t == 1 and name in self.one_token_pdl:

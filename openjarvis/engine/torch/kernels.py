@@ -45,10 +45,11 @@ ATOMIC_SEMS = ("relaxed", "acq_rel")
 #: Added to a PDL mode (1 or 2; 3 in tests): the kernel lets its successor launch after its
 #: main loop (``_gdc_late``) instead of at its start.
 PDL_LATE = 4
-#: Added to a PDL mode (1 or 2) instead: the kernel lets its successor launch right after its
-#: PDL wait, between the start and the end of its main loop. For a kernel whose loop is one
-#: load and reduction (the one-token qkv, the o-projection), that puts its successor's
-#: programs, and what they load before their own wait, under this kernel's loop.
+#: Added to a PDL mode (1 or 2) instead of ``PDL_LATE`` (not with it): the kernel lets its
+#: successor launch right after its PDL wait, so the successor's programs are resident as this
+#: kernel starts its main loop, not before and not after. It paid for the verify merge, whose
+#: successor (the o-projection) has a few hundred programs and no weight prologue (session 17
+#: runs 166-167); every one-token kernel tried this way lost (runs 166, 168).
 PDL_AFTER_WAIT = 8
 
 
@@ -921,7 +922,10 @@ def _launch(pdl: int) -> dict[str, bool]:
     """PDL modes: 0 off; 1 launched early, waits first; 2 also loads its first weight tile
     before waiting (linear and qkv kernels); 3 the code of 2 without PDL (tests, interpreter);
     plus ``PDL_LATE`` (5, 6, 7): the next kernel is let go after the main loop, not at the
-    start; or plus ``PDL_AFTER_WAIT`` (9, 10, 11): just after the wait."""
+    start; or plus ``PDL_AFTER_WAIT`` (9, 10, 11): just after the wait. Both flags at once,
+    or anything past 11, is refused: the kernels would silently drop ``PDL_LATE``."""
+    if not 0 <= pdl <= 11 or (pdl & PDL_LATE and pdl & PDL_AFTER_WAIT):
+        raise ValueError(f"PDL mode {pdl}: use 0-3, plus PDL_LATE (4) or PDL_AFTER_WAIT (8)")
     return {"launch_pdl": True} if pdl % 4 in (1, 2) else {}
 
 

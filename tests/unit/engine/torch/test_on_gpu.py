@@ -29,9 +29,10 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def pdl_modes() -> list[int]:
-    from openjarvis.engine.torch.kernels import PDL_LATE, pdl_supported
+    from openjarvis.engine.torch.kernels import PDL_AFTER_WAIT, PDL_LATE, pdl_supported
 
-    return [0, 3, 3 + PDL_LATE] + ([1, 2, 1 + PDL_LATE, 2 + PDL_LATE] if pdl_supported() else [])
+    return [0, 3, 3 + PDL_LATE] + ([1, 2, 1 + PDL_LATE, 2 + PDL_LATE, 1 + PDL_AFTER_WAIT,
+                                    2 + PDL_AFTER_WAIT] if pdl_supported() else [])
 
 
 #: Tiles the test below runs besides the default: the swapped MMA operands (T > 1 only), and

@@ -53,14 +53,17 @@ for name, fn in (("unswapped", K._linear_kernel), ("swapped", K._linear_swap_ker
                  if re.search(r"\b(atom|red)\.global|\bbar\.sync|\bld\.global\.cg", line)]
 # the trace stamps of the one-token kernel (scripts/trace_step.py): entry, past the wait,
 # past the main loop (before the late trigger), done
-const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=1, BLOCK_N=2, BLOCK_K=2048, SPLIT_K=1,
-             PDL=6, EVICT="evict_first", HAND=0, NP_BLOCK=1, SEM="relaxed", TRACE=1024,
-             ROWS=0, PREFETCH=0, SEG=1)
-src = ASTSource(K._linear_kernel, {**sig, **{k: "constexpr" for k in const}}, constexprs=const)
-ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                     options={"num_warps": 8, "num_stages": 2}).asm["ptx"]
-out["traced"] = [line.strip() for line in ptx.splitlines()
-                 if re.search(r"globaltimer|griddepcontrol|st\.global", line)]
+# ("traced_aw": the same with the trigger right after the wait, kernels.PDL_AFTER_WAIT)
+for key, pdl in (("traced", 6), ("traced_aw", 10)):
+    const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=1, BLOCK_N=2, BLOCK_K=2048, SPLIT_K=1,
+                 PDL=pdl, EVICT="evict_first", HAND=0, NP_BLOCK=1, SEM="relaxed", TRACE=1024,
+                 ROWS=0, PREFETCH=0, SEG=1)
+    src = ASTSource(K._linear_kernel, {**sig, **{k: "constexpr" for k in const}},
+                    constexprs=const)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": 8, "num_stages": 2}).asm["ptx"]
+    out[key] = [line.strip() for line in ptx.splitlines()
+                if re.search(r"globaltimer|griddepcontrol|st\.global", line)]
 # a one-token down projection's loop (a row a warp): default, in the row layout, prefetching;
 # and 2 rows x 1024 read as 4 segments of 256 a row ("s": rows wider than a warp's); "p": with
 # the weight prologue (PDL mode 6), in the row layout with and without prefetch
@@ -136,6 +139,19 @@ def test_the_trace_stamps_bracket_the_pdl_wait_and_the_late_trigger(
     late = [i for i, op in enumerate(seq) if "launch_dependents" in op]
     assert len(stamps) == 4 and len(wait) == 1 and len(late) == 1, seq
     assert stamps[0] < wait[0] < stamps[1] < stamps[2] < late[0] < stamps[3], seq
+
+
+def test_after_the_wait_the_trigger_follows_the_wait_and_precedes_the_loop(
+        ops: dict[str, list[str]]) -> None:
+    """``kernels.PDL_AFTER_WAIT`` (mode 10: the weight prologue, then the trigger right after
+    the wait): one trigger, after the wait and before the stamp past the wait, so the next
+    kernel launches as this one's main loop starts; none after the loop."""
+    seq = ops["traced_aw"]
+    stamps = [i for i, op in enumerate(seq) if "globaltimer" in op]
+    wait = [i for i, op in enumerate(seq) if "griddepcontrol.wait" in op]
+    trig = [i for i, op in enumerate(seq) if "launch_dependents" in op]
+    assert len(stamps) == 4 and len(wait) == 1 and len(trig) == 1, seq
+    assert stamps[0] < wait[0] < trig[0] < stamps[1] < stamps[2] < stamps[3], seq
 
 
 @pytest.mark.parametrize("variant", ["00", "10", "11", "11s", "10p", "11p"])

@@ -642,6 +642,9 @@ def test_pdl_modes_never_launch_early_without_waiting() -> None:
     plain wait of the same mode, keeping where it lets the next kernel go."""
     assert [bool(K._launch(m)) for m in range(12)] == [False, True, True, False] * 3
     assert [K._wait(m) for m in range(12)] == [0, 1, 1, 0, 0, 5, 5, 0, 0, 9, 9, 0]
+    for bad in (13, 14, 16, -1):  # both triggers at once, or no mode at all
+        with pytest.raises(ValueError, match=f"PDL mode {bad}: use 0-3"):
+            K._launch(bad)
 
 
 def test_dropped_steps_go_at_once_not_at_a_later_garbage_collection() -> None:
@@ -817,7 +820,7 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
         monkeypatch: pytest.MonkeyPatch, setting: str) -> None:
     """The GPU's PDL settings (one-token steps late-triggered with qkv, wo and the
     down-projection loading weights before the wait; verify steps all launched early, the
-    0.5B's letting the most launch at their start), the split-K
+    merge letting the o-projection launch after its wait), the split-K
     qkv, the norm hand-off: in every program of every kernel launched early, no read of the
     residual, the scratch buffers or the KV cache comes before the program's wait."""
     from openjarvis.engine.torch.tuning import VERIFY_PDL
