@@ -80,6 +80,9 @@ class GenerationConfig:
     prompt_budget: int = _doc(
         "Most prompt tokens of context (code, map, history) per question; a 2-core CPU prefills ~150/s.", 2048
     )
+    loop_repeats: int = _doc(
+        "Stop an answer that ends in the same block of lines written this many times in a row (0 = never).", 4
+    )
 
 
 @dataclass(frozen=True, slots=True)

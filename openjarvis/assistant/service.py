@@ -319,6 +319,7 @@ class Assistant:
                 corpus=corpus,
                 cache_prefix=prepared.head,
                 logprobs=True,  # the router judges the answer's confidence by it
+                loop_repeats=self.config.generation.loop_repeats,
             )
             text, stats = self._run(slot, spec, request, on_text, cancel)
         return ChatAnswer(
@@ -425,6 +426,7 @@ class Assistant:
                 drafter=drafter,  # type: ignore[arg-type]
                 corpus=corpus,
                 seed=seed,
+                loop_repeats=self.config.generation.loop_repeats,
             )
             answer, stats = self._run(slot, spec, request, on_text, cancel)
         return answer, len(tokens), stats

@@ -25,9 +25,12 @@ def footer(result: dict[str, Any]) -> str:
             f"${s.get('cost_usd', 0.0):.4f} · {result.get('route_reason', '')}"
         )
     ttft = f"{s['ttft_s']:.2f} s" if s.get("ttft_s") is not None else "-"
+    # an answer cut where it began writing the same lines over again says so, and how to allow it
+    looped = " · stopped: it began repeating itself (generation.loop_repeats)" if (
+        s.get("finish_reason") == "repetition") else ""
     return (
         f"{result['route']} · {result['model']} · {s['tokens']} tokens · {s['tokens_per_s']:.1f} tok/s · "
-        f"acceptance {s['acceptance']:.0%} · first token {ttft}"
+        f"acceptance {s['acceptance']:.0%} · first token {ttft}{looped}"
     )
 
 

@@ -143,6 +143,7 @@ def generate(
             drafter=mode,  # type: ignore[arg-type]
             seed=seed,
             corpus=corpus,
+            loop_repeats=gc.loop_repeats,
         )
         gen = spec.generate(request)
         try:

@@ -83,6 +83,11 @@ class Request:
     #: Keep the emitted tokens' mean log-probability (``Stats.mean_logprob``, the router's
     #: confidence signal): a softmax over the vocabulary per token, so only where it is read.
     logprobs: bool = False
+    #: Stop once the answer ends in one block of whole lines written this many times in a row
+    #: (``repeats_itself``; finish reason "repetition"); 0: never. Greedy decoding of a small
+    #: model can fall into such a loop (the default 1.5B, asked about this repository, wrote
+    #: one two-line block 24 times) and would otherwise fill ``max_tokens`` with it.
+    loop_repeats: int = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +96,35 @@ class Piece:
 
     text: str
     tokens: tuple[int, ...]
+
+
+#: A repeated block counts only with at least this many non-blank characters, so that short
+#: lines a real answer repeats (closing braces, ``pass``, a table's rule) never stop it.
+LOOP_MIN_CHARS = 40
+#: How far back a repeated block is looked for (characters of the answer).
+LOOP_WINDOW = 8192
+
+
+def repeats_itself(text: str, times: int, min_chars: int = LOOP_MIN_CHARS) -> bool:
+    """Whether ``text`` ends, at a line end, with one block of whole lines written ``times``
+    times in a row, the block holding at least ``min_chars`` non-blank characters."""
+    if times < 2 or not text.endswith("\n"):
+        return False
+    window = text[-LOOP_WINDOW:]
+    lines = window.split("\n")[:-1]
+    if len(window) < len(text):
+        lines = lines[1:]  # the window's first line may be cut
+    n = len(lines)
+    # a block of k lines repeated ends with the line k above the last: only those k are tried
+    for k in (n - 1 - j for j in range(n - 2, -1, -1) if lines[j] == lines[-1]):
+        if k * times > n:
+            break
+        block = lines[n - k :]
+        if sum(len(line.strip()) for line in block) < min_chars:
+            continue
+        if all(lines[n - (r + 1) * k : n - r * k] == block for r in range(1, times)):
+            return True
+    return False
 
 
 @dataclass(slots=True)
@@ -268,6 +302,7 @@ class Speculator:
     ) -> Iterator[Piece]:
         v, stats = self.verifier, gen.stats
         finish = "length"
+        recent = ""  # the answer's last LOOP_WINDOW characters, for ``repeats_itself``
         while True:
             if cancel():
                 finish = "cancelled"
@@ -333,6 +368,12 @@ class Speculator:
                 if hit:
                     finish, done = "stop", True
                     break
+                if text and req.loop_repeats:
+                    recent = (recent + text)[-LOOP_WINDOW:]
+                    if "\n" in text and repeats_itself(recent[: recent.rfind("\n") + 1],
+                                                         req.loop_repeats):
+                        finish, done = "repetition", True
+                        break
                 if len(gen.tokens) >= max_tokens:
                     finish, done = "length", True
                     break

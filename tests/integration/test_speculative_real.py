@@ -49,3 +49,24 @@ def test_greedy_speculation_matches_verifier_alone(engines: tuple[LlamaEngine, L
         assert gen.tokens == expected, mode
         if mode == "ngram":
             assert gen.stats.accepted > 24  # copying: most drafts accepted
+
+
+def test_an_answer_writing_the_same_line_over_again_stops_at_the_fourth_copy(
+        engines: tuple[LlamaEngine, LlamaEngine]) -> None:
+    """``Request.loop_repeats``: greedy decoding writing one line again and again (asked to,
+    here, so that it does so every time) stops as the fourth copy ends, with finish reason
+    "repetition"; with 0 it goes on to the model's own end."""
+    v, _ = engines
+    line = "The root README comes first: it is the one page every repository has."
+    text = render_chat(v.chat_template(),
+                       [Message("user", f"Write this line 12 times, one per line, and nothing "
+                                        f"else:\n{line}")])
+    prompt, corpus = v.tokenize(text), (v.tokenize(line),)
+    spec = Speculator(v)
+    gen = spec.generate(Request(prompt, max_tokens=300, drafter="ngram", corpus=corpus)).run()
+    assert gen.stats.finish_reason == "repetition"
+    assert gen.text == (line + "\n") * 4
+    free = spec.generate(Request(prompt, max_tokens=300, drafter="ngram", corpus=corpus,
+                                 loop_repeats=0)).run()
+    assert free.stats.finish_reason == "stop" and free.text.count(line) > 4
+    assert free.text.startswith(gen.text)

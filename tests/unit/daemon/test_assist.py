@@ -170,6 +170,16 @@ def test_missing_model_is_a_clear_error(tiny_setup: Path) -> None:
         stop(paths.socket_path())
 
 
+def test_the_footer_says_when_an_answer_was_cut_for_repeating_itself() -> None:
+    from openjarvis.cli.ask_cmd import footer
+
+    stats = {"tokens": 60, "tokens_per_s": 25.0, "acceptance": 0.9, "ttft_s": 1.0}
+    plain = footer({"route": "local", "model": "m", "stats": {**stats, "finish_reason": "stop"}})
+    cut = footer({"route": "local", "model": "m", "stats": {**stats, "finish_reason": "repetition"}})
+    assert "repeating" not in plain
+    assert cut == plain + " · stopped: it began repeating itself (generation.loop_repeats)"
+
+
 def test_jarvis_ask_streams_plain_text_sources_and_footer(
     tiny_daemon: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -199,3 +199,38 @@ def test_greedy_decisions_from_argmaxes_equal_those_from_the_rows(verifier: Llam
             assert from_rows == from_picks
             assert from_rows[1] == n_ok and from_rows[2] == 10 + 1 + n_ok
             assert from_rows[0] == best[: n_ok + 1]
+
+
+LOOPED = (
+    "- The root README comes first: it is the one page nearly every repository has.\n"
+    "- Then the other root documents, then the docs folder's.\n"
+)
+
+
+def test_an_answer_writing_one_block_of_lines_over_again_is_caught_at_its_nth_copy() -> None:
+    """``repeats_itself``: the answer the default 1.5B wrote about this repository (a two-line
+    block 24 times) is caught as its third or fourth copy ends, at a line end only."""
+    from openjarvis.engine.speculative import repeats_itself
+
+    head = "The repository does the following:\n- It indexes the codebase you work in.\n"
+    assert not repeats_itself(head + LOOPED * 3, 4)
+    assert repeats_itself(head + LOOPED * 4, 4)
+    assert repeats_itself(head + LOOPED * 3, 3)
+    assert not repeats_itself(head + LOOPED * 4 + "- The root", 4)  # not mid-line
+    assert not repeats_itself(head + LOOPED * 4, 0)  # 0: never
+    # a copy that differs anywhere breaks the run
+    broken = LOOPED * 2 + LOOPED.replace("folder's", "folder") + LOOPED
+    assert not repeats_itself(head + broken, 4)
+    # the last copies are found however long the answer before them
+    assert repeats_itself("x" * 100_000 + "\n" + LOOPED * 4, 4)
+
+
+def test_short_lines_a_real_answer_repeats_never_stop_it() -> None:
+    """Closing braces, ``pass`` bodies, blank lines and a table's rule repeat in real answers:
+    a block counts only with LOOP_MIN_CHARS non-blank characters."""
+    from openjarvis.engine.speculative import LOOP_MIN_CHARS, repeats_itself
+
+    for text in ("}\n" * 20, "    pass\n" * 20, "\n" * 20, "|---|---|\n" * 10, "x = 1\ny = 2\n" * 6):
+        assert not repeats_itself(text, 4), text[:20]
+    line = "y" * LOOP_MIN_CHARS + "\n"
+    assert repeats_itself(line * 4, 4) and not repeats_itself(line[1:] * 4, 4)
