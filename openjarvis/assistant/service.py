@@ -461,7 +461,13 @@ class Assistant:
                 tokens = v.tokenize(fim_prompt(prefix, suffix), special=True)
             corpus = (v.tokenize(prefix + suffix, special=False),)
             gen = spec.generate(
-                Request(prompt=tokens, max_tokens=max_tokens, stop=fim_stops(suffix, multiline), corpus=corpus),
+                Request(
+                    prompt=tokens,
+                    max_tokens=max_tokens,
+                    stop=fim_stops(suffix, multiline),
+                    corpus=corpus,
+                    loop_repeats=self.config.generation.loop_repeats,
+                ),
                 cancel=cancel,
             )
             for piece in gen:

@@ -84,7 +84,7 @@ class Request:
     #: confidence signal): a softmax over the vocabulary per token, so only where it is read.
     logprobs: bool = False
     #: Stop once the answer ends in one block of whole lines written this many times in a row
-    #: (``repeats_itself``; finish reason "repetition"); 0: never. Greedy decoding of a small
+    #: (``repeats_itself``; finish reason "repetition"); 0 (or 1): never. Greedy decoding of a small
     #: model can fall into such a loop (the default 1.5B, asked about this repository, wrote
     #: one two-line block 24 times) and would otherwise fill ``max_tokens`` with it.
     loop_repeats: int = 4
@@ -98,31 +98,35 @@ class Piece:
     tokens: tuple[int, ...]
 
 
-#: A repeated block counts only with at least this many non-blank characters, so that short
-#: lines a real answer repeats (closing braces, ``pass``, a table's rule) never stop it.
+#: A repeated block counts only with at least this many non-blank characters in its distinct
+#: lines, so that short lines a real answer repeats (closing braces, ``pass``, a table's rule,
+#: the rows of a zero matrix) never stop it, however many of them a block holds.
 LOOP_MIN_CHARS = 40
-#: How far back a repeated block is looked for (characters of the answer).
+#: How far back the answer is kept for ``repeats_itself`` (characters), and the longest block
+#: looked for (lines): both bound the check's cost at each line end.
 LOOP_WINDOW = 8192
+LOOP_MAX_LINES = 64
 
 
 def repeats_itself(text: str, times: int, min_chars: int = LOOP_MIN_CHARS) -> bool:
-    """Whether ``text`` ends, at a line end, with one block of whole lines written ``times``
-    times in a row, the block holding at least ``min_chars`` non-blank characters."""
+    """Whether ``text`` (whole lines) ends with one block of whole lines written ``times``
+    times in a row, the block's distinct lines holding at least ``min_chars`` non-blank
+    characters. Blocks are tried shortest first, one line longer at a time; the full
+    comparison runs only where the line a block's length above the last equals it."""
     if times < 2 or not text.endswith("\n"):
         return False
-    window = text[-LOOP_WINDOW:]
-    lines = window.split("\n")[:-1]
-    if len(window) < len(text):
-        lines = lines[1:]  # the window's first line may be cut
+    lines = text.split("\n")[:-1]
     n = len(lines)
-    # a block of k lines repeated ends with the line k above the last: only those k are tried
-    for k in (n - 1 - j for j in range(n - 2, -1, -1) if lines[j] == lines[-1]):
-        if k * times > n:
-            break
-        block = lines[n - k :]
-        if sum(len(line.strip()) for line in block) < min_chars:
+    seen: set[str] = set()
+    chars = 0
+    for k in range(1, min(n // times, LOOP_MAX_LINES) + 1):
+        if lines[n - k] not in seen:
+            seen.add(lines[n - k])
+            chars += len(lines[n - k].strip())
+        if chars < min_chars or lines[n - 1 - k] != lines[n - 1]:
             continue
-        if all(lines[n - (r + 1) * k : n - r * k] == block for r in range(1, times)):
+        if all(lines[n - 1 - i - r * k] == lines[n - 1 - i]
+               for r in range(1, times) for i in range(k)):
             return True
     return False
 
@@ -369,7 +373,10 @@ class Speculator:
                     finish, done = "stop", True
                     break
                 if text and req.loop_repeats:
-                    recent = (recent + text)[-LOOP_WINDOW:]
+                    recent += text
+                    if len(recent) > LOOP_WINDOW:  # keep whole lines: from a line's start
+                        recent = recent[-LOOP_WINDOW:]
+                        recent = recent[recent.find("\n") + 1 :]
                     if "\n" in text and repeats_itself(recent[: recent.rfind("\n") + 1],
                                                          req.loop_repeats):
                         finish, done = "repetition", True

@@ -25,6 +25,8 @@ def answer_stats(result: dict[str, Any]) -> str:
     energy = s.get("energy_j")
     if energy is not None:
         parts.append(f"{float(energy):.1f} J")
+    if s.get("finish_reason") == "repetition":  # cut where it began repeating itself
+        parts.append("stopped: repeating itself")
     return " · ".join(escape(p) for p in parts)
 
 

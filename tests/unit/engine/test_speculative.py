@@ -230,7 +230,9 @@ def test_short_lines_a_real_answer_repeats_never_stop_it() -> None:
     a block counts only with LOOP_MIN_CHARS non-blank characters."""
     from openjarvis.engine.speculative import LOOP_MIN_CHARS, repeats_itself
 
-    for text in ("}\n" * 20, "    pass\n" * 20, "\n" * 20, "|---|---|\n" * 10, "x = 1\ny = 2\n" * 6):
+    # (however many copies of a short line one block holds: its distinct lines are counted)
+    for text in ("}\n" * 20, "    pass\n" * 20, "\n" * 20, "|---|---|\n" * 10, "x = 1\ny = 2\n" * 6,
+                 "    [0, 0, 0, 0, 0, 0, 0, 0],\n" * 8, "# ----------\n" * 40, "\n" * 8191):
         assert not repeats_itself(text, 4), text[:20]
     line = "y" * LOOP_MIN_CHARS + "\n"
     assert repeats_itself(line * 4, 4) and not repeats_itself(line[1:] * 4, 4)

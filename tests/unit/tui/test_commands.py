@@ -33,6 +33,8 @@ def test_status_texts() -> None:
         "stats": {"tokens_per_s": 12.34, "acceptance": 0.5, "ttft_s": 0.25, "energy_j": 3.2},
     }
     assert format.answer_stats(result) == "tiny-v · 12.3 tok/s · acc 50% · ttft 0.25s · 3.2 J"
+    looped = {**result, "stats": {**result["stats"], "finish_reason": "repetition"}}
+    assert format.answer_stats(looped) == format.answer_stats(result) + " · stopped: repeating itself"
     assert not format.left_machine(result) and format.left_machine({**result, "route": "cloud"})
     assert format.index_state({"indexed": True, "files": 3, "last_run": 100.0}, now=130.0) == "index: 3 files · 30s ago"
     assert format.index_state({"indexing": True}) == "indexing…"
