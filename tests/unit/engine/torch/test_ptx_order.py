@@ -129,16 +129,21 @@ def test_a_split_k_hand_off_orders_every_partial_before_the_read_back(
     assert seq[c].startswith("@"), seq[c]
 
 
+def _stamps_wait_trigger(seq: list[str]) -> tuple[list[int], int, int]:
+    """Where a traced kernel's four stamps, its one PDL wait and its one trigger sit."""
+    stamps = [i for i, op in enumerate(seq) if "globaltimer" in op]
+    wait = [i for i, op in enumerate(seq) if "griddepcontrol.wait" in op]
+    trig = [i for i, op in enumerate(seq) if "launch_dependents" in op]
+    assert len(stamps) == 4 and len(wait) == 1 and len(trig) == 1, seq
+    return stamps, wait[0], trig[0]
+
+
 def test_the_trace_stamps_bracket_the_pdl_wait_and_the_late_trigger(
         ops: dict[str, list[str]]) -> None:
     """A one-token kernel traced (``kernels._stamp``): its entry stamp before the PDL wait, the
     second after it, the third before the late trigger, the fourth after the last store."""
-    seq = ops["traced"]
-    stamps = [i for i, op in enumerate(seq) if "globaltimer" in op]
-    wait = [i for i, op in enumerate(seq) if "griddepcontrol.wait" in op]
-    late = [i for i, op in enumerate(seq) if "launch_dependents" in op]
-    assert len(stamps) == 4 and len(wait) == 1 and len(late) == 1, seq
-    assert stamps[0] < wait[0] < stamps[1] < stamps[2] < late[0] < stamps[3], seq
+    stamps, wait, late = _stamps_wait_trigger(ops["traced"])
+    assert stamps[0] < wait < stamps[1] < stamps[2] < late < stamps[3], ops["traced"]
 
 
 def test_after_the_wait_the_trigger_follows_the_wait_and_precedes_the_loop(
@@ -146,12 +151,8 @@ def test_after_the_wait_the_trigger_follows_the_wait_and_precedes_the_loop(
     """``kernels.PDL_AFTER_WAIT`` (mode 10: the weight prologue, then the trigger right after
     the wait): one trigger, after the wait and before the stamp past the wait, so the next
     kernel launches as this one's main loop starts; none after the loop."""
-    seq = ops["traced_aw"]
-    stamps = [i for i, op in enumerate(seq) if "globaltimer" in op]
-    wait = [i for i, op in enumerate(seq) if "griddepcontrol.wait" in op]
-    trig = [i for i, op in enumerate(seq) if "launch_dependents" in op]
-    assert len(stamps) == 4 and len(wait) == 1 and len(trig) == 1, seq
-    assert stamps[0] < wait[0] < trig[0] < stamps[1] < stamps[2] < stamps[3], seq
+    stamps, wait, trig = _stamps_wait_trigger(ops["traced_aw"])
+    assert stamps[0] < wait < trig < stamps[1] < stamps[2] < stamps[3], ops["traced_aw"]
 
 
 @pytest.mark.parametrize("variant", ["00", "10", "11", "11s", "10p", "11p"])
