@@ -173,8 +173,8 @@ class Runner:
         #: T > 1: (splits, keys per block) of the attention where they differ from the
         #: one-token step's (``nsplit``, ``attn_block_s``); None: the same.
         self.verify_attention: tuple[int, int] | None = None
-        #: Warps of each program of the attention's merge, per T (absent: 1; one beat more
-        #: since the merge spreads over ``combine_cols``, session 16 runs 158-160).
+        #: Warps of each program of the attention's merge, per T (absent: 1; the 1.5B's verify
+        #: merge had 2 until it spread over ``combine_cols``, session 16 runs 158-160).
         self.combine_warps: dict[int, int] = {}
         self.rope_warps: dict[int, int] = {}
         #: Warps of each (kv head, split) program of the attention, per T (absent: 4; query
