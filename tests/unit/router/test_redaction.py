@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import secrets
 import string
 
 import pytest
@@ -13,6 +12,7 @@ from hypothesis import strategies as st
 from openjarvis.router.redact import is_secret_name, known_secrets_from_env, redact
 
 B62 = string.ascii_letters + string.digits
+URLSAFE = B62 + "-_"
 
 EXAMPLES = [
     ("OPENAI_API_KEY=sk-proj-abcdefghijklmnopqrstuvwx\n", "OPENAI_API_KEY=[REDACTED:openai_key]\n", "openai_key"),
@@ -126,9 +126,13 @@ def test_leaves_ordinary_code_alone(text: str) -> None:
 def test_random_base62_and_urlsafe_secrets_are_caught_by_entropy() -> None:
     rng = random.Random(20261130)
     planted = ["".join(rng.choice(B62) for _ in range(40)) for _ in range(300)]
-    planted += [secrets.token_urlsafe(32) for _ in range(100)]
+    # Shaped like secrets.token_urlsafe(32) (43 characters of the URL-safe alphabet), but drawn
+    # from the seeded generator: an unseeded draw made this test fail about once in 500 runs.
+    planted += ["".join(rng.choice(URLSAFE) for _ in range(43)) for _ in range(100)]
     missed = [s for s in planted if s in redact(f"value: {s}\n").text]
-    # Statistical by nature (a random string can happen to look like words); see the docstring.
+    # Statistical by nature: a random string with no digit (about 1 in 1,500 of these) or that
+    # happens to look like words is kept; see the module docstring. Seeded, so this is one fixed
+    # sample: it shows the detector's miss rate on it, and fails only if the detector changes.
     assert len(missed) <= 1, missed
 
 
