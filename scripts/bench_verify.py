@@ -752,6 +752,14 @@ FINAL17_VARIANTS: dict[str, dict[str, Any]] = {
                   "by_width": {"896": {"verify_pdl": _V05}}},
 }
 T1_SETS["final17"] = {"t1_session16": {"by_width": {"1536": {"combine_cols": {"1": 4}}}}}
+#: ``--set trace18`` (session 18, for the next device run; with ``trace_step.py --variants``):
+#: verify gate/up letting the down projection launch at its start (run 165 lost 5 % with it,
+#: also with the down projection then letting qkv go only after its loop, and did not say
+#: why), on today's verify launches (``_chain15``, so these follow the defaults).
+TRACE18_VARIANTS: dict[str, dict[str, Any]] = {
+    "w13e": _chain15(w13=1), "w13e_w2late": _chain15(w13=1, w2=1 + K.PDL_LATE),
+}
+T1_SETS["trace18"] = {}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -767,7 +775,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "sweep17": SWEEP17_VARIANTS, "early17": EARLY17_VARIANTS, "wait17": WAIT17_VARIANTS,
     "wait17b": WAIT17B_VARIANTS, "final17": FINAL17_VARIANTS,
     "wait17c": WAIT17C_VARIANTS, "warps17": WARPS17_VARIANTS,
-    "pro17": PRO17_VARIANTS,
+    "pro17": PRO17_VARIANTS, "trace18": TRACE18_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

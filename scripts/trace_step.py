@@ -16,6 +16,11 @@ median over the middle layers and the replays:
 Random weights of the default pair's shapes; run on the lent GPU:
 ``python3 scripts/trace_step.py --out DIR`` (DIR/trace.json). Stamps cost a few stores a
 program, so the traced step is itself timed against the untraced one.
+
+``--variants default,early17:w13e`` traces today's defaults and then a variant of one of
+bench_verify.py's named sets (its verify and one-token settings merged, as its breakdowns
+merge them), each in a Runner of its own: where a variant loses in bench_verify, its trace
+says which kernel slows.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_gpu import time_ms  # noqa: E402  # the benchmarks' one timer
+from bench_verify import T1_SETS, VERIFY_SETS, configure, runner_for  # noqa: E402
 
 from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
@@ -47,11 +53,31 @@ VERIFY_KINDS = ("qkv", "rope", "attn", "merge", "wo", "w13", "w2")
 PROGS = 16384  # programs recorded a launch (the output projection has ~9.5k)
 
 
+def variant_settings(spec: str) -> dict[str, Any]:
+    """The Runner settings that ``spec`` names: "default" (none), or "SET:NAME", a variant of
+    bench_verify.py's ``--set SET`` (its verify settings, with its one-token ones on top)."""
+    if spec == "default":
+        return {}
+    name_set, sep, name = spec.partition(":")
+    if not sep or name_set not in T1_SETS:
+        raise SystemExit(f"trace_step: --variants takes default or SET:NAME with SET one of "
+                         f"bench_verify.py's sets, not {spec!r}")
+    found = {**VERIFY_SETS.get(name_set, {}).get(name, {}), **T1_SETS[name_set].get(name, {})}
+    if name not in VERIFY_SETS.get(name_set, {}) and name not in T1_SETS[name_set]:
+        known = sorted({*VERIFY_SETS.get(name_set, {}), *T1_SETS[name_set]})
+        raise SystemExit(f"trace_step: set {name_set} has no variant {name!r}; it has {known}")
+    return found
+
+
 def trace(a: ModelArgs, pos: int, replays: int,
           l2_prefetch: tuple[float, int, int] | None | bool = True,
-          t: int = 1) -> dict[str, Any]:
-    w = random_weights(a, torch.bfloat16, "cuda", seed=0)
-    r = Runner(Transformer(a, w, n_pos=pos + 128), pos + 64, kernels="triton", graphs=True)
+          t: int = 1, variant: dict[str, Any] | None = None) -> dict[str, Any]:
+    if variant:  # bench_verify's own Runner and settings, so the variant means the same there
+        r, base = runner_for(a, pos + 64)
+        configure(r, variant, base)
+    else:
+        w = random_weights(a, torch.bfloat16, "cuda", seed=0)
+        r = Runner(Transformer(a, w, n_pos=pos + 128), pos + 64, kernels="triton", graphs=True)
     if l2_prefetch is not True:  # True: the default's (its side-stream kernel is not traced)
         r.l2_prefetch = l2_prefetch  # type: ignore[assignment]
     kinds = KINDS if t == 1 else VERIFY_KINDS
@@ -110,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--l2-prefetch", default="",
                     help="MiB,PROGRAMS[,AFTER] (Runner.l2_prefetch), or off; default: the "
                          "Runner's own")
+    ap.add_argument("--variants", default="default",
+                    help="comma-separated: default, or SET:NAME for a variant of bench_verify.py's "
+                         "--set SET; each is traced in a Runner of its own")
     args = ap.parse_args(argv)
+    variants = {spec: variant_settings(spec) for spec in args.variants.split(",")}
     if not torch.cuda.is_available():
         print("trace_step needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -126,10 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {}
     for name in args.models.split(","):
         for pos in (int(p) for p in args.positions.split(",")):
-            for t in (int(x) for x in args.tokens.split(",")):
-                out = trace(models[name], pos, args.replays, prefetch, t)
-                res[f"{name}@{pos}" + (f"_T{t}" if t > 1 else "")] = out
-                print(name, pos, t, json.dumps(out), flush=True)
+            for t, (spec, v) in ((int(x), sv) for x in args.tokens.split(",")
+                                 for sv in variants.items()):
+                out = trace(models[name], pos, args.replays, prefetch, t, v)
+                key = f"{name}@{pos}" + (f"_T{t}" if t > 1 else "")
+                res[key if spec == "default" else f"{key}_{spec}"] = out
+                print(name, pos, t, spec, json.dumps(out), flush=True)
                 args.out.mkdir(parents=True, exist_ok=True)
                 (args.out / "trace.json").write_text(json.dumps(res, indent=1))
                 torch.cuda.empty_cache()

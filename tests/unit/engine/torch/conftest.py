@@ -8,7 +8,7 @@ import pytest
 
 NEEDS_TORCH = ["test_torch_model.py", "test_torch_kernels.py", "test_torch_weights.py",
                "test_torch_engine.py", "test_torch_speculative.py", "test_cuda_step.py",
-               "test_on_gpu.py"]
+               "test_on_gpu.py", "test_bench_scripts.py"]
 
 if importlib.util.find_spec("torch") is None:
     collect_ignore = NEEDS_TORCH

@@ -1,0 +1,49 @@
+"""The GPU benchmark scripts' variant plumbing, checked on the CPU before device time is spent.
+
+A device run is 30 minutes a session; a typo in a variant's name or settings that only shows
+there costs a run. These check what the scripts resolve a variant to, not what it measures.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+bench_verify = pytest.importorskip("bench_verify")
+trace_step = pytest.importorskip("trace_step")
+
+from openjarvis.engine.torch import kernels as K  # noqa: E402
+from openjarvis.engine.torch.tuning import VERIFY_PDL  # noqa: E402
+
+
+def test_every_verify_set_can_be_named_on_the_command_line() -> None:
+    # ``--set`` offers T1_SETS' names: a verify set missing there could never be run.
+    assert set(bench_verify.VERIFY_SETS) <= set(bench_verify.T1_SETS)
+
+
+def test_a_traced_variant_is_bench_verifys_variant_on_todays_launches() -> None:
+    assert trace_step.variant_settings("default") == {}
+    got = trace_step.variant_settings("trace18:w13e_w2late")
+    for width, n_ff in VERIFY_PDL:
+        pdl = got["by_width"][str(width)]["verify_pdl"]
+        assert pdl == {**VERIFY_PDL[(width, n_ff)], "w13": 1, "w2": 1 + K.PDL_LATE}
+    # a set's one-token variants are found as well
+    assert trace_step.variant_settings("final17:t1_session16") == {
+        "by_width": {"1536": {"combine_cols": {"1": 4}}}}
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("trace18:nope", "set trace18 has no variant 'nope'; it has ['w13e', 'w13e_w2late']"),
+    ("nope:w13e", "SET:NAME with SET one of bench_verify.py's sets, not 'nope:w13e'"),
+    ("w13e", "not 'w13e'"),
+])
+def test_a_variant_that_is_not_there_is_refused_before_anything_runs(spec: str, message: str) -> None:
+    with pytest.raises(SystemExit, match=message.replace("[", r"\[").replace("]", r"\]")):
+        trace_step.variant_settings(spec)
+
+
+def test_a_mistyped_setting_is_refused_rather_than_timing_the_default() -> None:
+    with pytest.raises(SystemExit, match=r"unknown variant settings \['verify_pld'\]"):
+        runner = SimpleNamespace(args=SimpleNamespace(n_embd=1536))
+        bench_verify.configure(runner, {"verify_pld": {}}, {})
