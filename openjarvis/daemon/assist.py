@@ -344,7 +344,7 @@ def _answer_routed(
 
     Local first whenever the policy allows; a target takes over when the person asked, the prompt
     does not fit, the local engine failed, or (router.cloud = "auto") the local answer looked
-    unsure, in which case the client is told to replace what it showed (``chat/restart``).
+    unsure or began repeating itself, in which case the client is told to replace what it showed (``chat/restart``).
     """
     from dataclasses import replace
 
@@ -393,6 +393,7 @@ def _answer_routed(
                 mean_logprob=answer.stats.get("mean_logprob"),
                 acceptance=answer.stats.get("acceptance"),
                 answer_tokens=answer.stats["tokens"],
+                repeated=answer.stats.get("finish_reason") == "repetition",
             )
             after = router.decide(rreq, measured)
             if after.local or after.needs_confirmation:

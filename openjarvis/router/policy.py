@@ -121,6 +121,10 @@ class Signals:
     acceptance: float | None = None
     #: Length of that answer in tokens.
     answer_tokens: int = 0
+    #: That answer was stopped because it began writing the same lines over again (finish
+    #: reason "repetition", ``generation.loop_repeats``): a loop's tokens are likely, so its
+    #: mean log-probability reads as confidence, yet the answer is cut short.
+    repeated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +184,8 @@ def _trigger(request: RouteRequest, policy: Policy, signals: Signals) -> tuple[T
             Trigger.CONTEXT,
             f"prompt of {request.prompt_tokens} tokens does not fit the local context of {signals.local_context}",
         )
+    if signals.repeated:
+        return Trigger.LOW_CONFIDENCE, "local answer began repeating itself"
     if signals.answer_tokens >= MIN_TOKENS_FOR_CONFIDENCE:
         lp = signals.mean_logprob
         if lp is not None and lp < policy.low_confidence_logprob:

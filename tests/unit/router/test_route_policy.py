@@ -167,6 +167,24 @@ ROWS = [
         trigger=Trigger.LOW_CONFIDENCE,
         reason="local answer unsure (mean log-prob -2.00); sending to cloud (big)",
     ),
+    Row(
+        "a-looping-answer-goes-though-its-tokens-look-sure",
+        {"cloud": "auto", "targets": (CLOUD,)},
+        FITS,
+        {"mean_logprob": -0.05, "answer_tokens": 258, "repeated": True},
+        target="cloud",
+        trigger=Trigger.LOW_CONFIDENCE,
+        reason="local answer began repeating itself; sending to cloud (big)",
+    ),
+    Row(
+        "a-looping-answer-stays-under-never",
+        {"cloud": "never", "targets": (CLOUD,)},
+        FITS,
+        {"mean_logprob": -0.05, "answer_tokens": 258, "repeated": True},
+        trigger=Trigger.LOW_CONFIDENCE,
+        reason="local answer began repeating itself; staying local: "
+        "cloud: router.cloud = never; allow it with `jarvis config set router.cloud ask`",
+    ),
     Row("confident-stays", {"cloud": "auto", "targets": (CLOUD,)}, FITS, {"mean_logprob": -0.3, "answer_tokens": 40}),
     Row("too-short-to-judge", {"cloud": "auto", "targets": (CLOUD,)}, FITS, {"mean_logprob": -3.0, "answer_tokens": 5}),
     Row(
@@ -269,6 +287,7 @@ SIGNALS = st.builds(
     mean_logprob=st.none() | st.floats(-6, 0),
     acceptance=st.none() | st.floats(0, 1),
     answer_tokens=st.integers(0, 100),
+    repeated=st.booleans(),
 )
 
 
