@@ -375,7 +375,13 @@ class Assistant:
 
             remaining = request.max_tokens - len(emitted)
             gen = spec.generate(
-                replace(request, prompt=[*request.prompt, *emitted], max_tokens=remaining), cancel=stop_now
+                replace(
+                    request,
+                    prompt=[*request.prompt, *emitted],
+                    max_tokens=remaining,
+                    loop_prefix=request.loop_prefix + "".join(texts),
+                ),
+                cancel=stop_now,
             )
             for piece in gen:
                 if piece.text:

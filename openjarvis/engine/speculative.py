@@ -88,6 +88,10 @@ class Request:
     #: model can fall into such a loop (the default 1.5B, asked about this repository, wrote
     #: one two-line block 24 times) and would otherwise fill ``max_tokens`` with it.
     loop_repeats: int = 4
+    #: The answer's text so far where this generation continues one (a chat answer paused for
+    #: more urgent work and resumed): the loop check counts its lines with the new ones, so a
+    #: loop that spans the pause stops at the same copy as one that does not.
+    loop_prefix: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +133,14 @@ def repeats_itself(text: str, times: int, min_chars: int = LOOP_MIN_CHARS) -> bo
                for r in range(1, times) for i in range(k)):
             return True
     return False
+
+
+def _loop_window(text: str) -> str:
+    """The last ``LOOP_WINDOW`` characters of ``text``, cut at a line's start where cut."""
+    if len(text) <= LOOP_WINDOW:
+        return text
+    text = text[-LOOP_WINDOW:]
+    return text[text.find("\n") + 1 :]
 
 
 @dataclass(slots=True)
@@ -306,7 +318,7 @@ class Speculator:
     ) -> Iterator[Piece]:
         v, stats = self.verifier, gen.stats
         finish = "length"
-        recent = ""  # the answer's last LOOP_WINDOW characters, for ``repeats_itself``
+        recent = _loop_window(req.loop_prefix)  # the answer's last lines, for ``repeats_itself``
         while True:
             if cancel():
                 finish = "cancelled"
@@ -373,10 +385,7 @@ class Speculator:
                     finish, done = "stop", True
                     break
                 if text and req.loop_repeats:
-                    recent += text
-                    if len(recent) > LOOP_WINDOW:  # keep whole lines: from a line's start
-                        recent = recent[-LOOP_WINDOW:]
-                        recent = recent[recent.find("\n") + 1 :]
+                    recent = _loop_window(recent + text)
                     if "\n" in text and repeats_itself(recent[: recent.rfind("\n") + 1],
                                                          req.loop_repeats):
                         finish, done = "repetition", True

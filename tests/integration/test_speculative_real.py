@@ -70,3 +70,11 @@ def test_an_answer_writing_the_same_line_over_again_stops_at_the_fourth_copy(
                                  loop_repeats=0)).run()
     assert free.stats.finish_reason == "stop" and free.text.count(line) > 4
     assert free.text.startswith(gen.text)
+    # An answer paused after two copies and resumed (the assistant's ``_run``: the prompt plus
+    # what it emitted, and that text as ``loop_prefix``) stops at the same, fourth, copy.
+    two = (line + "\n") * 2
+    cut = [i for i in range(len(gen.tokens)) if v.detokenize(gen.tokens[:i]) == two.encode()]
+    assert cut, "the answer's tokens end no prefix at the second copy's line end"
+    resumed = spec.generate(Request(prompt + gen.tokens[: cut[0]], max_tokens=300,
+                                    drafter="ngram", corpus=corpus, loop_prefix=two)).run()
+    assert resumed.stats.finish_reason == "repetition" and resumed.text == two
