@@ -74,6 +74,12 @@ class PriorityGate:
         with self._cond:
             return self._held
 
+    @property
+    def waiting(self) -> int:
+        """How many holders are queued behind the one that holds the gate."""
+        with self._cond:
+            return len(self._waiting)
+
     @contextmanager
     def hold(self, priority: int) -> Iterator[Slot]:
         self._acquire(priority)

@@ -30,7 +30,8 @@ def test_waiters_are_served_by_priority_then_arrival() -> None:
         t = threading.Thread(target=waiter, args=(name, prio))
         t.start()
         threads.append(t)
-        time.sleep(0.02)  # arrival order
+        while gate.waiting < len(threads):  # arrival order: each queued before the next starts
+            time.sleep(0.001)
     release.set()
     for t in [first, *threads]:
         t.join(5)

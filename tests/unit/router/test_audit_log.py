@@ -17,6 +17,14 @@ from openjarvis.router.audit import AuditLog, AuditRecord, start_of_local_day
 NOW = datetime.now().astimezone()
 
 
+@pytest.fixture(autouse=True)
+def _now_at_the_test() -> None:
+    """``NOW`` taken as each test starts: taken once at collection, a local midnight between the
+    two (the suite runs for minutes) put "today's" records in yesterday."""
+    global NOW
+    NOW = datetime.now().astimezone()
+
+
 def record(ago: timedelta = timedelta(0), **kw: object) -> AuditRecord:
     fields: dict[str, object] = {
         "time": (NOW - ago).timestamp(),

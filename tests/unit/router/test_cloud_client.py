@@ -34,7 +34,10 @@ from openjarvis.router.cloud import CloudClient, CloudReply, Retry, Timeouts
 from openjarvis.router.targets import Target
 
 KEY = "test-key-0123456789-abcdefghij"
-FAST = Timeouts(connect_s=2.0, read_s=0.3, write_s=2.0)
+#: Roomy enough that a loaded machine's pause in the in-process fake target never reads as a
+#: silent one (read timeouts are not retried); the slow-target test asks for ``SLOW_READ``.
+FAST = Timeouts(connect_s=2.0, read_s=5.0, write_s=2.0)
+SLOW_READ = Timeouts(connect_s=2.0, read_s=0.3, write_s=2.0)
 
 
 class Sleeps(list[float]):
@@ -61,6 +64,7 @@ def ask(
     sleeps: Sleeps | None = None,
     on_text: Callable[[str], Any] | None = None,
     audit: AuditLog | None = None,
+    timeouts: Timeouts = FAST,
     **kw: Any,
 ) -> CloudReply:
     async def go() -> CloudReply:
@@ -69,7 +73,7 @@ def ask(
             audit=audit,
             workspace="/src/app",
             trigger="asked",
-            timeouts=FAST,
+            timeouts=timeouts,
             retry=Retry(attempts=3, backoff_s=0.01),
             sleep=sleeps if sleeps is not None else Sleeps(),
         ) as client:
@@ -182,7 +186,7 @@ def test_5xx_every_time_gives_up_after_the_retries_with_one_line(fake_cloud: Fak
 def test_a_slow_target_hits_the_read_timeout_and_is_not_retried(fake_cloud: FakeCloud) -> None:
     fake_cloud.script(Reply(delay_s=30, headers={"Content-Type": "text/event-stream"}, events=["[DONE]"]))
     with pytest.raises(CloudTimeout) as exc:
-        ask(fake_cloud.url)
+        ask(fake_cloud.url, timeouts=SLOW_READ)
     assert str(exc.value) == "target 'fake' went silent before answering for 0.3 s (read timeout); try again later"
     assert len(fake_cloud.received) == 1
 

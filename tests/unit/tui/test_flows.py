@@ -107,16 +107,15 @@ def test_search_shows_hits_and_previews_the_code(tiny_daemon: Path) -> None:
             await wait_for(pilot, lambda: panel.items != [])
             assert panel.items[0].path == "app/http.py"
             assert "Search: http response" in str(panel.query_one("#context-title", Label).render())
-            await pilot.pause(0.1)
-            preview = str(panel.query_one("#context-preview", Static).render())
-            assert "def parse_http_response(raw: str) -> dict:" in preview
+            def preview() -> str:
+                return str(panel.query_one("#context-preview", Static).render())
+
+            await wait_for(pilot, lambda: "def parse_http_response(raw: str) -> dict:" in preview())
             assert len(panel.items) > 1
             panel.query_one("#context-list", OptionList).focus()
             await pilot.press("down")  # the next hit: its own lines in the preview
-            await pilot.pause(0.1)
             second = panel.items[1]
-            preview = str(panel.query_one("#context-preview", Static).render())
-            assert f"{second.start_line} ▌" in preview
+            await wait_for(pilot, lambda: f"{second.start_line} ▌" in preview())
             await send(pilot, "/model")  # models/list, as a note in the conversation
             await wait_for(pilot, lambda: "tiny-v" in getattr(app.query(".note").last(), "source", ""))
             assert "Pair in use: **tiny**" in app.query(".note").last().source
@@ -145,7 +144,7 @@ def test_review_accept_one_hunk_apply_then_undo(tiny_daemon: Path) -> None:
             review = app.screen
             assert isinstance(review, DiffReviewScreen) and len(review.keys) == 2
             await pilot.press("space")  # reject the first hunk (the docstring)
-            assert review.accepted == {(0, 1)}
+            await wait_for(pilot, lambda: review.accepted == {(0, 1)})
             await pilot.press("y")
             await wait_for(pilot, lambda: target.read_text() != original)
             assert target.read_text() == original.replace(
@@ -210,10 +209,9 @@ def test_missing_model_is_a_notification_that_says_what_to_do(tiny_setup: Path) 
         async with app.run_test(size=(100, 30)) as pilot:
             await wait_for(pilot, lambda: app.connected)
             await send(pilot, "hi")
+            # (not "until not busy": that can hold before the request has even begun)
+            await wait_for(pilot, lambda: any("jarvis models install" in n.message for n in app._notifications))
             await wait_for(pilot, lambda: not app.busy)
-            await pilot.pause(0.1)
-            notes = [n.message for n in app._notifications]
-            assert any("jarvis models install" in n for n in notes), notes
             assert app.query(".note.error")
 
     try:
@@ -228,7 +226,7 @@ def test_cloud_refused_by_policy_says_what_to_do(tiny_daemon: Path) -> None:
         async with app.run_test(size=(100, 30)) as pilot:
             await wait_for(pilot, lambda: app.connected)
             await send(pilot, "/cloud")
-            assert app.route_mode == "cloud"
+            await wait_for(pilot, lambda: app.route_mode == "cloud")
             await send(pilot, "What does Router do?")
             await wait_for(pilot, lambda: not app.busy and len(app._notifications) >= 3)
             notes = [n.message for n in app._notifications]
