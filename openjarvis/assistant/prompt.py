@@ -12,7 +12,8 @@ What goes in, by priority (a lower part only gets what the higher ones left):
    budget unless the caller fixes it), reserved before anything that depends on the question;
 3. the editor's selection;
 4. the most recent conversation turns, whole turns only, up to ``HISTORY_SHARE`` of the budget;
-5. retrieved chunks, best score first, each whole or not at all;
+5. retrieved chunks, best score first, each whole or not at all, leaving out any that scores
+   under ``MIN_SCORE_SHARE`` of the best;
 6. the open file, a window of lines around the cursor.
 
 Layout: the system turn holds only the system prompt and the repository map, the *stable head*
@@ -40,11 +41,19 @@ HISTORY_SHARE = 0.35
 MAP_SHARE = 0.20
 #: Tokens kept free for chat-template markup around each message.
 MESSAGE_OVERHEAD = 8
+#: A retrieved chunk scoring under this share of the best one is left out of the prompt. Where
+#: one kind of chunk clearly answers (the README and design pages for a question about the whole
+#: repository, scoring ~4x the rest), the small default models copy a weak match into the answer
+#: rather than ignore it: asked the README's own question, the 1.5B pasted a docstring from
+#: ``index/rank.py`` (0.04 against the design page's 0.17) as if it described the repository.
+#: A code question's chunks score within a factor of two of each other, so none is cut there.
+MIN_SCORE_SHARE = 1 / 3
 
 SYSTEM_PROMPT = (
     "You are Open Jarvis, a coding assistant running locally on the user's machine. Answer questions "
-    "about the user's codebase using the repository map below and the code given with each question; "
-    "cite files as path:line. Be concise and exact. "
+    "about the user's codebase using the repository map below and the code given with each question. "
+    "Explain in a few sentences or a short list, citing the files you draw on as path:line; a citation "
+    "alone is not an answer. Be concise and exact. "
     "When asked to change code, answer with edits in this format, one block per change:\n"
     "path/to/file.py\n<<<<<<< SEARCH\nexact lines from the file\n=======\nnew lines\n>>>>>>> REPLACE"
 )
@@ -189,13 +198,16 @@ def assemble(
         dropped.append(f"{len(history) - len(kept_history)} of {len(history)} earlier messages")
 
     kept_sources: list[Source] = []
-    for src in sorted(sources, key=lambda s: -s.score):
+    best = max((src.score for src in sources), default=0.0)
+    # a weak match is left out, not dropped for want of room: it is not reported as dropped
+    wanted = [src for src in sources if best <= 0 or src.score >= best * MIN_SCORE_SHARE]
+    for src in sorted(wanted, key=lambda s: -s.score):
         c = count(src.render()) + 1
         if used + c <= budget:
             kept_sources.append(src)
             used += c
-    if len(kept_sources) < len(sources):
-        dropped.append(f"{len(sources) - len(kept_sources)} of {len(sources)} retrieved chunks")
+    if len(kept_sources) < len(wanted):
+        dropped.append(f"{len(wanted) - len(kept_sources)} of {len(wanted)} retrieved chunks")
 
     if editor is not None and editor.text:
         header = f"Open in the editor: {editor.path} (around line {editor.cursor_line})\n```\n"

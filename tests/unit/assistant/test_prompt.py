@@ -94,3 +94,15 @@ def test_open_file_window_is_around_the_cursor() -> None:
 def test_question_that_cannot_fit_is_an_overflow() -> None:
     with pytest.raises(ContextOverflow, match="the question alone needs .* prompt budget is 50"):
         assemble("word " * 100, budget=50, count=words)
+
+
+def test_a_chunk_far_below_the_best_is_left_out_and_not_reported_dropped() -> None:
+    # The README's own question: the design page at 0.17, a docstring that mentions READMEs at 0.04.
+    p = assemble("what does this repository do?", budget=10_000, count=words,
+                 sources=[src("design", 0.17), src("readme", 0.14), src("rank", 0.04)])
+    assert [s.path for s in p.sources] == ["design.py", "readme.py"]
+    assert "rank.py" not in p.messages[-1].content and p.dropped == ()
+    # A code question's chunks score alike: all of them go in.
+    flat = assemble("where is x?", budget=10_000, count=words,
+                    sources=[src("a", 0.065), src("b", 0.047), src("c", 0.041)])
+    assert [s.path for s in flat.sources] == ["a.py", "b.py", "c.py"]
