@@ -48,6 +48,22 @@ def jarvis(env: dict[str, str], *args: str, cwd: Path | None = None) -> subproce
                           capture_output=True, check=True)  # fmt: skip
 
 
+def isolated_env(home: Path, models_dir: Path, threads: int) -> dict[str, str]:
+    """This process's environment with every XDG folder under ``home`` and no ``JARVIS_*``
+    variable: a daemon of its own, nothing read from or written to the person's setup but the
+    installed model files (``models.dir``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JARVIS_")}
+    for var, sub in (("XDG_CONFIG_HOME", "config"), ("XDG_DATA_HOME", "data"), ("XDG_CACHE_HOME", "cache"),
+                     ("XDG_STATE_HOME", "state"), ("XDG_RUNTIME_DIR", "run")):  # fmt: skip
+        (home / sub).mkdir()
+        env[var] = str(home / sub)
+    (home / "config" / "openjarvis").mkdir()
+    (home / "config" / "openjarvis" / "config.toml").write_text(
+        f'[models]\ndir = "{models_dir}"\n[engine]\nthreads = {threads}\n'
+    )
+    return env
+
+
 def ask(env: dict[str, str], repo: Path, question: str, max_tokens: int) -> tuple[float, float, str]:
     """(seconds to the first answer byte, seconds to exit, the footer line) of one `jarvis ask`."""
     start = time.perf_counter()
@@ -127,15 +143,7 @@ def main() -> None:
     repo = args.repo.resolve()
     with tempfile.TemporaryDirectory(prefix="jarvis-bench-ask-") as tmp:
         home = Path(tmp)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("JARVIS_")}
-        for var, sub in (("XDG_CONFIG_HOME", "config"), ("XDG_DATA_HOME", "data"), ("XDG_CACHE_HOME", "cache"),
-                         ("XDG_STATE_HOME", "state"), ("XDG_RUNTIME_DIR", "run")):  # fmt: skip
-            (home / sub).mkdir()
-            env[var] = str(home / sub)
-        (home / "config" / "openjarvis").mkdir()
-        (home / "config" / "openjarvis" / "config.toml").write_text(
-            f'[models]\ndir = "{args.models_dir}"\n[engine]\nthreads = {args.threads}\n'
-        )
+        env = isolated_env(home, args.models_dir, args.threads)
         print(f"warm-up: indexing {repo} and asking once (not counted)", file=sys.stderr)
         jarvis(env, "index", str(repo))
         ask(env, repo, "What is this repository?", args.max_tokens)

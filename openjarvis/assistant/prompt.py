@@ -12,8 +12,8 @@ What goes in, by priority (a lower part only gets what the higher ones left):
    budget unless the caller fixes it), reserved before anything that depends on the question;
 3. the editor's selection;
 4. the most recent conversation turns, whole turns only, up to ``HISTORY_SHARE`` of the budget;
-5. retrieved chunks, best score first, each whole or not at all, leaving out any that scores
-   under ``MIN_SCORE_SHARE`` of the best;
+5. retrieved chunks, best score first, each whole or not at all, down to the first wide gap in
+   their scores (``weak_matches_cut``);
 6. the open file, a window of lines around the cursor.
 
 Layout: the system turn holds only the system prompt and the repository map, the *stable head*
@@ -41,13 +41,17 @@ HISTORY_SHARE = 0.35
 MAP_SHARE = 0.20
 #: Tokens kept free for chat-template markup around each message.
 MESSAGE_OVERHEAD = 8
-#: A retrieved chunk scoring under this share of the best one is left out of the prompt. Where
-#: one kind of chunk clearly answers (the README and design pages for a question about the whole
-#: repository, scoring ~4x the rest), the small default models copy a weak match into the answer
-#: rather than ignore it: asked the README's own question, the 1.5B pasted a docstring from
-#: ``index/rank.py`` (0.04 against the design page's 0.17) as if it described the repository.
-#: A code question's chunks score within a factor of two of each other, so none is cut there.
-MIN_SCORE_SHARE = 1 / 3
+#: Retrieved chunks are cut at the first gap in their scores where one scores under 1 /
+#: ``SCORE_GAP`` of the one before it, past the first ``MIN_CHUNKS``. Where one kind of chunk
+#: clearly answers (the README and design pages for a question about the whole repository), the
+#: small default models copy a weak match below it into the answer rather than ignore it: asked
+#: the README's own question, the 1.5B pasted a docstring from ``index/rank.py`` (scores 0.168,
+#: 0.165, 0.144, 0.085, then 0.041) as if it described the repository, and wrote it four times.
+#: A cut at a gap, not at a share of the best, never splits a cluster of similar scores (a code
+#: question's chunks), and a question naming one symbol, whose definition scores 2-3x the
+#: rest, keeps the next ``MIN_CHUNKS`` - 1 too.
+SCORE_GAP = 1.75
+MIN_CHUNKS = 3
 
 SYSTEM_PROMPT = (
     "You are Open Jarvis, a coding assistant running locally on the user's machine. Answer questions "
@@ -137,6 +141,16 @@ def _cut_lines(text: str, budget: int, count: Counter) -> str:
     return "\n".join(out)
 
 
+def weak_matches_cut(sources: Sequence[Source]) -> list[Source]:
+    """``sources`` best first, down to the first one past ``MIN_CHUNKS`` that scores under
+    1 / ``SCORE_GAP`` of the one before it (see ``SCORE_GAP``)."""
+    ranked = sorted(sources, key=lambda s: -s.score)
+    for i in range(MIN_CHUNKS, len(ranked)):
+        if ranked[i - 1].score > 0 and ranked[i].score * SCORE_GAP < ranked[i - 1].score:
+            return ranked[:i]
+    return ranked
+
+
 def assemble(
     question: str,
     *,
@@ -198,10 +212,9 @@ def assemble(
         dropped.append(f"{len(history) - len(kept_history)} of {len(history)} earlier messages")
 
     kept_sources: list[Source] = []
-    best = max((src.score for src in sources), default=0.0)
     # a weak match is left out, not dropped for want of room: it is not reported as dropped
-    wanted = [src for src in sources if best <= 0 or src.score >= best * MIN_SCORE_SHARE]
-    for src in sorted(wanted, key=lambda s: -s.score):
+    wanted = weak_matches_cut(sources)
+    for src in wanted:
         c = count(src.render()) + 1
         if used + c <= budget:
             kept_sources.append(src)

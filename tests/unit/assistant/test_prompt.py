@@ -96,13 +96,24 @@ def test_question_that_cannot_fit_is_an_overflow() -> None:
         assemble("word " * 100, budget=50, count=words)
 
 
-def test_a_chunk_far_below_the_best_is_left_out_and_not_reported_dropped() -> None:
-    # The README's own question: the design page at 0.17, a docstring that mentions READMEs at 0.04.
+def test_chunks_are_cut_at_a_wide_gap_in_their_scores_and_not_reported_dropped() -> None:
+    # The README's own question: design and README pages, then a docstring that mentions READMEs.
     p = assemble("what does this repository do?", budget=10_000, count=words,
-                 sources=[src("design", 0.17), src("readme", 0.14), src("rank", 0.04)])
-    assert [s.path for s in p.sources] == ["design.py", "readme.py"]
+                 sources=[src("design", 0.168), src("design2", 0.165), src("readme", 0.144),
+                          src("readme2", 0.085), src("rank", 0.041)])
+    assert [s.path for s in p.sources] == ["design.py", "design2.py", "readme.py", "readme2.py"]
     assert "rank.py" not in p.messages[-1].content and p.dropped == ()
-    # A code question's chunks score alike: all of them go in.
-    flat = assemble("where is x?", budget=10_000, count=words,
-                    sources=[src("a", 0.065), src("b", 0.047), src("c", 0.041)])
-    assert [s.path for s in flat.sources] == ["a.py", "b.py", "c.py"]
+    kept = [
+        # a code question's chunks score alike; a named symbol's definition scores 2-3x the rest
+        [0.065, 0.047, 0.044, 0.042, 0.041],
+        [0.104, 0.052, 0.050, 0.037, 0.0366],
+        # a cluster across any share of the best is never split
+        [0.143, 0.128, 0.085, 0.081, 0.049, 0.048, 0.0475, 0.047],
+        # past the first three only: the gap after the best does not cut
+        [0.3, 0.05, 0.04, 0.035],
+        [0.0, 0.0, 0.0, 0.0],
+    ]
+    for scores in kept:
+        chunks = [src(f"c{i}", x) for i, x in enumerate(scores)]
+        got = assemble("where is x?", budget=10_000, count=words, sources=chunks).sources
+        assert [s.score for s in got] == scores
