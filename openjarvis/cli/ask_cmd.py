@@ -28,9 +28,12 @@ def footer(result: dict[str, Any]) -> str:
     # an answer cut where it began writing the same lines over again says so, and how to allow it
     looped = " · stopped: it began repeating itself (generation.loop_repeats)" if (
         s.get("finish_reason") == "repetition") else ""
+    # a local answer the policy would have sent elsewhere, had router.cloud = ask not held it back
+    reason = result.get("route_reason", "local")
+    held = f" · {reason}" if reason != "local" else ""
     return (
         f"{result['route']} · {result['model']} · {s['tokens']} tokens · {s['tokens_per_s']:.1f} tok/s · "
-        f"acceptance {s['acceptance']:.0%} · first token {ttft}{looped}"
+        f"acceptance {s['acceptance']:.0%} · first token {ttft}{looped}{held}"
     )
 
 

@@ -396,8 +396,11 @@ def _answer_routed(
                 repeated=answer.stats.get("finish_reason") == "repetition",
             )
             after = router.decide(rreq, measured)
-            if after.local or after.needs_confirmation:
-                return _Routed(answer, "local", local_model, after.reason if not after.local else "local", False)
+            if after.needs_confirmation:  # the answer stands; the footer says what was held back
+                held = f"{after.reason}: not sent (router.cloud = ask); ask again with --cloud or /cloud to send it"
+                return _Routed(answer, "local", local_model, held, False)
+            if after.local:
+                return _Routed(answer, "local", local_model, "local", False)
             notify("chat/restart", {"reason": after.reason})
             decision = after
     if decision.needs_confirmation:

@@ -27,6 +27,9 @@ def answer_stats(result: dict[str, Any]) -> str:
         parts.append(f"{float(energy):.1f} J")
     if s.get("finish_reason") == "repetition":  # cut where it began repeating itself
         parts.append("stopped: repeating itself")
+    reason = result.get("route_reason", "local")
+    if result.get("route", "local") == "local" and reason != "local":
+        parts.append(str(reason))  # held back by router.cloud = ask: what would have gone, and how
     return " · ".join(escape(p) for p in parts)
 
 

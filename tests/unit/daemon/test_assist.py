@@ -190,6 +190,14 @@ def test_the_footer_says_when_an_answer_was_cut_for_repeating_itself() -> None:
     cut = footer({"route": "local", "model": "m", "stats": {**stats, "finish_reason": "repetition"}})
     assert "repeating" not in plain
     assert cut == plain + " · stopped: it began repeating itself (generation.loop_repeats)"
+    # a local answer router.cloud = ask held back from a target says so, and how to send it
+    why = ("local answer began repeating itself; sending to big (m2): not sent (router.cloud = ask); "
+           "ask again with --cloud")
+    held = footer({"route": "local", "model": "m", "route_reason": why,
+                   "stats": {**stats, "finish_reason": "repetition"}})
+    assert held == cut + " · " + why
+    unheld = {"route": "local", "model": "m", "route_reason": "local", "stats": {**stats, "finish_reason": "stop"}}
+    assert footer(unheld) == plain
 
 
 def test_jarvis_ask_streams_plain_text_sources_and_footer(

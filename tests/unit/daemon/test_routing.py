@@ -156,3 +156,24 @@ def test_an_unsure_local_answer_is_replaced_by_the_target_in_auto_mode(tiny_setu
         assert result["answer"] == after == "A surer answer." and result["route"] == "fake"
     finally:
         stop(paths.socket_path())
+
+
+def test_an_unsure_local_answer_stands_in_ask_mode_and_says_what_was_held_back(
+    tiny_setup: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A target off this machine (a name that can never resolve: nothing is sent without --yes).
+    configure(tiny_setup, "https://api.example.invalid/v1", "ask")
+    cfg = paths.user_config_file()
+    cfg.write_text(cfg.read_text().replace('cloud = "ask"\n', 'cloud = "ask"\nlow_confidence_logprob = -0.001\n'))
+    ensure_running(paths.socket_path())
+    try:
+        assert main(["ask", "-C", str(tiny_setup), "--max-tokens", "20", "explain", "Router"]) == 0
+        out, err = capsys.readouterr()
+        footer = err.strip().splitlines()[-1]
+        assert footer.startswith("local · tiny-v · ")
+        assert "local answer unsure (mean log-prob" in footer and "sending to fake (fake-model-v1)" in footer
+        assert footer.endswith("not sent (router.cloud = ask); ask again with --cloud or /cloud to send it")
+        assert main(["audit", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["requests"] == []  # nothing left
+    finally:
+        stop(paths.socket_path())

@@ -35,6 +35,8 @@ def test_status_texts() -> None:
     assert format.answer_stats(result) == "tiny-v · 12.3 tok/s · acc 50% · ttft 0.25s · 3.2 J"
     looped = {**result, "stats": {**result["stats"], "finish_reason": "repetition"}}
     assert format.answer_stats(looped) == format.answer_stats(result) + " · stopped: repeating itself"
+    held = {**looped, "route_reason": "local answer began repeating itself; sending to big (m2): not sent"}
+    assert format.answer_stats(held) == format.answer_stats(looped) + " · " + held["route_reason"]
     assert not format.left_machine(result) and format.left_machine({**result, "route": "cloud"})
     assert format.index_state({"indexed": True, "files": 3, "last_run": 100.0}, now=130.0) == "index: 3 files · 30s ago"
     assert format.index_state({"indexing": True}) == "indexing…"
