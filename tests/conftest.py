@@ -14,14 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 # The suite is the gate a change must pass to land, so the property tests draw the same examples
 # on every run (a random draw that finds a rare case would fail one CI run and pass the next),
-# with no per-example deadline (a loaded machine's pause is not a slow example).
+# with no per-example deadline or too-slow health check (a loaded machine's pause is not a slow
+# example).
 # ``HYPOTHESIS_PROFILE=explore`` draws fresh examples, for hunting such cases on purpose.
-settings.register_profile("gate", derandomize=True, deadline=None)
-settings.register_profile("explore", derandomize=False, deadline=None)
+_UNTIMED = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("gate", _UNTIMED, derandomize=True)
+settings.register_profile("explore", _UNTIMED, derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gate"))
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -30,8 +30,10 @@ def test_waiters_are_served_by_priority_then_arrival() -> None:
         t = threading.Thread(target=waiter, args=(name, prio))
         t.start()
         threads.append(t)
-        while gate.waiting < len(threads):  # arrival order: each queued before the next starts
-            time.sleep(0.001)
+        deadline = time.monotonic() + 10
+        while gate.waiting < len(threads) and time.monotonic() < deadline:  # arrival order: each
+            time.sleep(0.001)  # queued before the next starts
+        assert gate.waiting == len(threads), f"{name} never queued"
     release.set()
     for t in [first, *threads]:
         t.join(5)

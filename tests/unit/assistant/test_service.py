@@ -5,13 +5,28 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from openjarvis.assistant.gate import CHAT
 from openjarvis.assistant.service import Assistant, ChatRequest
 from openjarvis.config import load_config
 
 
-def test_chat_pauses_for_a_completion_and_the_answer_is_whole(tiny_setup: Path) -> None:
+def test_chat_pauses_for_a_completion_and_the_answer_is_whole(
+    tiny_setup: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from openjarvis.engine.speculative import Speculator
+
+    requests: list[Any] = []
+    generate = Speculator.generate
+
+    def spy(self: Speculator, req: Any, *a: Any, **k: Any) -> Any:
+        requests.append(req)
+        return generate(self, req, *a, **k)
+
+    monkeypatch.setattr(Speculator, "generate", spy)
     assistant = Assistant(load_config())
     try:
         # The same answer without interruption, for comparison (greedy, so deterministic).
@@ -34,8 +49,14 @@ def test_chat_pauses_for_a_completion_and_the_answer_is_whole(tiny_setup: Path) 
                 while not assistant.gate.urgent_waiting(CHAT) and time.monotonic() < deadline:
                     time.sleep(0.001)
 
+        del requests[:]
         answer = assistant.chat(ChatRequest("Explain Router.", max_tokens=40, drafter="none"), None, on_text=on_text)
         started[0].join(10)
+        # the resumed generation was handed the answer so far, so a loop spanning the pause counts
+        chat = [r for r in requests if r.max_tokens > 4]
+        assert [r.loop_prefix for r in chat][0] == "" and len(chat) == 2
+        assert chat[1].loop_prefix and answer.text.startswith(chat[1].loop_prefix)
+        assert len(chat[1].prompt) - len(chat[0].prompt) == chat[0].max_tokens - chat[1].max_tokens
         assert "text" in completion  # the completion was served in the middle of the chat
         assert answer.stats["pauses"] == 1
         assert "".join(streamed) == answer.text
