@@ -354,13 +354,17 @@ class Assistant:
 
         A pause ends this generation; after the urgent work the answer continues as a new
         generation whose prompt is the old one plus the tokens already emitted, so the text the
-        person sees is one answer (the speculator reuses whatever of its cache still matches).
+        person sees is one answer (the speculator reuses whatever of its cache still matches). It
+        is handed the answer so far (``loop_prefix``) and the text decoder's state
+        (``text_state``), so a loop, a character or a stop string that spans the pause is seen
+        whole.
         """
         from dataclasses import replace
 
         texts: list[str] = []
         emitted: list[int] = []
         parts: list[Any] = []
+        text_state: tuple[bytes, str] = (b"", "")
         while True:
             preempted = False
 
@@ -380,13 +384,18 @@ class Assistant:
                     prompt=[*request.prompt, *emitted],
                     max_tokens=remaining,
                     loop_prefix=request.loop_prefix + "".join(texts),
+                    text_state=text_state,
                 ),
                 cancel=stop_now,
             )
+            tail = ""
             for piece in gen:
-                if piece.text:
+                if preempted and not piece.tokens:
+                    # the decoder's flush as the pause ended it: part of a character, or the
+                    # start of a stop string; shown only if the answer does not resume
+                    tail = piece.text
+                elif piece.text:
                     on_text(piece.text)
-            texts.append(gen.text)
             emitted.extend(gen.tokens)
             parts.append(gen.stats)
             self.last_used = time.monotonic()
@@ -396,8 +405,13 @@ class Assistant:
                 and len(emitted) < request.max_tokens
                 and gen.stats.finish_reason == "cancelled"
             ):
+                texts.append(gen.text[: len(gen.text) - len(tail)])
+                text_state = gen.text_state  # the resumed generation decodes on from here
                 slot.pause()
                 continue
+            if tail:
+                on_text(tail)
+            texts.append(gen.text)
             return "".join(texts), merged_stats(parts, pauses=slot.pauses)
 
     def generate(

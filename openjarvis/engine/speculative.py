@@ -92,6 +92,11 @@ class Request:
     #: more urgent work and resumed): the loop check counts its lines with the new ones, so a
     #: loop that spans the pause stops at the same copy as one that does not.
     loop_prefix: str = ""
+    #: Where this generation continues one that was paused: the text decoder's state then (the
+    #: bytes of a character not yet complete, and text held back as the start of a stop string;
+    #: ``Generation.text_state``), so a character or a stop string split by the pause comes out
+    #: whole, as it would have without the pause.
+    text_state: tuple[bytes, str] = (b"", "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +158,9 @@ class Generation:
     text: str = ""
     #: The end-of-generation token that ended the answer (not part of ``tokens``), if any.
     stop_token: int | None = None
+    #: The text decoder's state when the generation ended, before its last piece flushed it:
+    #: what a generation that continues this one takes as ``Request.text_state``.
+    text_state: tuple[bytes, str] = (b"", "")
 
     def __iter__(self) -> Iterator[Piece]:
         assert self._it is not None
@@ -291,7 +299,7 @@ class Speculator:
         if ngram is not None:
             ngram.reset(prompt)
         committed = prompt
-        out = _TextOut(v, req.stop)
+        out = _TextOut(v, req.stop, req.text_state)
         max_tokens = min(req.max_tokens, v.n_ctx - len(prompt))
         try:
             yield from self._loop(req, gen, cancel, committed, ngram, out, max_tokens, rng, t_start)
@@ -396,6 +404,7 @@ class Speculator:
             if done:
                 break
 
+        gen.text_state = out.state()
         tail = out.flush()
         if tail:
             stats.mark_first_token(time.perf_counter() - t_start)
@@ -497,12 +506,18 @@ def _sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generato
 class _TextOut:
     """Incremental detokenization with stop strings: emits text that can no longer change."""
 
-    def __init__(self, engine: Engine, stop: tuple[str, ...]) -> None:
+    def __init__(self, engine: Engine, stop: tuple[str, ...],
+                 state: tuple[bytes, str] = (b"", "")) -> None:
         self.engine = engine
         self.stop = tuple(s for s in stop if s)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.held = ""
+        self.decoder.setstate((state[0], 0))
+        self.held = state[1]
         self.stopped = False
+
+    def state(self) -> tuple[bytes, str]:
+        """(bytes of a character not yet complete, text held back as a stop string's start)."""
+        return self.decoder.getstate()[0], "" if self.stopped else self.held
 
     def push(self, token: int) -> tuple[str, bool]:
         """(text safe to emit now, whether a stop string completed)."""

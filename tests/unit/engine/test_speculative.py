@@ -236,3 +236,31 @@ def test_short_lines_a_real_answer_repeats_never_stop_it() -> None:
         assert not repeats_itself(text, 4), text[:20]
     line = "y" * LOOP_MIN_CHARS + "\n"
     assert repeats_itself(line * 4, 4) and not repeats_itself(line[1:] * 4, 4)
+
+
+class _Bytes:
+    """An engine's detokenizer only: token i is the i-th byte string given."""
+
+    def __init__(self, *pieces: bytes) -> None:
+        self.pieces = pieces
+
+    def detokenize(self, tokens: list[int]) -> bytes:
+        return b"".join(self.pieces[t] for t in tokens)
+
+
+def test_a_paused_generation_hands_on_a_split_character_and_a_held_stop_string() -> None:
+    """``Generation.text_state`` -> ``Request.text_state``: what the assistant's pause carries, so
+    an answer paused inside a character or a stop string reads as one without the pause."""
+    from openjarvis.engine.speculative import _TextOut
+
+    eng = _Bytes(b"caf", b"\xc3", b"\xa9 <|im", b"_end|>", b"ok")
+    first = _TextOut(eng, ("<|im_end|>",))  # type: ignore[arg-type]
+    assert [first.push(t) for t in (0, 1)] == [("caf", False), ("", False)]
+    state = first.state()
+    assert state == (b"\xc3", "")
+    assert first.flush() == "\ufffd"  # what the pause's flush would have shown, and now does not
+    second = _TextOut(eng, ("<|im_end|>",), state)  # type: ignore[arg-type]
+    assert second.push(2) == ("é ", False)  # the character whole; "<|im" held as a stop's start
+    third = _TextOut(eng, ("<|im_end|>",), second.state())  # type: ignore[arg-type]
+    assert third.push(3) == ("", True)  # the stop string completes across the second pause
+    assert third.state() == (b"", "") and third.flush() == ""
