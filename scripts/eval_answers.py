@@ -89,8 +89,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models-dir", type=Path, default=Path.home() / ".local/share/openjarvis/models")
     ap.add_argument("--threads", type=int, default=0, help="engine.threads (0: physical cores)")
     ap.add_argument("--out", type=Path, help="write every answer and verdict here (JSON)")
+    ap.add_argument("--rejudge", type=Path, metavar="JSON",
+                    help="judge the answers an earlier --out saved against today's question file "
+                         "(terms revised), asking nothing")
     args = ap.parse_args(argv)
     questions = load_questions(args.questions)
+    if args.rejudge:
+        saved = {r["question"]: r for r in json.loads(args.rejudge.read_text())["answers"]}
+        judged: list[dict[str, Any]] = []
+        for q in questions:
+            if q["question"] not in saved:
+                raise SystemExit(f"{args.rejudge}: no answer to {q['question']!r}")
+            r = saved[q["question"]]
+            v = judge(r["answer"], str(r.get("finish_reason") or ""), q["expect"], q["need"])
+            judged.append({**r, **q, "passed": v.passed, "found": list(v.found), "why": v.why})
+        report(judged)
+        return 0
     code = args.code.resolve()
     if not (code / "openjarvis" / "__init__.py").is_file():
         raise SystemExit(f"--code {code}: not a checkout of this project (no openjarvis/ package)")
@@ -123,13 +137,17 @@ def main(argv: list[str] | None = None) -> int:
             jarvis(env, "daemon", "stop", cwd=code)
     if args.out:
         args.out.write_text(json.dumps({"code": str(code), "repo": str(args.repo), "answers": rows}, indent=1))
+    report(rows)
+    return 0
+
+
+def report(rows: list[dict[str, Any]]) -> None:
     print("| question | tokens | finish | terms found | verdict |\n|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['question']} | {r['tokens']} | {r['finish_reason']} | {len(r['found'])} of "
               f"{len(r['expect'])} (needs {r['need']}) | {'pass' if r['passed'] else r['why']} |")
     passed = sum(r["passed"] for r in rows)
     print(f"\n{passed} of {len(rows)} answers pass")
-    return 0
 
 
 if __name__ == "__main__":

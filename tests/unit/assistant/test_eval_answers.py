@@ -32,3 +32,22 @@ def test_the_question_set_is_well_formed_and_a_bad_line_is_named(tmp_path: Path)
     bad.write_text('{"question": "q", "expect": ["a"], "need": 1}\n{"question": "q", "expect": ["a"], "need": 2}\n')
     with pytest.raises(SystemExit, match=r"q.jsonl:2: each line needs question, expect \(terms\) and need"):
         load_questions(bad)
+
+
+def test_saved_answers_are_judged_again_against_revised_terms(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from eval_answers import main
+
+    q = {"question": "Where does a request flow?", "expect": ["daemon", "rout"], "need": 2}
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps(q) + "\n")
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps({"answers": [{**q, "expect": ["daemon", "router"], "tokens": 30,
+                                              "finish_reason": "stop",
+                                              "answer": "The client asks the daemon, then routing decides where."}]}))
+    assert main(["--questions", str(questions), "--rejudge", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert "| Where does a request flow? | 30 | stop | 2 of 2 (needs 2) | pass |" in out
+    assert out.endswith("1 of 1 answers pass\n")
