@@ -63,6 +63,12 @@ def judge(answer: str, finish_reason: str, expect: list[str], need: int) -> Verd
     return Verdict(True, found, "")
 
 
+def judged(question: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` (an answer, with its ``finish_reason``) with ``question``'s terms and verdict."""
+    v = judge(record["answer"], str(record.get("finish_reason") or ""), question["expect"], question["need"])
+    return {**record, **question, "passed": v.passed, "found": list(v.found), "why": v.why}
+
+
 def load_questions(path: Path) -> list[dict[str, Any]]:
     rows = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -96,14 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     questions = load_questions(args.questions)
     if args.rejudge:
         saved = {r["question"]: r for r in json.loads(args.rejudge.read_text())["answers"]}
-        judged: list[dict[str, Any]] = []
-        for q in questions:
-            if q["question"] not in saved:
-                raise SystemExit(f"{args.rejudge}: no answer to {q['question']!r}")
-            r = saved[q["question"]]
-            v = judge(r["answer"], str(r.get("finish_reason") or ""), q["expect"], q["need"])
-            judged.append({**r, **q, "passed": v.passed, "found": list(v.found), "why": v.why})
-        report(judged)
+        missing = [q["question"] for q in questions if q["question"] not in saved]
+        if missing:
+            raise SystemExit(f"{args.rejudge}: no answer to {missing[0]!r}")
+        report([judged(q, saved[q["question"]]) for q in questions])
         return 0
     code = args.code.resolve()
     if not (code / "openjarvis" / "__init__.py").is_file():
@@ -125,14 +127,13 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"jarvis ask failed ({out.returncode}): {out.stderr[-500:]}")
                 res = json.loads(out.stdout)
                 stats = res.get("stats", {})
-                v = judge(res["answer"], str(stats.get("finish_reason", "")), q["expect"], q["need"])
-                rows.append({**q, "answer": res["answer"], "tokens": stats.get("tokens"),
-                             "finish_reason": stats.get("finish_reason"), "passed": v.passed,
-                             "found": list(v.found), "why": v.why,
-                             "sources": [f"{s['path']}:{s['start_line']}-{s['end_line']}" for s in res["sources"]],
-                             "seconds": round(time.perf_counter() - t0, 1)})  # fmt: skip
-                print(f"[{i}/{len(questions)}] {'pass' if v.passed else 'FAIL'} {q['question']}"
-                      f"{'' if v.passed else ' (' + v.why + ')'}", file=sys.stderr)
+                row = judged(q, {"answer": res["answer"], "tokens": stats.get("tokens"),
+                                 "finish_reason": stats.get("finish_reason"),
+                                 "sources": [f"{s['path']}:{s['start_line']}-{s['end_line']}" for s in res["sources"]],
+                                 "seconds": round(time.perf_counter() - t0, 1)})  # fmt: skip
+                rows.append(row)
+                print(f"[{i}/{len(questions)}] {'pass' if row['passed'] else 'FAIL'} {q['question']}"
+                      f"{'' if row['passed'] else ' (' + row['why'] + ')'}", file=sys.stderr)
         finally:
             jarvis(env, "daemon", "stop", cwd=code)
     if args.out:
