@@ -284,7 +284,7 @@ T1_SETS["stages"] = {
 #: kernels around it: the 0.5B's gate/up, 2432 programs of 4 warps, let its last programs go
 #: 4.6 us after its first and streamed at 59 % of copy bandwidth), and the qkv kernel with fewer
 #: programs (each of its 1024 reads the whole residual from L2 after its wait).
-_W = {"896": {}, "1536": {}}
+_W: dict[str, dict[str, Any]] = {"896": {}, "1536": {}}
 T1_SETS["waves"] = {
     "t1_w13_4x1024_4w": {"by_width": {**_W, "896": {"t1_tiles": {"w13": [4, 1024, 4, 2]}}}},
     "t1_w13_2x1024_2w": {"by_width": {**_W, "896": {"t1_tiles": {"w13": [2, 1024, 2, 2]}}}},
@@ -755,11 +755,40 @@ T1_SETS["final17"] = {"t1_session16": {"by_width": {"1536": {"combine_cols": {"1
 #: ``--set trace18`` (session 18, for the next device run; with ``trace_step.py --variants``):
 #: verify gate/up letting the down projection launch at its start (run 165 lost 5 % with it,
 #: also with the down projection then letting qkv go only after its loop, and did not say
-#: why), on today's verify launches (``_chain15``, so these follow the defaults).
+#: why), on today's verify launches (``_chain15``, so these follow the defaults); ``w13aw``
+#: lets it go after gate/up's wait instead (session 19), between "at its start" and the
+#: default "after its loop".
 TRACE18_VARIANTS: dict[str, dict[str, Any]] = {
     "w13e": _chain15(w13=1), "w13e_w2late": _chain15(w13=1, w2=1 + K.PDL_LATE),
+    "w13aw": _chain15(w13=1 + K.PDL_AFTER_WAIT),
 }
 T1_SETS["trace18"] = {}
+#: ``--set place19`` (session 19): run 172's trace put trace18's loss in the down projection's
+#: loop (8.45 -> 10.50 us a layer), not gate/up's. Its 384 programs (48 row blocks x 8 splits),
+#: resident while gate/up's 140 hold their SMs, may be packed onto fewer SMs than when they
+#: arrive as gate/up's programs leave. Tiles that fit them evenly beside gate/up: more
+#: shared memory a program (4 or 5 stages: at most 3 or 2 an SM), fewer programs (64-row
+#: blocks, or 4 splits: 192), each with gate/up letting the down projection go at its start,
+#: and the 4-stage tile alone as a control. Tiles: [rows, K, warps, stages, splits, swap].
+PLACE19_VARIANTS: dict[str, dict[str, Any]] = {
+    "w13e": _chain15(w13=1),
+    **{f"w13e_w2_{n}": {**_chain15(w13=1), "tiles": {"w2": cfg}} for n, cfg in (
+        ("s4", [32, 128, 4, 4, 8, True]), ("s5", [32, 128, 4, 5, 8, True]),
+        ("n64", [64, 128, 4, 3, 8, True]), ("k4", [32, 128, 4, 3, 4, True]))},
+    "w2_s4": {"tiles": {"w2": [32, 128, 4, 4, 8, True]}},
+}
+T1_SETS["place19"] = {}
+#: ``--set place19b`` (session 19): run 173's 64-row down projection took its loop back (8.19
+#: us against the default's 8.45) but its early programs let qkv's go early too, whose loop
+#: grew 4.35 -> 5.63 us: that tile with the down projection then letting qkv go only after its
+#: loop, or after its wait, and the tile alone.
+_N64 = {"tiles": {"w2": [64, 128, 4, 3, 8, True]}}
+PLACE19B_VARIANTS: dict[str, dict[str, Any]] = {
+    "w2_n64": _N64,
+    "w13e_w2_n64_late": {**_chain15(w13=1, w2=1 + K.PDL_LATE), **_N64},
+    "w13e_w2_n64_aw": {**_chain15(w13=1, w2=1 + K.PDL_AFTER_WAIT), **_N64},
+}
+T1_SETS["place19b"] = {}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -775,7 +804,8 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "sweep17": SWEEP17_VARIANTS, "early17": EARLY17_VARIANTS, "wait17": WAIT17_VARIANTS,
     "wait17b": WAIT17B_VARIANTS, "final17": FINAL17_VARIANTS,
     "wait17c": WAIT17C_VARIANTS, "warps17": WARPS17_VARIANTS,
-    "pro17": PRO17_VARIANTS, "trace18": TRACE18_VARIANTS,
+    "pro17": PRO17_VARIANTS, "trace18": TRACE18_VARIANTS, "place19": PLACE19_VARIANTS,
+    "place19b": PLACE19B_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

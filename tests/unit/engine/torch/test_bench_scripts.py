@@ -48,7 +48,7 @@ def test_a_traced_variant_is_bench_verifys_variant_on_todays_launches(trace_step
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("trace18:nope", "set trace18 has no variant 'nope'; it has ['w13e', 'w13e_w2late']"),
+    ("trace18:nope", "set trace18 has no variant 'nope'; it has ['w13aw', 'w13e', 'w13e_w2late']"),
     ("nope:w13e", "SET:NAME with SET one of bench_verify.py's sets, not 'nope:w13e'"),
     ("w13e", "not 'w13e'"),
 ])
