@@ -19,7 +19,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 
@@ -234,6 +234,12 @@ class Runner:
         #: leaves DRAM idle (``kernels.l2_prefetch``). None: off; on the GPU
         #: ``tuning.L2_PREFETCH``.
         self.l2_prefetch: tuple[float, int, int] | None = None
+        #: Experimental, for scripts/bench_hold.py only (None: off): an object whose
+        #: ``begin(ws)``, ``fork(i, layer, main, ws)`` (returning the side stream it launched
+        #: on) and ``gate_up(i, layer, ws, hand)`` stand in for the one-token step's L2
+        #: prefetch and gate/up launch, to time gate/up computed from weights held in shared
+        #: memory by a kernel on a side stream (docs/gpu-notes.md, session 19).
+        self.ffn_hook: Any = None
         self._prefetch_stream: torch.cuda.Stream | None = None
         #: Set by ``make_deterministic``; default tiles (shapes without tuning) never split K.
         self.deterministic = False
@@ -767,10 +773,13 @@ class Runner:
         sem = self.atomic_sem
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pk("embed"))
         # (verify steps asking the same lost: session 13 run 134, commit d5a7a2a)
-        pf = self.l2_prefetch if t == 1 and self.device.type == "cuda" else None
+        hook = self.ffn_hook if t == 1 and self.device.type == "cuda" and hand_bufs else None
+        pf = self.l2_prefetch if t == 1 and self.device.type == "cuda" and not hook else None
         if pf is not None and not (pf[0] > 0 and pf[1] > 0 and pf[2] in (0, 1, 2)):
             raise ValueError(f"l2_prefetch {pf}: needs (MiB > 0, programs > 0, after in 0-2)")
-        main = torch.cuda.current_stream() if pf else None
+        main = torch.cuda.current_stream() if pf or hook else None
+        if hook is not None:
+            hook.begin(ws)
         forked: torch.cuda.Stream | None = None  # the side stream this step forked, if any
 
         def prefetch_at(point: int, w13: torch.Tensor) -> None:
@@ -782,6 +791,8 @@ class Runner:
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
             prefetch_at(0, lw.w13)
+            if hook is not None:
+                forked = hook.fork(i, lw, main, ws)
             if split is not None:
                 assert ws.qkv_acc is not None
                 K.qkv_split(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
@@ -810,7 +821,9 @@ class Runner:
                     hand = K.NormHandoff(hand_bufs[0], hand_bufs[1], lw.ffn_norm, hand_bufs[2])
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=wo_cfg, pdl=pk("wo"), evict=ev,
                          hand_out=hand, atomic_sem=sem)
-            if hand is not None:
+            if hook is not None and hand is not None:
+                hook.gate_up(i, lw, ws, hand)
+            elif hand is not None:
                 K.linear(hand.xg, lw.w13, ws.act, mode=K.SWIGLU, eps=a.rms_eps, cfg=lc("w13"),
                          pdl=pk("w13"), evict=ev, hand_in=hand)
             else:

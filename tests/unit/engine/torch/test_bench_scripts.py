@@ -22,6 +22,13 @@ def bench_verify() -> ModuleType:
 
 
 @pytest.fixture
+def bench_hold() -> ModuleType:
+    import bench_hold  # (see bench_verify above)
+
+    return bench_hold
+
+
+@pytest.fixture
 def trace_step() -> ModuleType:
     import trace_step  # (see bench_verify above)
 
@@ -63,3 +70,28 @@ def test_a_mistyped_setting_is_refused_rather_than_timing_the_default(bench_veri
     with pytest.raises(SystemExit, match=r"unknown variant settings \['verify_pld'\]"):
         runner = SimpleNamespace(args=SimpleNamespace(n_embd=1536))
         bench_verify.configure(runner, {"verify_pld": {}}, {})
+
+
+def test_hold_variants_always_start_from_the_baseline_and_refuse_typos(
+    bench_hold: ModuleType,
+) -> None:
+    got = bench_hold.parse_variants("l2, 16:12,off,8:0")
+    assert [v.name for v in got] == ["off", "l2_default", "hold_16MB_12us", "hold_8MB_0us"]
+    with pytest.raises(SystemExit, match="variant '16': use off, l2 or MIB:US"):
+        bench_hold.parse_variants("16")
+    with pytest.raises(SystemExit, match=r"variant '300:1': MiB in \(0, 64\]"):
+        bench_hold.parse_variants("300:1")
+    held = bench_hold.parse_variants("held,held:4:2:0")[1:]
+    assert [(v.name, v.spread_us, v.timemode, v.sleep_ns) for v in held] == [
+        ("held", 0.0, 0, 32), ("held_over4us_time2_sleep0", 4.0, 2, 0)]
+    for bad in ("held:4:3", "held:4:1.5", "held:x", "held:4:0:0:1"):
+        with pytest.raises(SystemExit, match=f"variant '{bad}': use held or held:SPREAD"):
+            bench_hold.parse_variants(bad)
+
+
+def test_the_hold_kernel_uses_the_cuda_steps_own_copy_code(bench_hold: ModuleType) -> None:
+    src = bench_hold.hold_source()
+    assert "@PTX_HELPERS@" not in src
+    # the bulk copy and the mbarrier wait come from decode_step.cu, defined once
+    assert src.count("void bulk_load(") == 1 and src.count("bool mbar_try_wait(") == 1
+    assert 'extern "C" __global__ void __launch_bounds__(32) hold_kernel(' in src

@@ -153,6 +153,28 @@ def test_one_token_steps_asking_l2_for_gate_up_compute_the_same_logits(
         r.logits(toks[180:181], 180)
 
 
+def test_one_token_steps_with_gate_up_held_in_shared_memory_agree_with_float32(
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
+    """scripts/bench_hold.py's held feed-forward (``Runner.ffn_hook``, session 19): each
+    layer's gate/up computed on a side stream from weights a block an SM copied into shared
+    memory during the chain, handed on through two flags: as close to float32 as the default
+    step, no spin gave up, and the flags back at zero after every step (graph replays too)."""
+    import bench_hold
+
+    model, _, toks, expect = pair
+    r = Runner(model, 256)
+    hook = bench_hold.HeldFFN(model.args, bench_hold.HoldKernel(torch.device("cuda"), 100),
+                              spread_us=4.0)
+    r.ffn_hook = hook
+    r.logits(toks[:170], 0)
+    out = torch.cat([r.logits(toks[i : i + 1], i).clone() for i in range(170, 180)])
+    torch.cuda.synchronize()
+    assert int(hook.err.item()) == 0 and hook.flags.tolist() == [0, 0]
+    assert torch.isfinite(out).all()
+    assert rel(out, expect[170:180]) < BF16_REL
+    assert float((out.argmax(-1) == expect[170:180].argmax(-1)).float().mean()) > 0.95
+
+
 @pytest.mark.parametrize("t", [1, 9])
 def test_greedy_steps_give_the_argmax_of_the_deterministic_logits_steps(
         pair: tuple[Transformer, Runner, list[int], torch.Tensor], t: int) -> None:
