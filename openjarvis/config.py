@@ -68,6 +68,11 @@ class EngineConfig:
     )
 
 
+#: The default of ``generation.loop_repeats``, and of ``Request.loop_repeats`` for callers that
+#: build a request without the config (benchmarks, tests): one number, here.
+LOOP_REPEATS = 4
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationConfig:
     temperature: float = _doc("Sampling temperature; 0 means greedy.", 0.0)
@@ -81,7 +86,8 @@ class GenerationConfig:
         "Most prompt tokens of context (code, map, history) per question; a 2-core CPU prefills ~150/s.", 2048
     )
     loop_repeats: int = _doc(
-        "Stop an answer that ends in the same block of lines written this many times in a row (0 = never).", 4
+        "Stop an answer that ends in the same block of lines, or the same span within a line, "
+        "written this many times in a row (0 = never).", LOOP_REPEATS
     )
 
 

@@ -39,6 +39,7 @@ from typing import Literal
 
 import numpy as np
 
+from openjarvis.config import LOOP_REPEATS
 from openjarvis.engine.base import CostModel, Engine, greedy_eval
 from openjarvis.engine.drafters import Draft, ModelDrafter
 from openjarvis.engine.ngram import NgramDrafter
@@ -84,10 +85,12 @@ class Request:
     #: confidence signal): a softmax over the vocabulary per token, so only where it is read.
     logprobs: bool = False
     #: Stop once the answer ends in one block of whole lines written this many times in a row
-    #: (``repeats_itself``; finish reason "repetition"); 0 (or 1): never. Greedy decoding of a small
-    #: model can fall into such a loop (the default 1.5B, asked about this repository, wrote
-    #: one two-line block 24 times) and would otherwise fill ``max_tokens`` with it.
-    loop_repeats: int = 4
+    #: (``repeats_itself``), or its last line in one span written this many times with nothing
+    #: between (``repeats_in_line``); finish reason "repetition"; 0 (or 1): never. Greedy
+    #: decoding of a small model can fall into such a loop (the default 1.5B, asked about this
+    #: repository, wrote one two-line block 24 times) and would otherwise fill ``max_tokens``
+    #: with it.
+    loop_repeats: int = LOOP_REPEATS
     #: The answer's text so far where this generation continues one (a chat answer paused for
     #: more urgent work and resumed): the loop check counts its lines with the new ones, so a
     #: loop that spans the pause stops at the same copy as one that does not.
@@ -137,6 +140,50 @@ def repeats_itself(text: str, times: int, min_chars: int = LOOP_MIN_CHARS) -> bo
         if all(lines[n - 1 - i - r * k] == lines[n - 1 - i]
                for r in range(1, times) for i in range(k)):
             return True
+    return False
+
+
+#: A span repeated within one line counts only where its shortest repeating unit holds at
+#: least this many non-blank characters: a list of zeros, a rule of dashes or ``f(a) + f(a)``
+#: repeat a unit of a few characters, a looping sentence one of dozens.
+LOOP_MIN_UNIT_CHARS = 20
+#: How many earlier places of the line's last characters ``repeats_in_line`` tries as the
+#: unit's length (nearest first): bounds its cost at each piece of text.
+LOOP_MAX_CANDIDATES = 32
+_PROBE = 12
+
+
+def _nonblank(s: str) -> int:
+    return len(s) - sum(c.isspace() for c in s)
+
+
+def repeats_in_line(text: str, times: int, min_chars: int = LOOP_MIN_UNIT_CHARS) -> bool:
+    """Whether the last line of ``text`` (after its last newline; whole or not) ends in one
+    span written ``times`` times in a row with nothing between the copies, the span's
+    shortest repeating unit holding at least ``min_chars`` non-blank characters: a loop that
+    never ends a line, which ``repeats_itself`` cannot see. The unit's length is looked for
+    among the distances back to earlier places of the line's last few characters; the tail
+    need not end where a copy ends (a window of a periodic text is periodic)."""
+    if times < 2:
+        return False
+    line = text[text.rfind("\n") + 1 :]
+    if len(line) < times * min_chars:
+        return False
+    probe = line[-_PROBE:]
+    at = len(line) - _PROBE
+    for _ in range(LOOP_MAX_CANDIDATES):
+        at = line.rfind(probe, 0, at + _PROBE - 1)
+        if at < 0:
+            return False
+        d = len(line) - _PROBE - at
+        if d * times > len(line):
+            return False
+        unit = line[-d:]
+        if line[-d * times :] != unit * times:
+            continue
+        # the shortest unit the span repeats: a divisor of d whose repeats make the unit
+        p = next(q for q in range(1, d + 1) if d % q == 0 and unit[:q] * (d // q) == unit)
+        return _nonblank(unit[:p]) >= min_chars
     return False
 
 
@@ -394,8 +441,9 @@ class Speculator:
                     break
                 if text and req.loop_repeats:
                     recent = _loop_window(recent + text)
-                    if "\n" in text and repeats_itself(recent[: recent.rfind("\n") + 1],
-                                                         req.loop_repeats):
+                    if ("\n" in text and repeats_itself(recent[: recent.rfind("\n") + 1],
+                                                        req.loop_repeats)) or repeats_in_line(
+                            recent, req.loop_repeats):
                         finish, done = "repetition", True
                         break
                 if len(gen.tokens) >= max_tokens:

@@ -78,3 +78,25 @@ def test_an_answer_writing_the_same_line_over_again_stops_at_the_fourth_copy(
     resumed = spec.generate(Request(prompt + gen.tokens[: cut[0]], max_tokens=300,
                                     drafter="ngram", corpus=corpus, loop_prefix=two)).run()
     assert resumed.stats.finish_reason == "repetition" and resumed.text == two
+
+
+def test_an_answer_repeating_a_sentence_within_one_line_stops_at_the_fourth_copy(
+        engines: tuple[LlamaEngine, LlamaEngine]) -> None:
+    """``repeats_in_line``: asked to, greedy decoding writes one sentence again and again on
+    one line, which the line check never sees; it stops once four copies are written, with
+    finish reason "repetition" (where the text stops inside the fifth); with 0 it goes on."""
+    v, _ = engines
+    sentence = "The index is kept fresh by a watcher that reparses changed files."
+    text = render_chat(v.chat_template(), [Message(
+        "user", "Write this sentence 12 times on one single line, separated by single spaces, "
+                f"with no line breaks and nothing else:\n{sentence}")])
+    prompt, corpus = v.tokenize(text), (v.tokenize(sentence + " "),)
+    spec = Speculator(v)
+    gen = spec.generate(Request(prompt, max_tokens=200, drafter="ngram", corpus=corpus)).run()
+    assert gen.stats.finish_reason == "repetition"
+    assert "\n" not in gen.text and gen.text.count(sentence) == 4
+    assert gen.text.startswith(" ".join([sentence] * 4))
+    free = spec.generate(Request(prompt, max_tokens=len(gen.tokens) + 20, drafter="ngram",
+                                 corpus=corpus, loop_repeats=0)).run()
+    assert free.stats.finish_reason != "repetition" and free.text.count(sentence) > 4
+    assert free.text.startswith(gen.text)

@@ -264,3 +264,37 @@ def test_a_paused_generation_hands_on_a_split_character_and_a_held_stop_string()
     third = _TextOut(eng, ("<|im_end|>",), second.state())  # type: ignore[arg-type]
     assert third.push(3) == ("", True)  # the stop string completes across the second pause
     assert third.state() == (b"", "") and third.flush() == ""
+
+
+SENTENCE = "The index is kept fresh by a watcher that reparses changed files. "
+
+
+def test_an_answer_looping_within_one_line_is_caught_at_its_nth_copy() -> None:
+    """``repeats_in_line``: a sentence written again and again with no line end, which the
+    line check never sees, is caught once the fourth copy is written, wherever the text
+    stops inside a copy; a copy that differs breaks the run."""
+    from openjarvis.engine.speculative import repeats_in_line
+
+    head = "Here is how it works:\n- Indexing: "
+    assert not repeats_in_line(head + SENTENCE * 3, 4)
+    assert repeats_in_line(head + SENTENCE * 4, 4)
+    assert repeats_in_line(head + SENTENCE * 4 + SENTENCE[:17], 4)  # mid-copy: still a loop
+    assert repeats_in_line(head + SENTENCE * 3, 3)
+    assert not repeats_in_line(head + SENTENCE * 4, 0)  # 0: never
+    assert not repeats_in_line(head + SENTENCE * 4 + "\nNext line", 4)  # the last line only
+    broken = SENTENCE * 2 + SENTENCE.replace("fresh", "current") + SENTENCE
+    assert not repeats_in_line(head + broken, 4)
+    assert repeats_in_line("x" * 7000 + " " + SENTENCE * 4, 4)
+
+
+def test_short_units_a_real_line_repeats_never_stop_it() -> None:
+    """Lists of zeros, rules, padding and repeated calls repeat a unit of a few characters
+    within one line however long: the shortest unit must hold LOOP_MIN_UNIT_CHARS non-blank
+    characters (a unit repeated is not a longer unit)."""
+    from openjarvis.engine.speculative import LOOP_MIN_UNIT_CHARS, repeats_in_line
+
+    for text in ("[" + "0, " * 400, "# " + "-" * 300, " " * 500, "x = " + "f(a) + " * 80,
+                 "| --- " * 60, "0x00000000, " * 50, "ab" * 2000, "the the " * 100):
+        assert not repeats_in_line(text, 4), text[:20]
+    unit = "y" * LOOP_MIN_UNIT_CHARS + " "
+    assert repeats_in_line(unit * 4, 4) and not repeats_in_line(unit[1:] * 4, 4)
