@@ -227,7 +227,10 @@ extern "C" __global__ void __launch_bounds__(NT) held_w13(
 // On the main stream where gate/up was: launched with PDL, it lets the down projection's
 // programs in at once, waits for the o-projection, tells the held blocks (flags[0]), waits
 // for all of them (flags[1]) and resets both for the next step; the down projection's PDL
-// wait then covers the held blocks' act.
+// wait then covers the held blocks' act. The held blocks were launched at the layer's start,
+// so they are resident long before the down projection's programs arrive; were one not, and
+// the down projection's waiting programs left it no room, the spin gives up after 20 ms and
+// says so in err (the step's results are then wrong, and so may the next layer's flags be).
 extern "C" __global__ void held_signal(u32* flags, u32 nblocks, u32* err) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -353,7 +356,6 @@ class HoldKernel:
         self.occupancy, self.allowed = 0, 0
         self.carveout = carveout
         self.sources: dict[int, torch.Tensor] = {}
-        self._keep: list[Any] = []  # argument buffers of captured launches
 
     def side_stream(self, main: torch.cuda.Stream) -> torch.cuda.Stream:
         """A stream that is not ``main`` (PyTorch's pool hands streams out round-robin, the
@@ -393,6 +395,8 @@ class HoldKernel:
         w = self.source(w)
         total = min(int(mib * 2**20), w.numel() * w.element_size())
         per_block = total // self.sms // 16 * 16
+        if per_block < 16:
+            raise SystemExit(f"bench_hold: {mib} MiB is less than 16 bytes an SM; hold more")
         smem = per_block + 16
         fn, occ = self.function(smem)
         if occ < 1:
@@ -404,7 +408,6 @@ class HoldKernel:
                 ctypes.c_uint64(int(spread_us * 1000)),
                 ctypes.c_uint64(PACED_CHUNK if spread_us else CHUNK)]
         argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
-        self._keep.append((vals, argv))
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         self.check(self.lib, self.lib.cuLaunchKernel(fn, self.sms, 1, 1, 32, 1, 1, smem,
                                                      stream, argv, None), "launching hold")
@@ -444,8 +447,8 @@ class HeldFFN:
         self.a, self.k, self.spread_us = a, kernel, spread_us
         self.blocks = kernel.sms
         self.pairs = -(-a.n_ff // self.blocks)
-        self.smem = 2 * self.pairs * a.n_embd * 2 + a.n_embd * 4 + 32 * 4 + 16
-        if a.n_embd % 8 or self.smem > 227 * 1024:
+        self.smem = self.smem_for(a, self.blocks)
+        if not self.fits(a, self.blocks):
             raise SystemExit(f"bench_hold: the held gate/up of n_embd {a.n_embd}, n_ff {a.n_ff} "
                              f"needs {self.smem} bytes a block: more than an SM has (the 0.5B "
                              "fits; the 1.5B would need part of its rows held)")
@@ -469,14 +472,23 @@ class HeldFFN:
         self.err = torch.zeros(1, dtype=torch.int32, device=dev)
         self.attr = _LaunchAttr()
         self.attr.id, self.attr.value = 6, 1  # programmatic stream serialization: PDL
-        self._keep: list[Any] = []
+
+    @staticmethod
+    def smem_for(a: ModelArgs, blocks: int) -> int:
+        """Shared memory of a held block: its gate and up rows, x, the warps' sums, the
+        mbarrier."""
+        return 2 * -(-a.n_ff // blocks) * a.n_embd * 2 + a.n_embd * 4 + 32 * 4 + 16
+
+    @staticmethod
+    def fits(a: ModelArgs, blocks: int) -> bool:
+        return a.n_embd % 8 == 0 and HeldFFN.smem_for(a, blocks) <= 227 * 1024
 
     def _launch(self, fn: ctypes.c_void_p, grid: int, threads: int, smem: int,
                 vals: list[Any], pdl: bool) -> None:
         from openjarvis.engine.torch.cuda_step import _LaunchConfig
 
+        # (the driver copies the arguments at the call, captured launches included)
         argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
-        self._keep.append((vals, argv))
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         cfg = _LaunchConfig(grid, 1, 1, threads, 1, 1, smem, stream,
                             ctypes.pointer(self.attr) if pdl else None, 1 if pdl else 0)
@@ -558,6 +570,12 @@ def run(a: ModelArgs, positions: list[int], variants: list[Hold], rounds: int,
     default_pf = base["l2_prefetch"]
     out: dict[str, Any] = {}
     held: dict[str, HeldFFN] = {}
+    if not HeldFFN.fits(a, kernel.sms):
+        skipped = [v.name for v in variants if v.mib == HELD]
+        if skipped:
+            log(f"n_embd {a.n_embd}: the held feed-forward does not fit an SM "
+                f"({HeldFFN.smem_for(a, kernel.sms)} bytes a block); skipping {skipped}")
+        variants = [v for v in variants if v.mib != HELD]
     for v in variants:  # the held feed-forward against the default step, same inputs
         if v.mib != HELD or v.timemode:
             continue

@@ -767,7 +767,7 @@ T1_SETS["trace18"] = {}
 #: loop (8.45 -> 10.50 us a layer), not gate/up's. Its 384 programs (48 row blocks x 8 splits),
 #: resident while gate/up's 140 hold their SMs, may be packed onto fewer SMs than when they
 #: arrive as gate/up's programs leave. Tiles that fit them evenly beside gate/up: more
-#: shared memory a program (4 or 5 stages: at most 3 or 2 an SM), fewer programs (64-row
+#: shared memory a program (4 or 5 stages: at most 4 or 3 an SM), fewer programs (64-row
 #: blocks, or 4 splits: 192), each with gate/up letting the down projection go at its start,
 #: and the 4-stage tile alone as a control. Tiles: [rows, K, warps, stages, splits, swap].
 PLACE19_VARIANTS: dict[str, dict[str, Any]] = {

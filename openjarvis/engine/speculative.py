@@ -32,6 +32,7 @@ Example::
 from __future__ import annotations
 
 import codecs
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -143,31 +144,51 @@ def repeats_itself(text: str, times: int, min_chars: int = LOOP_MIN_CHARS) -> bo
     return False
 
 
-#: A span repeated within one line counts only where its shortest repeating unit holds at
-#: least this many non-blank characters: a list of zeros, a rule of dashes or ``f(a) + f(a)``
-#: repeat a unit of a few characters, a looping sentence one of dozens.
+#: A span repeated within one line counts where its shortest repeating unit holds at least
+#: this many non-blank characters and ``LOOP_MIN_WORDS`` distinct words (of three letters or
+#: more): a looping sentence. A list of zeros, a rule of dashes, ``f(a) + f(a)`` or a row of
+#: NULLs repeat a unit with fewer, however long the line.
 LOOP_MIN_UNIT_CHARS = 20
+LOOP_MIN_WORDS = 3
+#: A shorter unit (a short sentence, "I do not know. ") counts with at least this many
+#: non-blank characters and two distinct words, once written ``LOOP_SHORT_FACTOR`` times as
+#: often as a long one must be.
+LOOP_MIN_SHORT_CHARS = 8
+LOOP_SHORT_FACTOR = 3
 #: How many earlier places of the line's last characters ``repeats_in_line`` tries as the
 #: unit's length (nearest first): bounds its cost at each piece of text.
 LOOP_MAX_CANDIDATES = 32
 _PROBE = 12
+_WORD = re.compile(r"[^\W\d_]{3,}")
 
 
 def _nonblank(s: str) -> int:
     return len(s) - sum(c.isspace() for c in s)
 
 
-def repeats_in_line(text: str, times: int, min_chars: int = LOOP_MIN_UNIT_CHARS) -> bool:
+def _copies_needed(unit: str, times: int) -> int:
+    """How many copies in a row of ``unit`` (a shortest repeating unit) make a loop; 0: none
+    ever do (too little text or too few words in it to be a sentence)."""
+    chars, words = _nonblank(unit), len({w.lower() for w in _WORD.findall(unit)})
+    if chars >= LOOP_MIN_UNIT_CHARS and words >= LOOP_MIN_WORDS:
+        return times
+    if chars >= LOOP_MIN_SHORT_CHARS and words >= 2:
+        return times * LOOP_SHORT_FACTOR
+    return 0
+
+
+def repeats_in_line(text: str, times: int) -> bool:
     """Whether the last line of ``text`` (after its last newline; whole or not) ends in one
-    span written ``times`` times in a row with nothing between the copies, the span's
-    shortest repeating unit holding at least ``min_chars`` non-blank characters: a loop that
-    never ends a line, which ``repeats_itself`` cannot see. The unit's length is looked for
-    among the distances back to earlier places of the line's last few characters; the tail
-    need not end where a copy ends (a window of a periodic text is periodic)."""
+    span written again and again with nothing between the copies: ``times`` copies of a unit
+    that reads as a sentence (``LOOP_MIN_UNIT_CHARS`` non-blank characters, ``LOOP_MIN_WORDS``
+    distinct words), ``LOOP_SHORT_FACTOR`` times as many of a short one. A loop that never
+    ends a line, which ``repeats_itself`` cannot see. The unit's length is looked for among
+    the distances back to earlier places of the line's last few characters, nearest first;
+    the tail need not end where a copy ends (a window of a periodic text is periodic)."""
     if times < 2:
         return False
     line = text[text.rfind("\n") + 1 :]
-    if len(line) < times * min_chars:
+    if len(line) < times * LOOP_MIN_SHORT_CHARS:
         return False
     probe = line[-_PROBE:]
     at = len(line) - _PROBE
@@ -181,10 +202,43 @@ def repeats_in_line(text: str, times: int, min_chars: int = LOOP_MIN_UNIT_CHARS)
         unit = line[-d:]
         if line[-d * times :] != unit * times:
             continue
-        # the shortest unit the span repeats: a divisor of d whose repeats make the unit
-        p = next(q for q in range(1, d + 1) if d % q == 0 and unit[:q] * (d // q) == unit)
-        return _nonblank(unit[:p]) >= min_chars
+        # the shortest unit the span repeats: the least rotation of the unit that is the unit
+        # (it divides d)
+        q = (unit + unit).find(unit, 1)
+        need = _copies_needed(unit[:q], times)
+        if need and len(line) >= need * q and line[-need * q :] == line[-q:] * need:
+            return True
+        # a run of a short unit at the end ("====", "0, 0, ") may end a longer copy: go on
     return False
+
+
+class _LoopCheck:
+    """The loop stop of one generation: the answer's last ``LOOP_WINDOW`` characters (from
+    ``Request.loop_prefix`` on, so a loop spanning a pause stops at the same copy) checked as
+    each piece of text arrives: ``repeats_itself`` where a line ends, ``repeats_in_line`` on
+    the line being written (and on the one a piece ended), outside fenced code only: code
+    legitimately writes rows of data that repeat within a line."""
+
+    def __init__(self, times: int, prefix: str) -> None:
+        self.times = times
+        self.recent = _loop_window(prefix)
+        self.fences = prefix.count("```")  # odd: inside a fenced code block
+        self.tail = prefix[-2:]
+
+    def push(self, text: str) -> bool:
+        """Take the next piece of the answer; whether it now ends in a loop."""
+        if self.times < 2:
+            return False
+        self.fences += (self.tail + text).count("```") - self.tail.count("```")
+        self.tail = (self.tail + text)[-2:]
+        recent = self.recent = _loop_window(self.recent + text)
+        if "\n" in text:
+            done = recent[: recent.rfind("\n") + 1]
+            if repeats_itself(done, self.times):
+                return True
+            if self.fences % 2 == 0 and repeats_in_line(done[:-1], self.times):
+                return True  # a piece that finished a looping line and began the next
+        return self.fences % 2 == 0 and repeats_in_line(recent, self.times)
 
 
 def _loop_window(text: str) -> str:
@@ -373,7 +427,7 @@ class Speculator:
     ) -> Iterator[Piece]:
         v, stats = self.verifier, gen.stats
         finish = "length"
-        recent = _loop_window(req.loop_prefix)  # the answer's last lines, for ``repeats_itself``
+        loops = _LoopCheck(req.loop_repeats, req.loop_prefix)
         while True:
             if cancel():
                 finish = "cancelled"
@@ -439,13 +493,9 @@ class Speculator:
                 if hit:
                     finish, done = "stop", True
                     break
-                if text and req.loop_repeats:
-                    recent = _loop_window(recent + text)
-                    if ("\n" in text and repeats_itself(recent[: recent.rfind("\n") + 1],
-                                                        req.loop_repeats)) or repeats_in_line(
-                            recent, req.loop_repeats):
-                        finish, done = "repetition", True
-                        break
+                if text and loops.push(text):
+                    finish, done = "repetition", True
+                    break
                 if len(gen.tokens) >= max_tokens:
                     finish, done = "length", True
                     break

@@ -19,7 +19,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import torch
 
@@ -132,6 +132,24 @@ class Chain:
     replayed: torch.cuda.Event
 
 
+class FfnHook(Protocol):
+    """``Runner.ffn_hook``: called by a one-token step on the GPU as it is built (and so as
+    its graph is captured)."""
+
+    def begin(self, ws: Workspace) -> None:
+        """Before the first layer."""
+
+    def fork(self, i: int, layer: Any, main: torch.cuda.Stream,
+             ws: Workspace) -> torch.cuda.Stream:
+        """At layer ``i``'s start, instead of the L2 prefetch: launch on a side stream that
+        waits for ``main``; return it (the step joins it at its end)."""
+
+    def gate_up(self, i: int, layer: Any, ws: Workspace, hand: Any) -> None:
+        """On the current stream, in gate/up's place (``hand``: the o-projection's
+        ``kernels.NormHandoff``); ``ws.act`` must hold silu(gate) * up when the down
+        projection's PDL wait returns."""
+
+
 class Runner:
     """Owns the cache and the per-T steps of one model on one device."""
 
@@ -234,12 +252,11 @@ class Runner:
         #: leaves DRAM idle (``kernels.l2_prefetch``). None: off; on the GPU
         #: ``tuning.L2_PREFETCH``.
         self.l2_prefetch: tuple[float, int, int] | None = None
-        #: Experimental, for scripts/bench_hold.py only (None: off): an object whose
-        #: ``begin(ws)``, ``fork(i, layer, main, ws)`` (returning the side stream it launched
-        #: on) and ``gate_up(i, layer, ws, hand)`` stand in for the one-token step's L2
-        #: prefetch and gate/up launch, to time gate/up computed from weights held in shared
-        #: memory by a kernel on a side stream (docs/gpu-notes.md, session 19).
-        self.ffn_hook: Any = None
+        #: Experimental, for scripts/bench_hold.py only (None: off): stands in for the
+        #: one-token step's L2 prefetch and gate/up launch (``FfnHook``), to time gate/up
+        #: computed from weights held in shared memory by a kernel on a side stream
+        #: (docs/gpu-notes.md, session 19).
+        self.ffn_hook: FfnHook | None = None
         self._prefetch_stream: torch.cuda.Stream | None = None
         #: Set by ``make_deterministic``; default tiles (shapes without tuning) never split K.
         self.deterministic = False
@@ -773,7 +790,10 @@ class Runner:
         sem = self.atomic_sem
         K.embed(ws.tokens, w.tok_emb, ws.h, pdl=pk("embed"))
         # (verify steps asking the same lost: session 13 run 134, commit d5a7a2a)
-        hook = self.ffn_hook if t == 1 and self.device.type == "cuda" and hand_bufs else None
+        hook = self.ffn_hook if t == 1 and self.device.type == "cuda" else None
+        if hook is not None and not hand_bufs:
+            raise ValueError("ffn_hook needs the o-projection's norm hand-off (norm_handoff on, "
+                             "no fuse_attn_out, an o-projection tile without split-K)")
         pf = self.l2_prefetch if t == 1 and self.device.type == "cuda" and not hook else None
         if pf is not None and not (pf[0] > 0 and pf[1] > 0 and pf[2] in (0, 1, 2)):
             raise ValueError(f"l2_prefetch {pf}: needs (MiB > 0, programs > 0, after in 0-2)")
@@ -791,7 +811,7 @@ class Runner:
         for i, lw in enumerate(w.layers):
             kc, vc = c.k[i], c.v[i]
             prefetch_at(0, lw.w13)
-            if hook is not None:
+            if hook is not None and main is not None:
                 forked = hook.fork(i, lw, main, ws)
             if split is not None:
                 assert ws.qkv_acc is not None

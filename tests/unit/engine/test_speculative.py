@@ -288,13 +288,46 @@ def test_an_answer_looping_within_one_line_is_caught_at_its_nth_copy() -> None:
 
 
 def test_short_units_a_real_line_repeats_never_stop_it() -> None:
-    """Lists of zeros, rules, padding and repeated calls repeat a unit of a few characters
-    within one line however long: the shortest unit must hold LOOP_MIN_UNIT_CHARS non-blank
-    characters (a unit repeated is not a longer unit)."""
-    from openjarvis.engine.speculative import LOOP_MIN_UNIT_CHARS, repeats_in_line
+    """Lists of zeros, rules, padding, repeated calls and rows of data repeat a unit within
+    one line however long: the shortest unit must read as a sentence (LOOP_MIN_UNIT_CHARS
+    non-blank characters, LOOP_MIN_WORDS distinct words; a unit repeated is not a longer
+    unit), or as a short one written LOOP_SHORT_FACTOR times as often."""
+    from openjarvis.engine.speculative import LOOP_SHORT_FACTOR, repeats_in_line
 
     for text in ("[" + "0, " * 400, "# " + "-" * 300, " " * 500, "x = " + "f(a) + " * 80,
-                 "| --- " * 60, "0x00000000, " * 50, "ab" * 2000, "the the " * 100):
+                 "| --- " * 60, "0x00000000, " * 50, "ab" * 2000, "the the " * 100,
+                 "board = [" + "[0, 0, 0, 0, 0, 0, 0, 0, 0], " * 9,
+                 "m = [" + "[0.0, 0.0, 0.0, 0.0, 0.0], " * 5, "VALUES " + "(NULL, NULL, NULL, NULL), " * 9,
+                 "ids = [" + "'00000000-0000-0000-0000-000000000000', " * 6,
+                 "box-shadow: " + "0 0 0 1px rgba(0,0,0,.1), " * 8):
         assert not repeats_in_line(text, 4), text[:20]
-    unit = "y" * LOOP_MIN_UNIT_CHARS + " "
-    assert repeats_in_line(unit * 4, 4) and not repeats_in_line(unit[1:] * 4, 4)
+    short = "I do not know. "  # 11 non-blank characters, two words of three letters or more
+    assert not repeats_in_line(short * (4 * LOOP_SHORT_FACTOR - 1), 4)
+    assert repeats_in_line(short * 4 * LOOP_SHORT_FACTOR, 4)
+
+
+def test_a_loop_ending_in_a_run_of_one_character_is_still_found() -> None:
+    """The nearest repeat of the line's end can be a short run inside the unit ("===="): the
+    search goes on to the unit's own length."""
+    from openjarvis.engine.speculative import repeats_in_line
+
+    unit = "The watcher batches the events it sees ==== "
+    assert repeats_in_line("head: " + unit * 4 + "The watcher batches the events it sees ====", 4)
+
+
+def test_the_loop_check_skips_fenced_code_and_sees_a_line_a_piece_ended() -> None:
+    """``_LoopCheck``: within-line loops count outside fenced code only (code writes rows of
+    data); a piece that ends a looping line and starts the next is still caught; a resumed
+    generation counts the fences and copies of its prefix."""
+    from openjarvis.engine.speculative import _LoopCheck
+
+    code = "```python\nrows = [" + '{"name": "a b c", "value": 0}, ' * 20 + "]\n"
+    check = _LoopCheck(4, "")
+    assert not any(check.push(code[i : i + 7]) for i in range(0, len(code), 7))
+    assert check.fences == 1
+    check = _LoopCheck(4, "```\nx\n```\n")  # a closed block before: prose again
+    pieces = [SENTENCE * 3, SENTENCE[:-1], " \nNext"]
+    assert [check.push(p) for p in pieces] == [False, False, True]
+    resumed = _LoopCheck(4, "Intro.\n" + SENTENCE * 3)
+    assert resumed.push(SENTENCE[:30]) is False and resumed.push(SENTENCE[30:]) is True
+    assert _LoopCheck(0, "").push(SENTENCE * 10) is False

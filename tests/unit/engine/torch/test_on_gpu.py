@@ -165,14 +165,22 @@ def test_one_token_steps_with_gate_up_held_in_shared_memory_agree_with_float32(
     r = Runner(model, 256)
     hook = bench_hold.HeldFFN(model.args, bench_hold.HoldKernel(torch.device("cuda"), 100),
                               spread_us=4.0)
+    calls = []
+    gate_up = hook.gate_up
+    hook.gate_up = lambda *a: (calls.append(a[0]), gate_up(*a))  # type: ignore[method-assign]
     r.ffn_hook = hook
     r.logits(toks[:170], 0)
     out = torch.cat([r.logits(toks[i : i + 1], i).clone() for i in range(170, 180)])
     torch.cuda.synchronize()
+    assert calls[: model.args.n_layer] == list(range(model.args.n_layer))  # the hook ran
     assert int(hook.err.item()) == 0 and hook.flags.tolist() == [0, 0]
     assert torch.isfinite(out).all()
     assert rel(out, expect[170:180]) < BF16_REL
     assert float((out.argmax(-1) == expect[170:180].argmax(-1)).float().mean()) > 0.95
+    r.fuse_attn_out = True  # no hand-off for the hook to read: refused, not silently skipped
+    r.drop_steps(1)
+    with pytest.raises(ValueError, match="ffn_hook needs the o-projection's norm hand-off"):
+        r.logits(toks[180:181], 180)
 
 
 @pytest.mark.parametrize("t", [1, 9])
