@@ -222,15 +222,23 @@ class _LoopCheck:
     def __init__(self, times: int, prefix: str) -> None:
         self.times = times
         self.recent = _loop_window(prefix)
-        self.fences = prefix.count("```")  # odd: inside a fenced code block
-        self.tail = prefix[-2:]
+        self.fences = 0  # runs of three or more backticks so far; odd: inside fenced code
+        self.ticks = 0  # the backticks ending the text so far
+        self._count_fences(prefix)
+
+    def _count_fences(self, text: str) -> None:
+        if "`" not in text:
+            self.ticks = 0
+            return
+        for c in text:
+            self.ticks = self.ticks + 1 if c == "`" else 0
+            self.fences += self.ticks == 3
 
     def push(self, text: str) -> bool:
         """Take the next piece of the answer; whether it now ends in a loop."""
         if self.times < 2:
             return False
-        self.fences += (self.tail + text).count("```") - self.tail.count("```")
-        self.tail = (self.tail + text)[-2:]
+        self._count_fences(text)
         recent = self.recent = _loop_window(self.recent + text)
         if "\n" in text:
             done = recent[: recent.rfind("\n") + 1]

@@ -331,3 +331,7 @@ def test_the_loop_check_skips_fenced_code_and_sees_a_line_a_piece_ended() -> Non
     resumed = _LoopCheck(4, "Intro.\n" + SENTENCE * 3)
     assert resumed.push(SENTENCE[:30]) is False and resumed.push(SENTENCE[30:]) is True
     assert _LoopCheck(0, "").push(SENTENCE * 10) is False
+    split = _LoopCheck(4, "")  # a fence of four backticks, streamed as three and one: one fence
+    for piece in ("```", "`", "python\n"):
+        split.push(piece)
+    assert split.fences == 1
