@@ -348,7 +348,6 @@ class HoldKernel:
         self.arch = arch = f"sm_{props.major}{props.minor}"
         macros = {"NSTAGE": 1, "STAGE_BYTES": 16, "NCW": 1}
         cubin, self.how = compile_cached(hold_source(), macros, arch, name="hold_probe")
-        self._side: torch.cuda.Stream | None = None
         self.mod = ctypes.c_void_p()
         _check(self.lib, self.lib.cuModuleLoadData(ctypes.byref(self.mod), cubin),
                "loading the hold kernel")
@@ -356,16 +355,6 @@ class HoldKernel:
         self.occupancy, self.allowed = 0, 0
         self.carveout = carveout
         self.sources: dict[int, torch.Tensor] = {}
-
-    def side_stream(self, main: torch.cuda.Stream) -> torch.cuda.Stream:
-        """A stream that is not ``main`` (PyTorch's pool hands streams out round-robin, the
-        capture stream among them), as ``Runner._prefetch`` picks its own."""
-        for _ in range(4):
-            if self._side is not None and self._side != main:
-                break
-            self._side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        assert self._side is not None and self._side != main
-        return self._side
 
     def function(self, smem: int) -> tuple[ctypes.c_void_p, int]:
         """The kernel allowed ``smem`` bytes of dynamic shared memory, and its blocks an SM."""
@@ -423,12 +412,7 @@ def _prefetch_or_hold(self: Runner, w13: torch.Tensor, pf: tuple[float, int, int
     hold: tuple[HoldKernel, Hold] | None = getattr(self, "hold", None)
     if hold is None:
         return _ORIGINAL_PREFETCH(self, w13, pf, main)
-    for _ in range(4):
-        if self._prefetch_stream is not None and self._prefetch_stream != main:
-            break
-        self._prefetch_stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-    side = self._prefetch_stream
-    assert side is not None and side != main
+    side = self.side_stream(main)
     side.wait_stream(main)
     with torch.cuda.stream(side):
         hold[0].launch(w13, hold[1].mib, hold[1].hold_us, hold[1].spread_us)
@@ -498,18 +482,14 @@ class HeldFFN:
     def begin(self, ws: Any) -> None:
         """Nothing to launch: the signal kernel leaves the flags zero for the next step."""
 
-    def fork(self, i: int, lw: Any, main: torch.cuda.Stream, ws: Any) -> torch.cuda.Stream:
-        r_side = self.k.side_stream(main)
-        r_side.wait_stream(main)
+    def fork(self, i: int, lw: Any, ws: Any) -> None:
         u64, f32 = ctypes.c_uint64, ctypes.c_float
-        with torch.cuda.stream(r_side):
-            self._launch(self.fn_w13, self.blocks, HELD_THREADS, self.smem, [
-                u64(lw.w13.data_ptr()), u64(ws.xg.data_ptr()), u64(ws.ss_part.data_ptr()),
-                ctypes.c_uint32(ws.ss_part.shape[1]), u64(ws.act.data_ptr()),
-                u64(self.flags.data_ptr()), u64(int(self.spread_us * 1000)),
-                u64(PACED_CHUNK if self.spread_us else CHUNK), f32(self.a.rms_eps),
-                u64(self.err.data_ptr())], pdl=False)
-        return r_side
+        self._launch(self.fn_w13, self.blocks, HELD_THREADS, self.smem, [
+            u64(lw.w13.data_ptr()), u64(ws.xg.data_ptr()), u64(ws.ss_part.data_ptr()),
+            ctypes.c_uint32(ws.ss_part.shape[1]), u64(ws.act.data_ptr()),
+            u64(self.flags.data_ptr()), u64(int(self.spread_us * 1000)),
+            u64(PACED_CHUNK if self.spread_us else CHUNK), f32(self.a.rms_eps),
+            u64(self.err.data_ptr())], pdl=False)
 
     def gate_up(self, i: int, lw: Any, ws: Any, hand: Any) -> None:
         self._launch(self.fn_sig, 1, 32, 0, [

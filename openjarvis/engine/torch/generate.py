@@ -139,10 +139,10 @@ class FfnHook(Protocol):
     def begin(self, ws: Workspace) -> None:
         """Before the first layer."""
 
-    def fork(self, i: int, layer: Any, main: torch.cuda.Stream,
-             ws: Workspace) -> torch.cuda.Stream:
-        """At layer ``i``'s start, instead of the L2 prefetch: launch on a side stream that
-        waits for ``main``; return it (the step joins it at its end)."""
+    def fork(self, i: int, layer: Any, ws: Workspace) -> None:
+        """At layer ``i``'s start, instead of the L2 prefetch, on the step's side stream (the
+        current one), which waits for everything launched so far and which the step joins
+        at its end."""
 
     def gate_up(self, i: int, layer: Any, ws: Workspace, hand: Any) -> None:
         """On the current stream, in gate/up's place (``hand``: the o-projection's
@@ -812,7 +812,10 @@ class Runner:
             kc, vc = c.k[i], c.v[i]
             prefetch_at(0, lw.w13)
             if hook is not None and main is not None:
-                forked = hook.fork(i, lw, main, ws)
+                forked = self.side_stream(main)
+                forked.wait_stream(main)
+                with torch.cuda.stream(forked):
+                    hook.fork(i, lw, ws)
             if split is not None:
                 assert ws.qkv_acc is not None
                 K.qkv_split(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
@@ -868,23 +871,28 @@ class Runner:
     def _prefetch(self, w13: torch.Tensor, pf: tuple[float, int, int],
                   main: torch.cuda.Stream) -> torch.cuda.Stream:
         """``l2_prefetch``: once everything launched on ``main`` so far is done, ask L2 for
-        the last ``pf[0]`` MiB of gate/up's rows, half in each half; the side stream used.
-
-        PyTorch hands out streams round-robin from a pool that the graph's capture stream comes
-        from too: a side stream that is ``main`` would put the prefetch inline in the chain."""
+        the last ``pf[0]`` MiB of gate/up's rows, half in each half; the side stream used."""
         from openjarvis.engine.torch import kernels as K
 
+        side = self.side_stream(main)
+        n, k = w13.shape[0] // 2, w13.shape[1]
+        rows = max(1, min(n, int(pf[0] * 2**20 / 2 / (k * w13.element_size()))))
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            K.l2_prefetch(w13, ((n - rows) * k, (2 * n - rows) * k), rows * k, pf[1])
+        return side
+
+    def side_stream(self, main: torch.cuda.Stream) -> torch.cuda.Stream:
+        """The one-token step's side stream (``l2_prefetch``, ``ffn_hook``): one that is not
+        ``main``. PyTorch hands out streams round-robin from a pool that the graph's capture
+        stream comes from too: a side stream that is ``main`` would put its work inline in the
+        chain."""
         for _ in range(4):
             if self._prefetch_stream is not None and self._prefetch_stream != main:
                 break
             self._prefetch_stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
         side = self._prefetch_stream
         assert side is not None and side != main
-        n, k = w13.shape[0] // 2, w13.shape[1]
-        rows = max(1, min(n, int(pf[0] * 2**20 / 2 / (k * w13.element_size()))))
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            K.l2_prefetch(w13, ((n - rows) * k, (2 * n - rows) * k), rows * k, pf[1])
         return side
 
     def _out_tile(self, t: int) -> LinearConfig:
