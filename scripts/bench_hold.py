@@ -56,8 +56,6 @@ from bench_gpu import log, time_ms  # noqa: E402  # the same timer as the other 
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
 from openjarvis.engine.torch.generate import Runner  # noqa: E402
 
-DECODE_SOURCE = (Path(__file__).resolve().parent.parent
-                 / "openjarvis/engine/torch/csrc/decode_step.cu")
 MODELS = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}
 #: Bytes a bulk copy moves at most here (a multiple of 16; the mbarrier counts the whole hold).
 CHUNK = 32768
@@ -250,16 +248,12 @@ extern "C" __global__ void held_signal(u32* flags, u32 nblocks, u32* err) {
 """
 
 
-def _with_helpers(src: str) -> str:
-    decode = DECODE_SOURCE.read_text()
-    start, end = decode.index("// <ptx-helpers>"), decode.index("// </ptx-helpers>")
-    return src.replace("// @PTX_HELPERS@\n", decode[start:end], 1)
-
-
 def hold_source() -> str:
     """The hold kernel with decode_step.cu's PTX helpers (mbarriers, bulk copies) in place of
     its marker: the same copy code as the persistent CUDA step's ring."""
-    return _with_helpers(HOLD_SOURCE)
+    from openjarvis.engine.torch.cuda_step import with_ptx_helpers
+
+    return with_ptx_helpers(HOLD_SOURCE)
 
 
 @dataclass(frozen=True)
@@ -392,14 +386,26 @@ class HoldKernel:
             raise SystemExit(f"bench_hold: {per_block} bytes a block do not fit an SM's "
                              "shared memory")
         src = w.data_ptr() + w.numel() * w.element_size() - per_block * self.sms
-        vals = [ctypes.c_uint64(src), ctypes.c_uint64(per_block),
-                ctypes.c_uint64(int(hold_us * 1000)), ctypes.c_uint64(self.sink.data_ptr()),
-                ctypes.c_uint64(int(spread_us * 1000)),
-                ctypes.c_uint64(PACED_CHUNK if spread_us else CHUNK)]
+        u64 = ctypes.c_uint64
+        self.launch_fn(fn, self.sms, 32, smem, [
+            u64(src), u64(per_block), u64(int(hold_us * 1000)), u64(self.sink.data_ptr()),
+            u64(int(spread_us * 1000)), u64(PACED_CHUNK if spread_us else CHUNK)])
+
+    def launch_fn(self, fn: ctypes.c_void_p, grid: int, threads: int, smem: int,
+                  vals: list[Any], pdl: bool = False) -> None:
+        """One launch of ``fn`` on PyTorch's current stream, with the arguments ``vals``
+        (ctypes values; the driver copies them at the call, captured launches included);
+        ``pdl``: as a programmatic dependent of the kernel before it on the stream."""
+        from openjarvis.engine.torch.cuda_step import _LaunchAttr, _LaunchConfig
+
         argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        self.check(self.lib, self.lib.cuLaunchKernel(fn, self.sms, 1, 1, 32, 1, 1, smem,
-                                                     stream, argv, None), "launching hold")
+        attr = _LaunchAttr()
+        attr.id, attr.value = 6, 1  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        cfg = _LaunchConfig(grid, 1, 1, threads, 1, 1, smem, stream,
+                            ctypes.pointer(attr) if pdl else None, 1 if pdl else 0)
+        self.check(self.lib, self.lib.cuLaunchKernelEx(ctypes.byref(cfg), fn, argv, None),
+                   "launching a bench_hold kernel")
 
 
 _ORIGINAL_PREFETCH = Runner._prefetch
@@ -426,7 +432,7 @@ class HeldFFN:
 
     def __init__(self, a: ModelArgs, kernel: HoldKernel, spread_us: float, timemode: int = 0,
                  sleep_ns: int = 32) -> None:
-        from openjarvis.engine.torch.cuda_step import _LaunchAttr, compile_cached
+        from openjarvis.engine.torch.cuda_step import compile_cached, with_ptx_helpers
 
         self.a, self.k, self.spread_us = a, kernel, spread_us
         self.blocks = kernel.sms
@@ -439,7 +445,7 @@ class HeldFFN:
         macros = {"NSTAGE": 1, "STAGE_BYTES": 16, "NCW": 1, "NFF": a.n_ff, "KD": a.n_embd,
                   "PAIRS": self.pairs, "NT": HELD_THREADS, "TIMEMODE": timemode,
                   "SLEEP": sleep_ns}
-        cubin, _ = compile_cached(_with_helpers(HELD_SOURCE), macros, kernel.arch,
+        cubin, _ = compile_cached(with_ptx_helpers(HELD_SOURCE), macros, kernel.arch,
                                   name="held_ffn")
         lib = kernel.lib
         self.mod = ctypes.c_void_p()
@@ -454,8 +460,6 @@ class HeldFFN:
         dev = torch.device("cuda")
         self.flags = torch.zeros(2, dtype=torch.int32, device=dev)
         self.err = torch.zeros(1, dtype=torch.int32, device=dev)
-        self.attr = _LaunchAttr()
-        self.attr.id, self.attr.value = 6, 1  # programmatic stream serialization: PDL
 
     @staticmethod
     def smem_for(a: ModelArgs, blocks: int) -> int:
@@ -467,24 +471,12 @@ class HeldFFN:
     def fits(a: ModelArgs, blocks: int) -> bool:
         return a.n_embd % 8 == 0 and HeldFFN.smem_for(a, blocks) <= 227 * 1024
 
-    def _launch(self, fn: ctypes.c_void_p, grid: int, threads: int, smem: int,
-                vals: list[Any], pdl: bool) -> None:
-        from openjarvis.engine.torch.cuda_step import _LaunchConfig
-
-        # (the driver copies the arguments at the call, captured launches included)
-        argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        cfg = _LaunchConfig(grid, 1, 1, threads, 1, 1, smem, stream,
-                            ctypes.pointer(self.attr) if pdl else None, 1 if pdl else 0)
-        self.k.check(self.k.lib, self.k.lib.cuLaunchKernelEx(ctypes.byref(cfg), fn, argv, None),
-                     "launching the held gate/up")
-
     def begin(self, ws: Any) -> None:
         """Nothing to launch: the signal kernel leaves the flags zero for the next step."""
 
     def fork(self, i: int, lw: Any, ws: Any) -> None:
         u64, f32 = ctypes.c_uint64, ctypes.c_float
-        self._launch(self.fn_w13, self.blocks, HELD_THREADS, self.smem, [
+        self.k.launch_fn(self.fn_w13, self.blocks, HELD_THREADS, self.smem, [
             u64(lw.w13.data_ptr()), u64(ws.xg.data_ptr()), u64(ws.ss_part.data_ptr()),
             ctypes.c_uint32(ws.ss_part.shape[1]), u64(ws.act.data_ptr()),
             u64(self.flags.data_ptr()), u64(int(self.spread_us * 1000)),
@@ -492,7 +484,7 @@ class HeldFFN:
             u64(self.err.data_ptr())], pdl=False)
 
     def gate_up(self, i: int, lw: Any, ws: Any, hand: Any) -> None:
-        self._launch(self.fn_sig, 1, 32, 0, [
+        self.k.launch_fn(self.fn_sig, 1, 32, 0, [
             ctypes.c_uint64(self.flags.data_ptr()), ctypes.c_uint32(self.blocks),
             ctypes.c_uint64(self.err.data_ptr())], pdl=True)
 

@@ -52,21 +52,17 @@ from openjarvis.engine.torch.cuda_step import (  # noqa: E402  # same build and 
     _driver,
     compile_cached,
     load_function,
+    with_ptx_helpers,
 )
 
 SOURCE = Path(__file__).with_name("stream_probe.cu")
-#: The decode kernel, whose ``<ptx-helpers>`` block (mbarriers, bulk copies, the ring's layout)
-#: the probe kernels use.
-DECODE_SOURCE = Path(__file__).resolve().parent.parent / "openjarvis/engine/torch/csrc/decode_step.cu"
 
 
 @functools.cache
 def probe_source() -> str:
     """stream_probe.cu with decode_step.cu's PTX helpers in place of its marker: the ring here
     runs the decode kernel's own mbarrier and bulk-copy code, not a copy of it."""
-    decode = DECODE_SOURCE.read_text()
-    start, end = decode.index("// <ptx-helpers>"), decode.index("// </ptx-helpers>")
-    return SOURCE.read_text().replace("// @PTX_HELPERS@\n", decode[start:end], 1)
+    return with_ptx_helpers(SOURCE.read_text())
 
 
 STAGE = 24576  # bytes of one TMA stage (the decode kernel's are ~24-28 KB)

@@ -240,13 +240,14 @@ class _LoopCheck:
             return False
         self._count_fences(text)
         recent = self.recent = _loop_window(self.recent + text)
+        prose = self.fences % 2 == 0
         if "\n" in text:
             done = recent[: recent.rfind("\n") + 1]
             if repeats_itself(done, self.times):
                 return True
-            if self.fences % 2 == 0 and repeats_in_line(done[:-1], self.times):
+            if prose and repeats_in_line(done[:-1], self.times):
                 return True  # a piece that finished a looping line and began the next
-        return self.fences % 2 == 0 and repeats_in_line(recent, self.times)
+        return prose and repeats_in_line(recent, self.times)
 
 
 def _loop_window(text: str) -> str:

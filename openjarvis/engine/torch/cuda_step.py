@@ -284,6 +284,15 @@ def _nvcc_version(nvcc: str) -> str:
     return "nvcc " + (out.strip().splitlines() or ["?"])[-1]
 
 
+def with_ptx_helpers(src: str) -> str:
+    """CUDA source ``src`` with decode_step.cu's ``<ptx-helpers>`` block (mbarriers, bulk
+    copies, the ring's layout in shared memory) in place of its ``// @PTX_HELPERS@`` line: the
+    benchmarks' probe kernels run the decode kernel's own copy code, not a copy of it."""
+    decode = SOURCE.read_text()
+    start, end = decode.index("// <ptx-helpers>"), decode.index("// </ptx-helpers>")
+    return src.replace("// @PTX_HELPERS@\n", decode[start:end], 1)
+
+
 def build(p: Plan, arch: str = "sm_90", compiler: str = "auto") -> tuple[bytes, str]:
     """The cubin for ``p``, and how it was had ("nvrtc", "nvcc", or either + " (cached)")."""
     return compile_cached(SOURCE.read_text(), p.defines, arch, compiler, "decode_step")
