@@ -789,6 +789,61 @@ PLACE19B_VARIANTS: dict[str, dict[str, Any]] = {
     "w13e_w2_n64_aw": {**_chain15(w13=1, w2=1 + K.PDL_AFTER_WAIT), **_N64},
 }
 T1_SETS["place19b"] = {}
+#: ``--set spread20`` (session 20): run 186's trace recorded each program's SM. Launched at
+#: gate/up's start, the down projection's 384 programs (24 KB each) pile onto the SMs gate/up
+#: leaves room on: 104 SMs, up to 6 a program an SM, where launched late they spread over 129,
+#: at most 3; the SM that finished last held 6. Tiles that allow fewer programs an SM, so the
+#: early ones spread: 8 or 16 warps (at most 8 or 4 an SM by the 64 warps an SM holds), or 6
+#: stages (5 buffers of 12 KB: at most 3 an SM by shared memory); each alone as a control.
+_SPREAD20_W2 = {"w8": [32, 128, 8, 3, 8, True], "w16": [32, 128, 16, 3, 8, True],
+                "s6": [32, 128, 4, 6, 8, True]}
+SPREAD20_VARIANTS: dict[str, dict[str, Any]] = {
+    "w13e": _chain15(w13=1),
+    **{f"w13e_w2_{n}": {**_chain15(w13=1), "tiles": {"w2": c}} for n, c in _SPREAD20_W2.items()},
+    **{f"w2_{n}": {"tiles": {"w2": c}} for n, c in _SPREAD20_W2.items()},
+}
+T1_SETS["spread20"] = {}
+#: ``--set merge20`` (session 20): runs 186-187's traces put the verify merge's 216 programs
+#: (one warp each, launched as the attention starts) on 25-38 SMs, 12 an SM, beside the
+#: attention's one program an SM, and its loop at 2.30 us against the one-token merge's 0.77
+#: (96 programs, 3 an SM). The attention letting it launch after its wait or after its loop,
+#: so that its programs arrive as the attention's leave.
+MERGE20_VARIANTS: dict[str, dict[str, Any]] = {
+    "attn_aw": _chain15(attn=1 + K.PDL_AFTER_WAIT), "attn_late": _chain15(attn=1 + K.PDL_LATE),
+}
+T1_SETS["merge20"] = {}
+#: ``--set cache20`` (session 20): run 189 asked every kernel for the largest shared-memory
+#: split (L1 down to ~28 KB): one-token steps +4 to +6 % slower, verify steps even. The
+#: row-layout products read x again for every row and count on L1 for it, while the weights
+#: stream through L1 too (``evict_first`` is an L1 policy with an L2 hint). The weights
+#: loaded past L1 (".cg"), or with no hint. (Run 190 also asked for ".cs", streaming: Triton
+#: 3.6 would not compile it, and it is gone.)
+CACHE20_VARIANTS: dict[str, dict[str, Any]] = {
+    "cg": {"weight_evict": ".cg"}, "nohint": {"weight_evict": ""},
+}
+T1_SETS["cache20"] = {f"t1_{k}": v for k, v in CACHE20_VARIANTS.items()}
+#: ``--set spread20b`` (session 20): runs 186-191's traces found kernels filling the SMs they
+#: find to their limit rather than spreading: the 0.5B's one-token qkv (576 programs) on 70
+#: SMs, 12 an SM; its gate/up (1216, launched late) on 98, 16 an SM; its o-projection (448) 5
+#: an SM; the 1.5B's o-projection (768) 7-8 where 5.8 is the mean. Shared memory a program
+#: (``kernels.floor_shared``) bounds how many an SM takes: these caps are the fewest that
+#: still hold every program at once (``kernels.shared_floor_for``). And the verify down
+#: projection launched at gate/up's start (``w13e``, 6 an SM on 104 SMs) capped at 3.
+_CAP = K.shared_floor_for
+_T1_CAPS = {"896": {"qkv": _CAP(5), "w13": _CAP(10), "wo": _CAP(4)},
+            "1536": {"qkv": _CAP(8), "wo": _CAP(6)}}
+T1_SETS["spread20b"] = {
+    **{f"t1_{kind}": {"by_width": {w: {"smem_floor": {kind: caps[kind]}}
+                                   for w, caps in _T1_CAPS.items() if kind in caps}}
+       for kind in ("qkv", "w13", "wo")},
+    "t1_all": {"by_width": {w: {"smem_floor": caps} for w, caps in _T1_CAPS.items()}},
+}
+_W13E_CAP = _chain15(w13=1)
+_W13E_CAP["by_width"]["1536"]["smem_floor"] = {"v_w2": _CAP(3)}
+SPREAD20B_VARIANTS: dict[str, dict[str, Any]] = {
+    "w13e": _chain15(w13=1), "w13e_w2cap3": _W13E_CAP,
+    "w2cap3": {"by_width": {"1536": {"smem_floor": {"v_w2": _CAP(3)}}}},
+}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -805,13 +860,15 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "wait17b": WAIT17B_VARIANTS, "final17": FINAL17_VARIANTS,
     "wait17c": WAIT17C_VARIANTS, "warps17": WARPS17_VARIANTS,
     "pro17": PRO17_VARIANTS, "trace18": TRACE18_VARIANTS, "place19": PLACE19_VARIANTS,
-    "place19b": PLACE19B_VARIANTS,
+    "place19b": PLACE19B_VARIANTS, "spread20": SPREAD20_VARIANTS,
+    "merge20": MERGE20_VARIANTS, "cache20": CACHE20_VARIANTS,
+    "spread20b": SPREAD20B_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
          "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch",
-         "combine_cols"}
+         "combine_cols", "weight_evict", "smem_floor"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -850,6 +907,10 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.verify_handoff = bool(v.get("verify_handoff", base["verify_handoff"]))
     pf = v.get("l2_prefetch", base["l2_prefetch"])  # [MB a layer, programs, after]; null: off
     r.l2_prefetch = (float(pf[0]), int(pf[1]), int(pf[2]) if len(pf) > 2 else 0) if pf else None
+    r.weight_evict = v.get("weight_evict", base["weight_evict"])
+    # {"qkv": bytes} for one-token steps, {"v_w2": bytes} for verify steps
+    r.smem_floor = {(k.removeprefix("v_"), k.startswith("v_")): int(n)
+                    for k, n in v.get("smem_floor", base["smem_floor"]).items()}
     r.drop_steps()
 
 
@@ -873,7 +934,8 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "attn_warps": dict(r.attn_warps), "combine_cols": dict(r.combine_cols),
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
                "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
-               "l2_prefetch": r.l2_prefetch}
+               "l2_prefetch": r.l2_prefetch, "weight_evict": r.weight_evict,
+               "smem_floor": {}}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -13,6 +13,10 @@ median over the middle layers and the replays:
     tail      last program done - last program past its main loop
     layer     a layer's down projection done - the layer before's done
 
+and where its programs ran (``placement``: the SM each program's entry stamp records): the most
+programs on one SM, the SMs used, how many were resident before the kernel before ended, and
+how many the SM that finished last held.
+
 Random weights of the default pair's shapes; run on the lent GPU:
 ``python3 scripts/trace_step.py --out DIR`` (DIR/trace.json). Stamps cost a few stores a
 program, so the traced step is itself timed against the untraced one.
@@ -69,9 +73,31 @@ def variant_settings(spec: str) -> dict[str, Any]:
     return found
 
 
+def placement(st: torch.Tensor, sm: torch.Tensor, seen: torch.Tensor,
+              before_end: float) -> list[tuple[str, float]]:
+    """How one launch's programs lay on the SMs: the most on one SM (``sm_max``), the SMs used,
+    how many entered before the kernel before had ended (``early_n``, resident early) and the
+    most of those on one SM (``early_max``), and how many programs the SM whose last program
+    left its loop last held (``late_n``). An early launch's programs take whatever room the
+    kernel before leaves; if they pile onto few SMs, ``late_n`` against ``sm_max`` says whether
+    the pile is what the launch waits for. ``st`` [progs, 4] stamps (ns), ``sm`` [progs]."""
+    s, p = sm[seen], st[seen]
+    if not len(s):
+        return []
+    per_sm = torch.bincount(s)
+    early = p[:, 0] < before_end
+    per_sm_early = torch.bincount(s[early], minlength=len(per_sm))
+    loop_end = torch.full((len(per_sm),), -float("inf"), dtype=torch.float64)
+    loop_end = loop_end.scatter_reduce(0, s, p[:, 2], reduce="amax")
+    return [("sm_max", float(per_sm.max())), ("sm_used", float((per_sm > 0).sum())),
+            ("early_n", float(early.sum())), ("early_max", float(per_sm_early.max())),
+            ("late_n", float(per_sm[int(loop_end.argmax())]))]
+
+
 def trace(a: ModelArgs, pos: int, replays: int,
           l2_prefetch: tuple[float, int, int] | None | bool = True,
-          t: int = 1, variant: dict[str, Any] | None = None) -> dict[str, Any]:
+          t: int = 1, variant: dict[str, Any] | None = None,
+          carveout: int | None = None) -> dict[str, Any]:
     if variant:  # bench_verify's own Runner and settings, so the variant means the same there
         r, base = runner_for(a, pos + 64)
         configure(r, variant, base)
@@ -84,12 +110,20 @@ def trace(a: ModelArgs, pos: int, replays: int,
     nk = len(kinds)
     toks = list(range(100, 100 + t))
     r.step(toks, pos)
+    if carveout is not None:  # every kernel compiled so far, then the step captured anew
+        K.set_carveout(carveout)
+        r.drop_steps()
+        r.step(toks, pos)
     replay = functools.partial(r.replay, t)
     plain_ms = time_ms(replay)
     n_launch = nk * a.n_layer + 1
     with K.tracing(n_launch, PROGS, "cuda") as buf:
         r.drop_steps()
         r.step(toks, pos)  # captured traced: its replays stamp into buf
+        if carveout is not None:  # the traced kernels were compiled in that capture
+            K.set_carveout(carveout)
+            r.drop_steps()
+            r.step(toks, pos)
         if K.TRACE["next"] != n_launch:  # (a step without split-K qkv, say: misindexed)
             raise SystemExit(f"trace_step: the step made {K.TRACE['next']} traced launches, "
                              f"expected {n_launch} ({nk} a layer and the output)")
@@ -99,7 +133,8 @@ def trace(a: ModelArgs, pos: int, replays: int,
         buf.zero_()
         r.replay(t)
         torch.cuda.synchronize()
-        st = buf.view(n_launch, PROGS, 4).cpu().double()
+        rec = buf.view(n_launch, PROGS, K.TRACE_WIDTH).cpu()
+        st, sm = rec[:, :, :4].double(), rec[:, :, K.TRACE_SM]
         seen = st[:, :, 0] > 0
         big = float("inf")
         first = torch.where(seen[..., None], st, big).amin(1)  # [launch, event]
@@ -115,12 +150,16 @@ def trace(a: ModelArgs, pos: int, replays: int,
                                   ("loop", last[j, 2] - first[j, 1]),
                                   ("tail", last[j, 3] - last[j, 2])):
                     rows.setdefault(f"{kind}.{name}", []).append(float(val))
+                for name, val in placement(st[j], sm[j], seen[j], last[j - 1, 3] * 1e3 + t0):
+                    rows.setdefault(f"{kind}.{name}", []).append(val)
             rows.setdefault("layer", []).append(
                 float(last[nk * li + nk - 1, 3] - last[nk * li - 1, 3]))
         j = n_launch - 1
         rows.setdefault("out.release", []).append(float(first[j, 1] - last[j - 1, 3]))
         rows.setdefault("out.loop", []).append(float(last[j, 2] - first[j, 1]))
         rows.setdefault("step_span", []).append(float(last[:, 3].max()))
+    if carveout is not None:
+        K.set_carveout(K.CARVEOUT_DEFAULT)
     med = {k: round(statistics.median(v), 3) for k, v in rows.items()}
     return {"t": t, "ms": plain_ms, "traced_ms": traced_ms, "median_us": med}
 
@@ -139,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="default",
                     help="comma-separated: default, or SET:NAME for a variant of bench_verify.py's "
                          "--set SET; each is traced in a Runner of its own")
+    ap.add_argument("--carveout", type=int, default=None,
+                    help="every kernel prefers this %% of L1 as shared memory "
+                         "(kernels.set_carveout); default: the driver's choice per kernel")
     args = ap.parse_args(argv)
     variants = {spec: variant_settings(spec) for spec in args.variants.split(",")}
     if not torch.cuda.is_available():
@@ -158,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         for pos in (int(p) for p in args.positions.split(",")):
             for t, (spec, v) in ((int(x), sv) for x in args.tokens.split(",")
                                  for sv in variants.items()):
-                out = trace(models[name], pos, args.replays, prefetch, t, v)
-                key = f"{name}@{pos}" + (f"_T{t}" if t > 1 else "")
+                out = trace(models[name], pos, args.replays, prefetch, t, v, args.carveout)
+                key = (f"{name}@{pos}" + (f"_T{t}" if t > 1 else "")
+                       + (f"_c{args.carveout}" if args.carveout is not None else ""))
                 res[key if spec == "default" else f"{key}_{spec}"] = out
                 print(name, pos, t, spec, json.dumps(out), flush=True)
                 args.out.mkdir(parents=True, exist_ok=True)
@@ -175,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
                                            for x in ("release", "lead", "wait_spread", "loop",
                                                      "tail")))
         print(f"out    {m['out.release']:7.2f}                      {m['out.loop']:7.2f}")
+        print("kind    programs an SM: most  SMs used  early  most early  on the last SM")
+        for kind in KINDS if out["t"] == 1 else VERIFY_KINDS:
+            print(f"{kind:6s} " + " ".join(f"{m.get(f'{kind}.{x}', float('nan')):9.1f}"
+                                           for x in ("sm_max", "sm_used", "early_n",
+                                                     "early_max", "late_n")))
     return 0
 
 

@@ -233,6 +233,9 @@ class Runner:
         self._stacked: object | None = None
         #: Cache policy of the weight loads: "" or "evict_first" (a step reads each weight once).
         self.weight_evict = ""
+        #: (kernel, verify step?) -> at least this much shared memory a program of it, to bound
+        #: how many share an SM (``kernels.floor_shared``; session 20, benchmarks only): empty.
+        self.smem_floor: dict[tuple[str, bool], int] = {}
         #: Kernels ("qkv", "wo", "w13", "w2", "out") that, in a step whose PDL mode is 1, load
         #: their first weight tile before waiting on the previous kernel (mode 2) -- all their
         #: weights where K fits one tile, so the load overlaps the kernel before them.
@@ -776,6 +779,9 @@ class Runner:
         def pk(name: str) -> int:
             return self.kernel_pdl(name, t)
 
+        def sf(name: str) -> int:
+            return self.smem_floor.get((name, t > 1), 0)
+
         qkv_tiles = self.linear_configs.get(("qkv", t)) or (None, None)
         assert isinstance(qkv_tiles, tuple)
         ev = self.weight_evict
@@ -825,7 +831,7 @@ class Runner:
             else:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
-                           pdl=pk("qkv"), evict=ev)
+                           pdl=pk("qkv"), evict=ev, smem=sf("qkv"))
             prefetch_at(1, lw.w13)
             hand = None
             if fused:
@@ -843,17 +849,17 @@ class Runner:
                 if hand_bufs is not None:
                     hand = K.NormHandoff(hand_bufs[0], hand_bufs[1], lw.ffn_norm, hand_bufs[2])
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=wo_cfg, pdl=pk("wo"), evict=ev,
-                         hand_out=hand, atomic_sem=sem)
+                         hand_out=hand, atomic_sem=sem, smem=sf("wo"))
             if hook is not None and hand is not None:
                 hook.gate_up(i, lw, ws, hand)
             elif hand is not None:
                 K.linear(hand.xg, lw.w13, ws.act, mode=K.SWIGLU, eps=a.rms_eps, cfg=lc("w13"),
-                         pdl=pk("w13"), evict=ev, hand_in=hand)
+                         pdl=pk("w13"), evict=ev, hand_in=hand, smem=sf("w13"))
             else:
                 K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
-                         cfg=lc("w13"), pdl=pk("w13"), evict=ev)
+                         cfg=lc("w13"), pdl=pk("w13"), evict=ev, smem=sf("w13"))
             K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"), pdl=pk("w2"), evict=ev,
-                     atomic_sem=sem)
+                     atomic_sem=sem, smem=sf("w2"))
         if main is not None and forked is not None:
             main.wait_stream(forked)  # a captured side stream must join
         if ws.greedy:

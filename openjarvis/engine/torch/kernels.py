@@ -159,16 +159,28 @@ def _gdc_late(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
+#: A traced program's record (``_stamp``, which writes these two as literals): four timer
+#: stamps, then the SM it ran on.
+TRACE_WIDTH = 5
+TRACE_SM = 4
+
+
 @triton.jit
 def _stamp(tr_ptr, tr_base, pid, e, TRACE: tl.constexpr):
     """Tracing only (``TRACE`` programs a launch recorded, 0: off): event ``e`` of program
-    ``pid`` stamped with the GPU's global timer (ns) into slot ``tr_base + pid``: 0 entry,
-    1 past the PDL wait, 2 past the main loop, 3 done (scripts/trace_step.py)."""
+    ``pid`` stamped with the GPU's global timer (ns) into record ``tr_base + pid``: 0 entry,
+    1 past the PDL wait, 2 past the main loop, 3 done (scripts/trace_step.py); at entry the
+    record's ``TRACE_SM`` slot also takes the SM the program runs on, because how a launch's
+    programs spread over the SMs is what an early launch changes and the timer cannot show."""
     if TRACE > 0:
         if pid < TRACE:
             t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
                                           is_pure=False, pack=1)
-            tl.store(tr_ptr + (tr_base + pid) * 4 + e, t)
+            tl.store(tr_ptr + (tr_base + pid) * 5 + e, t)
+            if e == 0:
+                sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32,
+                                               is_pure=False, pack=1)
+                tl.store(tr_ptr + (tr_base + pid) * 5 + 4, sm.to(tl.int64))
 
 
 @triton.jit
@@ -234,9 +246,16 @@ def _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE: tl.conste
 def _w_tile(w_ptr, rn, row0, cols, wmask, K, EVICT: tl.constexpr):
     """Rows ``row0 + rn`` of W [*, K], columns ``cols`` ([1, BK], or a row's own for each row):
     a [BN, BK] weight tile (``row0`` N for the up half of a SwiGLU pair), loaded with the
-    weights' cache policy."""
-    return tl.load(w_ptr + (rn[:, None] + row0) * K + cols, mask=wmask, other=0.0,
-                   eviction_policy=EVICT)
+    weights' cache policy: an eviction policy ("", "evict_first": L1 and L2), or ".cg" (L2
+    only, so the streamed weights take no L1 lines from the activations every row of a program
+    reads again; session 20 run 190: one-token steps 1-5 % slower than "evict_first", as
+    with no hint: the L2 hint is what pays)."""
+    ptrs = w_ptr + (rn[:, None] + row0) * K + cols
+    if EVICT == ".cg":  # (a constexpr branch: only the taken one compiles)
+        w = tl.load(ptrs, mask=wmask, other=0.0, cache_modifier=EVICT)
+    else:
+        w = tl.load(ptrs, mask=wmask, other=0.0, eviction_policy=EVICT)
+    return w
 
 
 @triton.jit
@@ -929,7 +948,7 @@ def _launch(pdl: int) -> dict[str, bool]:
     return {"launch_pdl": True} if pdl % 4 in (1, 2) else {}
 
 
-#: Tracing only (scripts/trace_step.py): while ``buf`` is set (int64 [slots, 4]), each launch
+#: Tracing only (scripts/trace_step.py): while ``buf`` is set (int64 [slots, TRACE_WIDTH]), each launch
 #: of a step's traced kernels (one-token and verify) takes the next ``progs`` slots for its
 #: programs' ``_stamp``s (``next`` counts launches; the Runner resets it as a step is
 #: captured). ``tracing`` sets and clears it.
@@ -950,11 +969,97 @@ def _trace(dummy: torch.Tensor) -> tuple[tuple[torch.Tensor, int], dict[str, int
     return (buf, n * p), {"TRACE": p}
 
 
+#: ``CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT``, and its "no preference" value.
+_CARVEOUT_ATTR = 9
+CARVEOUT_DEFAULT = -1
+
+
+def set_carveout(percent: int) -> int:
+    """Ask every kernel of this module compiled so far to prefer ``percent`` of each SM's L1
+    as shared memory (``CARVEOUT_DEFAULT``: the driver's choice again); returns how many.
+
+    Why: Triton asks the driver for the largest shared-memory split only for kernels over
+    48 KB (gate/up, the verify attention); the others keep the driver's choice, and an SM
+    changes its split only once it is empty. A kernel launched early (PDL) then finds room only
+    on SMs whose split suits it, and its programs pile onto those (session 20's traces: the
+    verify down projection on 104 SMs, up to 6 an SM). One split for every kernel leaves no
+    SM waiting to change. Takes effect in steps captured after the call (``Runner.drop_steps``).
+    """
+    import ctypes
+
+    from triton.runtime.jit import JITFunction
+
+    if percent != CARVEOUT_DEFAULT and not 0 <= percent <= 100:
+        raise ValueError(f"a carveout is a percentage 0-100 or {CARVEOUT_DEFAULT}, not {percent}")
+    lib = ctypes.CDLL("libcuda.so.1")
+    n = 0
+    for obj in list(globals().values()):
+        if not isinstance(obj, JITFunction):
+            continue
+        for caches in list(obj.device_caches.values()):
+            for ck in list(caches[0].values()):  # (the kernel cache: key -> CompiledKernel)
+                if ck.function is None:
+                    ck._init_handles()
+                rc = lib.cuFuncSetAttribute(ctypes.c_void_p(ck.function), _CARVEOUT_ATTR,
+                                            ctypes.c_int(percent))
+                if rc != 0:
+                    raise RuntimeError(f"cuFuncSetAttribute(carveout {percent}) of "
+                                       f"{obj.__name__} failed: CUDA error {rc}")
+                n += 1
+    return n
+
+
+def floor_shared(ck: object, nbytes: int) -> None:
+    """From now on launch compiled kernel ``ck`` with at least ``nbytes`` of dynamic shared
+    memory a program (0: its own need again), used or not.
+
+    Why: a kernel launched early (PDL) or while another's programs are still resident puts
+    its programs wherever there is room, and fills the SMs it finds up to their limit: session
+    20's traces found the 0.5B's one-token qkv on 70 SMs, 12 an SM, and its gate/up on 98, 16
+    an SM, where 132 were there. Shared memory a program bounds how many share an SM, so
+    ``nbytes`` sets the most an SM takes (``shared_floor_for``). Takes effect from the next
+    launch (a step's warm-up run launches, the capture after it sees this). Triton passes a
+    kernel's shared memory at each launch from ``packed_metadata`` (num_warps, num_ctas,
+    shared); a Triton whose tuple differs is refused rather than guessed at."""
+    if ck is None or not hasattr(ck, "packed_metadata"):  # (the interpreter: no compiled kernel)
+        return
+    own = int(ck.metadata.shared)  # type: ignore[attr-defined]
+    pm = tuple(ck.packed_metadata)  # type: ignore[attr-defined]
+    want = max(own, nbytes)
+    if len(pm) < 3 or not isinstance(pm[2], int) or pm[2] < own:
+        raise RuntimeError(f"this Triton's packed launch metadata {pm} does not carry shared "
+                           f"memory third; floor_shared cannot set it")
+    if pm[2] == want:
+        return
+    if want > 48 * 1024:  # the driver allows past 48 KB only when asked
+        import ctypes
+
+        if ck.function is None:  # type: ignore[attr-defined]
+            ck._init_handles()  # type: ignore[attr-defined]
+        rc = ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(
+            ctypes.c_void_p(ck.function), 8, ctypes.c_int(want))  # type: ignore[attr-defined]
+        if rc != 0:
+            raise RuntimeError(f"cuFuncSetAttribute(max dynamic shared memory {want}) failed: "
+                               f"CUDA error {rc}")
+    ck.packed_metadata = (*pm[:2], want, *pm[3:])  # type: ignore[attr-defined]
+
+
+def shared_floor_for(per_sm: int, sm_bytes: int = 228 * 1024) -> int:
+    """The shared memory a program that lets at most ``per_sm`` programs share an SM of
+    ``sm_bytes`` (each program also takes 1 KB the system reserves), with no room to spare
+    for one more: the smallest such amount, rounded up to 256 bytes."""
+    if per_sm < 1:
+        raise ValueError(f"per_sm must be at least 1, not {per_sm}")
+    need = sm_bytes // (per_sm + 1) - 1024 + 1  # one more program must not fit
+    return -(-need // 256) * 256
+
+
 @contextmanager
 def tracing(launches: int, progs: int, device: torch.device | str) -> Iterator[torch.Tensor]:
-    """Trace the launches made while open (``TRACE``): the stamp buffer [launches * progs, 4]
-    (int64 ns, zeros where nothing stamped), reset whatever happens inside."""
-    buf = torch.zeros(launches * progs, 4, dtype=torch.int64, device=device)
+    """Trace the launches made while open (``TRACE``): the stamp buffer [launches * progs,
+    ``TRACE_WIDTH``] (int64: ns stamps, then the SM; zeros where nothing stamped), reset
+    whatever happens inside."""
+    buf = torch.zeros(launches * progs, TRACE_WIDTH, dtype=torch.int64, device=device)
     TRACE.update(buf=buf, progs=progs, next=0)
     try:
         yield buf
@@ -979,9 +1084,10 @@ def linear(
     cfg: LinearConfig | None = None,
     pdl: int = 0,
     norm_scale: bool = True,  # False: multiply by the norm weight only (split-K safe)
-    evict: str = "",  # cache policy of the weight loads: "" or "evict_first"
+    evict: str = "",  # cache policy of the weight loads: "", "evict_first" or ".cg"
     hand_out: NormHandoff | None = None,  # ADD into a residual: also hand it to the next norm
     hand_in: NormHandoff | None = None,  # x is hand_in.xg: normalize with its statistics
+    smem: int = 0,  # at least this much shared memory a program (``floor_shared``)
     atomic_sem: str = "relaxed",  # split-K: memory semantics of the partials' atomics
 ) -> torch.Tensor:
     t, k = x.shape
@@ -1041,10 +1147,11 @@ def linear(
     else:
         kernel = _linear_kernel
     tr, trc = _trace(out)
-    kernel[grid](
+    ck = kernel[grid](
         x, w, norm if norm is not None else w, bias if bias is not None else w, out,
         t, n, k, x.stride(0), out.stride(0), eps, *hand_args, *tr, **common, **trc,
     )
+    floor_shared(ck, smem)
     return out
 
 
@@ -1131,6 +1238,7 @@ def qkv_rope(
     num_warps: int = 4,
     pdl: int = 0,
     evict: str = "",
+    smem: int = 0,  # at least this much shared memory a program (``floor_shared``)
 ) -> None:
     t, k = x.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
@@ -1139,13 +1247,14 @@ def qkv_rope(
     bp = min(bp, hd // 2)
     grid = ((n_head + 2 * n_kv) * (hd // 2 // bp),)
     tr, trc = _trace(q_out)
-    _qkv_rope_kernel[grid](
+    ck = _qkv_rope_kernel[grid](
         x, wqkv, norm, bias, rope, start, q_out, k_cache, v_cache,
         t, k, x.stride(0), k_cache.stride(0), k_cache.stride(1), eps, *tr,
         N_HEAD=n_head, N_KV=n_kv, HD=hd,
         BLOCK_T=block_t(t), BLOCK_P=bp, BLOCK_K=block_k or min(512, triton.next_power_of_2(k)),
         PDL=pdl, EVICT=evict, num_warps=num_warps, **_launch(pdl), **trc,
     )
+    floor_shared(ck, smem)
 
 
 def qkv_split(

@@ -292,7 +292,7 @@ def test_a_traced_step_stamps_every_program_in_order_and_computes_the_same(
     """scripts/trace_step.py's instrument: with ``kernels.TRACE`` set while a step is captured,
     every program of its launches (6 a layer for one token; 7 for a verify step, whose qkv is a
     split-K product and a RoPE kernel) and of the output projection stamps entry, past the PDL
-    wait, past the main loop and done, in that order; its logits stay within the float32
+    wait, past the main loop and done, in that order, and the SM it ran on; its logits stay within the float32
     reference's tolerance, and a step captured after tracing is switched off writes nothing."""
     from openjarvis.engine.torch import kernels as K
 
@@ -310,18 +310,51 @@ def test_a_traced_step_stamps_every_program_in_order_and_computes_the_same(
     buf.zero_()
     got = r.logits(toks[p1:p2], p1).clone()  # a replay of the traced graph
     torch.cuda.synchronize()
-    st = buf.view(n_launch, progs, 4)
+    rec = buf.view(n_launch, progs, K.TRACE_WIDTH)
+    st = rec[:, :, :4]
     seen = st[:, :, 0] > 0
     assert seen.any(1).all()  # every launch stamped
     stamped = st[seen]
     assert (stamped > 0).all()  # every program that entered stamped all four events
     assert (stamped[:, 1:] >= stamped[:, :-1]).all()  # entry <= waited <= looped <= done
+    sms = rec[:, :, K.TRACE_SM][seen]  # and the SM it ran on
+    n_sm = torch.cuda.get_device_properties(0).multi_processor_count
+    assert int(sms.min()) >= 0 and int(sms.max()) < n_sm
+    assert len(torch.unique(sms)) > n_sm // 2  # a step's programs spread over the SMs
     assert rel(got, expect[p1:p2]) < BF16_REL
     r.drop_steps(t)
     buf.zero_()
     r.logits(toks[p2:p2 + t], p2)
     torch.cuda.synchronize()
     assert not buf.any()  # captured untraced: no stamps
+
+
+def test_a_shared_memory_floor_caps_the_programs_an_sm_takes_and_computes_the_same(
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
+    """``Runner.smem_floor`` (``kernels.floor_shared``): the one-token qkv kernel launched with
+    the shared memory that lets at most 5 of its programs share an SM puts at most 5 on any SM
+    in every layer (the trace's SM slot; the 0.5B's 576 programs took up to 12 without it,
+    session 20), and the step's logits stay within the float32 reference's tolerance."""
+    from openjarvis.engine.torch import kernels as K
+
+    model, _, toks, expect = pair
+    r = Runner(model, 256)
+    r.smem_floor = {("qkv", False): K.shared_floor_for(5)}
+    r.logits(toks[:170], 0)
+    progs, n_launch = 16384, 6 * model.args.n_layer + 1
+    with K.tracing(n_launch, progs, "cuda") as buf:
+        r.drop_steps(1)
+        r.logits(toks[170:171], 170)  # warm-up runs compile and floor, then the capture
+    buf.zero_()
+    got = r.logits(toks[171:172], 171).clone()
+    torch.cuda.synchronize()
+    rec = buf.view(n_launch, progs, K.TRACE_WIDTH)
+    for layer in range(model.args.n_layer):
+        qkv = rec[6 * layer]  # a layer's launches: qkv first
+        seen = qkv[:, 0] > 0
+        per_sm = torch.bincount(qkv[seen, K.TRACE_SM])
+        assert int(seen.sum()) == 576 and int(per_sm.max()) <= 5, (layer, per_sm.max())
+    assert rel(got, expect[171:172]) < BF16_REL
 
 
 def test_cuda_step_agrees_with_float32_and_replays_bit_identical(

@@ -860,6 +860,40 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
     assert not watch.violations, sorted(set(watch.violations))[:5]
 
 
+def test_a_shared_memory_floor_is_the_least_that_caps_an_sm_and_zero_undoes_it() -> None:
+    """``kernels.shared_floor_for(n)`` lets exactly n programs share a 228 KB SM (each also
+    takes the system's 1 KB), not n + 1; ``floor_shared`` raises a compiled kernel's launch
+    shared memory to the floor, never below its own need, puts it back with 0, and refuses a
+    Triton whose packed launch metadata does not carry the shared memory third."""
+    sm = 228 * 1024
+    for n in (1, 3, 5, 10, 16):
+        floor = K.shared_floor_for(n)
+        assert sm // (floor + 1024) == n and sm // (floor - 256 + 1024) == n + 1
+    with pytest.raises(ValueError, match="at least 1"):
+        K.shared_floor_for(0)
+
+    class Meta:
+        shared = 2048
+
+    class Compiled:
+        metadata = Meta()
+        packed_metadata: tuple[int, ...] = (4, 1, 2048)
+        function = 1
+
+    ck = Compiled()
+    K.floor_shared(ck, 20224)
+    assert ck.packed_metadata == (4, 1, 20224)
+    K.floor_shared(ck, 1024)  # below its own need: its own
+    assert ck.packed_metadata == (4, 1, 2048)
+    K.floor_shared(ck, 20224)
+    K.floor_shared(ck, 0)
+    assert ck.packed_metadata == (4, 1, 2048)
+    K.floor_shared(None, 20224)  # the interpreter launches return no compiled kernel
+    ck.packed_metadata = (4, 1)
+    with pytest.raises(RuntimeError, match="shared memory third"):
+        K.floor_shared(ck, 20224)
+
+
 def test_the_trace_gives_each_launch_the_next_slots_and_refuses_to_overflow() -> None:
     """``kernels._trace`` (scripts/trace_step.py): off, a launch gets no slots and no TRACE
     constant; on, consecutive launches get consecutive ranges of ``progs`` slots, and a launch
@@ -867,7 +901,7 @@ def test_the_trace_gives_each_launch_the_next_slots_and_refuses_to_overflow() ->
     dummy = torch.zeros(1)
     assert K._trace(dummy) == ((dummy, 0), {})
     with K.tracing(3, 8, "cpu") as buf:
-        assert tuple(buf.shape) == (3 * 8, 4)
+        assert tuple(buf.shape) == (3 * 8, K.TRACE_WIDTH)
         for i in range(3):
             (ptr, base), const = K._trace(dummy)
             assert ptr is buf and base == 8 * i and const == {"TRACE": 8}
