@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -1009,7 +1010,7 @@ def set_carveout(percent: int) -> int:
     return n
 
 
-def floor_shared(ck: object, nbytes: int) -> None:
+def floor_shared(ck: Any, nbytes: int) -> None:
     """From now on launch compiled kernel ``ck`` with at least ``nbytes`` of dynamic shared
     memory a program (0: its own need again), used or not.
 
@@ -1023,8 +1024,8 @@ def floor_shared(ck: object, nbytes: int) -> None:
     shared); a Triton whose tuple differs is refused rather than guessed at."""
     if ck is None or not hasattr(ck, "packed_metadata"):  # (the interpreter: no compiled kernel)
         return
-    own = int(ck.metadata.shared)  # type: ignore[attr-defined]
-    pm = tuple(ck.packed_metadata)  # type: ignore[attr-defined]
+    own = int(ck.metadata.shared)
+    pm = tuple(ck.packed_metadata)
     want = max(own, nbytes)
     if len(pm) < 3 or not isinstance(pm[2], int) or pm[2] < own:
         raise RuntimeError(f"this Triton's packed launch metadata {pm} does not carry shared "
@@ -1034,14 +1035,14 @@ def floor_shared(ck: object, nbytes: int) -> None:
     if want > 48 * 1024:  # the driver allows past 48 KB only when asked
         import ctypes
 
-        if ck.function is None:  # type: ignore[attr-defined]
-            ck._init_handles()  # type: ignore[attr-defined]
+        if ck.function is None:
+            ck._init_handles()
         rc = ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(
-            ctypes.c_void_p(ck.function), 8, ctypes.c_int(want))  # type: ignore[attr-defined]
+            ctypes.c_void_p(ck.function), 8, ctypes.c_int(want))
         if rc != 0:
             raise RuntimeError(f"cuFuncSetAttribute(max dynamic shared memory {want}) failed: "
                                f"CUDA error {rc}")
-    ck.packed_metadata = (*pm[:2], want, *pm[3:])  # type: ignore[attr-defined]
+    ck.packed_metadata = (*pm[:2], want, *pm[3:])
 
 
 def shared_floor_for(per_sm: int, sm_bytes: int = 228 * 1024) -> int:
