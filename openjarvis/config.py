@@ -87,7 +87,8 @@ class GenerationConfig:
     )
     loop_repeats: int = _doc(
         "Stop an answer that ends in the same block of lines, or the same span within a line, "
-        "written this many times in a row (0 = never).", LOOP_REPEATS
+        "written this many times in a row (a span in fenced code: four times as many; "
+        "0 = never).", LOOP_REPEATS
     )
 
 

@@ -8,7 +8,9 @@ alone (``repeats_itself``, the loop stop before the in-line one) in the same run
 - prose: an answer of ordinary sentences, 12-character pieces, no loop;
 - zeros: one long line of ``0, 0, 0, ...`` outside code, the in-line check's worst case (every
   candidate length is periodic and has to be rejected);
-- code: the same line inside a fenced block, where only the line check runs.
+- code: the same line inside a fenced block, where the in-line check holds it to the code
+  rule (a sentence-like unit only, ``LOOP_CODE_FACTOR`` times as many copies) since session
+  20; before, it skipped code.
 
 Each figure is the median over rounds of the mean microseconds a piece::
 

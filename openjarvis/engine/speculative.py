@@ -155,6 +155,11 @@ LOOP_MIN_WORDS = 3
 #: often as a long one must be.
 LOOP_MIN_SHORT_CHARS = 8
 LOOP_SHORT_FACTOR = 3
+#: Inside fenced code a line may legitimately repeat a unit (rows of data), so only a unit that
+#: reads as a sentence counts there, written this many times as often as in prose: a runaway
+#: line of code (an edit block writing the same parameters again and again) still stops, a
+#: few hundred characters in rather than at ``max_tokens``.
+LOOP_CODE_FACTOR = 4
 #: How many earlier places of the line's last characters ``repeats_in_line`` tries as the
 #: unit's length (nearest first): bounds its cost at each piece of text.
 LOOP_MAX_CANDIDATES = 32
@@ -166,25 +171,28 @@ def _nonblank(s: str) -> int:
     return len(s) - sum(c.isspace() for c in s)
 
 
-def _copies_needed(unit: str, times: int) -> int:
+def _copies_needed(unit: str, times: int, code: bool = False) -> int:
     """How many copies in a row of ``unit`` (a shortest repeating unit) make a loop; 0: none
-    ever do (too little text or too few words in it to be a sentence)."""
+    ever do (too little text or too few words in it to be a sentence; in ``code``, anything
+    shorter than a sentence)."""
     chars, words = _nonblank(unit), len({w.lower() for w in _WORD.findall(unit)})
     if chars >= LOOP_MIN_UNIT_CHARS and words >= LOOP_MIN_WORDS:
-        return times
-    if chars >= LOOP_MIN_SHORT_CHARS and words >= 2:
+        return times * (LOOP_CODE_FACTOR if code else 1)
+    if chars >= LOOP_MIN_SHORT_CHARS and words >= 2 and not code:
         return times * LOOP_SHORT_FACTOR
     return 0
 
 
-def repeats_in_line(text: str, times: int) -> bool:
+def repeats_in_line(text: str, times: int, *, code: bool = False) -> bool:
     """Whether the last line of ``text`` (after its last newline; whole or not) ends in one
     span written again and again with nothing between the copies: ``times`` copies of a unit
     that reads as a sentence (``LOOP_MIN_UNIT_CHARS`` non-blank characters, ``LOOP_MIN_WORDS``
-    distinct words), ``LOOP_SHORT_FACTOR`` times as many of a short one. A loop that never
-    ends a line, which ``repeats_itself`` cannot see. The unit's length is looked for among
-    the distances back to earlier places of the line's last few characters, nearest first;
-    the tail need not end where a copy ends (a window of a periodic text is periodic)."""
+    distinct words), ``LOOP_SHORT_FACTOR`` times as many of a short one; in ``code`` (the line
+    is inside fenced code), ``LOOP_CODE_FACTOR`` times as many of a sentence and never a short
+    unit. A loop that never ends a line, which ``repeats_itself`` cannot see. The unit's
+    length is looked for among the distances back to earlier places of the line's last few
+    characters, nearest first; the tail need not end where a copy ends (a window of a periodic
+    text is periodic)."""
     if times < 2:
         return False
     line = text[text.rfind("\n") + 1 :]
@@ -205,7 +213,7 @@ def repeats_in_line(text: str, times: int) -> bool:
         # the shortest unit the span repeats: the least rotation of the unit that is the unit
         # (it divides d)
         q = (unit + unit).find(unit, 1)
-        need = _copies_needed(unit[:q], times)
+        need = _copies_needed(unit[:q], times, code)
         if need and len(line) >= need * q and line[-need * q :] == line[-q:] * need:
             return True
         # a run of a short unit at the end ("====", "0, 0, ") may end a longer copy: go on
@@ -216,8 +224,8 @@ class _LoopCheck:
     """The loop stop of one generation: the answer's last ``LOOP_WINDOW`` characters (from
     ``Request.loop_prefix`` on, so a loop spanning a pause stops at the same copy) checked as
     each piece of text arrives: ``repeats_itself`` where a line ends, ``repeats_in_line`` on
-    the line being written (and on the one a piece ended), outside fenced code only: code
-    legitimately writes rows of data that repeat within a line."""
+    the line being written (and on the one a piece ended), held to its code rule inside fenced
+    code: code legitimately writes rows of data that repeat within a line."""
 
     def __init__(self, times: int, prefix: str) -> None:
         self.times = times
@@ -240,14 +248,14 @@ class _LoopCheck:
             return False
         self._count_fences(text)
         recent = self.recent = _loop_window(self.recent + text)
-        prose = self.fences % 2 == 0
+        code = self.fences % 2 == 1
         if "\n" in text:
             done = recent[: recent.rfind("\n") + 1]
             if repeats_itself(done, self.times):
                 return True
-            if prose and repeats_in_line(done[:-1], self.times):
+            if repeats_in_line(done[:-1], self.times, code=code):
                 return True  # a piece that finished a looping line and began the next
-        return prose and repeats_in_line(recent, self.times)
+        return repeats_in_line(recent, self.times, code=code)
 
 
 def _loop_window(text: str) -> str:

@@ -301,9 +301,11 @@ def test_short_units_a_real_line_repeats_never_stop_it() -> None:
                  "ids = [" + "'00000000-0000-0000-0000-000000000000', " * 6,
                  "box-shadow: " + "0 0 0 1px rgba(0,0,0,.1), " * 8):
         assert not repeats_in_line(text, 4), text[:20]
+        assert not repeats_in_line(text, 4, code=True), text[:20]
     short = "I do not know. "  # 11 non-blank characters, two words of three letters or more
     assert not repeats_in_line(short * (4 * LOOP_SHORT_FACTOR - 1), 4)
     assert repeats_in_line(short * 4 * LOOP_SHORT_FACTOR, 4)
+    assert not repeats_in_line(short * 200, 4, code=True)  # in code, never a short unit
 
 
 def test_a_loop_ending_in_a_run_of_one_character_is_still_found() -> None:
@@ -315,16 +317,27 @@ def test_a_loop_ending_in_a_run_of_one_character_is_still_found() -> None:
     assert repeats_in_line("head: " + unit * 4 + "The watcher batches the events it sees ====", 4)
 
 
-def test_the_loop_check_skips_fenced_code_and_sees_a_line_a_piece_ended() -> None:
-    """``_LoopCheck``: within-line loops count outside fenced code only (code writes rows of
-    data); a piece that ends a looping line and starts the next is still caught; a resumed
-    generation counts the fences and copies of its prefix."""
-    from openjarvis.engine.speculative import _LoopCheck
+def test_the_loop_check_holds_fenced_code_to_its_rule_and_sees_a_line_a_piece_ended() -> None:
+    """``_LoopCheck``: inside fenced code (which writes rows of data) a line stops only where
+    a sentence-like unit runs LOOP_CODE_FACTOR times as long as in prose: a runaway parameter
+    list does (the 1.5B wrote one for 400 tokens answering "How do I add a new configuration
+    option?"), a row of records does not; a piece that ends a looping line and starts the
+    next is still caught; a resumed generation counts the fences and copies of its prefix."""
+    from openjarvis.engine.speculative import LOOP_CODE_FACTOR, _LoopCheck
 
     code = "```python\nrows = [" + '{"name": "a b c", "value": 0}, ' * 20 + "]\n"
     check = _LoopCheck(4, "")
     assert not any(check.push(code[i : i + 7]) for i in range(0, len(code), 7))
     assert check.fences == 1
+    params = "name: str, value: int, default: str, help: str, "
+    head = "```python\ndef add_option(self, "
+    runaway = head + params * 4 * LOOP_CODE_FACTOR
+    check = _LoopCheck(4, "")
+    first = next(i + 7 for i in range(0, len(runaway), 7) if check.push(runaway[i : i + 7]))
+    assert first > len(head) + (4 * LOOP_CODE_FACTOR - 1) * len(params)  # in the 16th copy
+    in_code = _LoopCheck(4, "```text\n")
+    assert in_code.push(SENTENCE * 4) is False  # four copies: prose's loop, not code's
+    assert in_code.push(SENTENCE * (4 * LOOP_CODE_FACTOR - 4)) is True
     check = _LoopCheck(4, "```\nx\n```\n")  # a closed block before: prose again
     pieces = [SENTENCE * 3, SENTENCE[:-1], " \nNext"]
     assert [check.push(p) for p in pieces] == [False, False, True]
