@@ -165,7 +165,10 @@ TRACE_WAITS = {"wait_qkv": 24, "wait_wo": 25, "wait_w13": 26, "wait_w2": 27}
 def summarize_trace(t: torch.Tensor, nl: int) -> dict[str, Any]:
     """Medians over the middle layers of a TRACE build's stamps ``t`` [nl + 1, points, blocks]
     (see ``trace``)."""
-    tf = t.double()
+    # stamps relative to the first, in int64 before float64 (epoch ns as float64 lie 256 ns
+    # apart; traces before session 20 read steps of 0.256 us for that reason); + 1 keeps a
+    # stamped value > 0 (unstamped: 0)
+    tf = torch.where(t > 0, (t - int(t[t > 0].min())).double() + 1.0, 0.0)
     mid = range(2, nl - 2)
     base = torch.stack([tf[layer, 0][tf[layer, 0] > 0].min() for layer in range(nl + 1)])
     row: dict[str, Any] = {"layer_us": float((base[3:nl] - base[2:nl - 1]).median() / 1e3),

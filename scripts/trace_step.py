@@ -134,13 +134,15 @@ def trace(a: ModelArgs, pos: int, replays: int,
         r.replay(t)
         torch.cuda.synchronize()
         rec = buf.view(n_launch, PROGS, K.TRACE_WIDTH).cpu()
-        st, sm = rec[:, :, :4].double(), rec[:, :, K.TRACE_SM]
-        seen = st[:, :, 0] > 0
+        raw, sm = rec[:, :, :4], rec[:, :, K.TRACE_SM]
+        seen = raw[:, :, 0] > 0
+        # ns from the step's first entry, taken in int64: the timer counts ns since the epoch
+        # (~1.8e18), where float64 values lie 256 ns apart: every trace before session 20 read
+        # times in steps of 0.256 us, whatever the timer's own resolution
+        st = (raw - int(raw[:, :, 0][seen].min())).double()
         big = float("inf")
-        first = torch.where(seen[..., None], st, big).amin(1)  # [launch, event]
-        last = torch.where(seen[..., None], st, -big).amax(1)
-        t0 = float(first[:, 0].min())
-        first, last = (first - t0) / 1e3, (last - t0) / 1e3  # us from the step's first entry
+        first = torch.where(seen[..., None], st, big).amin(1) / 1e3  # [launch, event], us
+        last = torch.where(seen[..., None], st, -big).amax(1) / 1e3
         for li in range(2, a.n_layer - 2):
             for k, kind in enumerate(kinds):
                 j = nk * li + k
@@ -150,7 +152,7 @@ def trace(a: ModelArgs, pos: int, replays: int,
                                   ("loop", last[j, 2] - first[j, 1]),
                                   ("tail", last[j, 3] - last[j, 2])):
                     rows.setdefault(f"{kind}.{name}", []).append(float(val))
-                for name, val in placement(st[j], sm[j], seen[j], last[j - 1, 3] * 1e3 + t0):
+                for name, val in placement(st[j], sm[j], seen[j], last[j - 1, 3] * 1e3):
                     rows.setdefault(f"{kind}.{name}", []).append(val)
             rows.setdefault("layer", []).append(
                 float(last[nk * li + nk - 1, 3] - last[nk * li - 1, 3]))

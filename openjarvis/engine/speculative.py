@@ -235,6 +235,8 @@ class _LoopCheck:
         self._count_fences(prefix)
 
     def _count_fences(self, text: str) -> None:
+        if not text:
+            return
         if "`" not in text:
             self.ticks = 0
             return
@@ -246,16 +248,18 @@ class _LoopCheck:
         """Take the next piece of the answer; whether it now ends in a loop."""
         if self.times < 2:
             return False
-        self._count_fences(text)
+        nl = text.rfind("\n")
+        self._count_fences(text[: nl + 1])
+        ended_in_code = self.fences % 2 == 1  # where the line the piece ended was written
+        self._count_fences(text[nl + 1 :])
         recent = self.recent = _loop_window(self.recent + text)
-        code = self.fences % 2 == 1
-        if "\n" in text:
+        if nl >= 0:
             done = recent[: recent.rfind("\n") + 1]
             if repeats_itself(done, self.times):
                 return True
-            if repeats_in_line(done[:-1], self.times, code=code):
+            if repeats_in_line(done[:-1], self.times, code=ended_in_code):
                 return True  # a piece that finished a looping line and began the next
-        return repeats_in_line(recent, self.times, code=code)
+        return repeats_in_line(recent, self.times, code=self.fences % 2 == 1)
 
 
 def _loop_window(text: str) -> str:

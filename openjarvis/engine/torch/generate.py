@@ -231,7 +231,8 @@ class Runner:
         #: with these tiles, instead of the per-pair qkv kernel; None keeps the per-pair kernel.
         self.qkv_split: object | None = None
         self._stacked: object | None = None
-        #: Cache policy of the weight loads: "" or "evict_first" (a step reads each weight once).
+        #: Cache policy of the weight loads: "", "evict_first" (a step reads each weight once)
+        #: or ".cg" (past L1; session 20: 1-5 % slower), ``kernels.WEIGHT_CACHE``.
         self.weight_evict = ""
         #: (kernel, verify step?) -> at least this much shared memory a program of it, to bound
         #: how many share an SM (``kernels.floor_shared``; session 20, benchmarks only): empty.
@@ -800,6 +801,7 @@ class Runner:
         if hook is not None and not hand_bufs:
             raise ValueError("ffn_hook needs the o-projection's norm hand-off (norm_handoff on, "
                              "no fuse_attn_out, an o-projection tile without split-K)")
+        self._check_smem_floor(t, split is not None, fused, hook is not None)
         pf = self.l2_prefetch if t == 1 and self.device.type == "cuda" and not hook else None
         if pf is not None and not (pf[0] > 0 and pf[1] > 0 and pf[2] in (0, 1, 2)):
             raise ValueError(f"l2_prefetch {pf}: needs (MiB > 0, programs > 0, after in 0-2)")
@@ -873,6 +875,22 @@ class Runner:
         K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"),
                  pdl=pk("out"), evict=ev)
         return ws.logits
+
+    def _check_smem_floor(self, t: int, split: bool, fused: bool, hooked: bool) -> None:
+        """Refuse a ``smem_floor`` entry that this step would drop without a word: a kernel
+        it does not launch (a typo; qkv in verify steps, which run the split-K qkv; the
+        o-projection fused into the attention; gate/up replaced by ``ffn_hook``)."""
+        for (name, verify), nbytes in self.smem_floor.items():
+            if name not in ("qkv", "wo", "w13", "w2") or nbytes < 0:
+                raise ValueError(f"smem_floor {(name, verify)}: {nbytes}: the kernels are qkv, "
+                                 f"wo, w13 and w2, the floors bytes >= 0")
+            if verify != (t > 1):
+                continue
+            dropped = ((name == "qkv" and split) or (name == "wo" and fused)
+                       or (name == "w13" and hooked))
+            if dropped and nbytes:
+                raise ValueError(f"smem_floor {(name, verify)}: this step does not launch that "
+                                 f"kernel (split-K qkv, fused o-projection or ffn_hook)")
 
     def _prefetch(self, w13: torch.Tensor, pf: tuple[float, int, int],
                   main: torch.cuda.Stream) -> torch.cuda.Stream:

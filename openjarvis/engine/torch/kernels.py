@@ -394,10 +394,11 @@ def _linear_kernel(
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
     SEM: tl.constexpr, TRACE: tl.constexpr = 0, ROWS: tl.constexpr = 0,
-    PREFETCH: tl.constexpr = 0, SEG: tl.constexpr = 1,
+    PREFETCH: tl.constexpr = 0, SEG: tl.constexpr = 1, SMEM_FLOOR: tl.constexpr = 0,
 ):
     """``TRACE``: ``_stamp`` (tracing only). ``ROWS``, ``PREFETCH``, ``SEG`` (T = 1):
-    ``LinearConfig.rows``, ``.prefetch`` and ``.segments``.
+    ``LinearConfig.rows``, ``.prefetch`` and ``.segments``. ``SMEM_FLOOR`` is not read: it
+    gives a launch with a shared-memory floor a compiled kernel of its own (``floor_shared``).
 
     ``HAND`` (``NormHandoff``): 1, also hand the new rows of ``out`` (a residual) to the
     next norm (``_hand_off``; with split-K, ``_serial_hand_off``); 2, ``x`` is such a hand-off
@@ -520,11 +521,11 @@ def _linear_swap_kernel(
     MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
-    SEM: tl.constexpr, TRACE: tl.constexpr = 0,
+    SEM: tl.constexpr, TRACE: tl.constexpr = 0, SMEM_FLOOR: tl.constexpr = 0,
 ):
     """``_linear_kernel`` for T > 1 with the product transposed: accT [BN, BT] += W [BN, BK] .
     x^T [BK, BT]; transposed back once, in the same epilogue (``HAND`` as there); ``TRACE``:
-    ``_stamp`` (tracing only)."""
+    ``_stamp`` (tracing only); ``SMEM_FLOOR`` as there."""
     pid = tl.program_id(0)
     tpid = pid * SPLIT_K + tl.program_id(1)
     _stamp(tr_ptr, tr_base, tpid, 0, TRACE)
@@ -570,9 +571,10 @@ def _qkv_rope_kernel(
     T, K, stride_x, stride_ch, stride_cs, eps, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    EVICT: tl.constexpr, TRACE: tl.constexpr = 0,
+    EVICT: tl.constexpr, TRACE: tl.constexpr = 0, SMEM_FLOOR: tl.constexpr = 0,
 ):
-    """Program = BLOCK_P NeoX pairs (rows j and j + HD/2) of one head of q, k or v."""
+    """Program = BLOCK_P NeoX pairs (rows j and j + HD/2) of one head of q, k or v
+    (``SMEM_FLOOR`` as in ``_linear_kernel``)."""
     HALF: tl.constexpr = HD // 2
     PER_HEAD: tl.constexpr = HALF // BLOCK_P
     pid = tl.program_id(0)
@@ -979,13 +981,14 @@ def set_carveout(percent: int) -> int:
     """Ask every kernel of this module compiled so far to prefer ``percent`` of each SM's L1
     as shared memory (``CARVEOUT_DEFAULT``: the driver's choice again); returns how many.
 
-    Why: Triton asks the driver for the largest shared-memory split only for kernels over
-    48 KB (gate/up, the verify attention); the others keep the driver's choice, and an SM
-    changes its split only once it is empty. A kernel launched early (PDL) then finds room only
-    on SMs whose split suits it, and its programs pile onto those (session 20's traces: the
-    verify down projection on 104 SMs, up to 6 an SM). One split for every kernel leaves no
-    SM waiting to change. Takes effect in steps captured after the call (``Runner.drop_steps``).
-    """
+    Why it was tried (session 20, ``scripts/bench_carveout.py``): Triton asks the driver for
+    the largest shared-memory split only for kernels over 48 KB (gate/up, the verify
+    attention); the others keep the driver's choice, and an SM changes its split only once it
+    is empty. If that were why a kernel launched early (PDL) piles its programs onto a few SMs
+    (the verify down projection on 104 SMs, up to 6 an SM), one split for every kernel would
+    spread them. It did not (run 189: the same pile), and one-token steps ran 4-6 % slower
+    with L1 at its smallest. Takes effect in steps captured after the call
+    (``Runner.drop_steps``)."""
     import ctypes
 
     from triton.runtime.jit import JITFunction
@@ -1019,9 +1022,12 @@ def floor_shared(ck: Any, nbytes: int) -> None:
     20's traces found the 0.5B's one-token qkv on 70 SMs, 12 an SM, and its gate/up on 98, 16
     an SM, where 132 were there. Shared memory a program bounds how many share an SM, so
     ``nbytes`` sets the most an SM takes (``shared_floor_for``). Takes effect from the next
-    launch (a step's warm-up run launches, the capture after it sees this). Triton passes a
-    kernel's shared memory at each launch from ``packed_metadata`` (num_warps, num_ctas,
-    shared); a Triton whose tuple differs is refused rather than guessed at."""
+    launch (a step's warm-up run launches, the capture after it sees this). The setting lives
+    on the compiled kernel, which every launch of the same specialization shares, so the
+    launchers (``linear``, ``qkv_rope``) pass the floor as a constexpr too (``SMEM_FLOOR``):
+    a floored launch compiles a kernel of its own and no other launch inherits its floor.
+    Triton passes a kernel's shared memory at each launch from ``packed_metadata``
+    (num_warps, num_ctas, shared); a Triton whose tuple differs is refused, not guessed at."""
     if ck is None or not hasattr(ck, "packed_metadata"):  # (the interpreter: no compiled kernel)
         return
     own = int(ck.metadata.shared)
@@ -1068,6 +1074,16 @@ def tracing(launches: int, progs: int, device: torch.device | str) -> Iterator[t
         TRACE.update(buf=None, progs=0, next=0)
 
 
+#: The weight loads' cache policies ``_w_tile`` knows.
+WEIGHT_CACHE = ("", "evict_first", "evict_last", ".cg")
+
+
+def _check_evict(evict: str) -> None:
+    if evict not in WEIGHT_CACHE:
+        raise ValueError(f"evict (the weights' cache policy) must be one of {WEIGHT_CACHE}, "
+                         f"not {evict!r}")
+
+
 def _check_sem(atomic_sem: str) -> None:
     if atomic_sem not in ATOMIC_SEMS:
         raise ValueError(f"atomic_sem must be one of {ATOMIC_SEMS}, not {atomic_sem!r}")
@@ -1093,6 +1109,7 @@ def linear(
 ) -> torch.Tensor:
     t, k = x.shape
     _check_sem(atomic_sem)
+    _check_evict(evict)
     n = w.shape[0] // 2 if mode == SWIGLU else w.shape[0]
     cfg = cfg or default_linear_config(t, n, k, x.device.type == "cuda")
     if cfg.split_k > 1 and (mode != ADD or (norm is not None and norm_scale) or bias is not None
@@ -1140,6 +1157,7 @@ def linear(
         **({"ROWS": 1, "PREFETCH": int(cfg.prefetch), "SEG": cfg.segments}
            if cfg.rows and t == 1 else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
+        **({"SMEM_FLOOR": smem} if smem > 0 else {}),
     )
     if cfg.swap and t > 1:
         if cfg.block_n < 16:
@@ -1152,7 +1170,8 @@ def linear(
         x, w, norm if norm is not None else w, bias if bias is not None else w, out,
         t, n, k, x.stride(0), out.stride(0), eps, *hand_args, *tr, **common, **trc,
     )
-    floor_shared(ck, smem)
+    if smem > 0:
+        floor_shared(ck, smem)
     return out
 
 
@@ -1241,6 +1260,7 @@ def qkv_rope(
     evict: str = "",
     smem: int = 0,  # at least this much shared memory a program (``floor_shared``)
 ) -> None:
+    _check_evict(evict)
     t, k = x.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]
@@ -1254,8 +1274,10 @@ def qkv_rope(
         N_HEAD=n_head, N_KV=n_kv, HD=hd,
         BLOCK_T=block_t(t), BLOCK_P=bp, BLOCK_K=block_k or min(512, triton.next_power_of_2(k)),
         PDL=pdl, EVICT=evict, num_warps=num_warps, **_launch(pdl), **trc,
+        **({"SMEM_FLOOR": smem} if smem > 0 else {}),
     )
-    floor_shared(ck, smem)
+    if smem > 0:
+        floor_shared(ck, smem)
 
 
 def qkv_split(
@@ -1286,6 +1308,7 @@ def qkv_split(
     could be read after its owner zeroed it (session 9 run 89 saw that race in a kernel since
     removed); within one warp the load and the store keep their order. So a (token, head)
     program has one warp, or at most as many as own hd / 2 values a thread (hd / 64)."""
+    _check_evict(evict)
     t, d = x.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]

@@ -321,8 +321,10 @@ def test_the_loop_check_holds_fenced_code_to_its_rule_and_sees_a_line_a_piece_en
     """``_LoopCheck``: inside fenced code (which writes rows of data) a line stops only where
     a sentence-like unit runs LOOP_CODE_FACTOR times as long as in prose: a runaway parameter
     list does (the 1.5B wrote one for 400 tokens answering "How do I add a new configuration
-    option?"), a row of records does not; a piece that ends a looping line and starts the
-    next is still caught; a resumed generation counts the fences and copies of its prefix."""
+    option?"), and so do 16 identical records of three words or more, as four identical lines
+    already do anywhere; records of fewer words never do. A piece that ends a looping line and
+    starts the next is still caught, judged by the fences before that line's end; a resumed
+    generation counts the fences and copies of its prefix."""
     from openjarvis.engine.speculative import LOOP_CODE_FACTOR, _LoopCheck
 
     code = "```python\nrows = [" + '{"name": "a b c", "value": 0}, ' * 20 + "]\n"
@@ -338,6 +340,18 @@ def test_the_loop_check_holds_fenced_code_to_its_rule_and_sees_a_line_a_piece_en
     in_code = _LoopCheck(4, "```text\n")
     assert in_code.push(SENTENCE * 4) is False  # four copies: prose's loop, not code's
     assert in_code.push(SENTENCE * (4 * LOOP_CODE_FACTOR - 4)) is True
+    # a piece that ends a line and then opens or closes a fence: the line ended is judged by
+    # where it was written
+    row = '"hello world", ' * 20  # a short unit: a loop in prose at 12 copies, never in code
+    closing = _LoopCheck(4, "```text\n")
+    assert [closing.push(p) for p in (row[:100], row[100:-1] + "\n```")] == [False, False]
+    opening = _LoopCheck(4, "")
+    pieces = [SENTENCE * 3, SENTENCE[:-1], " \n```"]
+    assert [opening.push(p) for p in pieces] == [False, False, True]
+    records = '{"name": "Alice", "role": "admin"}, '  # three words: identical records stop
+    rows = _LoopCheck(4, "```json\n[")
+    assert rows.push(records * (4 * LOOP_CODE_FACTOR - 1)) is False
+    assert rows.push(records) is True
     check = _LoopCheck(4, "```\nx\n```\n")  # a closed block before: prose again
     pieces = [SENTENCE * 3, SENTENCE[:-1], " \nNext"]
     assert [check.push(p) for p in pieces] == [False, False, True]

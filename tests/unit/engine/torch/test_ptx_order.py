@@ -45,6 +45,7 @@ out = {}
 for name, fn in (("unswapped", K._linear_kernel), ("swapped", K._linear_swap_kernel)):
     const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=16, BLOCK_N=32, BLOCK_K=128, SPLIT_K=4,
                  PDL=5, EVICT="evict_first", HAND=1, NP_BLOCK=64, SEM="relaxed", TRACE=0,
+                 SMEM_FLOOR=0,
                  **({"ROWS": 0, "PREFETCH": 0, "SEG": 1} if name == "unswapped" else {}))
     src = ASTSource(fn, {**sig, **{k: "constexpr" for k in const}}, constexprs=const)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -57,7 +58,7 @@ for name, fn in (("unswapped", K._linear_kernel), ("swapped", K._linear_swap_ker
 for key, pdl in (("traced", 6), ("traced_aw", 10)):
     const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=1, BLOCK_N=2, BLOCK_K=2048, SPLIT_K=1,
                  PDL=pdl, EVICT="evict_first", HAND=0, NP_BLOCK=1, SEM="relaxed", TRACE=1024,
-                 ROWS=0, PREFETCH=0, SEG=1)
+                 ROWS=0, PREFETCH=0, SEG=1, SMEM_FLOOR=0)
     src = ASTSource(K._linear_kernel, {**sig, **{k: "constexpr" for k in const}},
                     constexprs=const)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -67,12 +68,15 @@ for key, pdl in (("traced", 6), ("traced_aw", 10)):
 # a one-token down projection's loop (a row a warp): default, in the row layout, prefetching;
 # and 2 rows x 1024 read as 4 segments of 256 a row ("s": rows wider than a warp's); "p": with
 # the weight prologue (PDL mode 6), in the row layout with and without prefetch
-for rows, pf, bn, bk, seg, pdl in ((0, 0, 4, 256, 1, 5), (1, 0, 4, 256, 1, 5),
-                                   (1, 1, 4, 256, 1, 5), (1, 1, 2, 1024, 4, 5),
-                                   (1, 0, 4, 256, 1, 6), (1, 1, 4, 256, 1, 6)):
+# ("c": the weights loaded past L1, ".cg", with a shared-memory floor: Runner.weight_evict and
+# Runner.smem_floor, session 20)
+for rows, pf, bn, bk, seg, pdl, ev in ((0, 0, 4, 256, 1, 5, ""), (1, 0, 4, 256, 1, 5, ""),
+                                       (1, 1, 4, 256, 1, 5, ""), (1, 1, 2, 1024, 4, 5, ""),
+                                       (1, 0, 4, 256, 1, 6, ""), (1, 1, 4, 256, 1, 6, ""),
+                                       (1, 1, 4, 256, 1, 5, ".cg")):
     const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=1, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=2,
-                 PDL=pdl, EVICT="evict_first", HAND=0, NP_BLOCK=1, SEM="relaxed", TRACE=0,
-                 ROWS=rows, PREFETCH=pf, SEG=seg)
+                 PDL=pdl, EVICT=ev or "evict_first", HAND=0, NP_BLOCK=1, SEM="relaxed",
+                 TRACE=0, ROWS=rows, PREFETCH=pf, SEG=seg, SMEM_FLOOR=20224 if ev else 0)
     # what the JIT's specialization gives a launch of real shapes: 16-aligned pointers and sizes
     aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(sig)
                if a.endswith("ptr") or a in ("N", "K", "stride_x", "stride_out")}
@@ -80,7 +84,8 @@ for rows, pf, bn, bk, seg, pdl in ((0, 0, 4, 256, 1, 5), (1, 0, 4, 256, 1, 5),
                     constexprs=const, attrs=aligned)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4, "num_stages": 2}).asm["ptx"]
-    out[f"loop{rows}{pf}" + ("s" if seg > 1 else "") + ("p" if pdl == 6 else "")] = [
+    out[f"loop{rows}{pf}" + ("s" if seg > 1 else "") + ("p" if pdl == 6 else "")
+        + ("c" if ev else "")] = [
         line.strip() for line in ptx.splitlines()
         if re.search(r"ld\.global|bar\.sync|griddepcontrol\.wait|Loop Header|\bbra\b", line)]
 # the L2 prefetch of Runner.l2_prefetch: 4 lines a thread (PER), asked for and nothing else
@@ -185,6 +190,19 @@ def test_the_row_layout_loop_has_no_barrier_and_a_prefetch_asks_a_tile_ahead(
     else:
         assert not early and len(before) == (n if prefetch else 0), seq
     assert len([i for i in weights if head[0] < i < back]) == n, seq
+
+
+def test_the_weights_past_l1_are_cg_loads_and_the_loop_is_otherwise_the_same(
+        ops: dict[str, list[str]]) -> None:
+    """``Runner.weight_evict = ".cg"`` (session 20) turns the weight loads into ``ld.global.cg``
+    (no L1 line, no L2 hint) and leaves the loop's shape alone; the kernel compiles with a
+    shared-memory floor's constexpr (``SMEM_FLOOR``, not read in the body)."""
+    hinted, past_l1 = ops["loop11"], ops["loop11c"]
+    assert any("L1::evict_first" in op for op in hinted)
+    assert any("ld.global.cg" in op for op in past_l1)
+    assert not any("evict_first" in op for op in past_l1), past_l1
+    shape = [re.sub(r"ld\.global\S*", "ld", op.split()[0]) for op in hinted]
+    assert [re.sub(r"ld\.global\S*", "ld", op.split()[0]) for op in past_l1] == shape
 
 
 def test_the_l2_prefetch_asks_for_each_line_and_loads_nothing(ops: dict[str, list[str]]) -> None:
