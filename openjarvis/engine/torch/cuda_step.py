@@ -371,6 +371,20 @@ class _LaunchConfig(ctypes.Structure):
 _COOPERATIVE = 2
 
 
+#: ``cuFuncSetAttribute``'s attributes used here: the dynamic shared memory a launch may ask
+#: for, and the preferred share of L1 as shared memory (%).
+FUNC_MAX_DYNAMIC_SHARED = 8
+FUNC_CARVEOUT = 9
+
+
+def set_function_attribute(fn: int | ctypes.c_void_p, attr: int, value: int, what: str) -> None:
+    """``cuFuncSetAttribute`` on a loaded kernel (this module's or a compiled Triton kernel's
+    ``function`` handle); a failure raises ``CudaStepError`` saying ``what`` was tried."""
+    lib = _driver()
+    handle = fn if isinstance(fn, ctypes.c_void_p) else ctypes.c_void_p(fn)
+    _check(lib, lib.cuFuncSetAttribute(handle, attr, ctypes.c_int(value)), what)
+
+
 def load_function(lib: ctypes.CDLL, module: ctypes.c_void_p, name: str, smem: int,
                   threads: int, carveout: int | None = None) -> tuple[ctypes.c_void_p, int]:
     """Kernel ``name`` of a loaded module, allowed ``smem`` bytes of dynamic shared memory
@@ -379,9 +393,10 @@ def load_function(lib: ctypes.CDLL, module: ctypes.c_void_p, name: str, smem: in
     fn, occ = ctypes.c_void_p(), ctypes.c_int()
     _check(lib, lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()),
            f"finding {name}")
-    _check(lib, lib.cuFuncSetAttribute(fn, 8, smem), "reserving shared memory")  # max dyn. smem
+    _check(lib, lib.cuFuncSetAttribute(fn, FUNC_MAX_DYNAMIC_SHARED, smem),
+           "reserving shared memory")
     if carveout is not None:
-        _check(lib, lib.cuFuncSetAttribute(fn, 9, carveout), "setting the carveout")
+        _check(lib, lib.cuFuncSetAttribute(fn, FUNC_CARVEOUT, carveout), "setting the carveout")
     _check(lib, lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
         ctypes.byref(occ), fn, threads, ctypes.c_size_t(smem)), "reading occupancy")
     return fn, occ.value

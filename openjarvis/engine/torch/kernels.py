@@ -972,8 +972,7 @@ def _trace(dummy: torch.Tensor) -> tuple[tuple[torch.Tensor, int], dict[str, int
     return (buf, n * p), {"TRACE": p}
 
 
-#: ``CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT``, and its "no preference" value.
-_CARVEOUT_ATTR = 9
+#: The carveout's "no preference" value (``CU_SHAREDMEM_CARVEOUT_DEFAULT``).
 CARVEOUT_DEFAULT = -1
 
 
@@ -989,13 +988,12 @@ def set_carveout(percent: int) -> int:
     spread them. It did not (run 189: the same pile), and one-token steps ran 4-6 % slower
     with L1 at its smallest. Takes effect in steps captured after the call
     (``Runner.drop_steps``)."""
-    import ctypes
-
     from triton.runtime.jit import JITFunction
+
+    from openjarvis.engine.torch import cuda_step
 
     if percent != CARVEOUT_DEFAULT and not 0 <= percent <= 100:
         raise ValueError(f"a carveout is a percentage 0-100 or {CARVEOUT_DEFAULT}, not {percent}")
-    lib = ctypes.CDLL("libcuda.so.1")
     n = 0
     for obj in list(globals().values()):
         if not isinstance(obj, JITFunction):
@@ -1004,11 +1002,8 @@ def set_carveout(percent: int) -> int:
             for ck in list(caches[0].values()):  # (the kernel cache: key -> CompiledKernel)
                 if ck.function is None:
                     ck._init_handles()
-                rc = lib.cuFuncSetAttribute(ctypes.c_void_p(ck.function), _CARVEOUT_ATTR,
-                                            ctypes.c_int(percent))
-                if rc != 0:
-                    raise RuntimeError(f"cuFuncSetAttribute(carveout {percent}) of "
-                                       f"{obj.__name__} failed: CUDA error {rc}")
+                cuda_step.set_function_attribute(ck.function, cuda_step.FUNC_CARVEOUT, percent,
+                                                  f"carveout {percent} of {obj.__name__}")
                 n += 1
     return n
 
@@ -1039,15 +1034,12 @@ def floor_shared(ck: Any, nbytes: int) -> None:
     if pm[2] == want:
         return
     if want > 48 * 1024:  # the driver allows past 48 KB only when asked
-        import ctypes
+        from openjarvis.engine.torch import cuda_step
 
         if ck.function is None:
             ck._init_handles()
-        rc = ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(
-            ctypes.c_void_p(ck.function), 8, ctypes.c_int(want))
-        if rc != 0:
-            raise RuntimeError(f"cuFuncSetAttribute(max dynamic shared memory {want}) failed: "
-                               f"CUDA error {rc}")
+        cuda_step.set_function_attribute(ck.function, cuda_step.FUNC_MAX_DYNAMIC_SHARED, want,
+                                          f"allowing {want} bytes of dynamic shared memory")
     ck.packed_metadata = (*pm[:2], want, *pm[3:])
 
 
