@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -94,6 +95,22 @@ def placement(st: torch.Tensor, sm: torch.Tensor, seen: torch.Tensor,
             ("late_n", float(per_sm[int(loop_end.argmax())]))]
 
 
+def timer_tick(stamps: torch.Tensor) -> int:
+    """The timer's step as the stamps show it: the gcd of the gaps between distinct stamps.
+
+    A trace is only as fine as this; sessions 5-20 read 256 ns steps that came from float64,
+    not from the timer, so the figure is printed rather than assumed.
+    """
+    v = torch.unique(stamps.reshape(-1).to(torch.int64))
+    gaps = (v[1:] - v[:-1]) if v.numel() > 1 else v.new_zeros(0)
+    tick = 0
+    for g in gaps.tolist()[:100_000]:
+        tick = math.gcd(tick, int(g))
+        if tick == 1:
+            break
+    return tick
+
+
 def trace(a: ModelArgs, pos: int, replays: int,
           l2_prefetch: tuple[float, int, int] | None | bool = True,
           t: int = 1, variant: dict[str, Any] | None = None,
@@ -139,7 +156,9 @@ def trace(a: ModelArgs, pos: int, replays: int,
         # ns from the step's first entry, taken in int64: the timer counts ns since the epoch
         # (~1.8e18), where float64 values lie 256 ns apart: every trace before session 20 read
         # times in steps of 0.256 us, whatever the timer's own resolution
-        st = (raw - int(raw[:, :, 0][seen].min())).double()
+        rel = raw - int(raw[:, :, 0][seen].min())
+        rows.setdefault("tick_ns", []).append(float(timer_tick(rel[seen])))
+        st = rel.double()
         big = float("inf")
         first = torch.where(seen[..., None], st, big).amin(1) / 1e3  # [launch, event], us
         last = torch.where(seen[..., None], st, -big).amax(1) / 1e3
@@ -213,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, out in res.items():
         m = out["median_us"]
         print(f"\n{key}: step {out['ms']:.4f} ms (traced {out['traced_ms']:.4f}), "
-              f"layer {m['layer']:.2f} us")
+              f"layer {m['layer']:.2f} us, the timer's step {m['tick_ns']:.0f} ns")
         print("kind    release  lead  wait_spread  loop   tail")
         for kind in KINDS if out["t"] == 1 else VERIFY_KINDS:
             print(f"{kind:6s} " + " ".join(f"{m[f'{kind}.{x}']:7.2f}"

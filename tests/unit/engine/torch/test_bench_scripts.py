@@ -54,6 +54,17 @@ def test_a_traced_variant_is_bench_verifys_variant_on_todays_launches(trace_step
         "by_width": {"1536": {"combine_cols": {"1": 4}}}}
 
 
+def test_the_timer_step_is_read_from_the_stamps_in_integers(trace_step: ModuleType) -> None:
+    # Stamps near the epoch's 1.8e18 ns: 32 ns apart must read 32, not float64's 256.
+    import torch
+
+    base = 1_800_000_000_000_000_000
+    stamps = torch.tensor([base, base + 32, base + 96, base + 96, base + 160], dtype=torch.int64)
+    assert trace_step.timer_tick(stamps - base) == 32
+    assert trace_step.timer_tick(stamps) == 32
+    assert trace_step.timer_tick(torch.tensor([base], dtype=torch.int64)) == 0
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     ("trace18:nope", "set trace18 has no variant 'nope'; it has ['w13aw', 'w13e', 'w13e_w2late']"),
     ("nope:w13e", "SET:NAME with SET one of bench_verify.py's sets, not 'nope:w13e'"),
