@@ -78,8 +78,16 @@ class LinearConfig:
     #: 256 bfloat16 columns (what a warp's 32 threads hold in 16-byte loads) rows wider than
     #: a warp reduce without a block barrier too.
     segments: int = 1
+    #: T = 1: a float32 accumulator per weight element of the tile ([block_n, block_k], gate
+    #: and up each), summed once after the K loop, so the loop is loads and multiply-adds only,
+    #: with no reduction across threads per tile (session 21 run 197: the 0.5B's gate/up as a
+    #: chain of such kernels 5.93 us against today's tile's 7.10, a pure read of its bytes
+    #: 5.61). Not with ``rows``, whose per-row sums are the other way out of that reduction.
+    flat: bool = False
 
     def __post_init__(self) -> None:
+        if self.flat and (self.rows or self.swap):
+            raise ValueError("flat is the T = 1 loop without rows or swap: choose one")
         if self.prefetch and not self.rows:
             raise ValueError("prefetch needs rows=True (the row-layout loop carries the tile)")
         if self.segments != 1 and not (
@@ -281,6 +289,22 @@ def _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc, acc2, ss
 
 
 @triton.jit
+def _flat_step(x_ptr, g_ptr, rk, kmask, w, w2, ef, ef2, ss, MODE: tl.constexpr,
+               NORM: tl.constexpr):
+    """T = 1, ``LinearConfig.flat``: one K tile's products added element-wise to ``ef`` (and
+    ``ef2``, SwiGLU's up half) [BN, BK]; the only reduction is NORM's sum of squares, over the
+    tile's columns of x (the same in every program's row)."""
+    x = tl.load(x_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+    if NORM:
+        ss += tl.sum(x * x, axis=0)
+        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+    ef += x[None, :] * w.to(tl.float32)
+    if MODE == 2:
+        ef2 += x[None, :] * w2.to(tl.float32)
+    return ef, ef2, ss
+
+
+@triton.jit
 def _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps, pid,
                 MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
                 SPLIT_K: tl.constexpr, SEM: tl.constexpr):
@@ -395,9 +419,10 @@ def _linear_kernel(
     PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
     SEM: tl.constexpr, TRACE: tl.constexpr = 0, ROWS: tl.constexpr = 0,
     PREFETCH: tl.constexpr = 0, SEG: tl.constexpr = 1, SMEM_FLOOR: tl.constexpr = 0,
+    FLAT: tl.constexpr = 0,
 ):
-    """``TRACE``: ``_stamp`` (tracing only). ``ROWS``, ``PREFETCH``, ``SEG`` (T = 1):
-    ``LinearConfig.rows``, ``.prefetch`` and ``.segments``. ``SMEM_FLOOR`` is not read: it
+    """``TRACE``: ``_stamp`` (tracing only). ``ROWS``, ``PREFETCH``, ``SEG``, ``FLAT`` (T = 1):
+    ``LinearConfig.rows``, ``.prefetch``, ``.segments`` and ``.flat``. ``SMEM_FLOOR`` is not read: it
     gives a launch with a shared-memory floor a compiled kernel of its own (``floor_shared``).
 
     ``HAND`` (``NormHandoff``): 1, also hand the new rows of ``out`` (a residual) to the
@@ -477,15 +502,42 @@ def _linear_kernel(
         w, w2 = _w_pair(w_ptr, rn, rk[None, :], wmask, N, K, MODE, EVICT)  # [BN, BK]
         _gdc(PDL)
         _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-        acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
-                                  acc2, ss, MODE, NORM, BLOCK_T)
-        for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+        if FLAT:
+            ef = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            ef2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            ef, ef2, ss = _flat_step(x_ptr, g_ptr, rk, kmask, w, w2, ef, ef2, ss, MODE, NORM)
+            for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+                rk = k0 + tl.arange(0, BLOCK_K)
+                kmask = rk < k_hi
+                wmask = nmask[:, None] & kmask[None, :]
+                w, w2 = _w_pair(w_ptr, rn, rk[None, :], wmask, N, K, MODE, EVICT)
+                ef, ef2, ss = _flat_step(x_ptr, g_ptr, rk, kmask, w, w2, ef, ef2, ss, MODE,
+                                         NORM)
+            acc += tl.sum(ef, axis=1)[None, :]
+            acc2 += tl.sum(ef2, axis=1)[None, :]
+        else:
+            acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
+                                      acc2, ss, MODE, NORM, BLOCK_T)
+            for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+                rk = k0 + tl.arange(0, BLOCK_K)
+                kmask = rk < k_hi
+                wmask = nmask[:, None] & kmask[None, :]
+                w, w2 = _w_pair(w_ptr, rn, rk[None, :], wmask, N, K, MODE, EVICT)
+                acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2,
+                                          acc, acc2, ss, MODE, NORM, BLOCK_T)
+    elif FLAT:
+        _gdc(PDL)
+        _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
+        ef = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        ef2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             kmask = rk < k_hi
             wmask = nmask[:, None] & kmask[None, :]
             w, w2 = _w_pair(w_ptr, rn, rk[None, :], wmask, N, K, MODE, EVICT)
-            acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
-                                      acc2, ss, MODE, NORM, BLOCK_T)
+            ef, ef2, ss = _flat_step(x_ptr, g_ptr, rk, kmask, w, w2, ef, ef2, ss, MODE, NORM)
+        acc += tl.sum(ef, axis=1)[None, :]
+        acc2 += tl.sum(ef2, axis=1)[None, :]
     else:
         _gdc(PDL)
         _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
@@ -1148,6 +1200,7 @@ def linear(
         NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1, SEM=atomic_sem,
         **({"ROWS": 1, "PREFETCH": int(cfg.prefetch), "SEG": cfg.segments}
            if cfg.rows and t == 1 else {}),
+        **({"FLAT": 1} if cfg.flat and t == 1 else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
         **({"SMEM_FLOOR": smem} if smem > 0 else {}),
     )

@@ -162,6 +162,45 @@ def test_one_token_products_in_the_row_layout(mode: int, peel: int, split: int,
     assert rel(outs[1], outs[0]) < 1e-6
 
 
+@pytest.mark.parametrize(("peel", "split"), [(0, 1), (3, 1), (0, 3), (7, 2), (7, 4)])
+@pytest.mark.parametrize("mode", [K.STORE, K.ADD, K.SWIGLU])
+@pytest.mark.parametrize("norm_on", [True, False])
+def test_one_token_products_with_per_element_sums(mode: int, peel: int, split: int,
+                                                  norm_on: bool) -> None:
+    """``LinearConfig.flat`` (a float32 sum per weight element of the tile, reduced after the
+    K loop), with and without the in-loop norm, waiting first or loading the first tile
+    before the wait (3, 7), in 1-4 splits (as the row-layout test: K = 72 in tiles of 16, the
+    last half masked; 3 splits of 32, 2 of 48, 4 of 32 with the fourth empty; 40 rows in
+    blocks of 16, the last partly masked). Same sums as the default loop's."""
+    n, k = 40, 72
+    if mode != K.ADD:
+        split = 1
+    x, w = g(1, k, seed=1), g(2 * n if mode == K.SWIGLU else n, k, seed=2)
+    norm, h0 = (g(k, seed=3) + 1) if norm_on else None, g(1, n, seed=5)
+    outs = []
+    for flat in (False, True):
+        out = h0.clone() if mode == K.ADD else torch.full((1, n), POISON)
+        K.linear(x, w, out, mode=mode, norm=norm, eps=1e-6, pdl=peel, norm_scale=split == 1,
+                 cfg=K.LinearConfig(16, 16, split_k=split, flat=flat))
+        outs.append(out)
+    xn = x if norm is None else rms_norm(x, norm, 1e-6) if split == 1 else x * norm
+    y = xn @ w.T
+    if mode == K.SWIGLU:
+        gate, up = y.split(n, dim=-1)
+        ref = torch.nn.functional.silu(gate) * up
+    else:
+        ref = h0 + y if mode == K.ADD else y
+    assert not outs[1].isnan().any()
+    assert rel(outs[1], ref) < 1e-5
+    assert rel(outs[1], outs[0]) < 1e-6
+
+
+def test_flat_with_rows_or_swap_is_refused() -> None:
+    for bad in (dict(rows=True), dict(swap=True)):
+        with pytest.raises(ValueError, match="flat is the T = 1 loop without rows or swap"):
+            K.LinearConfig(8, 16, flat=True, **bad)
+
+
 def test_an_l2_prefetch_it_cannot_ask_for_is_refused_with_the_reason() -> None:
     """``kernels.l2_prefetch`` (``Runner.l2_prefetch``) asks the GPU's L2 only: on the CPU, or
     for a region outside the tensor, it says so instead of asking for other memory."""
@@ -201,12 +240,13 @@ def test_the_norm_hand_off_from_the_residual_add_to_gate_up(t: int, peel: int, b
     assert rel(h, ref_h) < 1e-5
     assert rel(hand.xg, ref_h * g2) < 1e-5
     assert rel(hand.ss_part.sum(1), (ref_h * ref_h).sum(1)) < 1e-5
-    act = torch.full((t, f), POISON)
-    K.linear(hand.xg, w13, act, mode=K.SWIGLU, eps=1e-6, cfg=K.LinearConfig(8, 32),
-             hand_in=hand)
     gate, up = (rms_norm(ref_h, g2, 1e-6) @ w13.T).split(f, dim=-1)
-    assert not act.isnan().any()
-    assert rel(act, torch.nn.functional.silu(gate) * up) < 1e-5
+    for flat in (False, True):  # (flat: the per-element loop, T = 1 only; T > 1 ignores it)
+        act = torch.full((t, f), POISON)
+        K.linear(hand.xg, w13, act, mode=K.SWIGLU, eps=1e-6, cfg=K.LinearConfig(8, 32, flat=flat),
+                 hand_in=hand)
+        assert not act.isnan().any()
+        assert rel(act, torch.nn.functional.silu(gate) * up) < 1e-5
 
 
 def test_a_norm_hand_off_it_cannot_run_is_refused_with_the_reason() -> None:
@@ -932,3 +972,31 @@ def test_the_trace_gives_each_launch_the_next_slots_and_refuses_to_overflow() ->
         with pytest.raises(ValueError, match="holds 3 launches"):
             K._trace(dummy)
     assert K._trace(dummy) == ((dummy, 0), {})  # closed: off again
+
+
+def test_the_read_ceiling_kernel_sums_every_byte_and_reads_no_more_than_asked() -> None:
+    # scripts/bench_read_size.py's times are a ceiling only if its kernel reads exactly the
+    # product's bytes: checked here, in Triton's interpreter, on a size no tile divides.
+    import bench_read_size as br
+
+    nbytes, programs = 2 * 10_007, 5
+    per = br.layout(nbytes, programs)
+    assert per % 16 == 0 and nbytes <= programs * per * 2 <= nbytes + programs * 32
+    w = torch.randn(programs * per, dtype=torch.bfloat16)
+    out = torch.full((programs,), float("nan"))
+    br._read[(programs,)](w, out, per, 0, MODE=0, BLOCK=2048)
+    assert torch.allclose(out, w.float().view(programs, per).sum(1), rtol=1e-4, atol=1e-3)
+
+
+def test_the_flat_gate_up_candidate_computes_swiglu_with_ragged_rows_and_columns() -> None:
+    # scripts/bench_gateup.py times it against ours only after this check passes on the GPU;
+    # here its masks are checked where no tile divides the shape.
+    import bench_gateup as bg
+
+    n, k = 13, 300
+    w = (torch.randn(2 * n, k) * 0.1).to(torch.bfloat16)
+    x = torch.randn(1, k)
+    out = torch.full((1, n), float("nan"))
+    bg._flat_swiglu[((n + 3) // 4,)](x, w, out, n, k, MODE=0, RB=4, BK=256)
+    want = bg.reference(x, w)
+    assert torch.allclose(out.reshape(-1), want, rtol=1e-4, atol=1e-4)
