@@ -16,6 +16,13 @@ first weight tile before that wait (``pre``):
            loads and multiply-adds only, as the pure read's; rows, BK and warps swept
 
 Every product is checked against torch in float32 (outputs poisoned first) before it is timed.
+
+What a chain of gate/ups alone cannot say (session 21, runs 197-200): ``flat`` beat ``ours``
+here (0.5B 5.93 against 7.10 µs) and lost 1-15 % in the step in every tile and launch point
+tried, because there the down projection's programs and gate/up's own occupancy decide how
+many of its programs run at once (run 199's trace: the 8 x 256 tile's programs passed their
+wait over 5.4 µs, against 0.8). A tile found here is a candidate for ``bench_verify.py``, not
+a result.
 Run on the lent GPU: ``python3 scripts/bench_gateup.py --out DIR`` (DIR/gateup.json).
 """
 

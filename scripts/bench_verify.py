@@ -844,32 +844,15 @@ SPREAD20B_VARIANTS: dict[str, dict[str, Any]] = {
     "w13e": _chain15(w13=1), "w13e_w2cap3": _W13E_CAP,
     "w2cap3": {"by_width": {"1536": {"smem_floor": {"v_w2": _CAP(3)}}}},
 }
-#: ``--set flat21`` (session 21): run 197 (scripts/bench_gateup.py) timed gate/up alone as a
-#: chain of launches: the 0.5B's with today's tile 7.10 us, a product keeping a float32 sum per
-#: weight element and reducing after the K loop (``LinearConfig.flat``) 5.93 us in 8 rows x
-#: 256 on 8 warps, a pure read of its bytes 5.61; the 1.5B's 15.10 / 14.99 / 14.11. The same
-#: loop in the step, in run 197's two best tiles, and the first with its first weight tile
-#: loaded before its wait (one-token PDL mode 2: 5.32 us in the chain).
-_FLAT = [False, False, False, 1, True]  # swap, rows, prefetch, segments, flat
-FLAT21_VARIANTS: dict[str, dict[str, Any]] = {
-    "t1_flat_8x256_8w": {"t1_tiles": {"w13": [8, 256, 8, 2, 1, *_FLAT]}},
-    "t1_flat_4x256_4w": {"t1_tiles": {"w13": [4, 256, 4, 2, 1, *_FLAT]}},
-    "t1_flat_8x256_8w_pre": {"t1_tiles": {"w13": [8, 256, 8, 2, 1, *_FLAT]},
-                             "one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w13": 2}},
-}
-T1_SETS["flat21"] = FLAT21_VARIANTS
-#: ``--set flat21b``: run 199's traces found the flat gate/up's programs passing their wait
-#: over 5.4 us (0.5B, 8 x 256 on 8 warps; 13.4 us for the 1.5B) where today's pass in 0.8:
-#: the down projection, let in at gate/up's start, holds the SM slots its wider programs
-#: need. The flat loop with the down projection let in only after gate/up's loop, against
-#: today's tile so launched.
-_W13_LATE = {"one_token_pdl": {**DEFAULT_ONE_TOKEN_PDL, "w13": 1 + LATE}}
-FLAT21B_VARIANTS: dict[str, dict[str, Any]] = {
-    "t1_late": _W13_LATE,
-    "t1_flat_8x256_8w_late": {**FLAT21_VARIANTS["t1_flat_8x256_8w"], **_W13_LATE},
-    "t1_flat_4x256_4w_late": {**FLAT21_VARIANTS["t1_flat_4x256_4w"], **_W13_LATE},
-}
-T1_SETS["flat21b"] = FLAT21B_VARIANTS
+#: ``--set flat21`` and ``flat21b`` (session 21, runs 198-200): gate/up's loop with a float32
+#: sum per weight element (``LinearConfig.flat``), in tiles, early and late; lost 1-15 %, so
+#: removed with the sets (commit d16a86f holds them).
+#: ``--set early21`` (session 21): run 194's trace put the one-token qkv at 2.4 us (0.5B) and
+#: 3.8 us (1.5B) a layer against 0.9 / 1.7 for a bare read of its bytes that loads before its
+#: wait (run 196). Its weights already load before the wait; its norm weight (likely a DRAM
+#: miss by then: the step reads 3 GB through a 50 MB L2), bias and RoPE row did not. Loaded
+#: there too (``Runner.qkv_early``), after the wait qkv reads only the residual.
+T1_SETS["early21"] = {"t1_qkv_early": {"qkv_early": True}}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -888,13 +871,13 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "pro17": PRO17_VARIANTS, "trace18": TRACE18_VARIANTS, "place19": PLACE19_VARIANTS,
     "place19b": PLACE19B_VARIANTS, "spread20": SPREAD20_VARIANTS,
     "merge20": MERGE20_VARIANTS, "cache20": CACHE20_VARIANTS,
-    "spread20b": SPREAD20B_VARIANTS, "flat21": {}, "flat21b": {},
+    "spread20b": SPREAD20B_VARIANTS, "early21": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
          "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch",
-         "combine_cols", "weight_evict", "smem_floor"}
+         "combine_cols", "weight_evict", "smem_floor", "qkv_early"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -934,6 +917,7 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     pf = v.get("l2_prefetch", base["l2_prefetch"])  # [MB a layer, programs, after]; null: off
     r.l2_prefetch = (float(pf[0]), int(pf[1]), int(pf[2]) if len(pf) > 2 else 0) if pf else None
     r.weight_evict = v.get("weight_evict", base["weight_evict"])
+    r.qkv_early = bool(v.get("qkv_early", base["qkv_early"]))
     # {"qkv": bytes} for one-token steps, {"v_w2": bytes} for verify steps
     r.smem_floor = {(k.removeprefix("v_"), k.startswith("v_")): int(n)
                     for k, n in v.get("smem_floor", base["smem_floor"]).items()}
@@ -961,7 +945,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
                "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
                "l2_prefetch": r.l2_prefetch, "weight_evict": r.weight_evict,
-               "smem_floor": {}}
+               "smem_floor": {}, "qkv_early": r.qkv_early}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -78,16 +78,8 @@ class LinearConfig:
     #: 256 bfloat16 columns (what a warp's 32 threads hold in 16-byte loads) rows wider than
     #: a warp reduce without a block barrier too.
     segments: int = 1
-    #: T = 1: a float32 accumulator per weight element of the tile ([block_n, block_k], gate
-    #: and up each), summed once after the K loop, so the loop is loads and multiply-adds only,
-    #: with no reduction across threads per tile (session 21 run 197: the 0.5B's gate/up as a
-    #: chain of such kernels 5.93 us against today's tile's 7.10, a pure read of its bytes
-    #: 5.61). Not with ``rows``, whose per-row sums are the other way out of that reduction.
-    flat: bool = False
 
     def __post_init__(self) -> None:
-        if self.flat and (self.rows or self.swap):
-            raise ValueError("flat is the T = 1 loop without rows or swap: choose one")
         if self.prefetch and not self.rows:
             raise ValueError("prefetch needs rows=True (the row-layout loop carries the tile)")
         if self.segments != 1 and not (
@@ -289,22 +281,6 @@ def _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc, acc2, ss
 
 
 @triton.jit
-def _flat_step(x_ptr, g_ptr, rk, kmask, w, w2, ef, ef2, ss, MODE: tl.constexpr,
-               NORM: tl.constexpr):
-    """T = 1, ``LinearConfig.flat``: one K tile's products added element-wise to ``ef`` (and
-    ``ef2``, SwiGLU's up half) [BN, BK]; the only reduction is NORM's sum of squares, over the
-    tile's columns of x (the same in every program's row)."""
-    x = tl.load(x_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
-    if NORM:
-        ss += tl.sum(x * x, axis=0)
-        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
-    ef += x[None, :] * w.to(tl.float32)
-    if MODE == 2:
-        ef2 += x[None, :] * w2.to(tl.float32)
-    return ef, ef2, ss
-
-
-@triton.jit
 def _linear_out(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps, pid,
                 MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
                 SPLIT_K: tl.constexpr, SEM: tl.constexpr):
@@ -419,10 +395,9 @@ def _linear_kernel(
     PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
     SEM: tl.constexpr, TRACE: tl.constexpr = 0, ROWS: tl.constexpr = 0,
     PREFETCH: tl.constexpr = 0, SEG: tl.constexpr = 1, SMEM_FLOOR: tl.constexpr = 0,
-    FLAT: tl.constexpr = 0,
 ):
-    """``TRACE``: ``_stamp`` (tracing only). ``ROWS``, ``PREFETCH``, ``SEG``, ``FLAT`` (T = 1):
-    ``LinearConfig.rows``, ``.prefetch``, ``.segments`` and ``.flat``. ``SMEM_FLOOR`` is not read: it
+    """``TRACE``: ``_stamp`` (tracing only). ``ROWS``, ``PREFETCH``, ``SEG`` (T = 1):
+    ``LinearConfig.rows``, ``.prefetch`` and ``.segments``. ``SMEM_FLOOR`` is not read: it
     gives a launch with a shared-memory floor a compiled kernel of its own (``floor_shared``).
 
     ``HAND`` (``NormHandoff``): 1, also hand the new rows of ``out`` (a residual) to the
@@ -502,42 +477,15 @@ def _linear_kernel(
         w, w2 = _w_pair(w_ptr, rn, rk[None, :], wmask, N, K, MODE, EVICT)  # [BN, BK]
         _gdc(PDL)
         _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-        if FLAT:
-            ef = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-            ef2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-            ef, ef2, ss = _flat_step(x_ptr, g_ptr, rk, kmask, w, w2, ef, ef2, ss, MODE, NORM)
-            for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
-                rk = k0 + tl.arange(0, BLOCK_K)
-                kmask = rk < k_hi
-                wmask = nmask[:, None] & kmask[None, :]
-                w, w2 = _w_pair(w_ptr, rn, rk[None, :], wmask, N, K, MODE, EVICT)
-                ef, ef2, ss = _flat_step(x_ptr, g_ptr, rk, kmask, w, w2, ef, ef2, ss, MODE,
-                                         NORM)
-            acc += tl.sum(ef, axis=1)[None, :]
-            acc2 += tl.sum(ef2, axis=1)[None, :]
-        else:
-            acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
-                                      acc2, ss, MODE, NORM, BLOCK_T)
-            for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
-                rk = k0 + tl.arange(0, BLOCK_K)
-                kmask = rk < k_hi
-                wmask = nmask[:, None] & kmask[None, :]
-                w, w2 = _w_pair(w_ptr, rn, rk[None, :], wmask, N, K, MODE, EVICT)
-                acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2,
-                                          acc, acc2, ss, MODE, NORM, BLOCK_T)
-    elif FLAT:
-        _gdc(PDL)
-        _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-        ef = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        ef2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
+        acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
+                                  acc2, ss, MODE, NORM, BLOCK_T)
+        for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             kmask = rk < k_hi
             wmask = nmask[:, None] & kmask[None, :]
             w, w2 = _w_pair(w_ptr, rn, rk[None, :], wmask, N, K, MODE, EVICT)
-            ef, ef2, ss = _flat_step(x_ptr, g_ptr, rk, kmask, w, w2, ef, ef2, ss, MODE, NORM)
-        acc += tl.sum(ef, axis=1)[None, :]
-        acc2 += tl.sum(ef2, axis=1)[None, :]
+            acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
+                                      acc2, ss, MODE, NORM, BLOCK_T)
     else:
         _gdc(PDL)
         _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
@@ -546,7 +494,9 @@ def _linear_kernel(
         # (session 8 run 76: +0.4 to +18 % for the 1.5B, -0.2 to +30 % for the 0.5B): the many
         # resident programs already keep the bytes in flight.
         # Element-wise accumulators reduced once after the loop lost 4-12 % (run 80): 40 -> 70
-        # registers for gate/up, too few programs resident.
+        # registers for gate/up, too few programs resident. Again in session 21 (runs 197-200,
+        # commit d16a86f): faster than this loop in a chain of gate/ups alone, +1 to +15 % in
+        # the step in every tile and launch point tried.
         for k0 in range(k_lo, k_hi, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)  # [BK]
             kmask = rk < k_hi
@@ -624,9 +574,13 @@ def _qkv_rope_kernel(
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     EVICT: tl.constexpr, TRACE: tl.constexpr = 0, SMEM_FLOOR: tl.constexpr = 0,
+    EARLY: tl.constexpr = 0,
 ):
     """Program = BLOCK_P NeoX pairs (rows j and j + HD/2) of one head of q, k or v
-    (``SMEM_FLOOR`` as in ``_linear_kernel``)."""
+    (``SMEM_FLOOR`` as in ``_linear_kernel``). ``EARLY`` (with the weight prologue, PDL % 4
+    >= 2): the norm weight of the first K tile, the bias, the position and its RoPE row are
+    loaded before the wait too, since no kernel of the step writes them; after it only x is
+    read before the stores."""
     HALF: tl.constexpr = HD // 2
     PER_HEAD: tl.constexpr = HALF // BLOCK_P
     pid = tl.program_id(0)
@@ -646,10 +600,26 @@ def _qkv_rope_kernel(
         kmask = rk < K
         w1 = _w_tile(w_ptr, r1, 0, rk[None, :], kmask[None, :], K, EVICT)
         w2 = _w_tile(w_ptr, r2, 0, rk[None, :], kmask[None, :], K, EVICT)
+        if EARLY:
+            gv = tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+            bv1 = tl.load(b_ptr + r1).to(tl.float32)
+            bv2 = tl.load(b_ptr + r2).to(tl.float32)
+            pos = tl.load(start_ptr) + rt  # [BT]
+            cs = rope_ptr + pos[:, None] * HD + 2 * j[None, :]
+            cos = tl.load(cs, mask=tmask[:, None], other=1.0)
+            sin = tl.load(cs + 1, mask=tmask[:, None], other=0.0)
         _gdc(PDL)
         _stamp(tr_ptr, tr_base, pid, 1, TRACE)
-        acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
-                                   acc2, ss, 2, True, BLOCK_T)
+        if EARLY:
+            x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                        mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            ss += tl.sum(x * x, axis=1)
+            x = x * gv[None, :]
+            acc1 = _tile_dot(x, w1, acc1, BLOCK_T)
+            acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
+        else:
+            acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2,
+                                       acc1, acc2, ss, 2, True, BLOCK_T)
         k_first = BLOCK_K
     else:
         _gdc(PDL)
@@ -664,12 +634,16 @@ def _qkv_rope_kernel(
     _stamp(tr_ptr, tr_base, pid, 2, TRACE)
     _gdc_late(PDL)
     inv = tl.rsqrt(ss / K + eps)
-    acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
-    acc2 = acc2 * inv[:, None] + tl.load(b_ptr + r2).to(tl.float32)[None, :]
-    pos = tl.load(start_ptr) + rt  # [BT]
-    cs = rope_ptr + pos[:, None] * HD + 2 * j[None, :]  # table [n_pos, HD/2, (cos, sin)]
-    cos = tl.load(cs, mask=tmask[:, None], other=1.0)
-    sin = tl.load(cs + 1, mask=tmask[:, None], other=0.0)
+    if EARLY:  # (the launcher passes EARLY only with the prologue: all loaded before the wait)
+        acc1 = acc1 * inv[:, None] + bv1[None, :]
+        acc2 = acc2 * inv[:, None] + bv2[None, :]
+    else:
+        acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
+        acc2 = acc2 * inv[:, None] + tl.load(b_ptr + r2).to(tl.float32)[None, :]
+        pos = tl.load(start_ptr) + rt  # [BT]
+        cs = rope_ptr + pos[:, None] * HD + 2 * j[None, :]  # table [n_pos, HD/2, (cos, sin)]
+        cos = tl.load(cs, mask=tmask[:, None], other=1.0)
+        sin = tl.load(cs + 1, mask=tmask[:, None], other=0.0)
     is_rope = head < N_HEAD + N_KV
     o1 = tl.where(is_rope, acc1 * cos - acc2 * sin, acc1)
     o2 = tl.where(is_rope, acc2 * cos + acc1 * sin, acc2)
@@ -1200,7 +1174,6 @@ def linear(
         NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1, SEM=atomic_sem,
         **({"ROWS": 1, "PREFETCH": int(cfg.prefetch), "SEG": cfg.segments}
            if cfg.rows and t == 1 else {}),
-        **({"FLAT": 1} if cfg.flat and t == 1 else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
         **({"SMEM_FLOOR": smem} if smem > 0 else {}),
     )
@@ -1304,8 +1277,12 @@ def qkv_rope(
     pdl: int = 0,
     evict: str = "",
     smem: int = 0,  # at least this much shared memory a program (``floor_shared``)
+    early: bool = False,  # the norm weight, bias and RoPE row before the wait (``EARLY``)
 ) -> None:
     _check_evict(evict)
+    if early and pdl % 4 < 2:
+        raise ValueError(f"early loads go before the wait with the weights: they need a "
+                         f"prologue PDL mode (pdl % 4 >= 2), not {pdl}")
     t, k = x.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]
@@ -1319,7 +1296,7 @@ def qkv_rope(
         N_HEAD=n_head, N_KV=n_kv, HD=hd,
         BLOCK_T=block_t(t), BLOCK_P=bp, BLOCK_K=block_k or min(512, triton.next_power_of_2(k)),
         PDL=pdl, EVICT=evict, num_warps=num_warps, **_launch(pdl), **trc,
-        **({"SMEM_FLOOR": smem} if smem > 0 else {}),
+        **({"SMEM_FLOOR": smem} if smem > 0 else {}), **({"EARLY": 1} if early else {}),
     )
     if smem > 0:
         floor_shared(ck, smem)

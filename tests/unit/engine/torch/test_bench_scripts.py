@@ -106,4 +106,3 @@ def test_the_hold_kernel_uses_the_cuda_steps_own_copy_code(bench_hold: ModuleTyp
     # the bulk copy and the mbarrier wait come from decode_step.cu, defined once
     assert src.count("void bulk_load(") == 1 and src.count("bool mbar_try_wait(") == 1
     assert 'extern "C" __global__ void __launch_bounds__(32) hold_kernel(' in src
-

@@ -46,8 +46,7 @@ for name, fn in (("unswapped", K._linear_kernel), ("swapped", K._linear_swap_ker
     const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=16, BLOCK_N=32, BLOCK_K=128, SPLIT_K=4,
                  PDL=5, EVICT="evict_first", HAND=1, NP_BLOCK=64, SEM="relaxed", TRACE=0,
                  SMEM_FLOOR=0,
-                 **({"ROWS": 0, "PREFETCH": 0, "SEG": 1, "FLAT": 0} if name == "unswapped"
-                    else {}))
+                 **({"ROWS": 0, "PREFETCH": 0, "SEG": 1} if name == "unswapped" else {}))
     src = ASTSource(fn, {**sig, **{k: "constexpr" for k in const}}, constexprs=const)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4, "num_stages": 3}).asm["ptx"]
@@ -59,7 +58,7 @@ for name, fn in (("unswapped", K._linear_kernel), ("swapped", K._linear_swap_ker
 for key, pdl in (("traced", 6), ("traced_aw", 10)):
     const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=1, BLOCK_N=2, BLOCK_K=2048, SPLIT_K=1,
                  PDL=pdl, EVICT="evict_first", HAND=0, NP_BLOCK=1, SEM="relaxed", TRACE=1024,
-                 ROWS=0, PREFETCH=0, SEG=1, SMEM_FLOOR=0, FLAT=0)
+                 ROWS=0, PREFETCH=0, SEG=1, SMEM_FLOOR=0)
     src = ASTSource(K._linear_kernel, {**sig, **{k: "constexpr" for k in const}},
                     constexprs=const)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -77,8 +76,7 @@ for rows, pf, bn, bk, seg, pdl, ev in ((0, 0, 4, 256, 1, 5, ""), (1, 0, 4, 256, 
                                        (1, 1, 4, 256, 1, 5, ".cg")):
     const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=1, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=2,
                  PDL=pdl, EVICT=ev or "evict_first", HAND=0, NP_BLOCK=1, SEM="relaxed",
-                 TRACE=0, ROWS=rows, PREFETCH=pf, SEG=seg, SMEM_FLOOR=20224 if ev else 0,
-                 FLAT=0)
+                 TRACE=0, ROWS=rows, PREFETCH=pf, SEG=seg, SMEM_FLOOR=20224 if ev else 0)
     # what the JIT's specialization gives a launch of real shapes: 16-aligned pointers and sizes
     aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(sig)
                if a.endswith("ptr") or a in ("N", "K", "stride_x", "stride_out")}

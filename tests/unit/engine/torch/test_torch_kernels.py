@@ -162,45 +162,6 @@ def test_one_token_products_in_the_row_layout(mode: int, peel: int, split: int,
     assert rel(outs[1], outs[0]) < 1e-6
 
 
-@pytest.mark.parametrize(("peel", "split"), [(0, 1), (3, 1), (0, 3), (7, 2), (7, 4)])
-@pytest.mark.parametrize("mode", [K.STORE, K.ADD, K.SWIGLU])
-@pytest.mark.parametrize("norm_on", [True, False])
-def test_one_token_products_with_per_element_sums(mode: int, peel: int, split: int,
-                                                  norm_on: bool) -> None:
-    """``LinearConfig.flat`` (a float32 sum per weight element of the tile, reduced after the
-    K loop), with and without the in-loop norm, waiting first or loading the first tile
-    before the wait (3, 7), in 1-4 splits (as the row-layout test: K = 72 in tiles of 16, the
-    last half masked; 3 splits of 32, 2 of 48, 4 of 32 with the fourth empty; 40 rows in
-    blocks of 16, the last partly masked). Same sums as the default loop's."""
-    n, k = 40, 72
-    if mode != K.ADD:
-        split = 1
-    x, w = g(1, k, seed=1), g(2 * n if mode == K.SWIGLU else n, k, seed=2)
-    norm, h0 = (g(k, seed=3) + 1) if norm_on else None, g(1, n, seed=5)
-    outs = []
-    for flat in (False, True):
-        out = h0.clone() if mode == K.ADD else torch.full((1, n), POISON)
-        K.linear(x, w, out, mode=mode, norm=norm, eps=1e-6, pdl=peel, norm_scale=split == 1,
-                 cfg=K.LinearConfig(16, 16, split_k=split, flat=flat))
-        outs.append(out)
-    xn = x if norm is None else rms_norm(x, norm, 1e-6) if split == 1 else x * norm
-    y = xn @ w.T
-    if mode == K.SWIGLU:
-        gate, up = y.split(n, dim=-1)
-        ref = torch.nn.functional.silu(gate) * up
-    else:
-        ref = h0 + y if mode == K.ADD else y
-    assert not outs[1].isnan().any()
-    assert rel(outs[1], ref) < 1e-5
-    assert rel(outs[1], outs[0]) < 1e-6
-
-
-def test_flat_with_rows_or_swap_is_refused() -> None:
-    for bad in (dict(rows=True), dict(swap=True)):
-        with pytest.raises(ValueError, match="flat is the T = 1 loop without rows or swap"):
-            K.LinearConfig(8, 16, flat=True, **bad)
-
-
 def test_an_l2_prefetch_it_cannot_ask_for_is_refused_with_the_reason() -> None:
     """``kernels.l2_prefetch`` (``Runner.l2_prefetch``) asks the GPU's L2 only: on the CPU, or
     for a region outside the tensor, it says so instead of asking for other memory."""
@@ -240,13 +201,12 @@ def test_the_norm_hand_off_from_the_residual_add_to_gate_up(t: int, peel: int, b
     assert rel(h, ref_h) < 1e-5
     assert rel(hand.xg, ref_h * g2) < 1e-5
     assert rel(hand.ss_part.sum(1), (ref_h * ref_h).sum(1)) < 1e-5
+    act = torch.full((t, f), POISON)
+    K.linear(hand.xg, w13, act, mode=K.SWIGLU, eps=1e-6, cfg=K.LinearConfig(8, 32),
+             hand_in=hand)
     gate, up = (rms_norm(ref_h, g2, 1e-6) @ w13.T).split(f, dim=-1)
-    for flat in (False, True):  # (flat: the per-element loop, T = 1 only; T > 1 ignores it)
-        act = torch.full((t, f), POISON)
-        K.linear(hand.xg, w13, act, mode=K.SWIGLU, eps=1e-6, cfg=K.LinearConfig(8, 32, flat=flat),
-                 hand_in=hand)
-        assert not act.isnan().any()
-        assert rel(act, torch.nn.functional.silu(gate) * up) < 1e-5
+    assert not act.isnan().any()
+    assert rel(act, torch.nn.functional.silu(gate) * up) < 1e-5
 
 
 def test_a_norm_hand_off_it_cannot_run_is_refused_with_the_reason() -> None:
@@ -342,9 +302,11 @@ def test_split_k_adds_partial_sums_into_the_residual(t: int) -> None:
     assert rel(swapped, h0 + x @ w.T) < 1e-5
 
 
-@pytest.mark.parametrize("peel", [0, 3])
+@pytest.mark.parametrize(("peel", "early"), [(0, False), (3, False), (3, True)])
 @pytest.mark.parametrize("t", [1, 5])
-def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
+def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int, early: bool) -> None:
+    # early: the norm weight, bias and RoPE row loaded with the first weight tile (K = 64 of
+    # the model's widths in tiles of 64: the loop reads the tiles after it as before)
     a = ARGS
     x, w, bias, norm = g(t, a.n_embd, seed=1), g(a.qkv_dim, a.n_embd, seed=2), g(a.qkv_dim, seed=3), g(a.n_embd, seed=4)
     rope = rope_table(a, 64, "cpu")
@@ -353,7 +315,7 @@ def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
     kc = torch.full((a.n_head_kv, 40, a.head_dim), POISON)
     vc = kc.clone()
     K.qkv_rope(x, w, norm, bias, rope, torch.tensor([start]), q, kc, vc, 1e-6, block_k=64,
-               pdl=peel)
+               pdl=peel, early=early)
     y = rms_norm(x, norm, 1e-6) @ w.T + bias
     rq, rk, rv = y.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
     cs = rope[start : start + t]
@@ -855,7 +817,7 @@ class _PdlWatch:
 
 
 @pytest.mark.parametrize("setting", ["default", "fused", "deterministic", "verify_handoff",
-                                     "prefetch"])
+                                     "prefetch", "qkv_early"])
 def test_kernels_launched_early_read_activations_only_after_their_wait(
         monkeypatch: pytest.MonkeyPatch, setting: str) -> None:
     """The GPU's PDL settings (one-token steps late-triggered with qkv, wo and the
@@ -878,6 +840,7 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
         r.verify_handoff = True
         r.linear_configs[("wo", 5)] = K.LinearConfig(16, 32, split_k=2)
         r.linear_configs[("w13", 5)] = K.LinearConfig(16, 32, swap=True)
+    r.qkv_early = setting == "qkv_early"  # its norm weight, bias and RoPE row before the wait
     if setting == "prefetch":  # wo: with its weight prologue; K = 128 and 160: 2 or more tiles
         r.linear_configs.update({(m, 1): K.LinearConfig(16, 64, rows=True, prefetch=True,
                                                         segments=2 if m == "w2" else 1)
@@ -1000,3 +963,14 @@ def test_the_flat_gate_up_candidate_computes_swiglu_with_ragged_rows_and_columns
     bg._flat_swiglu[((n + 3) // 4,)](x, w, out, n, k, MODE=0, RB=4, BK=256)
     want = bg.reference(x, w)
     assert torch.allclose(out.reshape(-1), want, rtol=1e-4, atol=1e-4)
+
+
+def test_early_qkv_loads_without_a_weight_prologue_are_refused() -> None:
+    a = ARGS
+    x, w, bias, norm = g(1, a.n_embd), g(a.qkv_dim, a.n_embd), g(a.qkv_dim), g(a.n_embd)
+    q = torch.zeros(1, a.n_head, a.head_dim)
+    kc = torch.zeros(a.n_head_kv, 8, a.head_dim)
+    with pytest.raises(ValueError, match="need a prologue PDL mode"):
+        K.qkv_rope(x, w, norm, bias, rope_table(a, 8, "cpu"), torch.tensor([0]), q, kc,
+                   kc.clone(), 1e-6, pdl=1, early=True)
+
