@@ -847,12 +847,9 @@ SPREAD20B_VARIANTS: dict[str, dict[str, Any]] = {
 #: ``--set flat21`` and ``flat21b`` (session 21, runs 198-200): gate/up's loop with a float32
 #: sum per weight element (``LinearConfig.flat``), in tiles, early and late; lost 1-15 %, so
 #: removed with the sets (commit d16a86f holds them).
-#: ``--set early21`` (session 21): run 194's trace put the one-token qkv at 2.4 us (0.5B) and
-#: 3.8 us (1.5B) a layer against 0.9 / 1.7 for a bare read of its bytes that loads before its
-#: wait (run 196). Its weights already load before the wait; its norm weight (likely a DRAM
-#: miss by then: the step reads 3 GB through a 50 MB L2), bias and RoPE row did not. Loaded
-#: there too (``Runner.qkv_early``), after the wait qkv reads only the residual.
-T1_SETS["early21"] = {"t1_qkv_early": {"qkv_early": True}}
+#: ``--set early21`` (session 21, run 201): the one-token qkv also loading its norm weight,
+#: bias and RoPE row before its wait (``Runner.qkv_early``): +0.4 to +0.8 %, removed with its
+#: set (commit 1f7beae holds them).
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -871,13 +868,13 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "pro17": PRO17_VARIANTS, "trace18": TRACE18_VARIANTS, "place19": PLACE19_VARIANTS,
     "place19b": PLACE19B_VARIANTS, "spread20": SPREAD20_VARIANTS,
     "merge20": MERGE20_VARIANTS, "cache20": CACHE20_VARIANTS,
-    "spread20b": SPREAD20B_VARIANTS, "early21": {},
+    "spread20b": SPREAD20B_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
          "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch",
-         "combine_cols", "weight_evict", "smem_floor", "qkv_early"}
+         "combine_cols", "weight_evict", "smem_floor"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -917,7 +914,6 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     pf = v.get("l2_prefetch", base["l2_prefetch"])  # [MB a layer, programs, after]; null: off
     r.l2_prefetch = (float(pf[0]), int(pf[1]), int(pf[2]) if len(pf) > 2 else 0) if pf else None
     r.weight_evict = v.get("weight_evict", base["weight_evict"])
-    r.qkv_early = bool(v.get("qkv_early", base["qkv_early"]))
     # {"qkv": bytes} for one-token steps, {"v_w2": bytes} for verify steps
     r.smem_floor = {(k.removeprefix("v_"), k.startswith("v_")): int(n)
                     for k, n in v.get("smem_floor", base["smem_floor"]).items()}
@@ -945,7 +941,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
                "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
                "l2_prefetch": r.l2_prefetch, "weight_evict": r.weight_evict,
-               "smem_floor": {}, "qkv_early": r.qkv_early}
+               "smem_floor": {}}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -241,10 +241,6 @@ class Runner:
         #: their first weight tile before waiting on the previous kernel (mode 2) -- all their
         #: weights where K fits one tile, so the load overlaps the kernel before them.
         self.pdl_prologue: frozenset[str] = frozenset()
-        #: With "qkv" in ``pdl_prologue``: its norm weight, bias and RoPE row loaded before the
-        #: wait with its weights (``kernels.qkv_rope(early=True)``), so after the wait it reads
-        #: only the residual (session 21).
-        self.qkv_early = False
         #: Verify steps (T > 1): PDL mode per kernel ("qkv", "rope_kv", "attn", "combine", "wo",
         #: "w13", "w2", "out", "embed"; others use ``pdl_by_t``), ``kernels.PDL_LATE`` added
         #: where the next kernel should launch only after this one's main loop,
@@ -837,8 +833,7 @@ class Runner:
             else:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
-                           pdl=pk("qkv"), evict=ev, smem=sf("qkv"),
-                           early=self.qkv_early and pk("qkv") % 4 >= 2)
+                           pdl=pk("qkv"), evict=ev, smem=sf("qkv"))
             prefetch_at(1, lw.w13)
             hand = None
             if fused:

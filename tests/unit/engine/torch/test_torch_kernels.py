@@ -302,11 +302,9 @@ def test_split_k_adds_partial_sums_into_the_residual(t: int) -> None:
     assert rel(swapped, h0 + x @ w.T) < 1e-5
 
 
-@pytest.mark.parametrize(("peel", "early"), [(0, False), (3, False), (3, True)])
+@pytest.mark.parametrize("peel", [0, 3])
 @pytest.mark.parametrize("t", [1, 5])
-def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int, early: bool) -> None:
-    # early: the norm weight, bias and RoPE row loaded with the first weight tile (K = 64 of
-    # the model's widths in tiles of 64: the loop reads the tiles after it as before)
+def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
     a = ARGS
     x, w, bias, norm = g(t, a.n_embd, seed=1), g(a.qkv_dim, a.n_embd, seed=2), g(a.qkv_dim, seed=3), g(a.n_embd, seed=4)
     rope = rope_table(a, 64, "cpu")
@@ -315,7 +313,7 @@ def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int, early: bool) -> None
     kc = torch.full((a.n_head_kv, 40, a.head_dim), POISON)
     vc = kc.clone()
     K.qkv_rope(x, w, norm, bias, rope, torch.tensor([start]), q, kc, vc, 1e-6, block_k=64,
-               pdl=peel, early=early)
+               pdl=peel)
     y = rms_norm(x, norm, 1e-6) @ w.T + bias
     rq, rk, rv = y.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
     cs = rope[start : start + t]
@@ -817,7 +815,7 @@ class _PdlWatch:
 
 
 @pytest.mark.parametrize("setting", ["default", "fused", "deterministic", "verify_handoff",
-                                     "prefetch", "qkv_early"])
+                                     "prefetch"])
 def test_kernels_launched_early_read_activations_only_after_their_wait(
         monkeypatch: pytest.MonkeyPatch, setting: str) -> None:
     """The GPU's PDL settings (one-token steps late-triggered with qkv, wo and the
@@ -840,7 +838,6 @@ def test_kernels_launched_early_read_activations_only_after_their_wait(
         r.verify_handoff = True
         r.linear_configs[("wo", 5)] = K.LinearConfig(16, 32, split_k=2)
         r.linear_configs[("w13", 5)] = K.LinearConfig(16, 32, swap=True)
-    r.qkv_early = setting == "qkv_early"  # its norm weight, bias and RoPE row before the wait
     if setting == "prefetch":  # wo: with its weight prologue; K = 128 and 160: 2 or more tiles
         r.linear_configs.update({(m, 1): K.LinearConfig(16, 64, rows=True, prefetch=True,
                                                         segments=2 if m == "w2" else 1)
@@ -963,14 +960,3 @@ def test_the_flat_gate_up_candidate_computes_swiglu_with_ragged_rows_and_columns
     bg._flat_swiglu[((n + 3) // 4,)](x, w, out, n, k, MODE=0, RB=4, BK=256)
     want = bg.reference(x, w)
     assert torch.allclose(out.reshape(-1), want, rtol=1e-4, atol=1e-4)
-
-
-def test_early_qkv_loads_without_a_weight_prologue_are_refused() -> None:
-    a = ARGS
-    x, w, bias, norm = g(1, a.n_embd), g(a.qkv_dim, a.n_embd), g(a.qkv_dim), g(a.n_embd)
-    q = torch.zeros(1, a.n_head, a.head_dim)
-    kc = torch.zeros(a.n_head_kv, 8, a.head_dim)
-    with pytest.raises(ValueError, match="need a prologue PDL mode"):
-        K.qkv_rope(x, w, norm, bias, rope_table(a, 8, "cpu"), torch.tensor([0]), q, kc,
-                   kc.clone(), 1e-6, pdl=1, early=True)
-
