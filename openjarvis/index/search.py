@@ -85,6 +85,18 @@ STOPWORDS = frozenset(
     ).split()
 )
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
+#: English phrases whose words mislead a match on code, and the words code uses for them. Phrasal
+#: verbs that identifiers write as one word ("look up the view" for ``View.lookup``) add that word
+#: and keep their own; "up to date" and "out of date" are about freshness, not dates, so their
+#: words are replaced ("how does the index stay up to date" ranked a date parser above the
+#: watcher that keeps the index fresh).
+_COMPOUNDS = ("look up", "set up", "shut down", "start up", "clean up", "time out", "log in",
+              "log out", "sign in", "sign up", "back up", "check out", "roll back", "tear down")
+_PHRASES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\b(?:up|out)[- ]+(?:to|of)[- ]+date\b", re.IGNORECASE), "fresh stale refresh"),
+    *((re.compile(rf"\b{a}[- ]+{b}\b", re.IGNORECASE), rf"\g<0> {a}{b}")
+      for a, b in (c.split() for c in _COMPOUNDS)),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +132,11 @@ class Usage:
 
 
 def query_terms(query: str) -> list[str]:
-    """Search words of a query: identifiers split into parts, stopwords dropped, order kept."""
+    """Search words of a query: identifiers split into parts, stopwords dropped, order kept,
+    misleading phrases read as code words (``_PHRASES``)."""
     terms: dict[str, None] = {}
+    for pattern, words in _PHRASES:
+        query = pattern.sub(words, query)
     for word in _WORD.findall(query):
         lower = word.lower()
         parts = split_identifier(word)

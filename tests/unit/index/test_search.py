@@ -25,6 +25,36 @@ def test_query_terms() -> None:
     assert query_terms("what is the") == []
 
 
+def test_phrases_are_read_as_the_words_code_uses() -> None:
+    # "up to date" is about freshness; its "date" would match date parsing
+    assert query_terms("How does the index stay up-to-date?") == [
+        "index", "stay", "fresh", "stale", "refresh"]  # fmt: skip
+    assert query_terms("is the cache OUT OF DATE") == ["cache", "fresh", "stale", "refresh"]
+    # a phrasal verb keeps its words and adds the compound an identifier would use
+    assert query_terms("look up the view") == ["look", "up", "lookup", "view"]
+    assert query_terms("shut  down the daemon, then set-up") == [
+        "shut", "down", "shutdown", "daemon", "set", "up", "setup"]  # fmt: skip
+    assert query_terms("update the date; lookups") == ["update", "date", "lookups"]
+
+
+def test_a_freshness_question_finds_the_watcher_not_the_date_parser(workspace: Path) -> None:
+    from openjarvis.config import IndexConfig
+    from openjarvis.index.indexer import index_workspace
+    from openjarvis.index.store import db_path_for
+
+    # the date code shares more of the question's literal words (index, date, files, change)
+    (workspace / "dates.py").write_text(
+        'def index_by_date(files):\n    """Index files by date: the date each file last changed."""\n'
+        "    return sorted(files)\n")
+    (workspace / "watch.py").write_text(
+        'class Watcher:\n    """Keep the index fresh: re-index paths as they change, so no entry '
+        'goes stale."""\n\n    def on_change(self, path):\n        return path\n')
+    with Store.open(db_path_for(workspace)) as s:
+        index_workspace(s, workspace, IndexConfig(workers=1))
+        hits = search(s, "How does the index stay up to date when files change?", k=2)
+    assert hits[0].path == "watch.py"
+
+
 def test_search_hits_carry_everything(store: Store) -> None:
     hits = search(store, "split a raw response", k=5)
     assert hits, "the fixtures talk about raw responses"
