@@ -850,6 +850,22 @@ SPREAD20B_VARIANTS: dict[str, dict[str, Any]] = {
 #: ``--set early21`` (session 21, run 201): the one-token qkv also loading its norm weight,
 #: bias and RoPE row before its wait (``Runner.qkv_early``): +0.4 to +0.8 %, removed with its
 #: set (commit 1f7beae holds them).
+#: ``--set bcast21`` (session 21): every program of the one-token qkv reads the whole residual
+#: (6 KB for the 1.5B) after its wait, 1024 programs at once, as the o-projection's 768 read the
+#: attention's output: if those reads of the same few lines from L2 are what qkv's 2.6 us loop
+#: waits for (run 194; its own weights are loaded before the wait), more rows a program, so
+#: fewer programs reading them, shortens it. (Session 10 run 103 had 2 pairs a program +1 % for
+#: the 1.5B and +6 % for the 0.5B, under the launch points before session 12.)
+def _by_width(kind: str, tiles: dict[str, list[Any]]) -> dict[str, Any]:
+    return {"by_width": {w: {"t1_tiles": {kind: t}} for w, t in tiles.items()}}
+
+
+BCAST21_VARIANTS: dict[str, dict[str, Any]] = {
+    "t1_qkv_p2": _by_width("qkv", {"1536": [2, 2048], "896": [2, 1024]}),
+    "t1_qkv_p4": _by_width("qkv", {"1536": [4, 2048], "896": [4, 1024]}),
+    "t1_wo_4rows": _by_width("wo", {"1536": [4, 2048, 8, 2], "896": [4, 1024, 4, 2]}),
+}
+T1_SETS["bcast21"] = BCAST21_VARIANTS
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -868,7 +884,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "pro17": PRO17_VARIANTS, "trace18": TRACE18_VARIANTS, "place19": PLACE19_VARIANTS,
     "place19b": PLACE19B_VARIANTS, "spread20": SPREAD20_VARIANTS,
     "merge20": MERGE20_VARIANTS, "cache20": CACHE20_VARIANTS,
-    "spread20b": SPREAD20B_VARIANTS,
+    "spread20b": SPREAD20B_VARIANTS, "bcast21": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
