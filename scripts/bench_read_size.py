@@ -4,9 +4,9 @@ The one-token step's products are separate kernels, each reading its weights (2-
 the kernel before has finished. Run 194's trace put the 0.5B's four products' loops at 11.5 µs
 a layer, above the 11.0 µs its 70 % goal leaves a layer for everything. Whether that is our
 products' fault or the size's is what this measures: a kernel that does nothing but read its
-N MB (16-byte loads, ``evict_first``, a float32 sum a program), at the best of a sweep of tiles
-and grids, in a CUDA graph of L such kernels, each over a buffer of its own (L x N well past
-the 50 MB L2, so every launch reads DRAM), by how each waits for the one before:
+N MB (loads of up to 16 bytes, ``evict_first``, a float32 sum a program), at the best of a sweep
+of tiles and grids, in a CUDA graph of L such kernels, each over a buffer of its own (L x N ≥
+200 MB, well past the 50 MB L2, so every launch reads DRAM), by how each waits for the one before:
 
     plain  stream order
     pdl    launched early (``gdc_launch_dependents`` at its start), then ``gdc_wait``: as the
@@ -63,29 +63,29 @@ LAYERS = {"0.5B": 24, "1.5B": 28}
 #: Tiles swept: (elements a program reads an iteration, warps, programs an SM).
 TILES = [(b, w, p) for b in (1024, 2048, 4096, 8192) for w in (4, 8, 16)
          for p in (1, 2, 3, 4, 6, 8, 12, 16)]
-CHAIN_BYTES = 256 * 2**20  # each chain reads at least this much, so L2 holds little of it
+CHAIN_BYTES = 256 * 2**20  # each chain reads this much (at most 128 launches: 206 MB for 1.6 MB)
 
 
 @triton.jit
-def _read(w_ptr, out_ptr, per_prog, start, MODE: tl.constexpr, BLOCK: tl.constexpr):
+def _read(w_ptr, out_ptr, per_prog, MODE: tl.constexpr, BLOCK: tl.constexpr,
+          GDC: tl.constexpr = 1):
     """out[pid] = the sum of this program's ``per_prog`` elements (a multiple of 16, so the
-    masked loads stay 16 bytes wide). ``start``: BLOCK where MODE 3 read the first tile
-    before its wait, else 0."""
+    masked loads stay up to 16 bytes wide). MODE 3 reads the first tile before its wait and the
+    loop the rest. ``GDC`` 0 leaves the PDL calls out (Triton's interpreter has none), so the
+    CPU tests run every mode's loads."""
     pid = tl.program_id(0)
     base = w_ptr + pid.to(tl.int64) * per_prog
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32)
-    if MODE == 1:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    if MODE == 2:
+    start = 0
+    if MODE != 0 and GDC:
         tl.extra.cuda.gdc_launch_dependents()
     if MODE == 3:
-        tl.extra.cuda.gdc_launch_dependents()
-        first = tl.load(base + offs, mask=offs < per_prog, other=0.0,
-                        eviction_policy="evict_first")
+        acc += tl.load(base + offs, mask=offs < per_prog, other=0.0,
+                       eviction_policy="evict_first").to(tl.float32)
+        start = BLOCK
+    if (MODE == 1 or MODE == 3) and GDC:
         tl.extra.cuda.gdc_wait()
-        acc += first.to(tl.float32)
     for i in range(start, per_prog, BLOCK):
         acc += tl.load(base + i + offs, mask=i + offs < per_prog, other=0.0,
                        eviction_policy="evict_first").to(tl.float32)
@@ -101,8 +101,8 @@ def layout(nbytes: int, programs: int) -> int:
 def launch(w: torch.Tensor, out: torch.Tensor, per: int, mode: str, block: int,
            warps: int) -> None:
     extra = {"launch_pdl": True} if mode != "plain" else {}
-    _read[(out.numel(),)](w, out, per, block if mode == "pre" else 0, MODE=MODES[mode],
-                          BLOCK=block, num_warps=warps, **extra)
+    _read[(out.numel(),)](w, out, per, MODE=MODES[mode], BLOCK=block, num_warps=warps,
+                          **extra)
 
 
 def chain(nbytes: int, mode: str, block: int, warps: int, per_sm: int,

@@ -104,7 +104,7 @@ def timer_tick(stamps: torch.Tensor) -> int:
     v = torch.unique(stamps.reshape(-1).to(torch.int64))
     gaps = (v[1:] - v[:-1]) if v.numel() > 1 else v.new_zeros(0)
     tick = 0
-    for g in gaps.tolist()[:100_000]:
+    for g in gaps[:100_000].tolist():
         tick = math.gcd(tick, int(g))
         if tick == 1:
             break

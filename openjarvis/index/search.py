@@ -90,11 +90,13 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
 #: and keep their own; "up to date" and "out of date" are about freshness, not dates, so their
 #: words are replaced ("how does the index stay up to date" ranked a date parser above the
 #: watcher that keeps the index fresh).
-_COMPOUNDS = ("look up", "set up", "shut down", "start up", "clean up", "time out", "log in",
-              "log out", "sign in", "sign up", "back up", "check out", "roll back", "tear down")
+#: Not "log in", "sign in", "back up" or "check out": their words are as often literal ("the log
+#: in the file", "go back up the stack", "check out this function").
+_COMPOUNDS = ("look up", "set up", "shut down", "start up", "clean up", "time out", "sign up",
+              "roll back", "tear down")
 _PHRASES: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"\b(?:up|out)[- ]+(?:to|of)[- ]+date\b", re.IGNORECASE), "fresh stale refresh"),
-    *((re.compile(rf"\b{a}[- ]+{b}\b", re.IGNORECASE), rf"\g<0> {a}{b}")
+    (re.compile(r"\b(?:up|out)[-\s]+(?:to|of)[-\s]+date\b", re.IGNORECASE), "fresh stale refresh"),
+    *((re.compile(rf"\b{a}[-\s]+{b}\b", re.IGNORECASE), rf"\g<0> {a}{b}")
       for a, b in (c.split() for c in _COMPOUNDS)),
 )
 

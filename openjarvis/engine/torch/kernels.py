@@ -597,8 +597,8 @@ def _qkv_rope_kernel(
         w1 = _w_tile(w_ptr, r1, 0, rk[None, :], kmask[None, :], K, EVICT)
         w2 = _w_tile(w_ptr, r2, 0, rk[None, :], kmask[None, :], K, EVICT)
         # (Loading the norm weight, bias and RoPE row here too, none of which the step writes,
-        # moved the epilogue's 0.1-0.5 us into the loop: +0.4 to +0.8 %, session 21 run 201,
-        # commit 1f7beae.)
+        # took the epilogue's 0.3-0.5 us off and lost the step 0.4 to 0.8 %: the 1.5B's loop
+        # grew by as much; session 21 run 201, commit 1f7beae.)
         _gdc(PDL)
         _stamp(tr_ptr, tr_base, pid, 1, TRACE)
         acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,

@@ -934,9 +934,12 @@ def test_the_trace_gives_each_launch_the_next_slots_and_refuses_to_overflow() ->
     assert K._trace(dummy) == ((dummy, 0), {})  # closed: off again
 
 
-def test_the_read_ceiling_kernel_sums_every_byte_and_reads_no_more_than_asked() -> None:
+@pytest.mark.parametrize("mode", [0, 3])
+def test_the_read_ceiling_kernel_sums_every_byte_and_reads_no_more_than_asked(mode: int) -> None:
     # scripts/bench_read_size.py's times are a ceiling only if its kernel reads exactly the
-    # product's bytes: checked here, in Triton's interpreter, on a size no tile divides.
+    # product's bytes: checked here, in Triton's interpreter, on a size no tile divides, in
+    # several tiles a program (mode 3: the first before the wait, the loop the rest; the PDL
+    # calls themselves left out, as the interpreter has none)
     import bench_read_size as br
 
     nbytes, programs = 2 * 10_007, 5
@@ -944,19 +947,21 @@ def test_the_read_ceiling_kernel_sums_every_byte_and_reads_no_more_than_asked() 
     assert per % 16 == 0 and nbytes <= programs * per * 2 <= nbytes + programs * 32
     w = torch.randn(programs * per, dtype=torch.bfloat16)
     out = torch.full((programs,), float("nan"))
-    br._read[(programs,)](w, out, per, 0, MODE=0, BLOCK=2048)
+    br._read[(programs,)](w, out, per, MODE=mode, BLOCK=512, GDC=0)
     assert torch.allclose(out, w.float().view(programs, per).sum(1), rtol=1e-4, atol=1e-3)
 
 
-def test_the_flat_gate_up_candidate_computes_swiglu_with_ragged_rows_and_columns() -> None:
+@pytest.mark.parametrize("mode", [0, 3])
+def test_the_flat_gate_up_candidate_computes_swiglu_with_ragged_rows_and_columns(mode: int) -> None:
     # scripts/bench_gateup.py times it against ours only after this check passes on the GPU;
-    # here its masks are checked where no tile divides the shape.
+    # here its masks are checked where no tile divides the shape, in two K tiles (mode 3: the
+    # first tile's weights before the wait, without the PDL calls the interpreter lacks)
     import bench_gateup as bg
 
     n, k = 13, 300
     w = (torch.randn(2 * n, k) * 0.1).to(torch.bfloat16)
     x = torch.randn(1, k)
     out = torch.full((1, n), float("nan"))
-    bg._flat_swiglu[((n + 3) // 4,)](x, w, out, n, k, MODE=0, RB=4, BK=256)
+    bg._flat_swiglu[((n + 3) // 4,)](x, w, out, n, k, MODE=mode, RB=4, BK=256, GDC=0)
     want = bg.reference(x, w)
     assert torch.allclose(out.reshape(-1), want, rtol=1e-4, atol=1e-4)
