@@ -42,8 +42,8 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gpu import time_ms  # noqa: E402
-from bench_read_size import CHAIN_BYTES, PRODUCTS, best  # noqa: E402
+from bench_gpu import graph_us  # noqa: E402
+from bench_read_size import CHAIN_BYTES, PRODUCTS, best, choices  # noqa: E402
 
 from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B  # noqa: E402
@@ -115,18 +115,12 @@ def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def chain_us(launch: Callable[[torch.Tensor, torch.Tensor], None], ws: list[torch.Tensor],
              outs: list[torch.Tensor]) -> float:
     """µs a launch of a graph of ``launch(w, out)`` over every weight copy in turn."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        launch(ws[0], outs[0])
-        with torch.cuda.graph(graph, stream=stream):
-            for w, o in zip(ws, outs, strict=True):
-                launch(w, o)
-    torch.cuda.current_stream().wait_stream(stream)
-    ms = time_ms(graph.replay, iters=20, reps=7)
-    del graph
-    return round(ms * 1e3 / len(ws), 3)
+
+    def run() -> None:
+        for w, o in zip(ws, outs, strict=True):
+            launch(w, o)
+
+    return round(graph_us(run, len(ws)), 3)
 
 
 def checked(launch: Callable[[torch.Tensor, torch.Tensor], None], x: torch.Tensor,
@@ -193,10 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("gateup_out"))
     ap.add_argument("--models", default="0.5B,1.5B", help="comma-separated: 0.5B, 1.5B")
     args = ap.parse_args(argv)
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    for m in models:
-        if m not in PRODUCTS:
-            ap.error(f"unknown model {m!r}: choose from {', '.join(PRODUCTS)}")
+    models = choices(ap, args.models, PRODUCTS, "model")
     if not torch.cuda.is_available():
         print("bench_gateup needs a CUDA GPU", file=sys.stderr)
         return 2

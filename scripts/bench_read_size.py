@@ -35,6 +35,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gpu import copy_bandwidth, time_ms  # noqa: E402  # the benchmarks' timer and floor
+from bench_gpu import copy_bandwidth, graph_us, time_ms  # noqa: E402  # the benchmarks' timers
 
 MODES = {"plain": 0, "pdl": 1, "free": 2, "pre": 3}
 MB = 1e6
@@ -121,18 +122,12 @@ def chain(nbytes: int, mode: str, block: int, warps: int, per_sm: int,
         raise SystemExit(f"bench_read_size: wrong sums for {nbytes} B, {mode}, tile "
                          f"{(block, warps, per_sm)}: max error "
                          f"{(outs[0] - want).abs().max().item():.3g}")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        launch(bufs[0], outs[0], per, mode, block, warps)  # warm on the capture stream
-        with torch.cuda.graph(graph, stream=stream):
-            for b, o in zip(bufs, outs, strict=True):
-                launch(b, o, per, mode, block, warps)
-    torch.cuda.current_stream().wait_stream(stream)
-    ms = time_ms(graph.replay, iters=20, reps=7)
-    del graph, bufs, outs
-    us = ms * 1e3 / n_launch
+
+    def run() -> None:
+        for b, o in zip(bufs, outs, strict=True):
+            launch(b, o, per, mode, block, warps)
+
+    us = graph_us(run, n_launch)
     read = programs * per * 2
     return {"us": round(us, 3), "GBs": round(read / us / 1e3, 1), "bytes_read": read,
             "tile": [block, warps, per_sm], "launches": n_launch}
@@ -151,19 +146,12 @@ def layer_chain(model: str, mode: str, tiles: dict[str, list[int]], sms: int) ->
             per = layout(nbytes, programs)
             plan.append((torch.randn(programs * per, device="cuda", dtype=torch.bfloat16),
                          torch.empty(programs, device="cuda"), per, block, warps))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        for w, o, per, block, warps in plan[:4]:
+
+    def run() -> None:
+        for w, o, per, block, warps in plan:
             launch(w, o, per, mode, block, warps)
-        with torch.cuda.graph(graph, stream=stream):
-            for w, o, per, block, warps in plan:
-                launch(w, o, per, mode, block, warps)
-    torch.cuda.current_stream().wait_stream(stream)
-    ms = time_ms(graph.replay, iters=20, reps=7)
-    del graph, plan
-    return round(ms * 1e3 / n_layer, 3)
+
+    return round(graph_us(run, n_layer), 3)
 
 
 def best(nbytes: int, mode: str, sms: int, log: list[str]) -> dict[str, Any]:
@@ -191,6 +179,15 @@ def big_read(sms: int) -> dict[str, Any]:
     return max(out, key=lambda r: r["GBs"])
 
 
+def choices(ap: argparse.ArgumentParser, text: str, known: Iterable[str], what: str) -> list[str]:
+    """The comma-separated names of ``text``, each one of ``known`` (else argparse's error)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for n in names:
+        if n not in known:
+            ap.error(f"unknown {what} {n!r}: choose from {', '.join(known)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("read_size_out"))
@@ -199,14 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="plain,pdl,pre,free",
                     help="how each read waits for the one before: plain, pdl, pre, free")
     args = ap.parse_args(argv)
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    for m in models:
-        if m not in PRODUCTS:
-            ap.error(f"unknown model {m!r}: choose from {', '.join(PRODUCTS)}")
-    for m in modes:
-        if m not in MODES:
-            ap.error(f"unknown mode {m!r}: choose from {', '.join(MODES)}")
+    models = choices(ap, args.models, PRODUCTS, "model")
+    modes = choices(ap, args.modes, MODES, "mode")
     if not torch.cuda.is_available():
         print("bench_read_size needs a CUDA GPU", file=sys.stderr)
         return 2
