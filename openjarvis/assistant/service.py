@@ -150,6 +150,18 @@ def stats_dict(stats: Any) -> dict[str, Any]:
     }
 
 
+def _first_token_s(parts: Sequence[Any]) -> float | None:
+    """Generating time to the answer's first token: a generation paused while it read the
+    prompt emitted none, so the first that did counts from the first's start (the time paused
+    for more urgent work is not counted)."""
+    before = 0.0
+    for p in parts:
+        if p.ttft is not None:
+            return round(before + float(p.ttft), 4)
+        before += p.time_total
+    return None
+
+
 def merged_stats(parts: Sequence[Any], *, pauses: int = 0) -> dict[str, Any]:
     """One answer's statistics from the generations it took (more than one if it was paused)."""
     first, last = parts[0], parts[-1]
@@ -166,7 +178,7 @@ def merged_stats(parts: Sequence[Any], *, pauses: int = 0) -> dict[str, Any]:
             drafted=drafted,
             accepted=accepted,
             acceptance=round(accepted / drafted, 3) if drafted else 0.0,
-            ttft_s=round(first.ttft, 4) if first.ttft is not None else None,
+            ttft_s=_first_token_s(parts),
             total_s=round(sum(p.time_total for p in parts), 4),
         )
         count = sum(p.logprob_count for p in parts)
@@ -296,8 +308,10 @@ class Assistant:
         *,
         on_text: Callable[[str], None] = lambda _t: None,
         cancel: Callable[[], bool] = lambda: False,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> ChatAnswer:
-        """Generate the answer to a prepared prompt on the local pair."""
+        """Generate the answer to a prepared prompt on the local pair; ``on_progress(done,
+        total)`` follows the prompt's prefill (``Speculator.generate``'s ``progress``)."""
         from openjarvis.engine.sampling import SamplingParams
         from openjarvis.engine.speculative import Request
         from openjarvis.errors import ModelNotInstalled
@@ -321,7 +335,7 @@ class Assistant:
                 logprobs=True,  # the router judges the answer's confidence by it
                 loop_repeats=self.config.generation.loop_repeats,
             )
-            text, stats = self._run(slot, spec, request, on_text, cancel)
+            text, stats = self._run(slot, spec, request, on_text, cancel, on_progress)
         return ChatAnswer(
             text=text,
             sources=prepared.prompt.sources,
@@ -338,9 +352,11 @@ class Assistant:
         *,
         on_text: Callable[[str], None] = lambda _t: None,
         cancel: Callable[[], bool] = lambda: False,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> ChatAnswer:
         """``prepare`` then ``answer`` locally (the daemon routes between the two)."""
-        return self.answer(req, self.prepare(req, retriever), on_text=on_text, cancel=cancel)
+        return self.answer(req, self.prepare(req, retriever), on_text=on_text, cancel=cancel,
+                           on_progress=on_progress)
 
     def _run(
         self,
@@ -349,8 +365,10 @@ class Assistant:
         request: Any,
         on_text: Callable[[str], None],
         cancel: Callable[[], bool],
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> tuple[str, dict[str, Any]]:
-        """Generate, pausing at a step boundary whenever more urgent work waits for the gate.
+        """Generate, pausing at a step boundary (or between runs of the prompt's prefill)
+        whenever more urgent work waits for the gate.
 
         A pause ends this generation; after the urgent work the answer continues as a new
         generation whose prompt is the old one plus the tokens already emitted, so the text the
@@ -387,6 +405,7 @@ class Assistant:
                     text_state=text_state,
                 ),
                 cancel=stop_now,
+                progress=on_progress,
             )
             tail = ""
             for piece in gen:

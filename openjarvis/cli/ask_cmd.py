@@ -118,7 +118,9 @@ def ask(
 
 
 class _View:
-    """Streams the answer: live Markdown in a terminal, raw text otherwise; index progress on stderr."""
+    """Streams the answer: live Markdown in a terminal, raw text otherwise; on stderr (a
+    terminal), bars for indexing and for reading the prompt (a long prompt on a small CPU is
+    most of the wait: 45 s for 1,350 tokens of the 1.5B on 2 AVX2 cores)."""
 
     def __init__(self, *, tty: bool, quiet: bool) -> None:
         self.tty, self.quiet = tty, quiet
@@ -126,13 +128,16 @@ class _View:
         self._live: Any = None
         self._progress: Any = None
         self._task: Any = None
+        self._bar_label = ""
         self._last = 0.0
 
     def on_event(self, method: str, params: dict[str, Any]) -> None:
         if self.quiet:
             return
         if method == "index/progress":
-            self._index(params["done"], params["total"])
+            self._bar("indexing", params["done"], params["total"])
+        elif method == "chat/progress":
+            self._bar("reading the prompt", params["done"], params["total"])
         elif method == "chat/restart":
             self.text = ""
             click.echo(f"\n[{params['reason']}: the answer follows]", err=True)
@@ -144,18 +149,21 @@ class _View:
             else:
                 click.echo(params["text"], nl=False)
 
-    def _index(self, done: int, total: int) -> None:
+    def _bar(self, label: str, done: int, total: int) -> None:
         if not sys.stderr.isatty():
             return
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
+        if self._progress is not None and label != self._bar_label:
+            self._close_progress()
         if self._progress is None:
             self._progress = Progress(
-                "indexing", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=Console(stderr=True)
+                label, BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=Console(stderr=True)
             )
             self._progress.start()
-            self._task = self._progress.add_task("index", total=total)
+            self._task = self._progress.add_task(label, total=total)
+            self._bar_label = label
         self._progress.update(self._task, completed=done, total=total)
 
     def _close_progress(self) -> None:

@@ -379,7 +379,11 @@ def _answer_routed(
             raise ProtocolError(ErrorCode.MODEL_UNAVAILABLE, prepared.local_error)
         try:
             answer = assistant.answer(
-                req, prepared, on_text=lambda t: notify("chat/token", {"text": t}), cancel=cancelled
+                req,
+                prepared,
+                on_text=lambda t: notify("chat/token", {"text": t}),
+                cancel=cancelled,
+                on_progress=lambda done, total: notify("chat/progress", {"done": done, "total": total}),
             )
         except EngineError as exc:
             decision = router.decide(rreq, replace(signals, local_error=str(exc)))

@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -184,6 +184,34 @@ def restore_head(cache: PrefixCache, engine: Engine, cached: list[int], head: Se
     return False
 
 
+def eval_runs(
+    engine: Engine,
+    cached: list[int],
+    tokens: Sequence[int],
+    start: int,
+    end: int,
+    run: int = 0,
+    tick: Callable[[int], bool] = lambda _n: True,
+) -> bool:
+    """Evaluate ``tokens[start:end]`` (``cached`` holding ``tokens[:start]``), in runs of ``run``
+    tokens (0: one run), calling ``tick(n)`` after each run of ``n``. A False from ``tick`` stops
+    before the next run; what was evaluated stays in the engine and in ``cached``. Returns
+    whether ``end`` was reached.
+
+    The runs give the state one run would: llama.cpp computes each token's row alike in any
+    batch (the same bits, measured on the real pair in 128- and 100-token runs), and the torch
+    runner steps a run in ``MAX_STEP`` (32) tokens from its start, which runs of a multiple of 32
+    keep."""
+    step = run if run > 0 else max(1, end - start)
+    for lo in range(start, end, step):
+        part = tokens[lo : min(end, lo + step)]
+        engine.eval(part, last_only=True)
+        cached.extend(part)
+        if not tick(len(part)) and lo + len(part) < end:
+            return False
+    return True
+
+
 def eval_head(
     engine: Engine,
     cached: list[int],
@@ -191,11 +219,17 @@ def eval_head(
     start: int,
     head: int,
     cache: PrefixCache | None,
-) -> None:
-    """Evaluate ``tokens[start:head]`` as one run and save the head's state: the head is always
-    computed as a run of its own, so its state is the same bytes whether computed here or
-    loaded from a file an earlier process saved, and the disk cache never changes an answer."""
-    engine.eval(tokens[start:head], last_only=True)
-    cached.extend(tokens[start:head])
+    *,
+    run: int = 0,
+    tick: Callable[[int], bool] = lambda _n: True,
+) -> bool:
+    """Evaluate ``tokens[start:head]`` and save the head's state: the head is always computed as
+    a run of its own (``run`` > 0: in runs of that many tokens from ``start``, which give the same
+    state: ``eval_runs``), so its state is the same bytes whether computed here or loaded from a
+    file an earlier process saved, and the disk cache never changes an answer. Stopped by
+    ``tick`` before its end, the head is not saved; returns whether it was completed."""
+    if not eval_runs(engine, cached, tokens, start, head, run, tick):
+        return False
     if cache is not None:
         cache.save(engine, tokens[:head])
+    return True

@@ -48,6 +48,7 @@ from openjarvis.tui.messages import (
     Disconnected,
     IndexProgress,
     IndexState,
+    PromptProgress,
     PromptSubmitted,
     SearchDone,
 )
@@ -104,6 +105,7 @@ class JarvisApp(App[None]):
     last_result: reactive[dict[str, Any] | None] = reactive(None)
     index_status: reactive[dict[str, Any] | None] = reactive(None)
     index_progress: reactive[tuple[int, int] | None] = reactive(None)
+    prompt_progress: reactive[tuple[int, int] | None] = reactive(None)
 
     def __init__(
         self,
@@ -222,6 +224,10 @@ class JarvisApp(App[None]):
     def on_index_progress(self, message: IndexProgress) -> None:
         self.index_progress = (message.done, message.total)
 
+    def on_prompt_progress(self, message: PromptProgress) -> None:
+        if message.seq == self._seq and self.busy:
+            self.prompt_progress = (message.done, message.total)
+
     def on_index_state(self, message: IndexState) -> None:
         self.index_progress = None
         self.index_status = message.status
@@ -248,9 +254,6 @@ class JarvisApp(App[None]):
     def watch_route_mode(self, value: str) -> None:
         self._set_status("route_mode", value)
 
-    def watch_busy(self, value: bool) -> None:
-        self._set_status("busy", value)
-
     def watch_connected(self, value: bool) -> None:
         self._set_status("connected", value)
 
@@ -265,6 +268,14 @@ class JarvisApp(App[None]):
 
     def watch_index_progress(self, value: tuple[int, int] | None) -> None:
         self._set_status("index_progress", value)
+
+    def watch_prompt_progress(self, value: tuple[int, int] | None) -> None:
+        self._set_status("prompt_progress", value)
+
+    def watch_busy(self, value: bool) -> None:
+        self._set_status("busy", value)
+        if not value:
+            self.prompt_progress = None
 
     # -- input --------------------------------------------------------------------------------
 
@@ -344,6 +355,8 @@ class JarvisApp(App[None]):
                     painter.add(str(p.get("text", "")))
                 elif method == "index/progress":
                     self.post_message(IndexProgress(int(p["done"]), int(p["total"])))
+                elif method == "chat/progress":
+                    self.post_message(PromptProgress(seq, int(p["done"]), int(p["total"])))
                 elif method == "result":
                     painter.close()
                     self.post_message(AnswerDone(seq, p))
@@ -364,6 +377,7 @@ class JarvisApp(App[None]):
         if message.seq != self._seq or self._stream is None:
             return
         self.index_progress = None
+        self.prompt_progress = None
         delta, self._shown = message.text[self._shown :], len(message.text)
         await self._stream.write(delta)
 

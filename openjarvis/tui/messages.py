@@ -57,6 +57,18 @@ class IndexProgress(Message):
 
 
 @dataclass
+class PromptProgress(Message):
+    """How much of a chat's prompt the local model has read (``chat/progress``)."""
+
+    seq: int
+    done: int
+    total: int
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, PromptProgress)
+
+
+@dataclass
 class IndexState(Message):
     status: dict[str, Any]
 

@@ -19,6 +19,8 @@ class StatusBar(Static):
     last_result: reactive[dict[str, Any] | None] = reactive(None)
     index_status: reactive[dict[str, Any] | None] = reactive(None)
     index_progress: reactive[tuple[int, int] | None] = reactive(None)
+    #: Prompt tokens the local model has read of all it must, before the answer's first token.
+    prompt_progress: reactive[tuple[int, int] | None] = reactive(None)
     connected: reactive[bool] = reactive(False)
     #: True until the first connection attempt has an outcome (starting the daemon takes a moment).
     connecting: reactive[bool] = reactive(False)
@@ -33,6 +35,8 @@ class StatusBar(Static):
         parts.append(f"route {self.route_mode}" if self.route_mode != "auto" else "auto")
         if self.busy:
             parts.append("[i]answering… Esc cancels[/i]")
+            if self.prompt_progress is not None:
+                parts.append(_bar("reading the prompt", *self.prompt_progress))
         if self.last_result is not None:
             if format.left_machine(self.last_result):
                 target = escape(str(self.last_result.get("route")))
@@ -41,9 +45,12 @@ class StatusBar(Static):
                 parts.append("[$success]● local[/]")
             parts.append(format.answer_stats(self.last_result))
         if self.index_progress is not None:
-            done, total = self.index_progress
-            filled = round(10 * done / total) if total else 0
-            parts.append(f"indexing [$accent]{'█' * filled}[/][$text-muted]{'░' * (10 - filled)}[/] {done}/{total}")
+            parts.append(_bar("indexing", *self.index_progress))
         else:
             parts.append(escape(format.index_state(self.index_status)))
         return " · ".join(parts)
+
+
+def _bar(label: str, done: int, total: int) -> str:
+    filled = min(10, round(10 * done / total)) if total else 0
+    return f"{label} [$accent]{'█' * filled}[/][$text-muted]{'░' * (10 - filled)}[/] {done}/{total}"

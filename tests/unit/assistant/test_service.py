@@ -64,3 +64,48 @@ def test_chat_pauses_for_a_completion_and_the_answer_is_whole(
         assert answer.stats["tokens"] == plain.stats["tokens"]
     finally:
         assistant.unload()
+
+
+def test_a_completion_asked_while_the_chat_reads_its_prompt_goes_first(tiny_setup: Path) -> None:
+    """The chat's prompt is read in runs with the gate asked between them: an editor's
+    completion waits for one run, not the whole prompt, and the chat then reads on and gives
+    the answer it would have given uninterrupted."""
+    assistant = Assistant(load_config())
+    question = "Explain Router.\n" + "The router reads the policy file and decides.\n" * 8
+    try:
+        plain = assistant.chat(ChatRequest(question, max_tokens=30, drafter="none"), None)
+        assistant.unload()  # so that the prompt is read again, not found in the models' memory
+        events: list[str] = []
+        started: list[threading.Thread] = []
+        reads: list[tuple[int, int]] = []
+
+        def complete() -> None:
+            assistant.complete("def add(a, b):\n    return ", "\n", max_tokens=4)
+            events.append("completion")
+
+        def on_progress(done: int, total: int) -> None:
+            reads.append((done, total))
+            events.append("read")
+            if not started:  # after the first run of the prompt, an editor asks for a completion
+                t = threading.Thread(target=complete)
+                t.start()
+                started.append(t)
+                deadline = time.monotonic() + 5
+                while not assistant.gate.urgent_waiting(CHAT) and time.monotonic() < deadline:
+                    time.sleep(0.001)
+
+        answer = assistant.chat(
+            ChatRequest(question, max_tokens=30, drafter="none"),
+            None,
+            on_text=lambda _t: events.append("token"),
+            on_progress=on_progress,
+        )
+        started[0].join(10)
+        # served while the prompt was still being read (not only once it was), then the answer
+        last_read = len(events) - 1 - events[::-1].index("read")
+        assert events.index("completion") < last_read < events.index("token")
+        assert answer.stats["pauses"] == 1 and answer.stats["ttft_s"] is not None
+        assert reads[0][1] > 128 and reads[-1][0] == reads[-1][1]  # the prompt read to its end
+        assert answer.text == plain.text
+    finally:
+        assistant.unload()

@@ -33,6 +33,12 @@ def test_chat_streams_tokens_and_remembers_the_conversation(tiny_daemon: Path) -
         tokens = [p["text"] for m, p in events if m == "chat/token"]
         assert tokens and "".join(tokens) == result["answer"]  # the stream is the answer
         assert any(m == "index/progress" for m, _ in events)  # first use indexed the workspace
+        # the prompt is read with progress (runs of 128 tokens), all of it before the answer
+        names = [m for m, _ in events]
+        reads = [(p["done"], p["total"]) for m, p in events if m == "chat/progress"]
+        assert len(reads) >= 2 and reads[-1][0] == reads[-1][1] > 128
+        assert [d for d, _ in reads] == sorted(d for d, _ in reads)
+        assert names.index("chat/token") > len(names) - 1 - names[::-1].index("chat/progress")
         assert result["route"] == "local" and result["model"] == "tiny-v"
         assert "app/http.py" in {s["path"] for s in result["sources"]}
         assert result["stats"]["tokens"] >= 1 and result["stats"]["ttft_s"] is not None

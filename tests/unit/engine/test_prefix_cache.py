@@ -142,3 +142,28 @@ def test_a_rejected_load_keeps_the_conversation_cache_consistent(verifier: Llama
         expected = Speculator(cold).generate(Request(prompt, max_tokens=8, cache_prefix=len(other))).run()
     assert gen.tokens == expected.tokens
     assert cache.load(verifier, other)  # the bad file was replaced by a sound one
+
+
+def test_a_head_cut_short_by_a_cancel_is_not_saved(tiny_verifier_path: Path, tmp_path: Path) -> None:
+    """A cancel between the runs of the head leaves no file (the head is not complete); the
+    next request reads on and saves it, and a later process loads the same state."""
+    from openjarvis.engine.speculative import PREFILL_CHUNK
+
+    cache = PrefixCache(tmp_path / "kv")
+    with LlamaEngine(tiny_verifier_path, context=1024, threads=1) as engine:
+        head = engine.tokenize(SYSTEM * 2)
+        assert len(head) > PREFILL_CHUNK
+        prompt = head + engine.tokenize(turn("Explain this code."))
+        spec = Speculator(engine, prefix_cache=cache)
+        stopped = spec.generate(Request(prompt, max_tokens=20, cache_prefix=len(head)),
+                                cancel=lambda: True).run()
+        assert stopped.tokens == [] and engine.n_past == PREFILL_CHUNK
+        assert not list((tmp_path / "kv").glob("*.kv"))
+        first = spec.generate(Request(prompt, max_tokens=20, cache_prefix=len(head))).run()
+        assert first.stats.reused_tokens == PREFILL_CHUNK
+    assert len(list((tmp_path / "kv").glob("*.kv"))) == 1
+    with LlamaEngine(tiny_verifier_path, context=1024, threads=1) as engine:
+        second = Speculator(engine, prefix_cache=cache).generate(
+            Request(prompt, max_tokens=20, cache_prefix=len(head))
+        ).run()
+    assert second.stats.prefix_loaded == len(head) and second.tokens == first.tokens

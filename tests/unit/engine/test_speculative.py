@@ -11,7 +11,7 @@ from stats_helpers import chi_square_p
 from openjarvis.engine.drafters import ModelDrafter
 from openjarvis.engine.llama import LlamaEngine
 from openjarvis.engine.sampling import SamplingParams, distribution
-from openjarvis.engine.speculative import Request, Speculator
+from openjarvis.engine.speculative import PREFILL_CHUNK, Request, Speculator
 from openjarvis.errors import IncompatiblePair
 
 PROMPTS = [
@@ -362,3 +362,53 @@ def test_the_loop_check_holds_fenced_code_to_its_rule_and_sees_a_line_a_piece_en
     for piece in ("```", "`", "python\n"):
         split.push(piece)
     assert split.fences == 1
+
+
+LONG = "import os\nimport sys\n" * 50 + PROMPTS[2]
+
+
+def test_the_prompt_is_read_in_runs_that_report_progress_and_answer_as_one_run_would(
+    verifier: LlamaEngine,
+) -> None:
+    """A long prompt is prefilled in runs of ``PREFILL_CHUNK`` with progress after each, and the
+    answer is the one a single run of the prompt gives (the runs leave the same cache bits)."""
+    prompt = verifier.tokenize(LONG)
+    n = len(prompt) - 1  # the last prompt token is evaluated by the first step
+    assert n > 2 * PREFILL_CHUNK
+    seen: list[tuple[int, int]] = []
+    gen = Speculator(verifier).generate(
+        Request(prompt, max_tokens=24, drafter="none"), progress=lambda d, t: seen.append((d, t))
+    ).run()
+    assert seen == [(min(n, d), n) for d in range(PREFILL_CHUNK, n + PREFILL_CHUNK, PREFILL_CHUNK)]
+    # The reference: the prompt in one eval call, then one greedy token at a time.
+    verifier.rollback(0)
+    verifier.eval(prompt[:-1], last_only=True)
+    expected, tok = [], prompt[-1]
+    for _ in range(len(gen.tokens)):
+        tok = int(np.argmax(verifier.eval([tok])[0]))
+        expected.append(tok)
+    assert gen.tokens == expected
+
+
+def test_a_cancel_while_the_prompt_is_read_stops_at_the_next_run_and_keeps_what_was_read(
+    verifier: LlamaEngine,
+) -> None:
+    prompt = verifier.tokenize(LONG)
+    n = len(prompt) - 1
+    spec = Speculator(verifier)
+    seen: list[tuple[int, int]] = []
+    gen = spec.generate(
+        Request(prompt, max_tokens=24, drafter="none"),
+        cancel=lambda: bool(seen),  # cancelled as soon as the first run is read
+        progress=lambda d, t: seen.append((d, t)),
+    )
+    assert list(gen) == [] and gen.tokens == []
+    assert gen.stats.finish_reason == "cancelled" and gen.stats.ttft is None
+    assert seen == [(PREFILL_CHUNK, n)]
+    assert verifier.n_past == PREFILL_CHUNK == len(spec.cached)
+    # Asked again, the request reads on from there and answers as a fresh reader would.
+    seen.clear()
+    again = spec.generate(Request(prompt, max_tokens=24, drafter="none"),
+                          progress=lambda d, t: seen.append((d, t))).run()
+    assert again.stats.reused_tokens == PREFILL_CHUNK and seen[-1] == (n - PREFILL_CHUNK,) * 2
+    assert again.tokens == plain(verifier, prompt, max_tokens=24)

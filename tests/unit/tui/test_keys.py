@@ -96,3 +96,27 @@ def test_a_daemon_message_after_the_status_bar_is_gone_is_taken_without_a_crash(
             assert app.index_status == {"files": 4} and app.is_running
 
     asyncio.run(scenario())
+
+
+def test_the_status_bar_shows_the_prompt_being_read_until_the_answer_ends(tmp_path: Path) -> None:
+    """``chat/progress`` reaches the status bar as a bar beside "answering…"; a stale request's
+    progress is ignored, and the bar goes when the app is no longer busy."""
+    from openjarvis.tui.messages import PromptProgress
+    from openjarvis.tui.widgets.status import StatusBar
+
+    async def scenario() -> None:
+        app = offline_app(tmp_path)
+        async with app.run_test(size=(160, 24)) as pilot:
+            bar = app.query_one(StatusBar)
+            app.busy = True
+            app.post_message(PromptProgress(app._seq - 1, 5, 300))  # an earlier request's
+            await pilot.pause()
+            assert "reading the prompt" not in str(bar.render())
+            app.post_message(PromptProgress(app._seq, 128, 300))
+            await pilot.pause()
+            assert "reading the prompt" in str(bar.render()) and "128/300" in str(bar.render())
+            app.busy = False
+            await pilot.pause()
+            assert app.prompt_progress is None and "reading the prompt" not in str(bar.render())
+
+    asyncio.run(scenario())
