@@ -4,13 +4,18 @@ The CLI, the TUI, the editor plugins' tests and every daemon test use these; not
 daemon another way. Both start the daemon on demand (``autostart=True``), say ``initialize``
 first, and turn JSON-RPC error objects into ``DaemonError`` carrying the protocol's code.
 
-Streaming: methods like ``chat`` send notifications (``chat/token``) whose params carry the
-``request_id`` they belong to before the final response; pass ``on_notification`` to see them.
+Streaming: methods like ``chat`` send notifications (``chat/token``, ``chat/progress``, ...)
+whose params carry the ``request_id`` they belong to before the final response; pass
+``on_notification`` to see them, and pick by method (each has its own params).
 
 Example::
 
+    def show(method, params):
+        if method == "chat/token":
+            print(params["text"], end="")
+
     with Client() as c:
-        c.call("chat", {...}, on_notification=lambda method, params: print(params["text"], end=""))
+        c.call("chat", {...}, on_notification=show)
 """
 
 from __future__ import annotations

@@ -198,10 +198,12 @@ def eval_runs(
     before the next run; what was evaluated stays in the engine and in ``cached``. Returns
     whether ``end`` was reached.
 
-    The runs give the state one run would: llama.cpp computes each token's row alike in any
-    batch (the same bits, measured on the real pair in 128- and 100-token runs), and the torch
-    runner steps a run in ``MAX_STEP`` (32) tokens from its start, which runs of a multiple of 32
-    keep."""
+    The runs give the state one run would on llama.cpp, which computes each token's row alike
+    in any batch (the same bits, measured on the real 0.5B in runs of 128 and of 100), and on
+    the torch runner's GPU steps, which take a run 32 tokens (``MAX_STEP``) at a time from its
+    start: runs of a multiple of 32 keep those steps. Its eager CPU path computes a run as one
+    product, which runs change in the last bits; a head is read in the same runs by every
+    process, so a saved state is still the one a process computes."""
     step = run if run > 0 else max(1, end - start)
     for lo in range(start, end, step):
         part = tokens[lo : min(end, lo + step)]
