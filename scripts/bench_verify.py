@@ -863,6 +863,23 @@ BCAST21_VARIANTS: dict[str, dict[str, Any]] = {
     "t1_wo_4rows": _both("wo", [4, 2048, 8, 2], [4, 1024, 4, 2]),
 }
 T1_SETS["bcast21"] = BCAST21_VARIANTS
+#: ``--set lanes22`` (session 22): one-token gate/up in the row layout with its sums kept a
+#: lane at a time (``LinearConfig.lanes``): the default loop sums each tile across the warp's
+#: lanes (20 shuffles a tile for 8 rows of gate and up) before the next tile's loads issue; with
+#: lanes the loop has none (PTX, Triton 3.6 and 3.9), at the same registers (ptxas sm_90a: 8 x
+#: 256 46, 16 x 256 on 8 warps 46, 4 x 256 on 2 warps 46; prefetching 48, against 64 without
+#: lanes, which is what made prefetch lose in session 12). The 0.5B's gate/up is not in the row
+#: layout by default (4 x 1024 on 2 warps, one K tile): its rows tile without lanes is the
+#: control. Lists: block_n, block_k, warps, stages, split_k, swap, rows, prefetch, segments,
+#: lanes.
+_L, _LP = [*_R, 1, True], [*_RP, 1, True]
+LANES22_VARIANTS: dict[str, dict[str, Any]] = {
+    "t1_w13_rows": _both("w13", [8, 256, 4, 2, 1, *_R], [4, 256, 2, 2, 1, *_R]),
+    "t1_w13_lanes": _both("w13", [8, 256, 4, 2, 1, *_L], [4, 256, 2, 2, 1, *_L]),
+    "t1_w13_lanes_pf": _both("w13", [8, 256, 4, 2, 1, *_LP], [4, 256, 2, 2, 1, *_LP]),
+    "t1_w13_lanes_wide": _both("w13", [16, 256, 8, 2, 1, *_L], [8, 256, 4, 2, 1, *_L]),
+}
+T1_SETS["lanes22"] = LANES22_VARIANTS
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -881,7 +898,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "pro17": PRO17_VARIANTS, "trace18": TRACE18_VARIANTS, "place19": PLACE19_VARIANTS,
     "place19b": PLACE19B_VARIANTS, "spread20": SPREAD20_VARIANTS,
     "merge20": MERGE20_VARIANTS, "cache20": CACHE20_VARIANTS,
-    "spread20b": SPREAD20B_VARIANTS, "bcast21": {},
+    "spread20b": SPREAD20B_VARIANTS, "bcast21": {}, "lanes22": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

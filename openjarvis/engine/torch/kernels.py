@@ -78,6 +78,11 @@ class LinearConfig:
     #: 256 bfloat16 columns (what a warp's 32 threads hold in 16-byte loads) rows wider than
     #: a warp reduce without a block barrier too.
     segments: int = 1
+    #: With ``rows``: each K tile's products summed only within a thread (its 8-column vector
+    #: and its repeats along the row), into one partial a lane; the lanes of a row are summed
+    #: once, after the loop. The default sums each tile across the warp's 32 lanes (5 shuffles
+    #: a row and matrix, 20 a tile for gate/up), and the next tile's loads wait behind them.
+    lanes: bool = False
 
     def __post_init__(self) -> None:
         if self.prefetch and not self.rows:
@@ -87,6 +92,9 @@ class LinearConfig:
                 and (self.segments & (self.segments - 1)) == 0):
             raise ValueError(f"segments={self.segments} needs rows=True and a power of two "
                              f"that divides block_k ({self.block_k})")
+        if self.lanes and not (self.rows and (self.block_k // self.segments) % 256 == 0):
+            raise ValueError("lanes needs rows=True and segments of a multiple of 256 columns "
+                             "(32 lanes of 8)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,13 +241,26 @@ def _seg_tile(w_ptr, srow, smask, k0, k_hi, soff, sc, N, K, SEG: tl.constexpr,
 
 
 @triton.jit
+def _lane_sum(p, LANES: tl.constexpr):
+    """A tile's row sums [R] (``LANES`` 0), or each row's partial a lane [R, 32] (1): the
+    tile [R, W] viewed as [R, W / 256, 32, 8], 8 consecutive columns a thread."""
+    if LANES:
+        out = tl.sum(tl.sum(tl.reshape(p, [p.shape[0], p.shape[1] // 256, 32, 8]), axis=3),
+                     axis=1)
+    else:
+        out = tl.sum(p, axis=1)
+    return out
+
+
+@triton.jit
 def _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE: tl.constexpr,
-              NORM: tl.constexpr):
-    """T = 1, ``LinearConfig.rows``: one K tile's products added to the per-row sums."""
+              NORM: tl.constexpr, LANES: tl.constexpr = 0):
+    """T = 1, ``LinearConfig.rows``: one K tile's products added to the per-row sums (with
+    ``LANES``, to each row's partials a lane: ``LinearConfig.lanes``)."""
     xb, sv = _x_rows(x_ptr, g_ptr, sr, cols, cmask, sv, NORM)
-    av += tl.sum(xb * w.to(tl.float32), axis=1)
+    av += _lane_sum(xb * w.to(tl.float32), LANES)
     if MODE == 2:
-        av2 += tl.sum(xb * w2.to(tl.float32), axis=1)
+        av2 += _lane_sum(xb * w2.to(tl.float32), LANES)
     return av, av2, sv
 
 
@@ -395,9 +416,10 @@ def _linear_kernel(
     PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
     SEM: tl.constexpr, TRACE: tl.constexpr = 0, ROWS: tl.constexpr = 0,
     PREFETCH: tl.constexpr = 0, SEG: tl.constexpr = 1, SMEM_FLOOR: tl.constexpr = 0,
+    LANES: tl.constexpr = 0,
 ):
-    """``TRACE``: ``_stamp`` (tracing only). ``ROWS``, ``PREFETCH``, ``SEG`` (T = 1):
-    ``LinearConfig.rows``, ``.prefetch`` and ``.segments``. ``SMEM_FLOOR`` is not read: it
+    """``TRACE``: ``_stamp`` (tracing only). ``ROWS``, ``PREFETCH``, ``SEG``, ``LANES`` (T = 1):
+    ``LinearConfig.rows``, ``.prefetch``, ``.segments`` and ``.lanes``. ``SMEM_FLOOR`` is not read: it
     gives a launch with a shared-memory floor a compiled kernel of its own (``floor_shared``).
 
     ``HAND`` (``NormHandoff``): 1, also hand the new rows of ``out`` (a residual) to the
@@ -434,8 +456,12 @@ def _linear_kernel(
         soff = (sr % SEG) * SW  # [BN * SEG] its segment's first column in the tile
         sc = tl.arange(0, SW)
         smask = srow < N
-        av = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
-        av2 = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
+        if LANES:
+            av = tl.zeros([BLOCK_N * SEG, 32], dtype=tl.float32)
+            av2 = tl.zeros([BLOCK_N * SEG, 32], dtype=tl.float32)
+        else:
+            av = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
+            av2 = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
         sv = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
         k_start = k_lo
         if PDL % 4 >= 2:
@@ -445,7 +471,7 @@ def _linear_kernel(
         _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
         if PREFETCH == 0 and PDL % 4 >= 2:
             av, av2, sv = _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE,
-                                    NORM)
+                                    NORM, LANES)
             k_start = k_lo + BLOCK_K
         elif PREFETCH and PDL % 4 < 2:
             cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k_lo, k_hi, soff, sc, N, K, SEG,
@@ -458,16 +484,22 @@ def _linear_kernel(
                 cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k0, k_hi, soff, sc, N, K,
                                                SEG, MODE, EVICT)
             av, av2, sv = _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE,
-                                    NORM)
+                                    NORM, LANES)
             if PREFETCH:
                 w, w2, cols, cmask = wn, w2n, coln, cmn
+        if LANES:  # the lanes' partials of each row, summed once
+            avr = tl.sum(av, axis=1)
+            av2r = tl.sum(av2, axis=1)
+        else:
+            avr = av
+            av2r = av2
         if SEG == 1:
-            acc += av[None, :]
-            acc2 += av2[None, :]
+            acc += avr[None, :]
+            acc2 += av2r[None, :]
             ss += tl.max(sv, 0)  # every row summed the same x (its load ignores the row mask)
         else:
-            acc += tl.sum(tl.reshape(av, [BLOCK_N, SEG]), axis=1)[None, :]
-            acc2 += tl.sum(tl.reshape(av2, [BLOCK_N, SEG]), axis=1)[None, :]
+            acc += tl.sum(tl.reshape(avr, [BLOCK_N, SEG]), axis=1)[None, :]
+            acc2 += tl.sum(tl.reshape(av2r, [BLOCK_N, SEG]), axis=1)[None, :]
             ss += tl.max(tl.sum(tl.reshape(sv, [BLOCK_N, SEG]), axis=1), 0)
     elif PDL % 4 >= 2:
         # The first K tile of the weights is loaded before waiting on the previous kernel.
@@ -1153,6 +1185,7 @@ def linear(
         NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1, SEM=atomic_sem,
         **({"ROWS": 1, "PREFETCH": int(cfg.prefetch), "SEG": cfg.segments}
            if cfg.rows and t == 1 else {}),
+        **({"LANES": 1} if cfg.lanes and cfg.rows and t == 1 else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
         **({"SMEM_FLOOR": smem} if smem > 0 else {}),
     )

@@ -36,8 +36,10 @@ def pdl_modes() -> list[int]:
 
 
 #: Tiles the test below runs besides the default: the swapped MMA operands (T > 1 only), and
-#: the one-token row layout (T = 1 only; the 1.5B's gate/up and down) with prefetch and segments.
-_TILES = ("default", "swap", "rows", "rows_prefetch", "segments_prefetch")
+#: the one-token row layout (T = 1 only; the 1.5B's gate/up and down) with prefetch and segments,
+#: and its sums kept a lane at a time (``LinearConfig.lanes``).
+_TILES = ("default", "swap", "rows", "rows_prefetch", "segments_prefetch", "lanes",
+          "lanes_prefetch")
 
 
 @pytest.mark.parametrize("tile", _TILES)
@@ -56,6 +58,8 @@ def test_linear_kernels_agree_with_float32_in_every_pdl_mode(t: int, tile: str) 
            "rows": K.LinearConfig(8, 256, rows=True),
            "rows_prefetch": K.LinearConfig(8, 256, rows=True, prefetch=True),
            "segments_prefetch": K.LinearConfig(4, 512, rows=True, prefetch=True, segments=2),
+           "lanes": K.LinearConfig(8, 256, rows=True, lanes=True),
+           "lanes_prefetch": K.LinearConfig(8, 256, rows=True, prefetch=True, lanes=True),
            }[tile]
     g = torch.Generator(device="cuda").manual_seed(0)
     n, k = A.n_ff, A.n_embd

@@ -46,7 +46,8 @@ for name, fn in (("unswapped", K._linear_kernel), ("swapped", K._linear_swap_ker
     const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=16, BLOCK_N=32, BLOCK_K=128, SPLIT_K=4,
                  PDL=5, EVICT="evict_first", HAND=1, NP_BLOCK=64, SEM="relaxed", TRACE=0,
                  SMEM_FLOOR=0,
-                 **({"ROWS": 0, "PREFETCH": 0, "SEG": 1} if name == "unswapped" else {}))
+                 **({"ROWS": 0, "PREFETCH": 0, "SEG": 1, "LANES": 0}
+                    if name == "unswapped" else {}))
     src = ASTSource(fn, {**sig, **{k: "constexpr" for k in const}}, constexprs=const)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4, "num_stages": 3}).asm["ptx"]
@@ -58,7 +59,7 @@ for name, fn in (("unswapped", K._linear_kernel), ("swapped", K._linear_swap_ker
 for key, pdl in (("traced", 6), ("traced_aw", 10)):
     const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=1, BLOCK_N=2, BLOCK_K=2048, SPLIT_K=1,
                  PDL=pdl, EVICT="evict_first", HAND=0, NP_BLOCK=1, SEM="relaxed", TRACE=1024,
-                 ROWS=0, PREFETCH=0, SEG=1, SMEM_FLOOR=0)
+                 ROWS=0, PREFETCH=0, SEG=1, SMEM_FLOOR=0, LANES=0)
     src = ASTSource(K._linear_kernel, {**sig, **{k: "constexpr" for k in const}},
                     constexprs=const)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -76,7 +77,8 @@ for rows, pf, bn, bk, seg, pdl, ev in ((0, 0, 4, 256, 1, 5, ""), (1, 0, 4, 256, 
                                        (1, 1, 4, 256, 1, 5, ".cg")):
     const = dict(MODE=1, NORM=0, BIAS=False, BLOCK_T=1, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=2,
                  PDL=pdl, EVICT=ev or "evict_first", HAND=0, NP_BLOCK=1, SEM="relaxed",
-                 TRACE=0, ROWS=rows, PREFETCH=pf, SEG=seg, SMEM_FLOOR=20224 if ev else 0)
+                 TRACE=0, ROWS=rows, PREFETCH=pf, SEG=seg, SMEM_FLOOR=20224 if ev else 0,
+                 LANES=0)
     # what the JIT's specialization gives a launch of real shapes: 16-aligned pointers and sizes
     aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(sig)
                if a.endswith("ptr") or a in ("N", "K", "stride_x", "stride_out")}
@@ -88,6 +90,19 @@ for rows, pf, bn, bk, seg, pdl, ev in ((0, 0, 4, 256, 1, 5, ""), (1, 0, 4, 256, 
         + ("c" if ev else "")] = [
         line.strip() for line in ptx.splitlines()
         if re.search(r"ld\.global|bar\.sync|griddepcontrol\.wait|Loop Header|\bbra\b", line)]
+# the 1.5B's one-token gate/up (8 x 256 in the row layout, on the norm hand-off), its sums
+# across a warp's lanes every tile (the default) or a lane at a time (LinearConfig.lanes)
+for lanes in (0, 1):
+    const = dict(MODE=2, NORM=0, BIAS=False, BLOCK_T=1, BLOCK_N=8, BLOCK_K=256, SPLIT_K=1,
+                 PDL=1, EVICT="evict_first", HAND=2, NP_BLOCK=128, SEM="relaxed", TRACE=0,
+                 ROWS=1, PREFETCH=0, SEG=1, SMEM_FLOOR=0, LANES=lanes)
+    src = ASTSource(K._linear_kernel, {**sig, **{k: "constexpr" for k in const}},
+                    constexprs=const, attrs=aligned)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": 4, "num_stages": 2}).asm["ptx"]
+    out[f"lanes{lanes}"] = [
+        line.strip() for line in ptx.splitlines()
+        if re.search(r"ld\.global|shfl\.sync|bar\.sync|Loop Header|%\.lr\.ph|\bbra\b", line)]
 # the L2 prefetch of Runner.l2_prefetch: 4 lines a thread (PER), asked for and nothing else
 const = dict(LINE=64, BLOCK=128, PER=4)
 src = ASTSource(K._l2_prefetch_kernel, {"w_ptr": "*bf16", "off0": "i64", "off1": "i64",
@@ -211,3 +226,26 @@ def test_the_l2_prefetch_asks_for_each_line_and_loads_nothing(ops: dict[str, lis
     or store that would make the program wait for the lines."""
     seq = ops["l2_prefetch"]
     assert len(seq) == 4 and all(op.startswith("prefetch.global.L2 [") for op in seq), seq
+
+
+def test_lanes_take_the_shuffles_out_of_the_loop(ops: dict[str, list[str]]) -> None:
+    """``LinearConfig.lanes`` (the 1.5B's one-token gate/up tile): the default loop sums each
+    tile across the warp's lanes (shuffles every tile, 20 for 8 rows of gate and up on 4
+    warps); with lanes the loop keeps a partial a lane and has no shuffle and no barrier, the
+    lanes summed once after it, and it loads the same weights and x."""
+    loops = {}
+    for lanes in (0, 1):
+        seq = ops[f"lanes{lanes}"]
+        head = next(i for i, op in enumerate(seq) if "Loop Header" in op or "%.lr.ph" in op)
+        back = next(i for i, op in enumerate(seq) if i > head and "bra" in op)
+        body = seq[head:back]
+        loops[lanes] = body
+        after = seq[back:]
+        if lanes:
+            assert not [op for op in body if "shfl" in op or "bar.sync" in op], body
+            assert any("shfl" in op for op in after), after
+        else:
+            assert [op for op in body if "shfl" in op], body
+    def loads(body: list[str]) -> list[str]:
+        return [op for op in body if "ld.global" in op]
+    assert len(loads(loops[1])) == len(loads(loops[0])) > 0

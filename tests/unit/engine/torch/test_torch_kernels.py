@@ -162,6 +162,39 @@ def test_one_token_products_in_the_row_layout(mode: int, peel: int, split: int,
     assert rel(outs[1], outs[0]) < 1e-6
 
 
+@pytest.mark.parametrize(("prefetch", "segments", "peel", "split"),
+                         [(False, 1, 0, 1), (True, 1, 3, 1), (False, 2, 0, 3), (True, 2, 7, 2)])
+@pytest.mark.parametrize("mode", [K.STORE, K.ADD, K.SWIGLU])
+def test_one_token_products_summed_a_lane_at_a_time(mode: int, prefetch: bool, segments: int,
+                                                     peel: int, split: int) -> None:
+    """``LinearConfig.lanes``: each tile's products kept as one partial a lane ([rows, 32],
+    8 columns each) and the lanes summed after the loop give the row layout's sums. K = 600 in
+    tiles of 256 or 512 (2 segments of 256): the last tile partly masked; 3 splits of 256 (the
+    third holds 88 columns) and 2 of 512; the PDL prologue modes too."""
+    n, k = 24, 600
+    if mode != K.ADD:
+        split = 1
+    x, w = g(1, k, seed=1), g(2 * n if mode == K.SWIGLU else n, k, seed=2)
+    norm, h0 = g(k, seed=3) + 1, g(1, n, seed=5)
+    outs = []
+    for lanes in (False, True):
+        out = h0.clone() if mode == K.ADD else torch.full((1, n), POISON)
+        cfg = K.LinearConfig(8, 256 * segments, split_k=split, rows=True, prefetch=prefetch,
+                             segments=segments, lanes=lanes)
+        K.linear(x, w, out, mode=mode, norm=norm, eps=1e-6, cfg=cfg, pdl=peel,
+                 norm_scale=split == 1)
+        outs.append(out)
+    assert not outs[1].isnan().any() and (outs[1] != POISON).all()
+    assert rel(outs[1], outs[0]) < 1e-6
+
+
+def test_lanes_without_the_row_layout_or_whole_lanes_are_refused() -> None:
+    for bad in (dict(lanes=True), dict(rows=True, lanes=True, block_k=128),
+                dict(rows=True, lanes=True, block_k=512, segments=4)):
+        with pytest.raises(ValueError, match="lanes needs rows=True"):
+            K.LinearConfig(**{"block_n": 8, "block_k": 256, **bad})
+
+
 def test_an_l2_prefetch_it_cannot_ask_for_is_refused_with_the_reason() -> None:
     """``kernels.l2_prefetch`` (``Runner.l2_prefetch``) asks the GPU's L2 only: on the CPU, or
     for a region outside the tensor, it says so instead of asking for other memory."""
