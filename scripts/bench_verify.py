@@ -880,6 +880,22 @@ LANES22_VARIANTS: dict[str, dict[str, Any]] = {
     "t1_w13_lanes_wide": _both("w13", [16, 256, 8, 2, 1, *_L], [8, 256, 4, 2, 1, *_L]),
 }
 T1_SETS["lanes22"] = LANES22_VARIANTS
+#: ``--set lanes22b`` (session 22, after the 1.5B's gate/up took ``lanes``): the same for the
+#: down projection (its rows read as 4 segments of 256, so a warp holds whole segments: no
+#: barrier, and with lanes no shuffle in the loop; 34 registers either way, ptxas sm_90a) and
+#: for the greedy output projection in the row layout (8 or 16 rows of 256 on 4 warps: 32 and 54
+#: registers); the gate/up tile before (an A/A check of the adoption, the 1.5B only).
+_SEG4 = [4, True]
+LANES22B_VARIANTS: dict[str, dict[str, Any]] = {
+    "t1_w13_no_lanes": {"by_width": {"1536": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_R]}},
+                                     "896": {}}},
+    "t1_w2_seg4_pf": _both("w2", [2, 1024, 4, 2, 2, *_RP, 4], [2, 1024, 4, 2, 4, *_RP, 4]),
+    "t1_w2_seg4_lanes_pf": _both("w2", [2, 1024, 4, 2, 2, *_RP, *_SEG4],
+                                 [2, 1024, 4, 2, 4, *_RP, *_SEG4]),
+    "t1_out_lanes8": _both("out", [8, 256, 4, 2, 1, *_L], [8, 256, 4, 2, 1, *_L]),
+    "t1_out_lanes16": _both("out", [16, 256, 4, 2, 1, *_L], [16, 256, 4, 2, 1, *_L]),
+}
+T1_SETS["lanes22b"] = LANES22B_VARIANTS
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -899,6 +915,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "place19b": PLACE19B_VARIANTS, "spread20": SPREAD20_VARIANTS,
     "merge20": MERGE20_VARIANTS, "cache20": CACHE20_VARIANTS,
     "spread20b": SPREAD20B_VARIANTS, "bcast21": {}, "lanes22": {},
+    "lanes22b": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
