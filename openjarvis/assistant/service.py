@@ -173,6 +173,9 @@ def merged_stats(parts: Sequence[Any], *, pauses: int = 0) -> dict[str, Any]:
         accepted = sum(p.accepted for p in parts)
         out.update(
             prompt_tokens=first.prompt_tokens,
+            # what this request found in memory or on disk, not what it read before a pause
+            reused_tokens=first.reused_tokens,
+            prefix_loaded=first.prefix_loaded,
             tokens=tokens,
             tokens_per_s=round(tokens / decode, 2) if decode > 0 else 0.0,
             drafted=drafted,
@@ -405,7 +408,9 @@ class Assistant:
                     text_state=text_state,
                 ),
                 cancel=stop_now,
-                progress=on_progress,
+                # the prompt's reading is told only before the answer's first token (a resumed
+                # generation may read its prompt and answer so far again)
+                progress=on_progress if not emitted else None,
             )
             tail = ""
             for piece in gen:

@@ -137,8 +137,10 @@ class _View:
         if method == "index/progress":
             self._bar("indexing", params["done"], params["total"])
         elif method == "chat/progress":
-            self._bar("reading the prompt", params["done"], params["total"])
+            if not self.text:  # (sent only before the first token; never drawn over the answer)
+                self._bar("reading the prompt", params["done"], params["total"])
         elif method == "chat/restart":
+            self._close_progress()
             self.text = ""
             click.echo(f"\n[{params['reason']}: the answer follows]", err=True)
         elif method == "chat/token":
@@ -159,7 +161,12 @@ class _View:
             self._close_progress()
         if self._progress is None:
             self._progress = Progress(
-                label, BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=Console(stderr=True)
+                label,
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=label != "indexing",  # the prompt's bar gives way to the answer
             )
             self._progress.start()
             self._task = self._progress.add_task(label, total=total)

@@ -14,14 +14,21 @@ More can be added (the GPU backend brings its own); the speculator needs only th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from openjarvis.engine.base import CostModel, Engine, Logits, greedy_eval
-from openjarvis.engine.prefix_cache import PrefixCache, common_prefix, eval_head, restore_head
+from openjarvis.engine.prefix_cache import (
+    RUN,
+    PrefixCache,
+    common_prefix,
+    eval_head,
+    eval_runs,
+    restore_head,
+)
 from openjarvis.engine.sampling import Probs, SamplingParams, distribution, sample
 from openjarvis.errors import IncompatiblePair
 
@@ -128,17 +135,29 @@ class ModelDrafter:
         return tok
 
     def _catch_up(self, context: Sequence[int]) -> int:
-        """Roll the cache back to what it shares with ``context`` (evaluating the stable head
-        as a run of its own where it is due); how much of ``context`` it then holds."""
+        """``catch_up`` to the end: how much of ``context`` the cache then holds (all but its
+        last token, which the draft evaluates for its first row)."""
+        self.catch_up(context, RUN, lambda _n: True)
+        return len(self.cached)
+
+    def catch_up(self, context: Sequence[int], run: int, tick: Callable[[int], bool]) -> bool:
+        """Roll the cache back to what it shares with ``context``, then read what it lacks but
+        the last token in runs of ``run`` tokens with ``tick(n)`` after each (the stable head
+        first, as a run of its own from position 0, saved once whole): a False from ``tick``
+        stops there, what was read staying cached. Returns whether ``tick`` never said stop."""
+        if not context:
+            return True
         self._resync()
         keep = min(common_prefix(self.cached, context), len(context) - 1)
         self.engine.rollback(keep)
         del self.cached[keep:]
         h = len(self._head)
         if keep < h < len(context) and list(context[:h]) == self._head:
-            eval_head(self.engine, self.cached, context, keep, h, self._prefix_cache)
+            if not eval_head(self.engine, self.cached, context, keep, h, self._prefix_cache,
+                             run=run, tick=tick):
+                return False
             keep = h
-        return keep
+        return eval_runs(self.engine, self.cached, context, keep, len(context) - 1, run, tick)
 
     def propose(
         self,

@@ -30,7 +30,16 @@ from openjarvis.engine.base import Engine
 from openjarvis.errors import EngineError
 
 MAGIC = b"OJPFXKV\x01"
-FORMAT = 1
+#: 2: heads read in runs of ``RUN`` tokens (1: in one run). On llama.cpp's CPU path the state is
+#: the same bits either way; on the torch engine's eager CPU path it differs in the last bits,
+#: and a file must hold the state this code computes.
+FORMAT = 2
+#: Prompts, and the stable heads saved here, are read in runs of this many tokens (between
+#: runs a request can be cancelled or paused, and its progress told): the speculator's
+#: ``PREFILL_CHUNK`` and the model drafter's catching up. A multiple of the torch runner's
+#: 32-token steps (``generate.MAX_STEP``), so its GPU steps split a run as they split one long
+#: run.
+RUN = 128
 #: Prefixes shorter than this are cheaper to evaluate than to load.
 MIN_TOKENS = 64
 #: Oldest files are removed once the directory exceeds this many bytes.
@@ -195,21 +204,21 @@ def eval_runs(
 ) -> bool:
     """Evaluate ``tokens[start:end]`` (``cached`` holding ``tokens[:start]``), in runs of ``run``
     tokens (0: one run), calling ``tick(n)`` after each run of ``n``. A False from ``tick`` stops
-    before the next run; what was evaluated stays in the engine and in ``cached``. Returns
-    whether ``end`` was reached.
+    there (after the last run too): what was evaluated stays in the engine and in ``cached``.
+    Returns whether ``tick`` never said stop.
 
-    The runs give the state one run would on llama.cpp, which computes each token's row alike
-    in any batch (the same bits, measured on the real 0.5B in runs of 128 and of 100), and on
-    the torch runner's GPU steps, which take a run 32 tokens (``MAX_STEP``) at a time from its
-    start: runs of a multiple of 32 keep those steps. Its eager CPU path computes a run as one
-    product, which runs change in the last bits; a head is read in the same runs by every
-    process, so a saved state is still the one a process computes."""
+    Where runs and one run give the same state: llama.cpp on the CPU (the same bits, measured on
+    the real 0.5B in runs of 128 and of 100 against one of 700), and the torch runner's GPU
+    steps, which take a run 32 tokens (``MAX_STEP``) at a time from its start, as runs of a
+    multiple of 32 keep. Elsewhere (the torch engine's eager CPU path, llama.cpp offloading to
+    a GPU) the last bits may differ; every head saved here is read in runs of ``RUN``
+    (``FORMAT`` 2), so a saved state is the one a process computes."""
     step = run if run > 0 else max(1, end - start)
     for lo in range(start, end, step):
         part = tokens[lo : min(end, lo + step)]
         engine.eval(part, last_only=True)
         cached.extend(part)
-        if not tick(len(part)) and lo + len(part) < end:
+        if not tick(len(part)):
             return False
     return True
 
@@ -222,16 +231,15 @@ def eval_head(
     head: int,
     cache: PrefixCache | None,
     *,
-    run: int = 0,
+    run: int = RUN,
     tick: Callable[[int], bool] = lambda _n: True,
 ) -> bool:
     """Evaluate ``tokens[start:head]`` and save the head's state: the head is always computed as
-    a run of its own (``run`` > 0: in runs of that many tokens from ``start``, which give the same
-    state: ``eval_runs``), so its state is the same bytes whether computed here or loaded from a
-    file an earlier process saved, and the disk cache never changes an answer. Stopped by
-    ``tick`` before its end, the head is not saved; returns whether it was completed."""
-    if not eval_runs(engine, cached, tokens, start, head, run, tick):
-        return False
-    if cache is not None:
+    a run of its own (in runs of ``run`` from ``start``: ``eval_runs``), so its state is the same
+    bytes whether computed here or loaded from a file an earlier process saved, and the disk
+    cache never changes an answer. A head ``tick`` stopped before its end is not saved; one it
+    stopped on its last run is. Returns whether ``tick`` never said stop."""
+    go = eval_runs(engine, cached, tokens, start, head, run, tick)
+    if cache is not None and len(cached) == head:
         cache.save(engine, tokens[:head])
-    return True
+    return go

@@ -48,6 +48,7 @@ from openjarvis.engine.drafters import Draft, ModelDrafter
 from openjarvis.engine.ngram import NgramDrafter
 from openjarvis.engine.planner import Acceptance, Option, Plan, choose
 from openjarvis.engine.prefix_cache import (
+    RUN,
     PrefixCache,
     common_prefix,
     eval_head,
@@ -111,12 +112,13 @@ class Request:
     text_state: tuple[bytes, str] = (b"", "")
 
 
-#: The prompt is prefilled in runs of this many tokens, ``cancel`` polled and ``progress`` told
-#: between them. A 1,350-token prompt takes about 45 s to prefill on a 2-core AVX2 machine (the
-#: 1.5B at 30 tokens/s, compute-bound), all of it deaf before to a cancel and to a more urgent
-#: request waiting for the gate. Runs of 128 prefilled as fast as runs of 512 there (31-38
-#: against 30-33 tokens/s), and a multiple of 32 keeps the state the same bytes (``eval_runs``).
-PREFILL_CHUNK = 128
+#: The prompt is prefilled in runs of this many tokens (``prefix_cache.RUN``), ``cancel`` polled
+#: and ``progress`` told between them; the model drafter catches up in the same runs. A
+#: 1,350-token prompt takes about 45 s to prefill on a 2-core AVX2 machine (the 1.5B at 30
+#: tokens/s, compute-bound), all of it deaf before to a cancel and to a more urgent request
+#: waiting for the gate. Runs of 128 prefilled as fast as one run there (runs of 128, 256 and
+#: 512: 31-38, 31-35 and 30-33 tokens/s), and give the same state (``eval_runs`` says where).
+PREFILL_CHUNK = RUN
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,6 +364,8 @@ class Speculator:
         del self.cached[common:]
         stats.reused_tokens = common - stats.prefix_loaded
         total, done = len(target) - common, 0
+        if total and cancel():
+            return False
 
         def tick(n: int) -> bool:
             nonlocal done
@@ -373,7 +377,7 @@ class Speculator:
         if common < head:
             if not eval_head(v, self.cached, target, common, head, self.prefix_cache,
                              run=PREFILL_CHUNK, tick=tick):
-                return False
+                return False  # (a head read to its end is saved all the same)
             common = head
         return eval_runs(v, self.cached, target, common, len(target), PREFILL_CHUNK, tick)
 
@@ -466,10 +470,16 @@ class Speculator:
         try:
             if not self._prefill(prompt, req.cache_prefix, stats, cancel, progress):
                 # Cancelled (or paused for more urgent work) while the prompt was read: no
-                # answer yet, and the text decoder's state passes on as it came.
+                # answer yet. The text decoder's state passes on as it came, and what it held
+                # back from the generation this one continues comes out as the loop's cancel
+                # would let it (a pause keeps it back: ``Assistant._run``).
                 stats.time_prefill = time.perf_counter() - t_start
                 stats.finish_reason = "cancelled"
-                gen.text_state = req.text_state
+                held = _TextOut(v, req.stop, req.text_state)
+                gen.text_state = held.state()
+                tail = held.flush()
+                if tail:
+                    yield Piece(tail, ())
                 return
             if req.drafter in ("auto", "model"):
                 self._prefill_drafter(prompt, req.cache_prefix, stats)
@@ -521,6 +531,11 @@ class Speculator:
             t0 = time.perf_counter()
             draft: Draft | None = None
             if plan.key == "model" and self.model_drafter is not None:
+                # what the drafter has not read of the context, in runs with cancel polled (the
+                # first draft of a request can have the whole prompt to read)
+                if not self.model_drafter.catch_up(committed, PREFILL_CHUNK, lambda _n: not cancel()):
+                    finish = "cancelled"
+                    break
                 draft = self.model_drafter.propose(committed, plan.k, req.sampling, rng)
             elif plan.key is not None and ngram_draft is not None:
                 draft = Draft(ngram_draft.tokens[: plan.k], None, ngram_draft.key, ngram_draft.match)

@@ -82,6 +82,8 @@ class LinearConfig:
     #: and its repeats along the row), into one partial a lane; the lanes of a row are summed
     #: once, after the loop. The default sums each tile across the warp's 32 lanes (5 shuffles
     #: a row and matrix, 20 a tile for gate/up), and the next tile's loads wait behind them.
+    #: (With the norm in the loop, its squares are still summed across the warp every tile;
+    #: the 1.5B's gate/up reads the norm hand-off, so its loop has no shuffle left.)
     lanes: bool = False
 
     def __post_init__(self) -> None:

@@ -27,10 +27,10 @@ TUNED: dict[tuple[int, int], dict[tuple[str, int], object]] = {
         # prefetching (session 11 run 108, against L(8, 256, 4, 2) and L(2, 1024, 4, 2, 2):
         # 1.068 -> 1.052 ms @512, 1.162 -> 1.145 @4096)
         ("wo", 1): L(2, 2048, 8, 2),
+        ("w2", 1): L(2, 1024, 4, 2, 2, rows=True, prefetch=True),
         # w13's sums kept a lane at a time (``lanes``: no shuffles in its loop; session 22 runs
         # 205-206, 7 and 9 rounds: -0.38 / -0.37 % and -0.32 / -0.33 % @512 / @4096, the tile
         # without lanes as an A/A check +0.07 / -0.01 % and +0.06 / +0.01 %)
-        ("w2", 1): L(2, 1024, 4, 2, 2, rows=True, prefetch=True),
         ("w13", 1): L(8, 256, 4, 2, rows=True, lanes=True),
         # qkv in one K tile (session 3 run 18): all its weights load before the PDL wait
         ("out", 1): L(16, 256, 4, 2), ("qkv", 1): (1, 2048),

@@ -101,9 +101,12 @@ def test_a_completion_asked_while_the_chat_reads_its_prompt_goes_first(tiny_setu
             on_progress=on_progress,
         )
         started[0].join(10)
-        # served while the prompt was still being read (not only once it was), then the answer
-        last_read = len(events) - 1 - events[::-1].index("read")
-        assert events.index("completion") < last_read < events.index("token")
+        # the chat paused partway through its prompt for the completion (not only once it had
+        # read it all), then read on and answered
+        first = events.index("completion")
+        before = reads[: events[:first].count("read")]
+        assert before and before[-1][0] < before[-1][1]
+        assert events.index("token") > first
         assert answer.stats["pauses"] == 1 and answer.stats["ttft_s"] is not None
         assert reads[0][1] > 128 and reads[-1][0] == reads[-1][1]  # the prompt read to its end
         assert answer.text == plain.text

@@ -155,9 +155,13 @@ def test_a_head_cut_short_by_a_cancel_is_not_saved(tiny_verifier_path: Path, tmp
         assert len(head) > PREFILL_CHUNK
         prompt = head + engine.tokenize(turn("Explain this code."))
         spec = Speculator(engine, prefix_cache=cache)
+        nothing = spec.generate(Request(prompt, max_tokens=20, cache_prefix=len(head)),
+                                cancel=lambda: True).run()  # cancelled before it began
+        assert nothing.tokens == [] and engine.n_past == 0
+        read: list[int] = []
         stopped = spec.generate(Request(prompt, max_tokens=20, cache_prefix=len(head)),
-                                cancel=lambda: True).run()
-        assert stopped.tokens == [] and engine.n_past == PREFILL_CHUNK
+                                cancel=lambda: bool(read), progress=lambda d, _t: read.append(d)).run()
+        assert stopped.tokens == [] and engine.n_past == PREFILL_CHUNK == read[-1]
         assert not list((tmp_path / "kv").glob("*.kv"))
         first = spec.generate(Request(prompt, max_tokens=20, cache_prefix=len(head))).run()
         assert first.stats.reused_tokens == PREFILL_CHUNK
@@ -167,3 +171,26 @@ def test_a_head_cut_short_by_a_cancel_is_not_saved(tiny_verifier_path: Path, tmp
             Request(prompt, max_tokens=20, cache_prefix=len(head))
         ).run()
     assert second.stats.prefix_loaded == len(head) and second.tokens == first.tokens
+
+
+def test_a_head_read_to_its_end_is_saved_even_when_told_to_stop(tiny_verifier_path: Path,
+                                                              tmp_path: Path) -> None:
+    """``eval_head`` in runs: a stop after a run short of the head's end leaves no file and says
+    stop; a stop after the run that completes it saves the head and still says stop."""
+    from openjarvis.engine.prefix_cache import eval_head
+
+    cache = PrefixCache(tmp_path / "kv")
+    with LlamaEngine(tiny_verifier_path, context=1024, threads=1) as engine:
+        head = engine.tokenize(SYSTEM * 2)[:200]
+        cached: list[int] = []
+        ticks: list[int] = []
+
+        def stop(n: int) -> bool:
+            ticks.append(n)
+            return False
+
+        assert eval_head(engine, cached, head, 0, 200, cache, run=128, tick=stop) is False
+        assert ticks == [128] and cached == head[:128] and not list((tmp_path / "kv").glob("*.kv"))
+        assert eval_head(engine, cached, head, 128, 200, cache, run=128, tick=stop) is False
+        assert ticks == [128, 72] and cached == head
+    assert len(list((tmp_path / "kv").glob("*.kv"))) == 1

@@ -412,3 +412,38 @@ def test_a_cancel_while_the_prompt_is_read_stops_at_the_next_run_and_keeps_what_
                           progress=lambda d, t: seen.append((d, t))).run()
     assert again.stats.reused_tokens == PREFILL_CHUNK and seen[-1] == (n - PREFILL_CHUNK,) * 2
     assert again.tokens == plain(verifier, prompt, max_tokens=24)
+
+
+def test_a_generation_stopped_while_reading_hands_on_the_text_it_continues(
+    verifier: LlamaEngine,
+) -> None:
+    """A generation that continues a paused one (``Request.text_state``) and is cancelled
+    before its first token passes the decoder's state on unchanged and lets out what it held,
+    as a cancel in the loop would: here the start of a stop string."""
+    prompt = verifier.tokenize(LONG)
+    gen = Speculator(verifier).generate(
+        Request(prompt, max_tokens=8, drafter="none", stop=("<|im_end|>",), text_state=(b"", "<|im")),
+        cancel=lambda: True,
+    )
+    pieces = list(gen)
+    assert gen.tokens == [] and gen.stats.finish_reason == "cancelled"
+    assert gen.text_state == (b"", "<|im")  # a pause would resume from here
+    assert [p.text for p in pieces] == ["<|im"] and not pieces[0].tokens
+
+
+def test_a_cancel_while_the_model_drafter_catches_up_stops_within_a_run(
+    verifier: LlamaEngine, drafter: LlamaEngine
+) -> None:
+    """The model drafter's first draft of a request reads the whole prompt: in runs, with the
+    cancel polled between them, not in one call."""
+    prompt = verifier.tokenize(LONG)
+    md = ModelDrafter(drafter, verifier=verifier)
+    spec = Speculator(verifier, model_drafter=md)
+    gen = spec.generate(Request(prompt, max_tokens=24, drafter="model"),
+                        cancel=lambda: drafter.n_past >= PREFILL_CHUNK)
+    assert list(gen) == [] and gen.stats.finish_reason == "cancelled"
+    assert drafter.n_past == PREFILL_CHUNK == len(md.cached) < len(prompt) - 1
+    # Asked again, it reads on and drafts as before.
+    again = spec.generate(Request(prompt, max_tokens=24, drafter="model")).run()
+    assert again.tokens == plain(verifier, prompt, max_tokens=24)
+    assert again.stats.per_drafter["model"].drafted > 0

@@ -163,7 +163,8 @@ def test_one_token_products_in_the_row_layout(mode: int, peel: int, split: int,
 
 
 @pytest.mark.parametrize(("prefetch", "segments", "peel", "split"),
-                         [(False, 1, 0, 1), (True, 1, 3, 1), (False, 2, 0, 3), (True, 2, 7, 2)])
+                         [(False, 1, 0, 1), (True, 1, 3, 1), (False, 1, 3, 1), (False, 2, 0, 3),
+                          (True, 2, 7, 2)])
 @pytest.mark.parametrize("mode", [K.STORE, K.ADD, K.SWIGLU])
 def test_one_token_products_summed_a_lane_at_a_time(mode: int, prefetch: bool, segments: int,
                                                      peel: int, split: int) -> None:
