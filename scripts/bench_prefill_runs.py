@@ -12,6 +12,11 @@ reads it. Each round times both ways in alternating order:
 
     python scripts/bench_prefill_runs.py --tokens 1300 --rounds 2
 
+``--torch-gpu`` times what the runs cost the torch engine on a GPU instead (the lent device: no
+GGUF travels there, so the 1.5B's shapes with random bf16 weights): ``TorchEngine.eval`` of a
+prompt in runs of ``PREFILL_CHUNK``, each run's last logits row copied to the host as that
+engine does, against one call; alternating rounds, CUDA-synchronised wall time.
+
 Prints one line a measurement and a summary (medians, and the ratios one run / runs).
 """
 
@@ -46,9 +51,13 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default: physical cores)")
     ap.add_argument("--cancel-at", type=float, default=3.0,
                     help="seconds into the request at which it is cancelled (default 3)")
+    ap.add_argument("--torch-gpu", action="store_true",
+                    help="time the torch engine's prefill on a CUDA GPU (random 1.5B weights)")
     args = ap.parse_args()
     if args.tokens < 2 or args.rounds < 1 or args.cancel_at <= 0:
         ap.error("--tokens must be at least 2, --rounds at least 1 and --cancel-at positive")
+    if args.torch_gpu:
+        return _torch_gpu(args.tokens, max(args.rounds, 5))
 
     from openjarvis.engine import speculative
     from openjarvis.engine.llama import LlamaEngine
@@ -106,6 +115,46 @@ def _cancel_latency(spec: object, prompt: list[int], at: float) -> float:
     if not set_at:
         raise SystemExit(f"the request ended before the cancel at {at} s; use a longer --tokens")
     return done - set_at[0]
+
+
+def _torch_gpu(n: int, rounds: int) -> int:
+    import torch
+
+    from openjarvis.engine import speculative
+    from openjarvis.engine.torch.config import QWEN25_1_5B
+    from openjarvis.engine.torch.generate import Runner
+    from openjarvis.engine.torch.model import Transformer
+    from openjarvis.engine.torch.weights import random_weights
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--torch-gpu needs a CUDA device")
+    a = QWEN25_1_5B
+    model = Transformer(a, random_weights(a, torch.bfloat16, "cuda", seed=0), n_pos=n + 256)
+    runner = Runner(model, n + 128, kernels="triton", graphs=True)
+    prompt = [(i * 7919) % 30000 + 100 for i in range(n - 1)]
+    runs = speculative.PREFILL_CHUNK
+
+    def prefill(run: int) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for lo in range(0, len(prompt), run):  # as TorchEngine.eval, a call a run
+            out = runner.logits(prompt[lo : lo + run], lo, last_only=True)
+            runner.host(out[:, : a.n_vocab].float()).numpy()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    for run in (runs, len(prompt)):  # capture every step size first
+        prefill(run)
+    got: dict[str, list[float]] = {"runs": [], "one run": []}
+    for r in range(rounds):
+        for name, run in [("runs", runs), ("one run", len(prompt))][:: 1 if r % 2 == 0 else -1]:
+            got[name].append(prefill(run))
+    med = {k: statistics.median(v) * 1e3 for k, v in got.items()}
+    print(f"torch engine on {torch.cuda.get_device_name()}: {len(prompt)} prompt tokens, "
+          f"1.5B shapes, random weights; runs of {runs}: {med['runs']:.2f} ms, one run "
+          f"{med['one run']:.2f} ms (medians of {rounds}); runs / one run "
+          f"{med['runs'] / med['one run']:.3f}x")
+    return 0
 
 
 def _default_verifier() -> Path:
