@@ -135,16 +135,19 @@ class ModelDrafter:
         return tok
 
     def _catch_up(self, context: Sequence[int]) -> int:
-        """``catch_up`` to the end: how much of ``context`` the cache then holds (all but its
-        last token, which the draft evaluates for its first row)."""
+        """``catch_up`` without a stop: how much of ``context`` the cache then holds (the rest
+        the draft evaluates in one call, for its first row)."""
         self.catch_up(context, RUN, lambda _n: True)
         return len(self.cached)
 
     def catch_up(self, context: Sequence[int], run: int, tick: Callable[[int], bool]) -> bool:
-        """Roll the cache back to what it shares with ``context``, then read what it lacks but
-        the last token in runs of ``run`` tokens with ``tick(n)`` after each (the stable head
-        first, as a run of its own from position 0, saved once whole): a False from ``tick``
-        stops there, what was read staying cached. Returns whether ``tick`` never said stop."""
+        """Roll the cache back to what it shares with ``context``, then read the whole runs of
+        ``run`` tokens it lacks (the stable head first, as a run of its own from position 0,
+        saved once whole), with ``tick(n)`` after each: a False from ``tick`` stops there, what
+        was read staying cached. Less than a run is left with the last token for the draft's
+        own first evaluation, so a draft that lacks a few tokens still makes one call. Argmaxes
+        only (``greedy_eval``): no logits row is handed over. Returns whether ``tick`` never
+        said stop."""
         if not context:
             return True
         self._resync()
@@ -154,10 +157,12 @@ class ModelDrafter:
         h = len(self._head)
         if keep < h < len(context) and list(context[:h]) == self._head:
             if not eval_head(self.engine, self.cached, context, keep, h, self._prefix_cache,
-                             run=run, tick=tick):
+                             run=run, tick=tick, argmax=True):
                 return False
             keep = h
-        return eval_runs(self.engine, self.cached, context, keep, len(context) - 1, run, tick)
+        end = len(context) - 1
+        end -= (end - keep) % run
+        return eval_runs(self.engine, self.cached, context, keep, end, run, tick, argmax=True)
 
     def propose(
         self,

@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from openjarvis import paths
-from openjarvis.engine.base import Engine
+from openjarvis.engine.base import Engine, greedy_eval
 from openjarvis.errors import EngineError
 
 MAGIC = b"OJPFXKV\x01"
@@ -201,9 +201,12 @@ def eval_runs(
     end: int,
     run: int = 0,
     tick: Callable[[int], bool] = lambda _n: True,
+    *,
+    argmax: bool = False,
 ) -> bool:
     """Evaluate ``tokens[start:end]`` (``cached`` holding ``tokens[:start]``), in runs of ``run``
-    tokens (0: one run), calling ``tick(n)`` after each run of ``n``. A False from ``tick`` stops
+    tokens (0: one run), calling ``tick(n)`` after each run of ``n``. ``argmax``: by
+    ``greedy_eval`` (an engine with ``eval_argmax`` then hands over no logits row). A False from ``tick`` stops
     there (after the last run too): what was evaluated stays in the engine and in ``cached``.
     Returns whether ``tick`` never said stop.
 
@@ -216,7 +219,10 @@ def eval_runs(
     step = run if run > 0 else max(1, end - start)
     for lo in range(start, end, step):
         part = tokens[lo : min(end, lo + step)]
-        engine.eval(part, last_only=True)
+        if argmax:
+            greedy_eval(engine, part, last_only=True)
+        else:
+            engine.eval(part, last_only=True)
         cached.extend(part)
         if not tick(len(part)):
             return False
@@ -233,13 +239,14 @@ def eval_head(
     *,
     run: int = RUN,
     tick: Callable[[int], bool] = lambda _n: True,
+    argmax: bool = False,
 ) -> bool:
     """Evaluate ``tokens[start:head]`` and save the head's state: the head is always computed as
     a run of its own (in runs of ``run`` from ``start``: ``eval_runs``), so its state is the same
     bytes whether computed here or loaded from a file an earlier process saved, and the disk
     cache never changes an answer. A head ``tick`` stopped before its end is not saved; one it
     stopped on its last run is. Returns whether ``tick`` never said stop."""
-    go = eval_runs(engine, cached, tokens, start, head, run, tick)
+    go = eval_runs(engine, cached, tokens, start, head, run, tick, argmax=argmax)
     if cache is not None and len(cached) == head:
         cache.save(engine, tokens[:head])
     return go
