@@ -14,6 +14,21 @@ from openjarvis.assistant.service import Assistant, ChatRequest
 from openjarvis.config import load_config
 
 
+def ask_for_a_completion(assistant: Assistant, done: Any) -> threading.Thread:
+    """An editor's completion on a thread of its own (``done(text)`` once served), returned
+    once the gate sees it waiting, so the chat will pause for it at its next poll."""
+
+    def complete() -> None:
+        done(assistant.complete("def add(a, b):\n    return ", "\n", max_tokens=4)[0])
+
+    t = threading.Thread(target=complete)
+    t.start()
+    deadline = time.monotonic() + 5
+    while not assistant.gate.urgent_waiting(CHAT) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return t
+
+
 def test_chat_pauses_for_a_completion_and_the_answer_is_whole(
     tiny_setup: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -33,21 +48,12 @@ def test_chat_pauses_for_a_completion_and_the_answer_is_whole(
         plain = assistant.chat(ChatRequest("Explain Router.", max_tokens=40, drafter="none"), None)
         streamed: list[str] = []
         completion: dict[str, str] = {}
-
-        def complete() -> None:
-            completion["text"], _ = assistant.complete("def add(a, b):\n    return ", "\n", max_tokens=4)
-
         started: list[threading.Thread] = []
 
         def on_text(text: str) -> None:
             streamed.append(text)
             if not started:  # at the first token, an editor asks for a completion
-                t = threading.Thread(target=complete)
-                t.start()
-                started.append(t)
-                deadline = time.monotonic() + 5
-                while not assistant.gate.urgent_waiting(CHAT) and time.monotonic() < deadline:
-                    time.sleep(0.001)
+                started.append(ask_for_a_completion(assistant, lambda t: completion.update(text=t)))
 
         del requests[:]
         answer = assistant.chat(ChatRequest("Explain Router.", max_tokens=40, drafter="none"), None, on_text=on_text)
@@ -79,20 +85,11 @@ def test_a_completion_asked_while_the_chat_reads_its_prompt_goes_first(tiny_setu
         started: list[threading.Thread] = []
         reads: list[tuple[int, int]] = []
 
-        def complete() -> None:
-            assistant.complete("def add(a, b):\n    return ", "\n", max_tokens=4)
-            events.append("completion")
-
         def on_progress(done: int, total: int) -> None:
             reads.append((done, total))
             events.append("read")
             if not started:  # after the first run of the prompt, an editor asks for a completion
-                t = threading.Thread(target=complete)
-                t.start()
-                started.append(t)
-                deadline = time.monotonic() + 5
-                while not assistant.gate.urgent_waiting(CHAT) and time.monotonic() < deadline:
-                    time.sleep(0.001)
+                started.append(ask_for_a_completion(assistant, lambda _t: events.append("completion")))
 
         answer = assistant.chat(
             ChatRequest(question, max_tokens=30, drafter="none"),
