@@ -205,10 +205,10 @@ def eval_runs(
     argmax: bool = False,
 ) -> bool:
     """Evaluate ``tokens[start:end]`` (``cached`` holding ``tokens[:start]``), in runs of ``run``
-    tokens (0: one run), calling ``tick(n)`` after each run of ``n``. ``argmax``: by
-    ``greedy_eval`` (an engine with ``eval_argmax`` then hands over no logits row). A False from ``tick`` stops
+    tokens (0: one run), calling ``tick(n)`` after each run of ``n``. A False from ``tick`` stops
     there (after the last run too): what was evaluated stays in the engine and in ``cached``.
-    Returns whether ``tick`` never said stop.
+    Returns whether ``tick`` never said stop. ``argmax``: each run by ``greedy_eval`` (an engine
+    with ``eval_argmax`` then hands over no logits row).
 
     Where runs and one run give the same state: llama.cpp on the CPU (the same bits, measured on
     the real 0.5B in runs of 128 and of 100 against one of 700), and the torch runner's GPU
