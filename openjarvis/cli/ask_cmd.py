@@ -128,17 +128,17 @@ class _View:
         self._live: Any = None
         self._progress: Any = None
         self._task: Any = None
-        self._bar_label = ""
         self._last = 0.0
 
     def on_event(self, method: str, params: dict[str, Any]) -> None:
         if self.quiet:
             return
         if method == "index/progress":
-            self._bar("indexing", params["done"], params["total"])
+            self._bar("indexing", params["done"], params["total"], transient=False)
         elif method == "chat/progress":
             if not self.text:  # (sent only before the first token; never drawn over the answer)
-                self._bar("reading the prompt", params["done"], params["total"])
+                # (transient: the bar gives way to the answer)
+                self._bar("reading the prompt", params["done"], params["total"], transient=True)
         elif method == "chat/restart":
             self._close_progress()
             self.text = ""
@@ -151,13 +151,13 @@ class _View:
             else:
                 click.echo(params["text"], nl=False)
 
-    def _bar(self, label: str, done: int, total: int) -> None:
+    def _bar(self, label: str, done: int, total: int, *, transient: bool) -> None:
         if not sys.stderr.isatty():
             return
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-        if self._progress is not None and label != self._bar_label:
+        if self._progress is not None and self._progress.tasks[0].description != label:
             self._close_progress()
         if self._progress is None:
             self._progress = Progress(
@@ -166,11 +166,10 @@ class _View:
                 MofNCompleteColumn(),
                 TimeRemainingColumn(),
                 console=Console(stderr=True),
-                transient=label != "indexing",  # the prompt's bar gives way to the answer
+                transient=transient,
             )
             self._progress.start()
             self._task = self._progress.add_task(label, total=total)
-            self._bar_label = label
         self._progress.update(self._task, completed=done, total=total)
 
     def _close_progress(self) -> None:

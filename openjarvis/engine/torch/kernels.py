@@ -1185,9 +1185,9 @@ def linear(
         BLOCK_T=block_t(t), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         PDL=pdl, EVICT=evict, HAND=1 if hand_out else 2 if hand_in else 0,
         NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1, SEM=atomic_sem,
-        **({"ROWS": 1, "PREFETCH": int(cfg.prefetch), "SEG": cfg.segments}
+        **({"ROWS": 1, "PREFETCH": int(cfg.prefetch), "SEG": cfg.segments,
+            **({"LANES": 1} if cfg.lanes else {})}
            if cfg.rows and t == 1 else {}),
-        **({"LANES": 1} if cfg.lanes and cfg.rows and t == 1 else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
         **({"SMEM_FLOOR": smem} if smem > 0 else {}),
     )
