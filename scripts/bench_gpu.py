@@ -381,7 +381,8 @@ def breakdown(runner: Runner, pos: int) -> dict[str, float]:
         for i, lw in enumerate(w.layers):
             if name == "qkv_rope":
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, runner.model.rope, ws.start,
-                           ws.q, c.k[i], c.v[i], a.rms_eps, *qkv_t)
+                           ws.q, c.k[i], c.v[i], a.rms_eps, *qkv_t,
+                           num_warps=runner.qkv_warps.get(1, 4))
             elif name == "attention_out":
                 K.attention_out(ws.q, c.k[i], c.v[i], ws.start, lw.wo, ws.h, ws.o_part,
                                 ws.ml_part, block_s=runner.attn_block_s, trim=runner.trim_merge)

@@ -896,6 +896,39 @@ LANES22B_VARIANTS: dict[str, dict[str, Any]] = {
     "t1_out_lanes16": _both("out", [16, 256, 4, 2, 1, *_L], [16, 256, 4, 2, 1, *_L]),
 }
 T1_SETS["lanes22b"] = LANES22B_VARIANTS
+#: ``--set warps23`` (session 23): the one-token per-pair qkv kernel on other than 4 warps
+#: (``Runner.qkv_warps``; never timed before). Its PTX (Triton 3.6 and 3.9, sm_90) has 17 block
+#: barriers on 2 or more warps (the norm's squares and each pair's two dot products reduced
+#: across warps, and the layout changes of its epilogue) and none on one warp. ptxas sm_90a
+#: registers: the 1.5B's 2048-wide tile 255 on 1 warp (64 bytes spilled), 168 on 2, 96 on 4,
+#: 64 on 8; its 1024-wide tile on 1 warp 151 (its second half read after the wait); the 0.5B's
+#: 1024-wide tile 151 on 1 warp, 92 on 2, 60 on 4, 48 on 8.
+WARPS23_VARIANTS: dict[str, dict[str, Any]] = {
+    "t1_qkv_w1": {"qkv_warps": {"1": 1}},
+    "t1_qkv_w2": {"qkv_warps": {"1": 2}},
+    "t1_qkv_w8": {"qkv_warps": {"1": 8}},
+    "t1_qkv_w1_k1024": {"by_width": {"1536": {"qkv_warps": {"1": 1},
+                                              "t1_tiles": {"qkv": [1, 1024]}}, "896": {}}},
+}
+T1_SETS["warps23"] = WARPS23_VARIANTS
+#: ``--set warps23b`` (after the 0.5B's one-token qkv took one warp, ``tuning.QKV_WARPS``): its
+#: qkv on 4 warps again (an A/A check of the adoption: the 1.5B's default is unchanged).
+WARPS23B_VARIANTS: dict[str, dict[str, Any]] = {
+    "t1_qkv_w4": {"qkv_warps": {"1": 4}},
+}
+T1_SETS["warps23b"] = WARPS23B_VARIANTS
+#: ``--set warps23c``: the same lever for the 0.5B's other one-token products (ptxas sm_90a,
+#: Triton 3.6: its o-projection 2 x 1024 on one warp 164 registers and no block barrier, against
+#: 48 and 5 barriers on 4 warps; its down projection 2 x 1024 in 4 splits on one warp 168 and
+#: none; its gate/up 4 x 1024 on one warp 183), and the 1.5B's o-projection (2 x 2048 on 8
+#: warps by default) on 4 (72 registers) or 2 (168).
+WARPS23C_VARIANTS: dict[str, dict[str, Any]] = {
+    "t1_wo_fewer": _both("wo", [2, 2048, 4, 2], [2, 1024, 1, 2]),
+    "t1_wo_fewer2": _both("wo", [2, 2048, 2, 2], [2, 1024, 2, 2]),
+    "t1_w2_w1": {"by_width": {"896": {"t1_tiles": {"w2": [2, 1024, 1, 2, 4]}}, "1536": {}}},
+    "t1_w13_w1": {"by_width": {"896": {"t1_tiles": {"w13": [4, 1024, 1, 2]}}, "1536": {}}},
+}
+T1_SETS["warps23c"] = WARPS23C_VARIANTS
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -915,13 +948,14 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "place19b": PLACE19B_VARIANTS, "spread20": SPREAD20_VARIANTS,
     "merge20": MERGE20_VARIANTS, "cache20": CACHE20_VARIANTS,
     "spread20b": SPREAD20B_VARIANTS, "bcast21": {}, "lanes22": {},
-    "lanes22b": {},
+    "lanes22b": {}, "warps23": {},
+    "warps23b": {}, "warps23c": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
          "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch",
-         "combine_cols", "weight_evict", "smem_floor"}
+         "combine_cols", "weight_evict", "smem_floor", "qkv_warps"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -948,7 +982,7 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.fuse_attn_out = bool(v.get("fuse_attn_out", False))
     r.trim_merge = bool(v.get("trim_merge", base["trim_merge"]))
     # {T: n}, or n for every T > 1
-    for key in ("combine_warps", "rope_warps", "attn_warps", "combine_cols"):
+    for key in ("combine_warps", "rope_warps", "attn_warps", "combine_cols", "qkv_warps"):
         val = v.get(key, base[key])
         setattr(r, key, {t: val for t in range(2, 33)} if isinstance(val, int)
                 else {int(t): w for t, w in val.items()})
@@ -985,6 +1019,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "attention": (r.nsplit, r.attn_block_s), "qkv_split": r.qkv_split,
                "combine_warps": dict(r.combine_warps), "rope_warps": dict(r.rope_warps),
                "attn_warps": dict(r.attn_warps), "combine_cols": dict(r.combine_cols),
+               "qkv_warps": dict(r.qkv_warps),
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
                "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
                "l2_prefetch": r.l2_prefetch, "weight_evict": r.weight_evict,

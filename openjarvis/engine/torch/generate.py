@@ -198,6 +198,11 @@ class Runner:
         #: Warps of each (kv head, split) program of the attention, per T (absent: 4; query
         #: tiles over 32 rows always take 8).
         self.attn_warps: dict[int, int] = {}
+        #: Warps of each program of the per-pair qkv kernel, per T (absent: 4; on the GPU
+        #: ``tuning.QKV_WARPS``). Its block reductions (the norm's squares, each
+        #: pair's two dot products) cross warps through shared memory and a barrier, which a
+        #: program of one warp does with shuffles alone.
+        self.qkv_warps: dict[int, int] = {}
         #: Programs of the attention's merge a (token, head), per T (absent: 1), each merging
         #: head_dim / this columns (``kernels.attention``'s ``combine_cols``; a one-token step
         #: with ``fuse_attn_out`` merges inside the o-projection instead). On the GPU
@@ -276,6 +281,7 @@ class Runner:
                 NORM_HANDOFF,
                 PDL_PROLOGUE,
                 QKV_SPLIT,
+                QKV_WARPS,
                 VERIFY_ATTENTION,
                 VERIFY_HANDOFF,
                 VERIFY_PDL,
@@ -293,6 +299,7 @@ class Runner:
             self.combine_cols = combine_cols(self.args, MAX_STEP)
             self.linear_configs = tuned_configs(self.args, MAX_STEP)
             self.qkv_split = QKV_SPLIT.get(shape)
+            self.qkv_warps = dict(QKV_WARPS.get(shape, {}))
             self.norm_handoff = shape in NORM_HANDOFF
             self.verify_handoff = shape in VERIFY_HANDOFF
             self.pdl_prologue = PDL_PROLOGUE.get(shape, frozenset())
@@ -833,7 +840,8 @@ class Runner:
             else:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
-                           pdl=pk("qkv"), evict=ev, smem=sf("qkv"))
+                           pdl=pk("qkv"), evict=ev, smem=sf("qkv"),
+                           num_warps=self.qkv_warps.get(t, 4))
             prefetch_at(1, lw.w13)
             hand = None
             if fused:

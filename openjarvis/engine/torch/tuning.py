@@ -118,6 +118,14 @@ VERIFY_ATTENTION: dict[tuple[int, int], tuple[int, int]] = {
 COMBINE_COLS: dict[tuple[int, int], dict[int, int]] = {
     (1536, 8960): {1: 8, 0: 2}, (896, 4864): {1: 4},
 }
+#: (n_embd, n_ff) -> {T: warps of each program of the per-pair qkv kernel} where not 4
+#: (``Runner.qkv_warps``). The 0.5B's one-token qkv on one warp: its reductions (the norm's
+#: squares, each pair's two dot products) then need no block barrier (17 in the PTX on 2 or
+#: more warps; none on one), at 151 registers and no spill (session 23 run 210, 7 rounds:
+#: -1.21 / -0.40 % @512 / @4096; 2 warps -0.03 / -0.08 %, 8 +1.8 / +1.8 %). The 1.5B's on
+#: one warp spills its 2048-wide tile (+0.24 / +0.26 %; with a 1024-wide tile, its second half
+#: read after the wait, +5.0 / +4.9 %; 2 warps +0.9 / +0.9 %, 8 +4.9 / +4.8 %).
+QKV_WARPS: dict[tuple[int, int], dict[int, int]] = {(896, 4864): {1: 1}}
 #: (n_embd, n_ff) whose one-token steps hand the feed-forward RMSNorm from the o-projection
 #: to gate/up (``kernels.NormHandoff``; session 8 run 81: 1.5B 1.122 -> 1.084 ms @512, 1.217 ->
 #: 1.177 @4096; 0.5B 0.550 -> 0.536, 0.615 -> 0.583).

@@ -127,6 +127,22 @@ def test_one_token_steps_with_and_without_the_norm_hand_off_agree_with_float32(
     assert float((out.argmax(-1) == expect[170:180].argmax(-1)).float().mean()) > 0.95
 
 
+@pytest.mark.parametrize("warps", [1, 2, 4, 8])
+def test_one_token_steps_with_the_qkv_kernel_on_any_warps_agree_with_float32(
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor], warps: int) -> None:
+    """``Runner.qkv_warps`` (the 0.5B's one-token default is one warp, ``tuning.QKV_WARPS``:
+    its reductions then cross no warps): the same closeness to float32 on every count."""
+    model, _, toks, expect = pair
+    r = Runner(model, 256)
+    assert r.qkv_warps == {1: 1}  # tuning.QKV_WARPS holds the 0.5B's shapes
+    r.qkv_warps = {1: warps}
+    r.logits(toks[:170], 0)
+    out = torch.cat([r.logits(toks[i : i + 1], i).clone() for i in range(170, 180)])
+    assert torch.isfinite(out).all()
+    assert rel(out, expect[170:180]) < BF16_REL
+    assert float((out.argmax(-1) == expect[170:180].argmax(-1)).float().mean()) > 0.95
+
+
 @pytest.mark.parametrize("after", [0, 1, 2])
 def test_one_token_steps_asking_l2_for_gate_up_compute_the_same_logits(
         pair: tuple[Transformer, Runner, list[int], torch.Tensor], after: int) -> None:

@@ -767,6 +767,9 @@ def test_each_kernel_launch_gets_its_pdl_mode_cache_policy_and_tiles(
     assert late[2][1]["num_warps"] == 4
     r.attn_warps = {1: 2}  # the attention's own warps per T
     assert plan(1)[2][1]["num_warps"] == 2 and plan(3)[2][1]["num_warps"] == 4
+    assert plan(1)[1][1]["num_warps"] == 4
+    r.qkv_warps = {1: 2}  # the per-pair qkv kernel's warps per T
+    assert plan(1)[1][1]["num_warps"] == 2 and plan(1)[-1][1]["num_warps"] == 2
     r.rope_warps, r.verify_attention = {3: 4}, (2, 16)  # verify steps' own attention tiles
     verify = plan(3)
     assert verify[1][1]["rope_warps"] == 4
