@@ -929,6 +929,11 @@ WARPS23C_VARIANTS: dict[str, dict[str, Any]] = {
     "t1_w13_w1": {"by_width": {"896": {"t1_tiles": {"w13": [4, 1024, 1, 2]}}, "1536": {}}},
 }
 T1_SETS["warps23c"] = WARPS23C_VARIANTS
+#: ``--set warps23d`` (after the 1.5B's one-token o-projection took 4 warps): 8 again (A/A).
+WARPS23D_VARIANTS: dict[str, dict[str, Any]] = {
+    "t1_wo_w8": {"by_width": {"1536": {"t1_tiles": {"wo": [2, 2048, 8, 2]}}, "896": {}}},
+}
+T1_SETS["warps23d"] = WARPS23D_VARIANTS
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -950,6 +955,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "spread20b": SPREAD20B_VARIANTS, "bcast21": {}, "lanes22": {},
     "lanes22b": {}, "warps23": {},
     "warps23b": {}, "warps23c": {},
+    "warps23d": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

@@ -26,8 +26,11 @@ TUNED: dict[tuple[int, int], dict[tuple[str, int], object]] = {
         # w13 in the row layout (a row a warp: no block barrier in its K loop) and w2 in it
         # prefetching (session 11 run 108, against L(8, 256, 4, 2) and L(2, 1024, 4, 2, 2):
         # 1.068 -> 1.052 ms @512, 1.162 -> 1.145 @4096)
-        ("wo", 1): L(2, 2048, 8, 2),
         ("w2", 1): L(2, 1024, 4, 2, 2, rows=True, prefetch=True),
+        # wo on 4 warps, not 8 (session 23 runs 212-213, 7 and 9 rounds: -0.20 / -0.79 % and
+        # -0.19 / -0.90 % @512 / @4096; on 2 warps +0.03 / -0.79 % and +0.08 / -0.98 %; run
+        # 214, adopted, 8 warps again: +0.16 / +0.82 %)
+        ("wo", 1): L(2, 2048, 4, 2),
         # w13's sums kept a lane at a time (``lanes``: no shuffles in its loop; session 22 runs
         # 205-206, 7 and 9 rounds: -0.38 / -0.37 % and -0.32 / -0.33 % @512 / @4096, the tile
         # without lanes as an A/A check +0.07 / -0.01 % and +0.06 / +0.01 %)
@@ -122,7 +125,8 @@ COMBINE_COLS: dict[tuple[int, int], dict[int, int]] = {
 #: (``Runner.qkv_warps``). The 0.5B's one-token qkv on one warp: its reductions (the norm's
 #: squares, each pair's two dot products) then need no block barrier (17 in the PTX on 2 or
 #: more warps; none on one), at 151 registers and no spill (session 23 run 210, 7 rounds:
-#: -1.21 / -0.40 % @512 / @4096; 2 warps -0.03 / -0.08 %, 8 +1.8 / +1.8 %). The 1.5B's on
+#: -1.21 / -0.40 % @512 / @4096; 2 warps -0.03 / -0.08 %, 8 +1.8 / +1.8 %; run 211, adopted,
+#: 4 warps again: +1.25 / +0.26 %). Its other products on one warp lost (run 212). The 1.5B's on
 #: one warp spills its 2048-wide tile (+0.24 / +0.26 %; with a 1024-wide tile, its second half
 #: read after the wait, +5.0 / +4.9 %; 2 warps +0.9 / +0.9 %, 8 +4.9 / +4.8 %).
 QKV_WARPS: dict[tuple[int, int], dict[int, int]] = {(896, 4864): {1: 1}}
