@@ -934,6 +934,17 @@ WARPS23D_VARIANTS: dict[str, dict[str, Any]] = {
     "t1_wo_w8": {"by_width": {"1536": {"t1_tiles": {"wo": [2, 2048, 8, 2]}}, "896": {}}},
 }
 T1_SETS["warps23d"] = WARPS23D_VARIANTS
+#: ``--set warps23e``: the feed-forward's one-token products on other warp counts: the 1.5B's
+#: down projection (2 x 1024 in the row layout, prefetching, 2 splits; 4 warps) on 2 or 8, its
+#: gate/up (8 x 256, rows with lanes; 4 warps) on 8; the 0.5B's down projection (2 x 1024 in 4
+#: splits; 4 warps) on 2, its gate/up (4 x 1024; 2 warps) on 4.
+WARPS23E_VARIANTS: dict[str, dict[str, Any]] = {
+    "t1_w2_fewer": _both("w2", [2, 1024, 2, 2, 2, *_RP], [2, 1024, 2, 2, 4]),
+    "t1_w2_more": {"by_width": {"1536": {"t1_tiles": {"w2": [2, 1024, 8, 2, 2, *_RP]}},
+                                "896": {}}},
+    "t1_w13_more": _both("w13", [8, 256, 8, 2, 1, *_L], [4, 1024, 4, 2]),
+}
+T1_SETS["warps23e"] = WARPS23E_VARIANTS
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -955,7 +966,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "spread20b": SPREAD20B_VARIANTS, "bcast21": {}, "lanes22": {},
     "lanes22b": {}, "warps23": {},
     "warps23b": {}, "warps23c": {},
-    "warps23d": {},
+    "warps23d": {}, "warps23e": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
