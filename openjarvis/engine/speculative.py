@@ -324,11 +324,18 @@ class Speculator:
         model_drafter: ModelDrafter | None = None,
         prefix_cache: PrefixCache | None = None,
         tie_margin: float = TIE_MARGIN,
+        read_while_answering: bool = True,
     ) -> None:
         self.verifier = verifier
         self.model_drafter = model_drafter
         self.prefix_cache = prefix_cache
         self.tie_margin = tie_margin
+        #: Where the model drafter has more than a run of the context to read when the planner
+        #: picks it (the first steps after a long prompt), it reads one run a step while the
+        #: verifier answers alone (or with an n-gram draft). False: it reads all of it before
+        #: the step, and the first token waits for that (``scripts/bench_first_token.py``'s
+        #: baseline).
+        self.read_while_answering = read_while_answering
         self.acceptance = Acceptance()
         #: Tokens in the verifier's KV cache, in order.
         self.cached: list[int] = []
@@ -400,9 +407,11 @@ class Speculator:
         remaining: int,
         greedy_draft: bool = True,
         greedy_verify: bool = True,
+        use_model: bool = True,
     ) -> tuple[Plan, Draft | None]:
         """The drafter and draft length for this step, priced by each engine's table for the
-        calls it will make (greedy ones, or ones returning logits: ``_costs``)."""
+        calls it will make (greedy ones, or ones returning logits: ``_costs``); without the
+        model drafter where ``use_model`` is False (it is still reading the context)."""
         if mode == "none" or k_cap <= 0:
             return Plan(None, 0, 0.0, 0.0), None
         options: list[Option] = []
@@ -410,7 +419,7 @@ class Speculator:
         if ngram_draft is not None:
             options.append(Option(ngram_draft.key, len(ngram_draft.tokens), fixed=NGRAM_COST_S))
         md = self.model_drafter
-        if md is not None and mode in ("auto", "model"):
+        if md is not None and use_model and mode in ("auto", "model"):
             d_cost = _costs(md.engine, greedy_draft)
             step = d_cost.step()
             # Catching the drafter up on text it has not seen, spread over the rest of the answer.
@@ -530,13 +539,26 @@ class Speculator:
 
             t0 = time.perf_counter()
             draft: Draft | None = None
-            if plan.key == "model" and self.model_drafter is not None:
-                # what the drafter has not read of the context, in runs with cancel polled (the
-                # first draft of a request can have the whole prompt to read)
-                if not self.model_drafter.catch_up(committed, PREFILL_CHUNK, lambda _n: not cancel()):
+            md = self.model_drafter
+            if (plan.key == "model" and md is not None and self.read_while_answering
+                    and md.missing(committed) > PREFILL_CHUNK):
+                # The drafter has more than a run of the context to read (the first steps after
+                # a long prompt): one run of it now, and this step goes without it, so the answer
+                # starts while the drafter reads rather than after it has read everything.
+                md.catch_up(committed, PREFILL_CHUNK, lambda _n: False)
+                if cancel():
                     finish = "cancelled"
                     break
-                draft = self.model_drafter.propose(committed, plan.k, req.sampling, rng)
+                plan, ngram_draft = self._plan(req.drafter, committed, k_cap, ngram, remaining,
+                                               greedy_draft=req.sampling.greedy,
+                                               greedy_verify=self._argmax_only(req),
+                                               use_model=False)
+            if plan.key == "model" and md is not None:
+                # what the drafter has not read of the context, in runs with cancel polled
+                if not md.catch_up(committed, PREFILL_CHUNK, lambda _n: not cancel()):
+                    finish = "cancelled"
+                    break
+                draft = md.propose(committed, plan.k, req.sampling, rng)
             elif plan.key is not None and ngram_draft is not None:
                 draft = Draft(ngram_draft.tokens[: plan.k], None, ngram_draft.key, ngram_draft.match)
             t1 = time.perf_counter()

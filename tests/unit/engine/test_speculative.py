@@ -447,3 +447,28 @@ def test_a_cancel_while_the_model_drafter_catches_up_stops_within_a_run(
     again = spec.generate(Request(prompt, max_tokens=24, drafter="model")).run()
     assert again.tokens == plain(verifier, prompt, max_tokens=24)
     assert again.stats.per_drafter["model"].drafted > 0
+
+
+@pytest.mark.parametrize("read_while_answering", [True, False])
+def test_the_answer_starts_while_the_model_drafter_is_still_reading_the_prompt(
+    verifier: LlamaEngine, drafter: LlamaEngine, read_while_answering: bool
+) -> None:
+    """After a long prompt the model drafter has all of it to read before its first draft. It
+    reads a run a step while the verifier answers alone, so the first token does not wait for
+    that reading; the answer is the verifier's, and once caught up the drafter drafts. (False:
+    the order before, everything read ahead of the first step.)"""
+    prompt = verifier.tokenize(LONG)
+    assert len(prompt) > 2 * PREFILL_CHUNK
+    md = ModelDrafter(drafter, verifier=verifier)
+    spec = Speculator(verifier, model_drafter=md, read_while_answering=read_while_answering)
+    gen = spec.generate(Request(prompt, max_tokens=48, drafter="model"))
+    read: list[int] = []  # what the drafter had read at each piece of the answer
+    for _piece in gen:
+        read.append(drafter.n_past)
+    assert gen.tokens == plain(verifier, prompt, max_tokens=48)
+    assert gen.stats.per_drafter["model"].drafted > 0
+    if read_while_answering:
+        assert read[:2] == [PREFILL_CHUNK, 2 * PREFILL_CHUNK]
+        assert gen.stats.steps > len(prompt) // PREFILL_CHUNK  # a step for each run read
+    else:
+        assert read[0] >= len(prompt)
