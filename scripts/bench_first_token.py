@@ -1,18 +1,21 @@
 """Time to first token after a long prompt, with the model drafter reading the prompt while the
-verifier answers (``Speculator.read_while_answering``, the default) against reading all of it
-before the first step (the order before).
+verifier answers (``Speculator.read_ahead_s``, the default ``READ_AHEAD_S``) against reading
+all of it before the first step (``math.inf``: the order before).
 
 After the verifier has read a long prompt, the model drafter has the whole of it to read before
 its first draft. Read first, that reading sits between the end of the prompt and the first token;
-read a run a step, the verifier's own steps answer meanwhile and the drafter drafts once it has
-caught up. What it costs: the steps taken without a draft while it reads.
+read a run a step (the first step reading none), the verifier's own steps answer meanwhile and
+the drafter drafts once it has caught up. What it costs: the steps taken without a draft while
+it reads.
 
 The real default pair through llama.cpp, from cold caches each time (both engines emptied, no
-prefix cache), greedy, with the model drafter (``--drafter auto``: the assistant's choice, which
-on a 2-core CPU picks the n-gram drafter or none); the prompt is a chat turn whose
-user message is ``--tokens`` of this repository's sources. Each round times both ways in
+prefix cache), greedy; by default with the model drafter asked for (``--drafter model``), since
+the assistant's ``auto`` on a 2-core CPU picks the n-gram drafter or none for such a prompt, and
+then both orders run the same steps. The prompt is a chat turn whose user message is
+``--tokens`` of this repository's sources. Both engines' cost tables are measured (or loaded)
+before the first round, so no round pays for that. Each round times both ways in
 alternating order and reports time to first token (and the part of it after the prompt was
-read), the whole answer's tokens/s, and whether the two answers are the same tokens: greedy,
+read), the whole answer's time, and whether the two answers are the same tokens: greedy,
 they are up to the first near-tie that llama.cpp's batched and single-token kernels round
 differently (docs/speculative.md), and the first steps here are single-token ones where before
 they verified drafts, so a long answer can part ways.
@@ -23,6 +26,7 @@ they verified drafts, so a long answer can part ways.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -55,7 +59,7 @@ def main() -> int:
     from openjarvis.config import load_config
     from openjarvis.engine.drafters import ModelDrafter
     from openjarvis.engine.llama import LlamaEngine
-    from openjarvis.engine.speculative import PREFILL_CHUNK, Request, Speculator
+    from openjarvis.engine.speculative import PREFILL_CHUNK, READ_AHEAD_S, Request, Speculator
     from openjarvis.models import Catalog
 
     d_path, v_path = Catalog.load(load_config()).pair_paths()
@@ -65,6 +69,8 @@ def main() -> int:
         text = ("<|im_start|>system\nYou are a coding assistant.<|im_end|>\n<|im_start|>user\n"
                 f"{code}\n\nWhat does this code do?<|im_end|>\n<|im_start|>assistant\n")
         prompt = verifier.tokenize(text)
+        verifier.cost_model()  # measured once per machine, then read from disk: not in a round
+        drafter.cost_model()
         print(f"{v_path.name} + {d_path.name}: {len(prompt)}-token prompt, answers of at most "
               f"{args.answer} tokens, drafter {args.drafter}, {verifier.threads} threads, runs "
               f"of {PREFILL_CHUNK}", flush=True)
@@ -75,16 +81,16 @@ def main() -> int:
             for name in names:
                 verifier.rollback(0)
                 drafter.rollback(0)
+                read_ahead = READ_AHEAD_S if name == "read while answering" else math.inf
                 spec = Speculator(verifier, model_drafter=ModelDrafter(drafter, verifier=verifier),
-                                  read_while_answering=name == "read while answering")
+                                  read_ahead_s=read_ahead)
                 gen = spec.generate(Request(prompt, max_tokens=args.answer,
                                             drafter=args.drafter)).run()
                 s = gen.stats
                 assert s.ttft is not None, "no token came"
                 row = {"ttft_s": s.ttft, "total_s": s.time_total, "prefill_s": s.time_prefill,
                        "after_prompt_s": s.ttft - s.time_prefill,
-                       "tokens": float(len(gen.tokens)), "steps": float(s.steps),
-                       "tok_s": len(gen.tokens) / s.time_total}
+                       "tokens": float(len(gen.tokens)), "steps": float(s.steps)}
                 for k, v in row.items():
                     got[name].setdefault(k, []).append(v)
                 answers[name].append(gen.tokens)
@@ -100,9 +106,10 @@ def main() -> int:
     print(f"first token: {ours['ttft_s']:.2f} s against {before['ttft_s']:.2f} s read first "
           f"({before['ttft_s'] / ours['ttft_s']:.2f}x sooner), of which after the prompt was read "
           f"{ours['after_prompt_s']:.2f} s against {before['after_prompt_s']:.2f} s; the whole "
-          f"answer {ours['tok_s']:.2f} tokens/s against {before['tok_s']:.2f} "
-          f"({ours['tokens']:.0f} and {before['tokens']:.0f} tokens, in {ours['steps']:.0f} and "
-          f"{before['steps']:.0f} steps); the same answers: {same}")
+          f"answer {ours['total_s']:.2f} s for {ours['tokens']:.0f} tokens in {ours['steps']:.0f} "
+          f"steps against {before['total_s']:.2f} s for {before['tokens']:.0f} in "
+          f"{before['steps']:.0f}; the same answers: {same}"
+          + ("" if same else " (so the whole answers' times do not compare)"))
     return 0
 
 

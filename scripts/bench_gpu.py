@@ -304,7 +304,8 @@ def tune(runner: Runner, ts: tuple[int, ...], positions: list[int]) -> dict[str,
         def job(name: str, c_: Any, h: torch.Tensor = h, attn: torch.Tensor = attn,
                 act: torch.Tensor = act, out_n: torch.Tensor = out_n,
                 logits: torch.Tensor = logits, q: torch.Tensor = q,
-                start: torch.Tensor = start) -> None:
+                start: torch.Tensor = start,
+                qkv_warps: int = runner.qkv_warps.get(t, 4)) -> None:
             if name == "out":
                 K.linear(h, w.out, logits, norm=w.out_norm, cfg=c_)
                 return
@@ -317,7 +318,7 @@ def tune(runner: Runner, ts: tuple[int, ...], positions: list[int]) -> dict[str,
                     K.linear(act, lw.w2, h, mode=K.ADD, cfg=c_)
                 elif name == "qkv":
                     K.qkv_rope(h, lw.wqkv, lw.attn_norm, lw.bqkv, runner.model.rope, start, q,
-                               c.k[i], c.v[i], a.rms_eps, *c_)
+                               c.k[i], c.v[i], a.rms_eps, *c_, num_warps=qkv_warps)
         kinds = {"wo": "add", "w2": "add", "w13": "w13", "out": "out", "qkv": "qkv"}
         for name, kind in kinds.items():
             cands: list[Any] = (QKV_CANDS[t == 1] if kind == "qkv" else

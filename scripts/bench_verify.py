@@ -1001,7 +1001,10 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     # {T: n}, or n for every T > 1
     for key in ("combine_warps", "rope_warps", "attn_warps", "combine_cols", "qkv_warps"):
         val = v.get(key, base[key])
-        setattr(r, key, {t: val for t in range(2, 33)} if isinstance(val, int)
+        # (qkv_warps as one number: every T, 1 included, where the per-pair kernel runs; the
+        # verify steps run the split-K qkv by default)
+        first = 1 if key == "qkv_warps" else 2
+        setattr(r, key, {t: val for t in range(first, 33)} if isinstance(val, int)
                 else {int(t): w for t, w in val.items()})
     qs = v.get("qkv_split")  # tiles; false: the per-pair qkv kernel
     r.qkv_split = (None if qs is False else K.LinearConfig(*qs) if qs else base["qkv_split"])

@@ -119,6 +119,12 @@ class Request:
 #: waiting for the gate. Runs of 128 prefilled as fast as one run there (runs of 128, 256 and
 #: 512: 31-38, 31-35 and 30-33 tokens/s), and give the same state (``eval_runs`` says where).
 PREFILL_CHUNK = RUN
+#: The longest the model drafter's reading of what it lacks of the context may hold up a step
+#: (its cost table's estimate for that many tokens): more than this (the first steps after a long
+#: prompt on a CPU: 1,300 tokens of the 0.5B take about 11 s on 2 cores), it reads a run a step
+#: while the verifier answers, and the first step reads nothing. A quarter of a second is about
+#: what a person notices.
+READ_AHEAD_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,18 +330,16 @@ class Speculator:
         model_drafter: ModelDrafter | None = None,
         prefix_cache: PrefixCache | None = None,
         tie_margin: float = TIE_MARGIN,
-        read_while_answering: bool = True,
+        read_ahead_s: float = READ_AHEAD_S,
     ) -> None:
         self.verifier = verifier
         self.model_drafter = model_drafter
         self.prefix_cache = prefix_cache
         self.tie_margin = tie_margin
-        #: Where the model drafter has more than a run of the context to read when the planner
-        #: picks it (the first steps after a long prompt), it reads one run a step while the
-        #: verifier answers alone (or with an n-gram draft). False: it reads all of it before
-        #: the step, and the first token waits for that (``scripts/bench_first_token.py``'s
-        #: baseline).
-        self.read_while_answering = read_while_answering
+        #: ``READ_AHEAD_S``: 0 has the drafter read a run a step wherever it lacks more than a
+        #: run; ``math.inf`` has it read everything before the step, as before session 23
+        #: (``scripts/bench_first_token.py``'s baseline).
+        self.read_ahead_s = read_ahead_s
         self.acceptance = Acceptance()
         #: Tokens in the verifier's KV cache, in order.
         self.cached: list[int] = []
@@ -540,19 +544,21 @@ class Speculator:
             t0 = time.perf_counter()
             draft: Draft | None = None
             md = self.model_drafter
-            if (plan.key == "model" and md is not None and self.read_while_answering
-                    and md.missing(committed) > PREFILL_CHUNK):
-                # The drafter has more than a run of the context to read (the first steps after
-                # a long prompt): one run of it now, and this step goes without it, so the answer
-                # starts while the drafter reads rather than after it has read everything.
-                md.catch_up(committed, PREFILL_CHUNK, lambda _n: False)
-                if cancel():
-                    finish = "cancelled"
-                    break
-                plan, ngram_draft = self._plan(req.drafter, committed, k_cap, ngram, remaining,
-                                               greedy_draft=req.sampling.greedy,
-                                               greedy_verify=self._argmax_only(req),
-                                               use_model=False)
+            if plan.key == "model" and md is not None and self._reads_while_answering(committed):
+                # The drafter lacks more of the context than it reads unnoticed (the first steps
+                # after a long prompt): the first step reads none of it, each later one a run,
+                # and a step goes without the drafter until it has caught up, so the answer
+                # starts as soon as the verifier has read the prompt.
+                if stats.steps:
+                    md.catch_up(committed, PREFILL_CHUNK, lambda _n: False)
+                    if cancel():
+                        finish = "cancelled"
+                        break
+                if md.missing(committed) > PREFILL_CHUNK:
+                    plan, ngram_draft = self._plan(req.drafter, committed, k_cap, ngram, remaining,
+                                                   greedy_draft=req.sampling.greedy,
+                                                   greedy_verify=self._argmax_only(req),
+                                                   use_model=False)
             if plan.key == "model" and md is not None:
                 # what the drafter has not read of the context, in runs with cancel polled
                 if not md.catch_up(committed, PREFILL_CHUNK, lambda _n: not cancel()):
@@ -623,6 +629,16 @@ class Speculator:
             yield Piece(tail, ())
         stats.finish_reason = finish
 
+
+    def _reads_while_answering(self, committed: list[int]) -> bool:
+        """Whether the model drafter lacks more than a run of ``committed`` and would take
+        longer than ``read_ahead_s`` to read it (its table for greedy calls: it reads by
+        argmaxes)."""
+        md = self.model_drafter
+        if md is None:
+            return False
+        lacks = md.missing(committed)
+        return lacks > PREFILL_CHUNK and _costs(md.engine, True).verify(lacks) > self.read_ahead_s
 
     def _argmax_only(self, req: Request) -> bool:
         """Whether this request's steps need each row's argmax alone: greedy, with no
