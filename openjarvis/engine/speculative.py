@@ -34,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import codecs
+import functools
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -427,7 +428,8 @@ class Speculator:
             d_cost = _costs(md.engine, greedy_draft)
             step = d_cost.step()
             # Catching the drafter up on text it has not seen, spread over the rest of the answer.
-            catch_up = d_cost.verify(md.missing(committed)) if md.missing(committed) else 0.0
+            lacks = md.missing(committed)
+            catch_up = d_cost.verify(lacks) if lacks else 0.0
             rounds = max(1.0, remaining / 2.0)
             options.append(Option("model", k_cap, per_token=step, fixed=catch_up / rounds))
         if mode in ("model", "ngram"):
@@ -537,9 +539,10 @@ class Speculator:
                 break
             room = v.n_ctx - len(self.cached) - 1
             k_cap = min(req.max_draft, remaining - 1, room)
-            plan, ngram_draft = self._plan(req.drafter, committed, k_cap, ngram, remaining,
-                                           greedy_draft=req.sampling.greedy,
-                                           greedy_verify=self._argmax_only(req))
+            plan_step = functools.partial(self._plan, req.drafter, committed, k_cap, ngram,
+                                          remaining, greedy_draft=req.sampling.greedy,
+                                          greedy_verify=self._argmax_only(req))
+            plan, ngram_draft = plan_step()
 
             t0 = time.perf_counter()
             draft: Draft | None = None
@@ -555,10 +558,7 @@ class Speculator:
                         finish = "cancelled"
                         break
                 if md.missing(committed) > PREFILL_CHUNK:
-                    plan, ngram_draft = self._plan(req.drafter, committed, k_cap, ngram, remaining,
-                                                   greedy_draft=req.sampling.greedy,
-                                                   greedy_verify=self._argmax_only(req),
-                                                   use_model=False)
+                    plan, ngram_draft = plan_step(use_model=False)
             if plan.key == "model" and md is not None:
                 # what the drafter has not read of the context, in runs with cancel polled
                 if not md.catch_up(committed, PREFILL_CHUNK, lambda _n: not cancel()):
