@@ -14,6 +14,10 @@ from openjarvis.cli import CONTEXT_SETTINGS, flag_overrides
 from openjarvis.cli.output import emit_json
 from openjarvis.config import load_config
 
+#: The ``generation`` settings a chat request carries, so `-c generation.X=...` reaches a running
+#: daemon (which otherwise answers with the configuration files it reads itself).
+_PER_REQUEST = ("max_tokens", "temperature", "drafter")
+
 
 def footer(result: dict[str, Any]) -> str:
     """The one-line stats footer: route, speed, acceptance, time to first token."""
@@ -46,6 +50,11 @@ def footer(result: dict[str, Any]) -> str:
 @click.option("--cloud", "route", flag_value="cloud", help="Answer with the configured cloud target (policy allowing).")
 @click.option("--local", "route", flag_value="local", help="Answer on this machine only.")
 @click.option("--offline", "route", flag_value="local", help="Same as --local: no byte leaves the machine.")
+@click.option(
+    "--drafter",
+    type=click.Choice(["auto", "model", "ngram", "none"]),
+    help="Speculative drafter for this answer (default: generation.drafter; auto picks per step).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (answer, sources, stats) for scripts.")
 @click.option(
     "--yes", "-y", is_flag=True, help="Confirm sending to a cloud target when the policy asks (router.cloud = ask)."
@@ -59,6 +68,7 @@ def ask(
     conversation: str | None,
     max_tokens: int | None,
     route: str | None,
+    drafter: str | None,
     as_json: bool,
     yes: bool,
 ) -> None:
@@ -78,12 +88,17 @@ def ask(
 
     root = (workspace or paths.find_workspace_root() or Path.cwd()).resolve()
     params: dict[str, Any] = {"workspace": str(root), "message": " ".join(question)}
+    # A running daemon answers with its own configuration: send what `-c` asked for of the
+    # settings a chat request carries (a flag of this command wins over its `-c`).
     overrides = flag_overrides(ctx)
-    if max_tokens is None and "generation.max_tokens" in overrides:
-        # A running daemon answers with its own configuration: send what `-c` asked for.
-        max_tokens = load_config(overrides=overrides).generation.max_tokens
+    asked = [k for k in _PER_REQUEST if f"generation.{k}" in overrides]
+    if asked:
+        gen = load_config(overrides=overrides).generation
+        params.update({k: getattr(gen, k) for k in asked})
     if max_tokens:
         params["max_tokens"] = max_tokens
+    if drafter:
+        params["drafter"] = drafter
     if route:
         params["route"] = route
     tty = sys.stdout.isatty() and not as_json

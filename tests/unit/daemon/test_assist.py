@@ -227,6 +227,16 @@ def test_jarvis_ask_streams_plain_text_sources_and_footer(
     assert json.loads(capsys.readouterr().out)["stats"]["tokens"] == 3
     assert main(["-c", "generation.max_tokens=many", "ask", "x"]) != 0
     assert "generation.max_tokens" in capsys.readouterr().err
+    # so does `-c generation.drafter`, and `--drafter` wins over it: the drafters that drafted
+    for argv, used in (
+        (["-c", "generation.drafter=none", "ask"], set()),
+        (["-c", "generation.drafter=none", "ask", "--drafter", "model"], {"model"}),
+    ):
+        assert main([*argv, "--json", "--max-tokens", "12", "explain", "Router"]) == 0
+        per_drafter = json.loads(capsys.readouterr().out)["stats"]["per_drafter"]
+        assert {k for k, v in per_drafter.items() if v["drafted"]} == used
+    assert main(["-c", "generation.drafter=sometimes", "ask", "x"]) != 0
+    assert "generation.drafter" in capsys.readouterr().err
     with open_history() as db:  # the streamed text printed is exactly the stored answer
         first = db.messages(convs[0]["id"])[1].content
     assert out.startswith(first)
