@@ -53,6 +53,11 @@ class EngineConfig:
     backend: Literal["llama", "torch"] = _doc(
         "Inference backend: llama.cpp on CPU/Metal, or the torch GPU backend.", "llama"
     )
+    drafter_backend: Literal["same", "llama", "torch"] = _doc(
+        "Backend of the drafter model: same as backend, or llama.cpp on the CPU beside a torch "
+        "verifier on the GPU (slower where both fit the GPU: see BENCHMARKS.md).",
+        "same",
+    )
     threads: int = _doc("CPU threads for inference; 0 means the number of physical cores.", 0)
     context: int = _doc("Context window in tokens given to each model.", 8192)
     batch: int = _doc("Tokens evaluated per llama.cpp batch during prefill.", 512)

@@ -55,6 +55,7 @@ def open_speculator(
     ec = config.engine
     load_drafter = drafter_path is not None and drafter in ("auto", "model")
     # The cached costs are llama.cpp's; a GPU backend is measured once loaded, where verifying is cheap.
+    drafter_backend = ec.backend if ec.drafter_backend == "same" else ec.drafter_backend
     if load_drafter and drafter == "auto" and drafter_path is not None and ec.backend == "llama":
         pays = drafter_can_pay(
             cost_key_for(verifier_path, ec.threads, ec.flash_attn),
@@ -65,7 +66,8 @@ def open_speculator(
     model_drafter = None
     if load_drafter and drafter_path is not None:
         try:
-            model_drafter = ModelDrafter(open_engine(drafter_path, config), verifier=verifier)
+            drafter_engine = open_engine(drafter_path, config, backend=drafter_backend)
+            model_drafter = ModelDrafter(drafter_engine, verifier=verifier)
         except BaseException:
             verifier.close()
             raise
@@ -76,9 +78,12 @@ def open_speculator(
     )
 
 
-def open_engine(path: Path, config: Config) -> Any:
-    """The engine ``engine.backend`` names: llama.cpp, or the torch backend (the ``gpu`` extra)."""
-    if config.engine.backend == "torch":
+def open_engine(path: Path, config: Config, backend: str | None = None) -> Any:
+    """The engine ``backend`` (default ``engine.backend``) names: llama.cpp, or the torch
+    backend (the ``gpu`` extra). A drafter may name another than its verifier's
+    (``engine.drafter_backend``): the issue's heterogeneous case, llama.cpp's drafter on the CPU
+    beside the torch verifier on the GPU."""
+    if (backend or config.engine.backend) == "torch":
         from openjarvis.engine.torch import require_torch
 
         require_torch()

@@ -62,22 +62,38 @@ def test_torch_verifier_writes_what_llama_cpp_writes(
     assert ours.tokens == theirs_tokens
 
 
+@pytest.mark.parametrize(("drafter_backend", "drafter_engine"),
+                         [("same", TorchEngine), ("torch", TorchEngine), ("llama", LlamaEngine)])
 def test_engine_backend_torch_opens_the_pair_on_the_torch_backend(
-    tiny_drafter_path: Path, tiny_verifier_path: Path
+    drafter_backend: str, drafter_engine: type, tiny_drafter_path: Path, tiny_verifier_path: Path
 ) -> None:
+    """``engine.drafter_backend = "llama"``: the drafter in llama.cpp beside the torch verifier
+    (the heterogeneous case) through the same configuration a user writes."""
     from openjarvis.config import load_config
     from openjarvis.engine.pair import close_speculator, open_speculator
 
-    config = load_config(overrides={"engine.backend": "torch", "engine.context": "256"})
+    config = load_config(overrides={"engine.backend": "torch", "engine.context": "256",
+                                    "engine.drafter_backend": drafter_backend, "engine.threads": "1"})
     spec = open_speculator(config, verifier_path=tiny_verifier_path, drafter_path=tiny_drafter_path, drafter="model")
     try:
         assert isinstance(spec.verifier, TorchEngine)
-        assert spec.model_drafter is not None and isinstance(spec.model_drafter.engine, TorchEngine)
-        prompt = spec.verifier.tokenize("def add(a, b):")
-        gen = spec.generate(Request(prompt=prompt, max_tokens=6, drafter="none")).run()
-        assert 1 <= len(gen.tokens) <= 6
+        assert spec.model_drafter is not None and type(spec.model_drafter.engine) is drafter_engine
+        spec.verifier.set_cost_model(VERIFIER_COST)
+        spec.model_drafter.engine.set_cost_model(DRAFTER_COST)
+        prompt = spec.verifier.tokenize(PROMPT)
+        alone = spec.generate(Request(prompt=prompt, max_tokens=40, drafter="none")).run()
+        gen = spec.generate(Request(prompt=prompt, max_tokens=40, drafter="model")).run()
+        assert gen.tokens == alone.tokens and gen.stats.per_drafter["model"].accepted > 0
     finally:
         close_speculator(spec)
+
+
+def test_a_drafter_backend_that_does_not_exist_is_refused_by_name() -> None:
+    from openjarvis.config import load_config
+    from openjarvis.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="engine.drafter_backend"):
+        load_config(overrides={"engine.drafter_backend": "cuda"})
 
 
 def test_jarvis_ask_answers_on_the_torch_backend(
