@@ -37,10 +37,16 @@ from openjarvis.engine.torch.model import Transformer
 from openjarvis.engine.torch.weights import load_gguf
 from openjarvis.errors import ContextOverflow, EngineError
 
-#: Token counts captured at load on the GPU: one step, verify of up to 16 drafts, prompt chunks.
-WARM_STEPS = (*range(1, 18), MAX_STEP)
-#: The same for greedy steps (``eval_argmax``): one step and verify of up to 16 drafts.
-WARM_GREEDY = tuple(range(1, 18))
+#: Token counts captured at load on the GPU: every T a request can run as one step. A verify
+#: is at most 17 tokens (16 drafts); a prompt is read in steps of ``MAX_STEP`` and one of what
+#: is left (1 to 31 tokens), by the verifier with logits and by the model drafter greedy (its
+#: catch-up: ``prefix_cache.eval_runs``). Before session 24 only 1-17 and 32 were captured,
+#: so a prompt that left 18-31 tokens, and a drafter reading any prompt longer than 17
+#: tokens, captured steps (and on a first start compiled them) inside the first requests that
+#: did (``scripts/bench_pair_gpu.py``: ~1 s of a first answer's drafting).
+WARM_STEPS = tuple(range(1, MAX_STEP + 1))
+#: The same for greedy steps (``eval_argmax``).
+WARM_GREEDY = WARM_STEPS
 
 
 class Vocab:

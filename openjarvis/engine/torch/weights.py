@@ -2,8 +2,9 @@
 
 llama.cpp's GGUF names (``blk.{i}.attn_q.weight`` ...) are the one vocabulary here: the benchmark's
 random and Hugging Face weights are renamed into it before packing. Quantized tensors are
-dequantized with ``gguf.quants.dequantize`` (the gguf package's reference decoder, every type it
-knows: F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q2_K..Q6_K, IQ*), then cast to the run dtype.
+decoded on the device that will hold them (``dequant.py``: torch ops, bit-identical to the gguf
+package's reference decoders for F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q5_K, Q6_K; every other type
+the gguf package knows through its decoder on the host), then cast to the run dtype.
 
 Qwen2 Q/K rows are stored in Hugging Face order (NeoX RoPE: pairs ``(i, i + head_dim/2)``);
 llama.cpp permutes Q/K rows only for the ``llama`` architecture, which this backend does not load.
@@ -71,15 +72,17 @@ class Weights:
             yield from (lw.attn_norm, lw.wqkv, lw.bqkv, lw.wo, lw.ffn_norm, lw.w13, lw.w2)
 
 
-def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Metadata (scalars; ``n_vocab`` and ``tied_embeddings`` added) and float32 arrays by name."""
-    from gguf import GGMLQuantizationType, GGUFReader
-    from gguf.quants import dequantize
+def _open(path: str | Path) -> Any:
+    from gguf import GGUFReader
 
     try:
-        reader = GGUFReader(str(path))
+        return GGUFReader(str(path))
     except (OSError, ValueError) as exc:
         raise EngineError(f"cannot read GGUF file {path}: {exc}") from exc
+
+
+def _metadata(reader: Any) -> dict[str, Any]:
+    """Scalars, with ``n_vocab`` (the tokenizer's size) and ``tied_embeddings`` added."""
     meta: dict[str, Any] = {}
     for key, fld in reader.fields.items():
         if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.model",):
@@ -88,18 +91,21 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             continue
         if len(fld.data) == 1:
             meta[key] = fld.contents()
-    tensors: dict[str, np.ndarray] = {}
-    for t in reader.tensors:
-        shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # ne is fastest-first
-        if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-            arr = np.array(t.data, dtype=np.float32)  # a copy: the reader maps the file
-        else:
-            arr = dequantize(np.asarray(t.data), t.tensor_type)
-        tensors[t.name] = arr.reshape(shape)
-    meta["tied_embeddings"] = "output.weight" not in tensors
-    if "token_embd.weight" in tensors:
-        meta.setdefault("n_vocab", tensors["token_embd.weight"].shape[0])
-    return meta, tensors
+    names = {t.name: t for t in reader.tensors}
+    meta["tied_embeddings"] = "output.weight" not in names
+    if "token_embd.weight" in names:
+        meta.setdefault("n_vocab", int(names["token_embd.weight"].shape[-1]))
+    return meta
+
+
+def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Metadata (scalars; ``n_vocab`` and ``tied_embeddings`` added) and float32 arrays by name
+    (every tensor decoded on the CPU; ``load_gguf`` decodes one at a time where it runs)."""
+    from openjarvis.engine.torch.dequant import dequantize_tensor
+
+    reader = _open(path)
+    tensors = {t.name: dequantize_tensor(t, "cpu").numpy() for t in reader.tensors}
+    return _metadata(reader), tensors
 
 
 def pack(
@@ -163,13 +169,19 @@ def load_gguf(
     path: str | Path, dtype: torch.dtype, device: torch.device | str
 ) -> tuple[ModelArgs, Weights, dict[str, Any]]:
     """Read, dequantize and pack a GGUF file; returns (args, weights, metadata)."""
-    meta, arrays = read_gguf(path)
+    from openjarvis.engine.torch.dequant import dequantize_tensor
+
+    reader = _open(path)
+    meta = _metadata(reader)
     try:
         args = ModelArgs.from_metadata(meta)
     except (KeyError, ValueError) as exc:
         raise EngineError(f"unsupported GGUF model {path}: {exc}") from exc
+    raw = {t.name: t for t in reader.tensors}
     try:
-        weights = pack(args, lambda n: torch.from_numpy(arrays[n]), dtype, device)
+        # each tensor's bytes decoded on ``device`` as packing asks for it: no float32 copy of
+        # the whole model on the host (``dequant.py``)
+        weights = pack(args, lambda n: dequantize_tensor(raw[n], device), dtype, device)
     except KeyError as exc:
         raise EngineError(f"GGUF file {path} lacks tensor {exc}") from exc
     return args, weights, meta

@@ -403,3 +403,22 @@ def test_cuda_step_agrees_with_float32_and_replays_bit_identical(
     assert torch.equal(r.logits(toks[189:190], 189), got[-1])
     with pytest.raises(cuda_step.CudaStepError, match="closed"):
         first(r._steps[1].inputs)
+
+
+def test_the_engine_captures_at_load_every_step_a_request_runs(
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
+    """After the engine's warm-up, a prompt that leaves 18-31 tokens after its steps of 32 and
+    the model drafter's catch-up runs (argmaxes only) capture nothing new: before session 24
+    they captured (and on a first start compiled) steps inside the first requests."""
+    from openjarvis.engine.torch.engine import WARM_GREEDY, WARM_STEPS
+
+    model, _, toks, _ = pair
+    r = Runner(model, 256)
+    r.warmup(WARM_STEPS)
+    r.warmup(WARM_GREEDY, greedy=True)
+    steps, greedy = set(r._steps), set(r._greedy_steps)
+    for n in (50, 63, 81, 95):
+        r.logits(toks[:n], 0, last_only=True)
+    for n in (20, 31, 116):
+        r.greedy_tokens(toks[:n], 0, last_only=True)
+    assert set(r._steps) == steps and set(r._greedy_steps) == greedy

@@ -156,3 +156,16 @@ def test_the_deterministic_setting_reaches_the_runner_and_its_cost_key(tiny_veri
         assert det.runner.deterministic and not plain.runner.deterministic
         assert det.describe()["deterministic"] is True
         assert det.cost_key() != plain.cost_key()  # verify costs differ: separate cost tables
+
+
+def test_the_gpu_warm_up_covers_every_step_size_a_request_can_run() -> None:
+    """A request runs steps of 1 to ``MAX_STEP`` tokens (verifies up to 17, a prompt's steps of
+    32 and what they leave, the drafter's catch-up with argmaxes): the engine captures all of
+    them at load, logits and greedy (the GPU test of the same runs them and sees nothing new
+    captured)."""
+    from openjarvis.engine.speculative import MAX_DRAFT
+    from openjarvis.engine.torch.engine import WARM_GREEDY, WARM_STEPS
+    from openjarvis.engine.torch.generate import MAX_STEP
+
+    assert MAX_DRAFT + 1 <= MAX_STEP
+    assert set(WARM_STEPS) == set(WARM_GREEDY) == set(range(1, MAX_STEP + 1))
