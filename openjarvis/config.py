@@ -54,8 +54,9 @@ class EngineConfig:
         "Inference backend: llama.cpp on CPU/Metal, or the torch GPU backend.", "llama"
     )
     drafter_backend: Literal["same", "llama", "torch"] = _doc(
-        "Backend of the drafter model: same as backend, or llama.cpp on the CPU beside a torch "
-        "verifier on the GPU (slower where both fit the GPU: see BENCHMARKS.md).",
+        "Backend of the drafter model: same (as engine.backend), llama (llama.cpp on the CPU, "
+        "e.g. beside a torch verifier on a GPU too small for both; slower where both fit: "
+        "BENCHMARKS.md) or torch.",
         "same",
     )
     threads: int = _doc("CPU threads for inference; 0 means the number of physical cores.", 0)

@@ -9,7 +9,7 @@ every tensor's name, type, shape and offset), read from a skeleton made here, an
 random weights in the same quantized types (every block's bytes random, its scales set so the
 weights spread about as a trained model's do). The engines load them as they load the real
 files: llama.cpp through ``LlamaEngine``, the torch backend through ``TorchEngine.from_gguf``
-(dequantization on the host, the copy to the GPU, every step's CUDA graph captured). Random
+(the blocks decoded on the GPU, every step's CUDA graph captured). Random
 weights price every call exactly; they do not make the 0.5B predict the 1.5B, so speculation
 is composed from the calls' wall times with the acceptance measured for the real pair on the
 CPU (``--accept``), as ``bench_gpu.py`` composes it.

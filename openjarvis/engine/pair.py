@@ -56,7 +56,8 @@ def open_speculator(
     load_drafter = drafter_path is not None and drafter in ("auto", "model")
     # The cached costs are llama.cpp's; a GPU backend is measured once loaded, where verifying is cheap.
     drafter_backend = ec.backend if ec.drafter_backend == "same" else ec.drafter_backend
-    if load_drafter and drafter == "auto" and drafter_path is not None and ec.backend == "llama":
+    if (load_drafter and drafter == "auto" and drafter_path is not None and ec.backend == "llama"
+            and drafter_backend == "llama"):
         pays = drafter_can_pay(
             cost_key_for(verifier_path, ec.threads, ec.flash_attn),
             cost_key_for(drafter_path, ec.threads, ec.flash_attn),

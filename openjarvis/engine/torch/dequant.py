@@ -1,8 +1,10 @@
 """GGUF quantized blocks decoded with torch ops, on whatever device holds the bytes.
 
-``gguf.quants.dequantize`` (numpy, one core) took ~20 s of the 1.5B's 24 s load on the GPU
-host (``scripts/bench_pair_gpu.py``, session 24) and held the whole model in float32 on the host
-(7 GB for the 1.5B) before the copy to the GPU. Here each tensor's raw bytes go to the device
+``gguf.quants.dequantize`` (numpy, one core) and the packing after it took 10-14 s of the
+1.5B's load on the GPU host (session 24, run 218) and held the whole model in float32 on the host
+(7 GB for the 1.5B) before the copy to the GPU. (On the device each tensor still passes through
+float32 there, about 10 bytes an element at its peak: the embedding, 233M elements, is the
+largest.) Here each tensor's raw bytes go to the device
 and are decoded there, one tensor at a time, by the same arithmetic as the gguf package's
 decoders (each step the same float32 operation, so the values are bit-identical to its;
 ``tests/unit/engine/torch/test_torch_weights.py`` compares every type). Types without a decoder
