@@ -422,3 +422,33 @@ def test_the_engine_captures_at_load_every_step_a_request_runs(
     for n in (20, 31, 116):
         r.greedy_tokens(toks[:n], 0, last_only=True)
     assert set(r._steps) == steps and set(r._greedy_steps) == greedy
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "BF16"])
+def test_gguf_blocks_decode_on_the_gpu_as_on_the_cpu(qtype: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``load_gguf`` decodes on the device: the same bits as the CPU (which the weights test
+    holds to the gguf package's decoders). (The device has no ``gguf``: carry it, as
+    ``scripts/bench_pair_gpu.py``'s run does, in ``PYTHONPATH``.)"""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    from openjarvis.engine.torch.dequant import dequantize_tensor
+
+    q = gguf.GGMLQuantizationType[qtype]
+    block, size = gguf.GGML_QUANT_SIZES[q]
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, (6 * 512 // block, size), dtype=np.uint8)
+    for off in {"Q8_0": (0,), "Q5_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}.get(qtype, ()):
+        raw[:, off:off + 2] = rng.uniform(1e-3, 5e-2, (raw.shape[0], 1)).astype(np.float16).view(np.uint8)
+    path = tmp_path / "t.gguf"
+    w = gguf.GGUFWriter(path, "qwen2")
+    w.add_tensor("m.weight", raw.reshape(6, -1), raw_dtype=q)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    t = gguf.GGUFReader(path).tensors[0]
+    on_gpu = dequantize_tensor(t, "cuda")
+    assert on_gpu.is_cuda and on_gpu.shape == (6, 512)
+    # (bit patterns: random BF16 bytes hold NaNs)
+    assert torch.equal(on_gpu.cpu().view(torch.int32), dequantize_tensor(t, "cpu").view(torch.int32))
