@@ -200,6 +200,7 @@ class Assistant:
         self._spec: Any = None
         self._load_lock = threading.Lock()
         self.model_ids: tuple[str, str] = ("", "")
+        self._drafter_path: Path | None = None
         self.last_used = time.monotonic()
 
     # -- models ------------------------------------------------------------------------------------
@@ -208,7 +209,11 @@ class Assistant:
     def loaded(self) -> bool:
         return self._spec is not None
 
-    def speculator(self) -> Any:
+    def speculator(self, *, model_drafter: bool = False) -> Any:
+        """The loaded pair (loading it on first use). ``model_drafter``: a request asks for the
+        drafter model by name (``--drafter model``), so load it now where the configuration's
+        ``generation.drafter`` (or, under "auto", its cost check) left it out: without it the
+        request would be answered without drafts and say nothing."""
         with self._load_lock:
             if self._spec is None:
                 from openjarvis.engine.pair import open_speculator
@@ -223,6 +228,12 @@ class Assistant:
                     self.config, verifier_path=v, drafter_path=d, drafter=self.config.generation.drafter
                 )
                 self.model_ids = (drafter_id, verifier_id)
+                self._drafter_path = d
+            if model_drafter and self._spec.model_drafter is None and self._drafter_path is not None:
+                from openjarvis.engine.pair import open_model_drafter
+
+                self._spec.model_drafter = open_model_drafter(
+                    self._drafter_path, self.config, self._spec.verifier)
             self.last_used = time.monotonic()
             return self._spec
 
@@ -324,7 +335,7 @@ class Assistant:
         prepared = self.fit_local(req, prepared)
         assert prepared.tokens is not None
         with self.gate.hold(CHAT) as slot:
-            spec = self.speculator()
+            spec = self.speculator(model_drafter=req.drafter == "model")
             corpus = tuple(spec.verifier.tokenize(s.text, special=False) for s in prepared.prompt.sources)
             if req.editor is not None and req.editor.text:
                 corpus += (spec.verifier.tokenize(req.editor.text, special=False),)
@@ -457,7 +468,7 @@ class Assistant:
         from openjarvis.engine.templates import render_chat
 
         with self.gate.hold(CHAT) as slot:
-            spec = self.speculator()
+            spec = self.speculator(model_drafter=drafter == "model")
             v = spec.verifier
             text = render_chat(v.chat_template(), list(messages))
             tokens = v.tokenize(text, special=True)

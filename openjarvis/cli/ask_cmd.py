@@ -54,7 +54,7 @@ def footer(result: dict[str, Any]) -> str:
     "--drafter",
     type=click.Choice(["auto", "model", "ngram", "none"]),
     help="Speculative drafter for this answer (default: generation.drafter; auto picks per step; "
-    "model needs the drafter loaded, which the daemon's own generation.drafter decides).",
+    "model loads the drafter model if the daemon has not).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (answer, sources, stats) for scripts.")
 @click.option(

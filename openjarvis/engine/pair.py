@@ -67,8 +67,7 @@ def open_speculator(
     model_drafter = None
     if load_drafter and drafter_path is not None:
         try:
-            drafter_engine = open_engine(drafter_path, config, backend=drafter_backend)
-            model_drafter = ModelDrafter(drafter_engine, verifier=verifier)
+            model_drafter = open_model_drafter(drafter_path, config, verifier)
         except BaseException:
             verifier.close()
             raise
@@ -77,6 +76,15 @@ def open_speculator(
         model_drafter=model_drafter,
         prefix_cache=PrefixCache() if prefix_cache else None,
     )
+
+
+def open_model_drafter(path: Path, config: Config, verifier: Any) -> ModelDrafter:
+    """The drafter model on ``engine.drafter_backend`` (default: the verifier's backend),
+    checked to share the verifier's tokenizer. Also for a request that asks for the model
+    drafter where ``open_speculator`` did not load it (``Speculator.model_drafter`` is None)."""
+    ec = config.engine
+    backend = ec.backend if ec.drafter_backend == "same" else ec.drafter_backend
+    return ModelDrafter(open_engine(path, config, backend=backend), verifier=verifier)
 
 
 def open_engine(path: Path, config: Config, backend: str | None = None) -> Any:

@@ -242,6 +242,28 @@ def test_jarvis_ask_streams_plain_text_sources_and_footer(
     assert out.startswith(first)
 
 
+def test_a_request_for_the_model_drafter_loads_it_where_the_configuration_left_it_out(
+    tiny_setup: Path,
+) -> None:
+    """The daemon's ``generation.drafter = "none"`` opens the verifier alone; a request that asks
+    for ``drafter: model`` (``jarvis ask --drafter model``) loads the drafter then and drafts
+    with it, instead of answering without drafts and saying nothing."""
+    paths.user_config_file().write_text(
+        paths.user_config_file().read_text() + 'drafter = "none"\n'  # (in [generation], last)
+    )
+    ensure_running(paths.socket_path())
+    try:
+        with Client(autostart=False) as c:
+            plain = c.call("chat", {"workspace": str(tiny_setup), "message": "what is Router?"})
+            assert not plain["stats"]["per_drafter"]
+            asked = c.call("chat", {"workspace": str(tiny_setup), "message": "what is Router?",
+                                    "drafter": "model"})
+            assert asked["stats"]["per_drafter"]["model"]["drafted"] > 0
+            assert asked["answer"] == plain["answer"]  # greedy: the verifier's answer either way
+    finally:
+        stop(paths.socket_path())
+
+
 def test_models_unload_after_the_idle_time(tiny_setup: Path) -> None:
     paths.user_config_file().write_text(
         paths.user_config_file().read_text() + "[daemon]\nidle_unload_minutes = 0.1\n"
