@@ -53,12 +53,6 @@ class EngineConfig:
     backend: Literal["llama", "torch"] = _doc(
         "Inference backend: llama.cpp on CPU/Metal, or the torch GPU backend.", "llama"
     )
-    drafter_backend: Literal["same", "llama", "torch"] = _doc(
-        "Backend of the drafter model: same (as engine.backend), llama (llama.cpp on the CPU, "
-        "e.g. beside a torch verifier on a GPU too small for both; slower where both fit: "
-        "BENCHMARKS.md) or torch.",
-        "same",
-    )
     threads: int = _doc("CPU threads for inference; 0 means the number of physical cores.", 0)
     context: int = _doc("Context window in tokens given to each model.", 8192)
     batch: int = _doc("Tokens evaluated per llama.cpp batch during prefill.", 512)
@@ -71,6 +65,12 @@ class EngineConfig:
         "Torch backend on a GPU: bit-identical results from run to run (no split-K float atomics); "
         "one-token steps ~4-8% slower, verify steps ~50% slower.",
         False,
+    )
+    drafter_backend: Literal["same", "llama", "torch"] = _doc(
+        "Backend of the drafter model: same (as engine.backend), llama (llama.cpp on the CPU, "
+        "e.g. beside a torch verifier on a GPU too small for both; slower where both fit: "
+        "BENCHMARKS.md) or torch.",
+        "same",
     )
 
 
