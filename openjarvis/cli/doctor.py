@@ -150,7 +150,9 @@ def collect(overrides: dict[str, str]) -> dict[str, Any]:
         cfg = load_config(overrides=overrides)
         cfg_files = {"read": [str(f) for f in cfg.files], "threads": cfg.engine.threads,
                      "backend": cfg.engine.backend}
-        if cfg.engine.backend == "torch":
+        if cfg.engine.drafter_backend != "same":
+            cfg_files["drafter_backend"] = cfg.engine.drafter_backend
+        if "torch" in (cfg.engine.backend, cfg.engine.drafter_backend):
             cfg_files["backend_note"] = torch_backend_note()
             cfg_files["deterministic"] = cfg.engine.deterministic
     except JarvisError as exc:

@@ -91,6 +91,11 @@ def test_doctor_says_where_the_torch_backend_will_run(capsys: pytest.CaptureFixt
 
         expect = "CUDA on" if torch.cuda.is_available() else "run on the CPU in float32"
         assert expect in config["backend_note"]
+    # a torch drafter beside llama.cpp's verifier is checked the same way, and named
+    assert main(["-c", "engine.drafter_backend=torch", "doctor", "--json"]) == 0
+    config = json.loads(capsys.readouterr().out)["config"]
+    assert config["backend"] == "llama" and config["drafter_backend"] == "torch"
+    assert "backend_note" in config
 
 
 def test_locate_prints_xdg_paths(capsys: pytest.CaptureFixture[str], scrubbed_env: Path) -> None:

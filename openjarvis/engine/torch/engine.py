@@ -127,8 +127,9 @@ class TorchEngine(GgufInfo, MeasuredCosts):
     ) -> TorchEngine:
         """Load ``path``: CUDA and bfloat16 when a GPU is present, else the CPU in float32.
 
-        ``warmup`` (default: on the GPU) captures the steps of every draft length and the prompt
-        chunk at load, so no request pays Triton compilation or graph capture. ``deterministic``
+        ``warmup`` (default: on the GPU) captures every step a request runs (``WARM_STEPS``, 1 to
+        ``MAX_STEP`` tokens, logits and greedy) at load, so no request pays Triton compilation
+        or graph capture. ``deterministic``
         (setting ``engine.deterministic``) trades speed for bit-identical GPU results run to run
         (``Runner.make_deterministic``)."""
         path = Path(path)
