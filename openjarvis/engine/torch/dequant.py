@@ -103,8 +103,9 @@ def _decoders() -> dict[Any, tuple[int, Callable[[torch.Tensor], torch.Tensor]]]
 
 
 def dequantize_tensor(t: Any, device: torch.device | str) -> torch.Tensor:
-    """A ``gguf.GGUFReader`` tensor as float32 on ``device``, shaped ``[rows, cols]`` (or its
-    own shape, slowest dimension first): decoded there where a decoder here knows its type."""
+    """A tensor of ``gguf_file.read_header`` (or ``gguf.GGUFReader``, shaped alike) as float32
+    on ``device``, shaped ``[rows, cols]`` (or its own shape, slowest dimension first): decoded
+    there where a decoder here knows its type."""
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
 

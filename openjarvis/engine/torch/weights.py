@@ -72,26 +72,22 @@ class Weights:
             yield from (lw.attn_norm, lw.wqkv, lw.bqkv, lw.wo, lw.ffn_norm, lw.w13, lw.w2)
 
 
-def _open(path: str | Path) -> Any:
-    from gguf import GGUFReader
+def _open(path: str | Path) -> tuple[dict[str, Any], list[Any]]:
+    """The file's fields and tensor table (``gguf_file``: the tokenizer's arrays stepped over,
+    the tensors mapped, not read)."""
+    from openjarvis.engine.torch.gguf_file import read_header
 
-    try:
-        return GGUFReader(str(path))
-    except (OSError, ValueError) as exc:
-        raise EngineError(f"cannot read GGUF file {path}: {exc}") from exc
+    return read_header(path)
 
 
-def _metadata(reader: Any) -> dict[str, Any]:
+def _metadata(fields: dict[str, Any], tensors: list[Any]) -> dict[str, Any]:
     """Scalars, with ``n_vocab`` (the tokenizer's size) and ``tied_embeddings`` added."""
-    meta: dict[str, Any] = {}
-    for key, fld in reader.fields.items():
-        if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.model",):
-            if key == "tokenizer.ggml.tokens":
-                meta["n_vocab"] = len(fld.data)
-            continue
-        if len(fld.data) == 1:
-            meta[key] = fld.contents()
-    names = {t.name: t for t in reader.tensors}
+    meta = {k: v for k, v in fields.items()
+            if not k.endswith("#count") and (not k.startswith("tokenizer.ggml.")
+                                             or k == "tokenizer.ggml.model")}
+    if "tokenizer.ggml.tokens#count" in fields:
+        meta["n_vocab"] = fields["tokenizer.ggml.tokens#count"]
+    names = {t.name: t for t in tensors}
     meta["tied_embeddings"] = "output.weight" not in names
     if "token_embd.weight" in names:
         meta.setdefault("n_vocab", int(names["token_embd.weight"].shape[-1]))
@@ -103,9 +99,9 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     (every tensor decoded on the CPU; ``load_gguf`` decodes one at a time where it runs)."""
     from openjarvis.engine.torch.dequant import dequantize_tensor
 
-    reader = _open(path)
-    tensors = {t.name: dequantize_tensor(t, "cpu").numpy() for t in reader.tensors}
-    return _metadata(reader), tensors
+    fields, table = _open(path)
+    tensors = {t.name: dequantize_tensor(t, "cpu").numpy() for t in table}
+    return _metadata(fields, table), tensors
 
 
 def pack(
@@ -171,13 +167,13 @@ def load_gguf(
     """Read, dequantize and pack a GGUF file; returns (args, weights, metadata)."""
     from openjarvis.engine.torch.dequant import dequantize_tensor
 
-    reader = _open(path)
-    meta = _metadata(reader)
+    fields, table = _open(path)
+    meta = _metadata(fields, table)
     try:
         args = ModelArgs.from_metadata(meta)
     except (KeyError, ValueError) as exc:
         raise EngineError(f"unsupported GGUF model {path}: {exc}") from exc
-    raw = {t.name: t for t in reader.tensors}
+    raw = {t.name: t for t in table}
     try:
         # each tensor's bytes decoded on ``device`` as packing asks for it: no float32 copy of
         # the whole model on the host (``dequant.py``)
