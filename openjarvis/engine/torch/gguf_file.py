@@ -27,7 +27,8 @@ import numpy as np
 
 from openjarvis.errors import EngineError
 
-#: Scalar value types: struct format (little-endian) by GGUF type id; 8 is a string, 9 an array.
+#: Scalar value types: struct format (little-endian) by GGUF type id; 8 is a string, 9 an array
+#: (their sizes: ``gguf_meta``'s walker).
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
             11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
@@ -44,54 +45,15 @@ class RawTensor:
     data: np.ndarray
 
 
-class _Cursor:
-    def __init__(self, buf: mmap.mmap, path: Path) -> None:
-        self.buf, self.pos, self.path = buf, 0, path
-
-    def take(self, fmt: str) -> Any:
-        try:
-            (value,) = struct.unpack_from(fmt, self.buf, self.pos)
-        except struct.error:
-            raise EngineError(f"cannot read GGUF file {self.path}: it ends inside its header "
-                              f"(at byte {self.pos}); run `jarvis models verify`") from None
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def string(self) -> str:
-        n = self.take("<Q")
-        end = self.pos + n
-        if end > len(self.buf):
-            raise EngineError(f"cannot read GGUF file {self.path}: it ends inside its header "
-                              f"(a string at byte {self.pos}); run `jarvis models verify`")
-        raw = self.buf[self.pos:end]
-        self.pos = end
-        return raw.decode("utf-8", errors="replace")
-
-    def skip_array(self) -> int:
-        """Step over an array's items; returns their count."""
-        item, n = self.take("<I"), self.take("<Q")
-        if item == _STRING:
-            for _ in range(n):
-                n_bytes = self.take("<Q")  # (not ``pos += take()``: take moves pos first)
-                self.pos += n_bytes
-        elif item == _ARRAY:
-            for _ in range(n):
-                self.skip_array()
-        elif item in _SCALARS:
-            self.pos += n * struct.calcsize(_SCALARS[item])
-        else:
-            raise EngineError(f"cannot read GGUF file {self.path}: array of unknown type {item}")
-        if self.pos > len(self.buf):
-            raise EngineError(f"cannot read GGUF file {self.path}: it ends inside its header "
-                              f"(an array of {n} items); run `jarvis models verify`")
-        return int(n)
-
-
 def read_header(path: str | Path) -> tuple[dict[str, Any], list[RawTensor]]:
     """The scalar fields (with ``GGUF.version``, ``GGUF.tensor_count``, ``GGUF.kv_count`` as
     ``GGUFReader`` names them, and each array field's item count under ``KEY#count``) and the
-    tensors, their data mapped from the file, not read."""
+    tensors, their data mapped from the file, not read. The fields are walked by
+    ``gguf_meta.walk_fields``, the pair checks' walker."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from openjarvis.errors import ModelError
+    from openjarvis.gguf_meta import walk_fields
 
     path = Path(path)
     try:
@@ -99,34 +61,37 @@ def read_header(path: str | Path) -> tuple[dict[str, Any], list[RawTensor]]:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError) as exc:
         raise EngineError(f"cannot read GGUF file {path}: {exc}") from exc
-    c = _Cursor(buf, path)
-    if buf[:4] != b"GGUF":
-        raise EngineError(f"cannot read GGUF file {path}: not a GGUF file (no GGUF magic)")
-    c.pos = 4
-    version = c.take("<I")
-    if version not in (2, 3):
-        raise EngineError(f"cannot read GGUF file {path}: GGUF version {version}; 2 and 3 are read")
-    n_tensors, n_kv = c.take("<Q"), c.take("<Q")
-    fields: dict[str, Any] = {"GGUF.version": version, "GGUF.tensor_count": n_tensors,
-                              "GGUF.kv_count": n_kv}
-    for _ in range(n_kv):
-        key, kind = c.string(), c.take("<I")
-        if kind == _STRING:
-            fields[key] = c.string()
-        elif kind == _ARRAY:
-            fields[key + "#count"] = c.skip_array()
-        elif kind in _SCALARS:
-            fields[key] = c.take(_SCALARS[kind])
-        else:
-            raise EngineError(f"cannot read GGUF file {path}: field {key} has unknown type {kind}")
-    table = []
-    for _ in range(n_tensors):
-        name = c.string()
-        dims = [c.take("<Q") for _ in range(c.take("<I"))]
-        kind, offset = c.take("<I"), c.take("<Q")
-        table.append((name, dims, kind, offset))
+    try:
+        n_tensors, walked, pos = walk_fields(buf, path)
+        (version,) = struct.unpack_from("<I", buf, 4)
+        fields: dict[str, Any] = {"GGUF.version": version, "GGUF.tensor_count": n_tensors,
+                                  "GGUF.kv_count": len(walked)}
+        for key, kind, tag, _ in walked:
+            at = tag + 4
+            if kind == _STRING:
+                (n,) = struct.unpack_from("<Q", buf, at)
+                fields[key] = buf[at + 8:at + 8 + n].decode("utf-8", errors="replace")
+            elif kind == _ARRAY:
+                fields[key + "#count"] = int(struct.unpack_from("<Q", buf, at + 4)[0])
+            else:
+                fields[key] = struct.unpack_from(_SCALARS[kind], buf, at)[0]
+        table = []
+        for _ in range(n_tensors):
+            (n,) = struct.unpack_from("<Q", buf, pos)
+            name = buf[pos + 8:pos + 8 + n].decode("utf-8", errors="replace")
+            pos += 8 + n
+            (n_dims,) = struct.unpack_from("<I", buf, pos)
+            dims = list(struct.unpack_from(f"<{n_dims}Q", buf, pos + 4))
+            kind, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
+            pos += 4 + 8 * n_dims + 12
+            table.append((name, dims, kind, offset))
+    except ModelError as exc:
+        raise EngineError(f"cannot read GGUF file {exc}; run `jarvis models verify`") from None
+    except struct.error:
+        raise EngineError(f"cannot read GGUF file {path}: it ends inside its header (its tensor "
+                          "table); run `jarvis models verify`") from None
     align = int(fields.get("general.alignment", 32))
-    start = -(-c.pos // align) * align
+    start = -(-pos // align) * align
     tensors = []
     for name, dims, kind, offset in table:
         try:
