@@ -55,9 +55,8 @@ def open_speculator(
     ec = config.engine
     load_drafter = drafter_path is not None and drafter in ("auto", "model")
     # The cached costs are llama.cpp's; a GPU backend is measured once loaded, where verifying is cheap.
-    drafter_backend = ec.backend if ec.drafter_backend == "same" else ec.drafter_backend
     if (load_drafter and drafter == "auto" and drafter_path is not None and ec.backend == "llama"
-            and drafter_backend == "llama"):
+            and drafter_backend(config) == "llama"):
         pays = drafter_can_pay(
             cost_key_for(verifier_path, ec.threads, ec.flash_attn),
             cost_key_for(drafter_path, ec.threads, ec.flash_attn),
@@ -82,9 +81,14 @@ def open_model_drafter(path: Path, config: Config, verifier: Any) -> ModelDrafte
     """The drafter model on ``engine.drafter_backend`` (default: the verifier's backend),
     checked to share the verifier's tokenizer. Also for a request that asks for the model
     drafter where ``open_speculator`` did not load it (``Speculator.model_drafter`` is None)."""
+    return ModelDrafter(open_engine(path, config, backend=drafter_backend(config)), verifier=verifier)
+
+
+def drafter_backend(config: Config) -> str:
+    """The backend the drafter model runs on: ``engine.drafter_backend``, "same" meaning the
+    verifier's ``engine.backend``."""
     ec = config.engine
-    backend = ec.backend if ec.drafter_backend == "same" else ec.drafter_backend
-    return ModelDrafter(open_engine(path, config, backend=backend), verifier=verifier)
+    return ec.backend if ec.drafter_backend == "same" else ec.drafter_backend
 
 
 def open_engine(path: Path, config: Config, backend: str | None = None) -> Any:
