@@ -151,15 +151,6 @@ def timed(fn: Callable[[], object]) -> tuple[Any, float]:
     return out, time.perf_counter() - t
 
 
-def med_ms(fn: Callable[[], object], reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
-
-
 def rel(a: np.ndarray, b: np.ndarray) -> float:
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     return float(np.linalg.norm(a64 - b64) / np.linalg.norm(b64))
@@ -207,6 +198,8 @@ def agreement(path: Path, gpu: Any, llama: Any, n: int) -> dict[str, Any]:
 def call_times(verifier: Any, gpu_drafter: Any, cpu_drafters: dict[int, Any], pos: int,
                ks: tuple[int, ...], rounds: int, reps: int, cpu_reps: int) -> dict[str, Any]:
     """Each call the speculator makes, at position ``pos``: ms (median of the rounds' medians)."""
+    from bench_greedy import wall_ms  # the benchmarks' wall timer of one call
+
     from openjarvis.engine.base import greedy_eval
 
     rng = np.random.default_rng(pos)
@@ -250,7 +243,7 @@ def call_times(verifier: Any, gpu_drafter: Any, cpu_drafters: dict[int, Any], po
         if r % 2:
             order.reverse()
         for name, (fn, n) in order:
-            got[name].append(med_ms(fn, n))
+            got[name].append(wall_ms(fn, n))
     return {name: {"ms": statistics.median(v), "rounds": v} for name, v in got.items()}
 
 

@@ -18,6 +18,7 @@ nibbles, 64 of high 2-bit pairs, 16 int8 scales, f16 d).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -95,6 +96,7 @@ def _bf16(blocks: torch.Tensor) -> torch.Tensor:
     return blocks.contiguous().view(torch.bfloat16).float()
 
 
+@functools.cache
 def _decoders() -> dict[Any, tuple[int, Callable[[torch.Tensor], torch.Tensor]]]:
     from gguf import GGMLQuantizationType as Q
 
