@@ -945,27 +945,12 @@ WARPS23E_VARIANTS: dict[str, dict[str, Any]] = {
     "t1_w13_more": _both("w13", [8, 256, 8, 2, 1, *_L], [4, 1024, 4, 2]),
 }
 T1_SETS["warps23e"] = WARPS23E_VARIANTS
-#: ``--set packed25`` (session 25): verify steps' qkv as one launch of the per-pair kernel again
-#: (``qkv_split`` off: no RoPE kernel, no atomics), now that its T > 1 product packs the pairs'
-#: two halves into one MMA tile with the weights as M, so 8 pairs a program is enough (twice
-#: ``ffn``'s per_pair_qkv programs: 128 for the 1.5B, 72 for the 0.5B); with the first weight
-#: tile before the PDL wait (mode 2), and on 8 warps.
-def _packed(bp: int, bk: int, pdl: int | None = None, warps: int | None = None) -> dict[str, Any]:
-    v: dict[str, Any] = {"qkv_split": False, "tiles": {"qkv": [bp, bk]}}
-    if pdl is not None:
-        v["verify_pdl"] = {**VERIFY_PDL[(1536, 8960)], "qkv": pdl}
-    if warps is not None:  # verify sizes only: each model's one-token qkv warps kept
-        v["by_width"] = {w: {"qkv_warps": {**one, **{str(t): warps for t in range(2, 33)}}}
-                         for w, one in (("1536", {}), ("896", {"1": 1}))}
-    return v
-
-
-T1_SETS["packed25"] = {}
-PACKED25_VARIANTS: dict[str, dict[str, Any]] = {
-    "p16_k256": _packed(16, 256), "p8_k256": _packed(8, 256), "p8_k128": _packed(8, 128),
-    "p8_k512": _packed(8, 512), "p8_k256_pro": _packed(8, 256, pdl=2),
-    "p8_k512_pro": _packed(8, 512, pdl=2), "p8_k256_w8": _packed(8, 256, warps=8),
-}
+#: (Session 25's ``--set packed25``, run 221: verify steps' qkv as one launch of the per-pair
+#: kernel, its T > 1 product packing the pairs' two halves into one MMA tile with the weights
+#: as M, 8 pairs a program (128 programs for the 1.5B, 72 for the 0.5B), against the split-K
+#: product and its RoPE kernel: every tile lost, k = 8 at 512 / 4096 +11.6 / +11.1 % at best
+#: (1.5B, 8 pairs x 256), +21.6 / +22.9 % (0.5B, with its first tile before the wait). Removed;
+#: commit 57d844f holds the kernel and the set.)
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -987,7 +972,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "spread20b": SPREAD20B_VARIANTS, "bcast21": {}, "lanes22": {},
     "lanes22b": {}, "warps23": {},
     "warps23b": {}, "warps23c": {},
-    "warps23d": {}, "warps23e": {}, "packed25": PACKED25_VARIANTS,
+    "warps23d": {}, "warps23e": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
@@ -1011,8 +996,7 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.one_token_pdl = dict(v.get("one_token_pdl", base["one_token_pdl"]))
     r.linear_configs = dict(base["tiles"])
     for name, cfg in v.get("tiles", {}).items():  # verify tiles: [bn, bk, warps, stages, split, swap]
-        tile = tuple(cfg) if name == "qkv" else K.LinearConfig(*cfg)  # (qkv: [bp, bk])
-        r.linear_configs.update({(name, t): tile for t in range(2, 33)})
+        r.linear_configs.update({(name, t): K.LinearConfig(*cfg) for t in range(2, 33)})
     att = v.get("verify_attention", base["verify_attention"])  # null: the one-token tiles
     r.verify_attention = (int(att[0]), int(att[1])) if att else None
     for name, cfg in v.get("t1_tiles", {}).items():  # one-token tiles ("qkv": [bp, bk])

@@ -602,14 +602,28 @@ def _linear_swap_kernel(
 
 
 @triton.jit
-def _qkv_pairs(x_ptr, w_ptr, g_ptr, r1, r2, rt, tmask, ss, K, stride_x, tr_ptr, tr_base, pid,
-               BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-               PDL: tl.constexpr, EVICT: tl.constexpr, TRACE: tl.constexpr):
-    """``_qkv_rope_kernel``'s product as two [BLOCK_T, BLOCK_P] sums (rows r1 and r2, the
-    pairs' halves), waiting on the kernel before (PDL) once its first weight tile is asked
-    for where ``PDL % 4 >= 2``."""
+def _qkv_rope_kernel(
+    x_ptr, w_ptr, g_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
+    T, K, stride_x, stride_ch, stride_cs, eps, tr_ptr, tr_base,
+    N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    EVICT: tl.constexpr, TRACE: tl.constexpr = 0, SMEM_FLOOR: tl.constexpr = 0,
+):
+    """Program = BLOCK_P NeoX pairs (rows j and j + HD/2) of one head of q, k or v
+    (``SMEM_FLOOR`` as in ``_linear_kernel``)."""
+    HALF: tl.constexpr = HD // 2
+    PER_HEAD: tl.constexpr = HALF // BLOCK_P
+    pid = tl.program_id(0)
+    _stamp(tr_ptr, tr_base, pid, 0, TRACE)
+    head = pid // PER_HEAD  # 0..N_HEAD+2*N_KV
+    j = (pid % PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)  # [BP] pair index within head
+    r1 = head * HD + j
+    r2 = r1 + HALF
+    rt = tl.arange(0, BLOCK_T)
+    tmask = rt < T
     acc1 = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
     k_first = 0
     if PDL % 4 >= 2:  # the first weight tile before waiting on the previous kernel
         rk = tl.arange(0, BLOCK_K)
@@ -634,81 +648,6 @@ def _qkv_pairs(x_ptr, w_ptr, g_ptr, r1, r2, rt, tmask, ss, K, stride_x, tr_ptr, 
         w2 = _w_tile(w_ptr, r2, 0, rk[None, :], kmask[None, :], K, EVICT)
         acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
                                    acc2, ss, 2, True, BLOCK_T)
-    return acc1, acc2, ss
-
-
-@triton.jit
-def _qkv_packed_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, acc, ss):
-    """One K tile of ``_qkv_packed``: acc [2 BP, BT] += w [2 BP, BK] . (x * g)^T [BK, BT]."""
-    x, ss = _x_tile(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, ss, True)
-    return tl.dot(w, tl.trans(x.to(w.dtype)), acc), ss
-
-
-@triton.jit
-def _qkv_packed(x_ptr, w_ptr, g_ptr, row0, rt, tmask, ss, K, stride_x, tr_ptr, tr_base, pid,
-                HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr,
-                BLOCK_K: tl.constexpr, PDL: tl.constexpr, EVICT: tl.constexpr,
-                TRACE: tl.constexpr):
-    """``_qkv_pairs`` for T > 1: rows row0 + [0, BP) and row0 + HALF + [0, BP) as one tile, so
-    one MMA of M = 2 BP (>= 16) serves both halves of BP pairs, with the weights as M (as the
-    swapped verify products, session 2 run 14); split back into the halves at the end."""
-    i = tl.arange(0, 2 * BLOCK_P)
-    rows = row0 + i % BLOCK_P + (i // BLOCK_P) * HALF
-    acc = tl.zeros([2 * BLOCK_P, BLOCK_T], dtype=tl.float32)
-    k_first = 0
-    if PDL % 4 >= 2:  # the first weight tile before waiting on the previous kernel
-        rk = tl.arange(0, BLOCK_K)
-        kmask = rk < K
-        w = _w_tile(w_ptr, rows, 0, rk[None, :], kmask[None, :], K, EVICT)
-        _gdc(PDL)
-        _stamp(tr_ptr, tr_base, pid, 1, TRACE)
-        acc, ss = _qkv_packed_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, acc, ss)
-        k_first = BLOCK_K
-    else:
-        _gdc(PDL)
-        _stamp(tr_ptr, tr_base, pid, 1, TRACE)
-    for k0 in range(k_first, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        kmask = rk < K
-        w = _w_tile(w_ptr, rows, 0, rk[None, :], kmask[None, :], K, EVICT)
-        acc, ss = _qkv_packed_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, acc, ss)
-    halves = tl.permute(tl.reshape(tl.trans(acc), (BLOCK_T, 2, BLOCK_P)), (0, 2, 1))
-    acc1, acc2 = tl.split(halves)  # [BT, BP] each: rows j and j + HD/2
-    return acc1, acc2, ss
-
-
-@triton.jit
-def _qkv_rope_kernel(
-    x_ptr, w_ptr, g_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
-    T, K, stride_x, stride_ch, stride_cs, eps, tr_ptr, tr_base,
-    N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    EVICT: tl.constexpr, TRACE: tl.constexpr = 0, SMEM_FLOOR: tl.constexpr = 0,
-):
-    """Program = BLOCK_P NeoX pairs (rows j and j + HD/2) of one head of q, k or v
-    (``SMEM_FLOOR`` as in ``_linear_kernel``). At T > 1 the pairs' two halves load as one
-    [2 BLOCK_P, BLOCK_K] tile, the weights as the MMA's M (``_qkv_packed``), so BLOCK_P 8 is
-    enough: twice the programs of two [BLOCK_T, BLOCK_P] products, which need BLOCK_P 16."""
-    HALF: tl.constexpr = HD // 2
-    PER_HEAD: tl.constexpr = HALF // BLOCK_P
-    pid = tl.program_id(0)
-    _stamp(tr_ptr, tr_base, pid, 0, TRACE)
-    head = pid // PER_HEAD  # 0..N_HEAD+2*N_KV
-    j = (pid % PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)  # [BP] pair index within head
-    r1 = head * HD + j
-    r2 = r1 + HALF
-    rt = tl.arange(0, BLOCK_T)
-    tmask = rt < T
-    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    if BLOCK_T > 1:
-        row0 = head * HD + (pid % PER_HEAD) * BLOCK_P
-        acc1, acc2, ss = _qkv_packed(x_ptr, w_ptr, g_ptr, row0, rt, tmask, ss, K, stride_x,
-                                     tr_ptr, tr_base, pid, HALF, BLOCK_T, BLOCK_P, BLOCK_K, PDL,
-                                     EVICT, TRACE)
-    else:
-        acc1, acc2, ss = _qkv_pairs(x_ptr, w_ptr, g_ptr, r1, r2, rt, tmask, ss, K, stride_x,
-                                    tr_ptr, tr_base, pid, BLOCK_T, BLOCK_P, BLOCK_K, PDL, EVICT,
-                                    TRACE)
     _stamp(tr_ptr, tr_base, pid, 2, TRACE)
     _gdc_late(PDL)
     inv = tl.rsqrt(ss / K + eps)
@@ -1359,9 +1298,6 @@ def qkv_rope(
     n_kv = k_cache.shape[0]
     bp = block_p or (4 if t == 1 and x.device.type == "cuda" else 16)
     bp = min(bp, hd // 2)
-    if t > 1 and bp < 8:  # (the packed tile's 2 * bp rows are an MMA dimension: >= 16)
-        raise ValueError(f"qkv_rope: block_p {bp} at T = {t}; steps of more than one token "
-                         "need at least 8 pairs a program")
     grid = ((n_head + 2 * n_kv) * (hd // 2 // bp),)
     tr, trc = _trace(q_out)
     ck = _qkv_rope_kernel[grid](
