@@ -19,6 +19,9 @@ Two steps::
     python scripts/bench_pair_gpu.py skeleton --dir .pairbench/skel     # here: the installed pair
     python3 scripts/bench_pair_gpu.py run --skeletons .pairbench/skel --out $OUT/pair   # there
 
+(``load`` instead of ``run`` measures only the torch engine's load there: seconds and GPU memory,
+each tensor decoded whole against in chunks, ``load_memory``.)
+
 The run, in one process (results in ``--out``/pair.json):
 
 1. the two files written from their skeletons (seconds);
@@ -363,6 +366,66 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def load_memory(args: argparse.Namespace) -> dict[str, Any]:
+    """``load_gguf`` on the GPU (the torch engine's load, without its captures) of each file,
+    decoding each tensor whole (as before session 25) and ``dequant.CHUNK`` elements at a time,
+    alternating over ``--rounds``: seconds, the peak GPU memory over what was allocated before
+    (MiB) and what the weights hold after; the two loads' weights compared bit for bit. Then
+    the whole ``TorchEngine.from_gguf`` (its captures with the shared scratch) and what it
+    holds."""
+    import torch
+
+    from openjarvis.engine.torch import dequant
+    from openjarvis.engine.torch.engine import TorchEngine
+    from openjarvis.engine.torch.weights import load_gguf
+
+    mib = 2.0**20
+    chunk = dequant.CHUNK
+    work = Path(args.work)
+    res: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                           "chunk": chunk}
+
+    def measured(fn: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        (out, s) = timed(lambda: (fn(), torch.cuda.synchronize())[0])
+        return out, {"s": s, "peak_mib": (torch.cuda.max_memory_allocated() - base) / mib,
+                     "held_mib": (torch.cuda.memory_allocated() - base) / mib}
+
+    for i, role in enumerate(ROLES):
+        path = synthesize(Path(args.skeletons), role, work, seed=i)
+        runs: dict[str, list[dict[str, float]]] = {"whole": [], "chunked": []}
+        kept: dict[str, Any] = {}
+        for _ in range(args.rounds):
+            for label, size in (("whole", 1 << 62), ("chunked", chunk)):
+                dequant.CHUNK = size
+                try:
+                    (out, m) = measured(lambda path=path: load_gguf(path, torch.bfloat16, "cuda"))
+                finally:
+                    dequant.CHUNK = chunk
+                runs[label].append(m)
+                kept.setdefault(label, out[1])
+                del out
+        a, b = kept["whole"], kept["chunked"]
+        pairs = [(a.tok_emb, b.tok_emb), (a.out_norm, b.out_norm)] + [
+            (getattr(x, f), getattr(y, f)) for x, y in zip(a.layers, b.layers, strict=True)
+            for f in ("wqkv", "bqkv", "wo", "w13", "w2", "attn_norm", "ffn_norm")]
+        del kept, a, b
+        res[role] = {k: {f: statistics.median(r[f] for r in v) for f in v[0]} | {"runs": v}
+                     for k, v in runs.items()}
+        res[role]["bit_identical"] = all(torch.equal(x, y) for x, y in pairs)
+        del pairs
+        (eng, m) = measured(lambda path=path: TorchEngine.from_gguf(path, device="cuda",
+                                                                    context=args.context))
+        res[role]["engine"] = m
+        eng.close()
+        del eng
+        log(f"{role}: {json.dumps({k: v for k, v in res[role].items() if k != 'runs'})}")
+    return res
+
+
 def _cpu_name() -> str:
     from openjarvis.engine.llama import device_name
 
@@ -393,17 +456,29 @@ def main(argv: list[str] | None = None) -> int:
     rn.add_argument("--tokens", type=int, default=256, help="tokens of each end-to-end answer")
     rn.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="cpu: the torch engines in float32 on the CPU (a smoke test of this script)")
+    ld = sub.add_parser("load", help="on the GPU host: the torch load's time and GPU memory")
+    ld.add_argument("--skeletons", required=True)
+    ld.add_argument("--out", required=True)
+    ld.add_argument("--work", default="/tmp/pairbench", help="where the random GGUF files go")
+    ld.add_argument("--rounds", type=int, default=3)
+    ld.add_argument("--context", type=int, default=8192, help="the engine's context")
     args = p.parse_args(argv)
     if args.cmd == "skeleton":
         skeleton(Path(args.dir))
         return 0
     import torch
 
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.cmd == "run" and args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_pair_gpu.py run: no CUDA device here (run it on the GPU host, "
                          "or --device cpu for a smoke test of the script)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.cmd == "load":
+        if not torch.cuda.is_available():
+            raise SystemExit("bench_pair_gpu.py load: no CUDA device here")
+        (out / "load.json").write_text(json.dumps(load_memory(args), indent=1, default=str))
+        log(f"wrote {out / 'load.json'}")
+        return 0
     res = run(args)
     (out / "pair.json").write_text(json.dumps(res, indent=1, default=str))
     log(f"wrote {out / 'pair.json'}")

@@ -1,7 +1,7 @@
 """What loading the torch engine on the GPU spends before the first request: the captures.
 
 ``TorchEngine.from_gguf`` captures a CUDA graph for every step a request can take (logits
-steps of 1-17 tokens and the prompt chunk, greedy steps of 1-17 tokens), and a torch model
+and greedy steps of 1-32 tokens, since session 24), and a torch model
 drafter captures its draft chains (``TorchEngine.warm_drafts``: 15 chains of 1-15 one-token
 steps), so that no request pays Triton compilation or a capture. This prices each part on a
 ``Runner`` of the default pair's shapes (random bf16 weights; reading a GGUF is not timed
@@ -11,7 +11,9 @@ here), as the engine calls them, in the engine's order:
 - ``greedy``: ``warmup(WARM_GREEDY, greedy=True)``;
 - ``chains``: ``warm_chains(range(1, MAX_CHAIN), 0)``.
 
-Each model is loaded twice in the process: the first pays Triton's compilation of every kernel
+Each part's GPU memory is recorded beside its seconds (``*_mib``), and a third load has every
+step hold scratch of its own (``own_scratch_load``: ``Runner.shared_scratch`` off, as before
+session 25). Each model is otherwise loaded twice in the process: the first pays Triton's compilation of every kernel
 variant unless its on-disk cache (``TRITON_CACHE_DIR``) already holds them, the second finds
 them compiled in memory and pays the captures (with their warm-up runs) alone. Run it twice
 with the same fresh ``TRITON_CACHE_DIR`` to see a first start (empty cache) and a restart
@@ -54,16 +56,23 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def load(a: ModelArgs, w: Any, n_ctx: int) -> dict[str, float]:
-    """One engine load's captures, in the engine's order, seconds each."""
+def load(a: ModelArgs, w: Any, n_ctx: int, shared_scratch: bool = True) -> dict[str, float]:
+    """One engine load's captures, in the engine's order, seconds each; and the GPU memory
+    each part takes (MiB allocated after it, less before it; the KV cache is ``runner``)."""
+    mib = 2.0**20
+    m0 = torch.cuda.memory_allocated()
     r = Runner(Transformer(a, w, n_pos=n_ctx + 64), n_ctx, kernels="triton", graphs=True)
     r.greedy_cols = TOKENIZER_VOCAB
-    out = {
-        "steps": timed(lambda: r.warmup(WARM_STEPS)),
-        "greedy": timed(lambda: r.warmup(WARM_GREEDY, greedy=True)),
-        "chains": timed(lambda: r.warm_chains(range(1, MAX_CHAIN), 0)),
-    }
-    out["total"] = sum(out.values())
+    r.shared_scratch = shared_scratch
+    out = {"runner_mib": (torch.cuda.memory_allocated() - m0) / mib}
+    for part, fn in (("steps", lambda: r.warmup(WARM_STEPS)),
+                     ("greedy", lambda: r.warmup(WARM_GREEDY, greedy=True)),
+                     ("chains", lambda: r.warm_chains(range(1, MAX_CHAIN), 0))):
+        m = torch.cuda.memory_allocated()
+        out[part] = timed(fn)
+        out[part + "_mib"] = (torch.cuda.memory_allocated() - m) / mib
+    out["total"] = out["steps"] + out["greedy"] + out["chains"]
+    out["total_mib"] = (torch.cuda.memory_allocated() - m0) / mib
     out["chains_captured"] = float(len(r._chains))
     r.drop_steps()  # its graphs go before the next load's
     return out
@@ -87,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         run[name] = {"first_load": load(a, w, args.context)}
         torch.cuda.empty_cache()
         run[name]["second_load"] = load(a, w, args.context)
+        torch.cuda.empty_cache()
+        # each step's scratch its own, as before session 25 (``Runner.shared_scratch``)
+        run[name]["own_scratch_load"] = load(a, w, args.context, shared_scratch=False)
         print(name, json.dumps(run[name]), flush=True)
         del w
         torch.cuda.empty_cache()

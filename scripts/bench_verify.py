@@ -951,6 +951,9 @@ T1_SETS["warps23e"] = WARPS23E_VARIANTS
 #: product and its RoPE kernel: every tile lost, k = 8 at 512 / 4096 +11.6 / +11.1 % at best
 #: (1.5B, 8 pairs x 256), +21.6 / +22.9 % (0.5B, with its first tile before the wait). Removed;
 #: commit 57d844f holds the kernel and the set.)
+#: ``--set scratch25`` (session 25): every step's scratch its own again (``shared_scratch`` off,
+#: as before session 25), an A/A check of the shared scratch's speed.
+T1_SETS["scratch25"] = {"t1_own_scratch": {"shared_scratch": False}}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -973,12 +976,13 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "lanes22b": {}, "warps23": {},
     "warps23b": {}, "warps23c": {},
     "warps23d": {}, "warps23e": {},
+    "scratch25": {"own_scratch": {"shared_scratch": False}},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
          "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch",
-         "combine_cols", "weight_evict", "smem_floor", "qkv_warps"}
+         "combine_cols", "weight_evict", "smem_floor", "qkv_warps", "shared_scratch"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -1024,6 +1028,7 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     # {"qkv": bytes} for one-token steps, {"v_w2": bytes} for verify steps
     r.smem_floor = {(k.removeprefix("v_"), k.startswith("v_")): int(n)
                     for k, n in v.get("smem_floor", base["smem_floor"]).items()}
+    r.shared_scratch = bool(v.get("shared_scratch", True))
     r.drop_steps()
 
 

@@ -2,10 +2,10 @@
 
 ``gguf.quants.dequantize`` (numpy, one core) and the packing after it took 10-14 s of the
 1.5B's load on the GPU host (session 24, run 218) and held the whole model in float32 on the host
-(7 GB for the 1.5B) before the copy to the GPU. (On the device each tensor still passes through
-float32 there, about 10 bytes an element at its peak: the embedding, 233M elements, is the
-largest.) Here each tensor's raw bytes go to the device
-and are decoded there, one tensor at a time, by the same arithmetic as the gguf package's
+(7 GB for the 1.5B) before the copy to the GPU. Here each tensor's raw bytes go to the device
+and are decoded there, ``CHUNK`` elements at a time straight into a tensor of the model's dtype
+(until session 25 a whole tensor went through float32 at about 10 bytes an element: 2.3 GB
+for the 1.5B's 233M-element embedding), by the same arithmetic as the gguf package's
 decoders (each step the same float32 operation, so the values are bit-identical to its;
 ``tests/unit/engine/torch/test_torch_weights.py`` compares every type). Types without a decoder
 here (Q4_0, Q5_1, Q2_K, Q3_K, the IQ types...) fall back to the gguf package on the host.
@@ -26,6 +26,10 @@ import numpy as np
 import torch
 
 QK_K = 256
+#: Elements decoded at a time (through float32 and the decoders' temporaries, ~10 bytes each):
+#: 16M bounds that to ~160 MB beside the tensor's bytes and its output, and is large enough
+#: that the launches of a chunk's few dozen ops cost nothing against its work.
+CHUNK = 1 << 24
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
@@ -97,26 +101,34 @@ def _bf16(blocks: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _decoders() -> dict[Any, tuple[int, Callable[[torch.Tensor], torch.Tensor]]]:
+def _decoders() -> dict[Any, tuple[int, int, Callable[[torch.Tensor], torch.Tensor]]]:
+    """GGML type -> (bytes a block, elements a block, decoder)."""
     from gguf import GGMLQuantizationType as Q
 
-    return {Q.Q8_0: (34, _q8_0), Q.Q5_0: (22, _q5_0), Q.Q4_K: (144, _q4_k),
-            Q.Q5_K: (176, _q5_k), Q.Q6_K: (210, _q6_k), Q.BF16: (2, _bf16)}
+    return {Q.Q8_0: (34, 32, _q8_0), Q.Q5_0: (22, 32, _q5_0), Q.Q4_K: (144, QK_K, _q4_k),
+            Q.Q5_K: (176, QK_K, _q5_k), Q.Q6_K: (210, QK_K, _q6_k), Q.BF16: (2, 1, _bf16)}
 
 
-def dequantize_tensor(t: Any, device: torch.device | str) -> torch.Tensor:
-    """A tensor of ``gguf_file.read_header`` (or ``gguf.GGUFReader``, shaped alike) as float32
+def dequantize_tensor(t: Any, device: torch.device | str,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A tensor of ``gguf_file.read_header`` (or ``gguf.GGUFReader``, shaped alike) as ``dtype``
     on ``device``, shaped ``[rows, cols]`` (or its own shape, slowest dimension first): decoded
-    there where a decoder here knows its type."""
+    there, ``CHUNK`` elements at a time, where a decoder here knows its type. Each value is the
+    gguf package's float32 value rounded once to ``dtype``."""
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
 
     shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # ne is fastest-first
     if t.tensor_type in (Q.F32, Q.F16):
-        return torch.from_numpy(np.array(t.data)).to(device).float().reshape(shape)
+        return torch.from_numpy(np.array(t.data)).to(device).float().to(dtype).reshape(shape)
     known = _decoders().get(t.tensor_type)
     if known is None:
-        return torch.from_numpy(dequantize(np.asarray(t.data), t.tensor_type)).to(device).reshape(shape)
-    size, decode = known
+        host = torch.from_numpy(dequantize(np.asarray(t.data), t.tensor_type))
+        return host.to(device).to(dtype).reshape(shape)
+    size, per_block, decode = known
     raw = torch.from_numpy(np.array(t.data, dtype=np.uint8).reshape(-1, size)).to(device)
-    return decode(raw).reshape(shape)
+    out = torch.empty(raw.shape[0] * per_block, dtype=dtype, device=device)
+    step = max(1, CHUNK // per_block)  # blocks a chunk
+    for b in range(0, raw.shape[0], step):
+        out[b * per_block : (b + step) * per_block] = decode(raw[b : b + step]).reshape(-1)
+    return out.reshape(shape)

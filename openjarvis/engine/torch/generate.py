@@ -17,6 +17,7 @@ Graphs are captured lazily, on the first call with a given T, and kept on the Ru
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
@@ -174,6 +175,13 @@ class Runner:
             raise ValueError("the RoPE table is shorter than the cache")
         self._steps: dict[int, Workspace] = {}
         self._greedy_steps: dict[int, Workspace] = {}  # ``argmax``'s, by T
+        #: Every step's scratch (h, q, the attention's partials, attn, act) as views of one
+        #: buffer a kind (``_scratch``): steps run one at a time on one stream, and each writes
+        #: its scratch before reading it. A buffer a step made the attention's partials of 64
+        #: splits for all 64 captured steps 415 MB of the 1.5B's GPU memory and 242 MB of the
+        #: 0.5B's. Off: a buffer a step, as before session 25 (bench_startup.py compares).
+        self.shared_scratch = True
+        self._arena: dict[str, torch.Tensor] = {}
         self._chains: dict[int, Chain] = {}  # ``draft``'s, by length
         self._greedy_cols = self.args.n_vocab
         #: On the GPU, ``host`` brings results of ``PINNED_MIN_BYTES`` or more (logits) down
@@ -393,6 +401,7 @@ class Runner:
         if t is None:
             self._steps.clear()
             self._greedy_steps.clear()
+            self._arena.clear()  # (sized anew for the settings of then)
         else:
             self._steps.pop(t, None)
             self._greedy_steps.pop(t, None)
@@ -664,12 +673,12 @@ class Runner:
         bare = greedy and path == "triton"  # its output projection writes partials instead
         ws = Workspace(
             inputs=torch.zeros(1 + t, dtype=torch.int64, device=dev),
-            h=torch.empty(t, a.n_embd, dtype=f32, device=dev),
-            q=torch.empty(t, a.n_head, a.head_dim, dtype=f32, device=dev),
-            o_part=torch.empty(nsplit, t, a.n_head, a.head_dim, dtype=f32, device=dev),
-            ml_part=torch.empty(nsplit, t, a.n_head, 2, dtype=f32, device=dev),
-            attn=torch.empty(t, a.q_dim, dtype=dt, device=dev),
-            act=torch.empty(t, a.n_ff, dtype=dt, device=dev),
+            h=self._scratch("h", (t, a.n_embd), f32),
+            q=self._scratch("q", (t, a.n_head, a.head_dim), f32),
+            o_part=self._scratch("o_part", (nsplit, t, a.n_head, a.head_dim), f32),
+            ml_part=self._scratch("ml_part", (nsplit, t, a.n_head, 2), f32),
+            attn=self._scratch("attn", (t, a.q_dim), dt),
+            act=self._scratch("act", (t, a.n_ff), dt),
             logits=torch.empty(0 if bare or path in ("cuda_step", "mega") else t, a.n_vocab,
                                dtype=f32, device=dev),  # (those two write their own)
             path=path,
@@ -692,6 +701,24 @@ class Runner:
             ws.partials = argmax_partials(t, self.greedy_cols, self._out_tile(t), dev)
         steps[t] = ws
         return ws
+
+    def _scratch(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A contiguous ``shape`` view of the scratch buffer ``name``, shared by every step
+        (``shared_scratch``), sized at first use for the largest step (``MAX_STEP`` tokens,
+        the attention's splits as ``attention_tiles`` gives them then). A step that needs more
+        later (settings changed) gets a larger buffer; the steps built before keep the old one
+        alive through their views, so their graphs stay valid."""
+        n = math.prod(shape)
+        if not self.shared_scratch:
+            return torch.empty(shape, dtype=dtype, device=self.device)
+        buf = self._arena.get(name)
+        if buf is None or buf.numel() < n or buf.dtype != dtype:
+            rows = max(self.attention_tiles(u)[0] * u for u in range(1, MAX_STEP + 1))
+            per_token = n // (shape[0] * shape[1]) if name in ("o_part", "ml_part") else n // shape[0]
+            most = per_token * (rows if name in ("o_part", "ml_part") else MAX_STEP)
+            buf = torch.empty(max(n, most), dtype=dtype, device=self.device)
+            self._arena[name] = buf
+        return buf[:n].view(shape)
 
     def _run(self, ws: Workspace) -> torch.Tensor:
         """One step on the inputs ``ws`` holds, by the path it was built for; its logits (a

@@ -175,9 +175,9 @@ def load_gguf(
         raise EngineError(f"unsupported GGUF model {path}: {exc}") from exc
     raw = {t.name: t for t in table}
     try:
-        # each tensor's bytes decoded on ``device`` as packing asks for it: no float32 copy of
-        # the whole model on the host (``dequant.py``)
-        weights = pack(args, lambda n: dequantize_tensor(raw[n], device), dtype, device)
+        # each tensor's bytes decoded on ``device`` into ``dtype`` as packing asks for it: no
+        # float32 copy of the whole model on the host, nor of a whole tensor (``dequant.py``)
+        weights = pack(args, lambda n: dequantize_tensor(raw[n], device, dtype), dtype, device)
     except KeyError as exc:
         raise EngineError(f"GGUF file {path} lacks tensor {exc}") from exc
     return args, weights, meta

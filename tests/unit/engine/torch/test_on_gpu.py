@@ -425,13 +425,14 @@ def test_the_engine_captures_at_load_every_step_a_request_runs(
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "BF16"])
-def test_gguf_blocks_decode_on_the_gpu_as_on_the_cpu(qtype: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_gguf_blocks_decode_on_the_gpu_as_on_the_cpu(qtype: str, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """``load_gguf`` decodes on the device: the same bits as the CPU (which the weights test
     holds to the gguf package's decoders). (The device has no ``gguf``: carry it, as
     ``scripts/bench_pair_gpu.py``'s run does, in ``PYTHONPATH``.)"""
     gguf = pytest.importorskip("gguf")
     import numpy as np
 
+    from openjarvis.engine.torch import dequant
     from openjarvis.engine.torch.dequant import dequantize_tensor
 
     q = gguf.GGMLQuantizationType[qtype]
@@ -452,3 +453,8 @@ def test_gguf_blocks_decode_on_the_gpu_as_on_the_cpu(qtype: str, tmp_path) -> No
     assert on_gpu.is_cuda and on_gpu.shape == (6, 512)
     # (bit patterns: random BF16 bytes hold NaNs)
     assert torch.equal(on_gpu.cpu().view(torch.int32), dequantize_tensor(t, "cpu").view(torch.int32))
+    # and straight into bf16, in chunks that end inside rows, as ``load_gguf`` decodes there
+    monkeypatch.setattr(dequant, "CHUNK", 300)
+    got, ref = dequantize_tensor(t, "cuda", torch.bfloat16).cpu(), on_gpu.cpu().to(torch.bfloat16)
+    keep = ~ref.isnan()  # (NaNs' payloads may round differently; random BF16 bytes hold some)
+    assert torch.equal(got.view(torch.int16)[keep], ref.view(torch.int16)[keep])

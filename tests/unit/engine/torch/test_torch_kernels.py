@@ -18,6 +18,7 @@ from openjarvis.engine.torch.config import ModelArgs  # noqa: E402
 from openjarvis.engine.torch.generate import (  # noqa: E402
     DEFAULT_ONE_TOKEN_PDL,
     DEFAULT_PDL_BY_T,
+    MAX_STEP,
     Runner,
     Workspace,
 )
@@ -550,6 +551,42 @@ def test_a_rope_kernel_whose_threads_would_share_values_is_refused() -> None:
         K.qkv_split(x, w, norm, bias, rope_table(a, 64, "cpu"), torch.tensor([0]), q, kc,
                     kc.clone(), torch.zeros(t, a.qkv_dim), 1e-6, K.LinearConfig(16, 32, split_k=2),
                     rope_warps=2)
+
+
+def _scratch_bytes(r: Runner) -> int:
+    """Bytes of the distinct buffers behind every step's scratch (h, q, partials, attn, act)."""
+    seen: dict[int, int] = {}
+    for ws in [*r._steps.values(), *r._greedy_steps.values()]:
+        for b in (ws.h, ws.q, ws.o_part, ws.ml_part, ws.attn, ws.act):
+            st = b.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def test_steps_of_every_size_share_one_scratch_and_still_match_the_reference() -> None:
+    """A warmed engine holds a step of every size (64 on the GPU): their scratch is one
+    buffer a kind, sized for the largest step, not one a step. Steps of different sizes
+    interleaved over one cache still give the reference logits."""
+    model = _model()
+    seq, ref = _seq_and_ref(model, 12, seed=0)
+    r = Runner(model, 64, kernels="triton", nsplit=4)
+    rows = [r.logits(seq[:5], 0).clone(), r.logits(seq[5:6], 5).clone(),
+            r.logits(seq[6:9], 6).clone(), r.logits(seq[9:10], 9).clone()]
+    assert r.argmax(seq[10:12], 10).tolist() == ref[10:12].argmax(-1).tolist()
+    rows.append(r.logits(seq[10:12], 10))
+    assert rel(torch.cat(rows), ref) < 1e-5
+    shared = _scratch_bytes(r)
+    own = Runner(model, 64, kernels="triton", nsplit=4)
+    own.shared_scratch = False
+    for runner in (r, own):
+        for t in range(1, 9):
+            runner.logits(seq[:t], 0)
+    assert _scratch_bytes(r) == shared  # eight more sizes, no more scratch
+    a = ARGS  # one 32-token step's scratch (the largest) against the sum over eight sizes
+    per_token = 4 * (a.n_embd + a.n_head * a.head_dim + 4 * a.n_head * (a.head_dim + 2)
+                     + a.q_dim + a.n_ff)
+    assert shared == MAX_STEP * per_token
+    assert _scratch_bytes(own) == sum(range(1, 9)) * per_token
 
 
 def test_runner_with_split_k_qkv_for_verify_steps_matches_the_reference_path() -> None:

@@ -63,6 +63,38 @@ def test_read_gguf_dequantizes_like_the_reference(qtype: Q, tmp_path: Path) -> N
     np.testing.assert_array_equal(tensors["v.weight"], f32)
 
 
+@pytest.mark.parametrize(
+    "qtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q5_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name
+)
+def test_a_tensor_decodes_in_chunks_into_the_models_dtype(
+    qtype: Q, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU's load decodes a tensor a chunk at a time straight into bf16 (no float32 copy of
+    a whole tensor): each value the reference's float32 rounded once, whatever the chunk (here
+    one of 300 elements: blocks of 32 and 256 end in the middle of rows)."""
+    import torch
+
+    from openjarvis.engine.torch import dequant
+    from openjarvis.engine.torch.gguf_file import read_header
+
+    raw, _ = _raw(qtype, np.random.default_rng(int(qtype)))
+    path = tmp_path / "t.gguf"
+    w = gguf.GGUFWriter(path, "qwen2")
+    w.add_tensor("m.weight", raw, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ref = torch.from_numpy(dequantize(raw, qtype).reshape(ROWS, COLS)).to(torch.bfloat16)
+    (t,) = read_header(path)[1]
+    whole = dequant.dequantize_tensor(t, "cpu", torch.bfloat16)
+    monkeypatch.setattr(dequant, "CHUNK", 300)
+    got = dequant.dequantize_tensor(t, "cpu", torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and got.shape == (ROWS, COLS)
+    assert torch.equal(got.view(torch.int16), ref.view(torch.int16))
+    assert torch.equal(whole.view(torch.int16), ref.view(torch.int16))
+
+
 def test_q8_0_block_layout_by_hand(tmp_path: Path) -> None:
     """One Q8_0 block decoded from its definition: value = float16 scale * int8 quant."""
     q = np.arange(-16, 16, dtype=np.int8)
