@@ -952,8 +952,9 @@ T1_SETS["warps23e"] = WARPS23E_VARIANTS
 #: (1.5B, 8 pairs x 256), +21.6 / +22.9 % (0.5B, with its first tile before the wait). Removed;
 #: commit 57d844f holds the kernel and the set.)
 #: ``--set scratch25`` (session 25): every step's scratch its own again (``shared_scratch`` off,
-#: as before session 25), an A/A check of the shared scratch's speed.
-T1_SETS["scratch25"] = {"t1_own_scratch": {"shared_scratch": False}}
+#: as before session 25), a check of the shared scratch's speed; ``t1_shared`` is the default
+#: again, timed in a variant's place (an A/A check of the round's order).
+T1_SETS["scratch25"] = {"t1_own_scratch": {"shared_scratch": False}, "t1_shared": {}}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,

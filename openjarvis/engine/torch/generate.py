@@ -175,11 +175,12 @@ class Runner:
             raise ValueError("the RoPE table is shorter than the cache")
         self._steps: dict[int, Workspace] = {}
         self._greedy_steps: dict[int, Workspace] = {}  # ``argmax``'s, by T
-        #: Every step's scratch (h, q, the attention's partials, attn, act) as views of one
-        #: buffer a kind (``_scratch``): steps run one at a time on one stream, and each writes
-        #: its scratch before reading it. A buffer a step made the attention's partials of 64
-        #: splits for all 64 captured steps 415 MB of the 1.5B's GPU memory and 242 MB of the
-        #: 0.5B's. Off: a buffer a step, as before session 25 (bench_startup.py compares).
+        #: Every step's scratch (h, q, the attention's partials, attn, act) and logits as views
+        #: of one buffer a kind (``_scratch``): steps run one at a time on one stream, each
+        #: writes its scratch before reading it, and the logits are valid until the next call
+        #: (``logits``; the engine copies them to the host at once). A buffer a step held 1.0 GiB
+        #: of the 1.5B's GPU memory over its 64 captured steps and 0.7 GiB of the 0.5B's
+        #: (run 222). Off: a buffer a step, as before session 25 (bench_startup.py compares).
         self.shared_scratch = True
         self._arena: dict[str, torch.Tensor] = {}
         self._chains: dict[int, Chain] = {}  # ``draft``'s, by length
@@ -454,8 +455,9 @@ class Runner:
     def logits(
         self, tokens: Sequence[int], start: int, *, last_only: bool = False
     ) -> torch.Tensor:
-        """Logits ``[T, V]`` (``[1, V]`` if ``last_only``) float32 on the device; a view of a
-        workspace, valid until the next call with the same T, when one step holds them all."""
+        """Logits ``[T, V]`` (``[1, V]`` if ``last_only``) float32 on the device; a view of the
+        steps' shared output (``shared_scratch``), valid until the next call: clone to keep.
+        (Before session 25 each T had its own: 306 MiB of logits a warmed engine.)"""
         n = len(tokens)
         if n == 0 or start < 0 or start + n > self.n_ctx:
             raise ValueError(f"cannot evaluate {n} tokens at {start} in a {self.n_ctx} window")
@@ -583,7 +585,7 @@ class Runner:
 
     def step(self, tokens: Sequence[int], start: int, *, greedy: bool = False) -> torch.Tensor:
         """One fixed-shape step of ``len(tokens) <= MAX_STEP``; returns the workspace's logits
-        (``greedy``: its token ids, ``argmax``)."""
+        (``greedy``: its token ids, ``argmax``), valid until the next step."""
         ws = self._workspace(len(tokens), greedy)
         if self.graph_io:
             return self._step_graph_io(ws, start, tokens)
@@ -679,8 +681,10 @@ class Runner:
             ml_part=self._scratch("ml_part", (nsplit, t, a.n_head, 2), f32),
             attn=self._scratch("attn", (t, a.q_dim), dt),
             act=self._scratch("act", (t, a.n_ff), dt),
-            logits=torch.empty(0 if bare or path in ("cuda_step", "mega") else t, a.n_vocab,
-                               dtype=f32, device=dev),  # (those two write their own)
+            # (the CUDA step and the single launch write their own; a greedy Triton step none)
+            logits=(torch.empty(0, a.n_vocab, dtype=f32, device=dev)
+                    if bare or path in ("cuda_step", "mega")
+                    else self._scratch("logits", (t, a.n_vocab), f32)),
             path=path,
             greedy=greedy,
         )

@@ -554,19 +554,20 @@ def test_a_rope_kernel_whose_threads_would_share_values_is_refused() -> None:
 
 
 def _scratch_bytes(r: Runner) -> int:
-    """Bytes of the distinct buffers behind every step's scratch (h, q, partials, attn, act)."""
+    """Bytes of the distinct buffers behind every step's scratch (h, q, partials, attn, act)
+    and logits (a greedy step's: none)."""
     seen: dict[int, int] = {}
     for ws in [*r._steps.values(), *r._greedy_steps.values()]:
-        for b in (ws.h, ws.q, ws.o_part, ws.ml_part, ws.attn, ws.act):
+        for b in (ws.h, ws.q, ws.o_part, ws.ml_part, ws.attn, ws.act, ws.logits):
             st = b.untyped_storage()
             seen[st.data_ptr()] = st.nbytes()
     return sum(seen.values())
 
 
 def test_steps_of_every_size_share_one_scratch_and_still_match_the_reference() -> None:
-    """A warmed engine holds a step of every size (64 on the GPU): their scratch is one
-    buffer a kind, sized for the largest step, not one a step. Steps of different sizes
-    interleaved over one cache still give the reference logits."""
+    """A warmed engine holds a step of every size (64 on the GPU): their scratch and logits
+    are one buffer a kind, sized for the largest step, not one a step. Steps of different
+    sizes interleaved over one cache still give the reference logits."""
     model = _model()
     seq, ref = _seq_and_ref(model, 12, seed=0)
     r = Runner(model, 64, kernels="triton", nsplit=4)
@@ -584,7 +585,7 @@ def test_steps_of_every_size_share_one_scratch_and_still_match_the_reference() -
     assert _scratch_bytes(r) == shared  # eight more sizes, no more scratch
     a = ARGS  # one 32-token step's scratch (the largest) against the sum over eight sizes
     per_token = 4 * (a.n_embd + a.n_head * a.head_dim + 4 * a.n_head * (a.head_dim + 2)
-                     + a.q_dim + a.n_ff)
+                     + a.q_dim + a.n_ff + a.n_vocab)
     assert shared == MAX_STEP * per_token
     assert _scratch_bytes(own) == sum(range(1, 9)) * per_token
 
