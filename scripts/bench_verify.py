@@ -955,6 +955,9 @@ T1_SETS["warps23e"] = WARPS23E_VARIANTS
 #: as before session 25), a check of the shared scratch's speed; ``t1_shared`` is the default
 #: again, timed in a variant's place (an A/A check of the round's order).
 T1_SETS["scratch25"] = {"t1_own_scratch": {"shared_scratch": False}, "t1_shared": {}}
+#: ``--set scratch25b``: the one-token step on views of the shared buffers too (before its own
+#: were kept, ``own_scratch_t``), against the default and an A/A of it.
+T1_SETS["scratch25b"] = {"t1_arena": {"own_scratch_t": []}, "t1_own_again": {}}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -978,12 +981,14 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "warps23b": {}, "warps23c": {},
     "warps23d": {}, "warps23e": {},
     "scratch25": {"own_scratch": {"shared_scratch": False}},
+    "scratch25b": {"verify_arena_t1": {"own_scratch_t": []}},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
          "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch",
-         "combine_cols", "weight_evict", "smem_floor", "qkv_warps", "shared_scratch"}
+         "combine_cols", "weight_evict", "smem_floor", "qkv_warps", "shared_scratch",
+         "own_scratch_t"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -1030,6 +1035,7 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     r.smem_floor = {(k.removeprefix("v_"), k.startswith("v_")): int(n)
                     for k, n in v.get("smem_floor", base["smem_floor"]).items()}
     r.shared_scratch = bool(v.get("shared_scratch", True))
+    r.own_scratch_t = frozenset(int(t) for t in v.get("own_scratch_t", [1]))
     r.drop_steps()
 
 

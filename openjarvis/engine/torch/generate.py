@@ -182,6 +182,11 @@ class Runner:
         #: of the 1.5B's GPU memory over its 64 captured steps and 0.7 GiB of the 0.5B's
         #: (run 222). Off: a buffer a step, as before session 25 (bench_startup.py compares).
         self.shared_scratch = True
+        #: Step sizes whose buffers stay their own: the one-token step, the decode loop's, ran
+        #: 0.3 % slower @4096 (1.5B) on views of the shared buffers (runs 222-224: -0.46, -0.29,
+        #: -0.31 % with its own; an A/A of the default in the same place +0.04 %; @512 and the
+        #: verify steps even). Its buffers are 1/528 of the whole.
+        self.own_scratch_t: frozenset[int] = frozenset({1})
         self._arena: dict[str, torch.Tensor] = {}
         self._chains: dict[int, Chain] = {}  # ``draft``'s, by length
         self._greedy_cols = self.args.n_vocab
@@ -675,16 +680,16 @@ class Runner:
         bare = greedy and path == "triton"  # its output projection writes partials instead
         ws = Workspace(
             inputs=torch.zeros(1 + t, dtype=torch.int64, device=dev),
-            h=self._scratch("h", (t, a.n_embd), f32),
-            q=self._scratch("q", (t, a.n_head, a.head_dim), f32),
-            o_part=self._scratch("o_part", (nsplit, t, a.n_head, a.head_dim), f32),
-            ml_part=self._scratch("ml_part", (nsplit, t, a.n_head, 2), f32),
-            attn=self._scratch("attn", (t, a.q_dim), dt),
-            act=self._scratch("act", (t, a.n_ff), dt),
+            h=self._scratch("h", t, (t, a.n_embd), f32),
+            q=self._scratch("q", t, (t, a.n_head, a.head_dim), f32),
+            o_part=self._scratch("o_part", t, (nsplit, t, a.n_head, a.head_dim), f32),
+            ml_part=self._scratch("ml_part", t, (nsplit, t, a.n_head, 2), f32),
+            attn=self._scratch("attn", t, (t, a.q_dim), dt),
+            act=self._scratch("act", t, (t, a.n_ff), dt),
             # (the CUDA step and the single launch write their own; a greedy Triton step none)
             logits=(torch.empty(0, a.n_vocab, dtype=f32, device=dev)
                     if bare or path in ("cuda_step", "mega")
-                    else self._scratch("logits", (t, a.n_vocab), f32)),
+                    else self._scratch("logits", t, (t, a.n_vocab), f32)),
             path=path,
             greedy=greedy,
         )
@@ -706,14 +711,15 @@ class Runner:
         steps[t] = ws
         return ws
 
-    def _scratch(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """A contiguous ``shape`` view of the scratch buffer ``name``, shared by every step
-        (``shared_scratch``), sized at first use for the largest step (``MAX_STEP`` tokens,
-        the attention's splits as ``attention_tiles`` gives them then). A step that needs more
-        later (settings changed) gets a larger buffer; the steps built before keep the old one
-        alive through their views, so their graphs stay valid."""
+    def _scratch(self, name: str, t: int, shape: tuple[int, ...],
+                 dtype: torch.dtype) -> torch.Tensor:
+        """A contiguous ``shape`` view of the scratch buffer ``name``, shared by every step of
+        a size not in ``own_scratch_t`` (``shared_scratch``), sized at first use for the largest
+        step (``MAX_STEP`` tokens, the attention's splits as ``attention_tiles`` gives them
+        then). A step that needs more later (settings changed) gets a larger buffer; the steps
+        built before keep the old one alive through their views, so their graphs stay valid."""
         n = math.prod(shape)
-        if not self.shared_scratch:
+        if not self.shared_scratch or t in self.own_scratch_t:
             return torch.empty(shape, dtype=dtype, device=self.device)
         buf = self._arena.get(name)
         if buf is None or buf.numel() < n or buf.dtype != dtype:
