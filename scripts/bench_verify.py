@@ -951,9 +951,11 @@ T1_SETS["warps23e"] = WARPS23E_VARIANTS
 #: product and its RoPE kernel: every tile lost, k = 8 at 512 / 4096 +11.6 / +11.1 % at best
 #: (1.5B, 8 pairs x 256), +21.6 / +22.9 % (0.5B, with its first tile before the wait). Removed;
 #: commit 57d844f holds the kernel and the set.)
-#: ``--set scratch25`` (session 25): every step's scratch its own again (``shared_scratch`` off,
-#: as before session 25), a check of the shared scratch's speed; ``t1_shared`` is the default
-#: again, timed in a variant's place (an A/A check of the round's order).
+#: ``--set scratch25`` (session 25, runs 222-224): every step's scratch its own again
+#: (``shared_scratch`` off, as before session 25), a check of the shared scratch's speed;
+#: ``t1_shared`` is the default again, timed in a variant's place (an A/A check of the round's
+#: order). (Since run 225 the one-token step keeps its own buffers by default, so the one-token
+#: variants here time the default against itself; ``scratch25b`` is the one-token check.)
 T1_SETS["scratch25"] = {"t1_own_scratch": {"shared_scratch": False}, "t1_shared": {}}
 #: ``--set scratch25b``: the one-token step on views of the shared buffers too (before its own
 #: were kept, ``own_scratch_t``), against the default and an A/A of it.
@@ -1034,8 +1036,8 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     # {"qkv": bytes} for one-token steps, {"v_w2": bytes} for verify steps
     r.smem_floor = {(k.removeprefix("v_"), k.startswith("v_")): int(n)
                     for k, n in v.get("smem_floor", base["smem_floor"]).items()}
-    r.shared_scratch = bool(v.get("shared_scratch", True))
-    r.own_scratch_t = frozenset(int(t) for t in v.get("own_scratch_t", [1]))
+    r.shared_scratch = bool(v.get("shared_scratch", base["shared_scratch"]))
+    r.own_scratch_t = frozenset(int(t) for t in v.get("own_scratch_t", base["own_scratch_t"]))
     r.drop_steps()
 
 
@@ -1061,7 +1063,8 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
                "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
                "l2_prefetch": r.l2_prefetch, "weight_evict": r.weight_evict,
-               "smem_floor": {}}
+               "smem_floor": {}, "shared_scratch": r.shared_scratch,
+               "own_scratch_t": sorted(r.own_scratch_t)}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

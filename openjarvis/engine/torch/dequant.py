@@ -113,18 +113,18 @@ def dequantize_tensor(t: Any, device: torch.device | str,
                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A tensor of ``gguf_file.read_header`` (or ``gguf.GGUFReader``, shaped alike) as ``dtype``
     on ``device``, shaped ``[rows, cols]`` (or its own shape, slowest dimension first): decoded
-    there, ``CHUNK`` elements at a time, where a decoder here knows its type. Each value is the
-    gguf package's float32 value rounded once to ``dtype``."""
+    there, ``CHUNK`` elements at a time, where a decoder here knows its type (other types on the
+    host, whole). Each value is the gguf package's float32 value rounded once to ``dtype``."""
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
 
     shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # ne is fastest-first
-    if t.tensor_type in (Q.F32, Q.F16):
-        return torch.from_numpy(np.array(t.data)).to(device).float().to(dtype).reshape(shape)
+    if t.tensor_type in (Q.F32, Q.F16):  # (float16 to bf16 goes through float32: the same bits)
+        return torch.from_numpy(np.array(t.data)).to(dtype).to(device).reshape(shape)
     known = _decoders().get(t.tensor_type)
-    if known is None:
+    if known is None:  # the gguf package's decoder on the host, rounded there before the copy
         host = torch.from_numpy(dequantize(np.asarray(t.data), t.tensor_type))
-        return host.to(device).to(dtype).reshape(shape)
+        return host.to(dtype).to(device).reshape(shape)
     size, per_block, decode = known
     raw = torch.from_numpy(np.array(t.data, dtype=np.uint8).reshape(-1, size)).to(device)
     out = torch.empty(raw.shape[0] * per_block, dtype=dtype, device=device)

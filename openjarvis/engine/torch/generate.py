@@ -66,7 +66,8 @@ DEFAULT_ONE_TOKEN_PDL = {"attn": 1, "combine": 1, "w13": 1, "w2": 2}
 
 @dataclass(slots=True)
 class Workspace:
-    """Static buffers of one T: inputs, scratch and the logits the step leaves behind."""
+    """The buffers of one T: its inputs and results, and its scratch and logits (views of the
+    Runner's buffers every step shares, ``Runner._scratch``, unless T keeps its own)."""
 
     inputs: torch.Tensor  # [1 + T] int64: start position, then the tokens
     h: torch.Tensor  # [T, D] float32 residual stream
@@ -131,6 +132,9 @@ class Chain:
     host_out: torch.Tensor  # [n] int64 page-locked: each step's greedy token
     graph: torch.cuda.CUDAGraph
     replayed: torch.cuda.Event
+    #: The workspace the graph runs over, held so its buffers (views of the shared scratch
+    #: where the one-token step has none of its own) outlive any rebuilt step's.
+    ws: Workspace | None = None
 
 
 class FfnHook(Protocol):
@@ -178,14 +182,15 @@ class Runner:
         #: Every step's scratch (h, q, the attention's partials, attn, act) and logits as views
         #: of one buffer a kind (``_scratch``): steps run one at a time on one stream, each
         #: writes its scratch before reading it, and the logits are valid until the next call
-        #: (``logits``; the engine copies them to the host at once). A buffer a step held 1.0 GiB
-        #: of the 1.5B's GPU memory over its 64 captured steps and 0.7 GiB of the 0.5B's
-        #: (run 222). Off: a buffer a step, as before session 25 (bench_startup.py compares).
+        #: (``logits``; the engine copies them at once, ``host``). With a buffer a step the 64
+        #: captured steps held 772 MiB of the 1.5B's GPU memory and 584 MiB of the 0.5B's; shared,
+        #: 48 and 38 (session 25 run 223). Off: a buffer a step, as before (bench_startup.py
+        #: compares).
         self.shared_scratch = True
         #: Step sizes whose buffers stay their own: the one-token step, the decode loop's, ran
         #: 0.3 % slower @4096 (1.5B) on views of the shared buffers (runs 222-224: -0.46, -0.29,
         #: -0.31 % with its own; an A/A of the default in the same place +0.04 %; @512 and the
-        #: verify steps even). Its buffers are 1/528 of the whole.
+        #: verify steps even). Its buffers are 1/528 of the whole (1.4 MiB for the 1.5B).
         self.own_scratch_t: frozenset[int] = frozenset({1})
         self._arena: dict[str, torch.Tensor] = {}
         self._chains: dict[int, Chain] = {}  # ``draft``'s, by length
@@ -583,7 +588,7 @@ class Runner:
 
         graph, _ = self._graph(steps, captured, warm_runs=1)
         ch = Chain(host_in, dev_in, host_out, graph,
-                   torch.cuda.Event())  # type: ignore[no-untyped-call]
+                   torch.cuda.Event(), ws)  # type: ignore[no-untyped-call]
         ch.replayed.record(torch.cuda.current_stream(self.device))
         self._chains[n] = ch
         return ch
@@ -624,14 +629,18 @@ class Runner:
         return _result(ws)
 
     def host(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` (a step's result) on the host, once every step launched so far is done. With
+        """``x`` (a step's result) on the host, once every step launched so far is done, in
+        memory of its own (on the CPU too: a step's result is a view of buffers every step
+        shares, ``shared_scratch``). With
         ``pinned_io``, a result of ``PINNED_MIN_BYTES`` or more is copied straight into
         page-locked memory (PyTorch's caching host allocator keeps such blocks for reuse)
         and synced once, where a pageable copy is staged through a driver buffer: k = 8
         verify logits to numpy 2.70 -> 1.96 ms a call (1.5B @512, session 14 run 138). Token
         ids stay pageable: there the page-locked way cost 0.3 to 3 % more a call."""
         size = x.numel() * x.element_size()
-        if not (self.pinned_io and x.is_cuda and PINNED_MIN_BYTES <= size <= PINNED_MAX_BYTES):
+        if not x.is_cuda:  # a view of a step's buffers, which the next step rewrites
+            return x.clone()
+        if not (self.pinned_io and PINNED_MIN_BYTES <= size <= PINNED_MAX_BYTES):
             return x.cpu()
         out = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
         out.copy_(x, non_blocking=True)

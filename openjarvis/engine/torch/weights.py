@@ -176,7 +176,8 @@ def load_gguf(
     raw = {t.name: t for t in table}
     try:
         # each tensor's bytes decoded on ``device`` into ``dtype`` as packing asks for it: no
-        # float32 copy of the whole model on the host, nor of a whole tensor (``dequant.py``)
+        # float32 copy of the whole model on the host, nor of a whole quantized tensor on the
+        # device (types without a decoder there go through float32 on the host; ``dequant.py``)
         weights = pack(args, lambda n: dequantize_tensor(raw[n], device, dtype), dtype, device)
     except KeyError as exc:
         raise EngineError(f"GGUF file {path} lacks tensor {exc}") from exc

@@ -591,6 +591,28 @@ def test_steps_of_every_size_share_one_scratch_and_still_match_the_reference() -
     assert _scratch_bytes(own) == sum(range(1, 9)) * per_token
 
 
+def test_the_shared_scratch_is_sized_for_the_widest_attention_and_grows_with_it() -> None:
+    """Verify steps in more attention splits than the one-token step: the partials' buffer
+    holds the widest. Wider splits set later (steps built before keep theirs) give a step that
+    needs more a larger buffer; after ``drop_steps`` it is sized anew. Every row matches the
+    reference throughout."""
+    model = _model()
+    seq, ref = _seq_and_ref(model, 44, seed=1)
+    a = ARGS
+    r = Runner(model, 64, kernels="triton", nsplit=4)
+    r.verify_attention = (8, 16)
+    rows = [r.logits(seq[:5], 0).clone(), r.logits(seq[5:6], 5).clone()]
+    sized = r._arena["o_part"].numel()
+    assert sized == 8 * MAX_STEP * a.n_head * a.head_dim  # the verify steps' 8 splits, not 4
+    r.verify_attention = (16, 8)
+    rows.append(r.logits(seq[6:38], 6).clone())  # 16 splits of 32 tokens: more than it holds
+    assert r._arena["o_part"].numel() == 2 * sized
+    r.drop_steps()
+    rows.append(r.logits(seq[38:44], 38))
+    assert r._arena["o_part"].numel() == 2 * sized
+    assert rel(torch.cat(rows), ref) < 1e-5
+
+
 def test_runner_with_split_k_qkv_for_verify_steps_matches_the_reference_path() -> None:
     model = _model()
     seq, ref = _seq_and_ref(model, 12, seed=0)
