@@ -408,15 +408,12 @@ def load_memory(args: argparse.Namespace) -> dict[str, Any]:
                 runs[label].append(m)
                 kept.setdefault(label, out[1])
                 del out
-        a, b = kept["whole"], kept["chunked"]
-        pairs = [(a.tok_emb, b.tok_emb), (a.out_norm, b.out_norm)] + [
-            (getattr(x, f), getattr(y, f)) for x, y in zip(a.layers, b.layers, strict=True)
-            for f in ("wqkv", "bqkv", "wo", "w13", "w2", "attn_norm", "ffn_norm")]
-        del kept, a, b
         res[role] = {k: {f: statistics.median(r[f] for r in v) for f in v[0]} | {"runs": v}
                      for k, v in runs.items()}
-        res[role]["bit_identical"] = all(torch.equal(x, y) for x, y in pairs)
-        del pairs
+        res[role]["bit_identical"] = all(
+            torch.equal(x, y) for x, y in zip(kept["whole"].tensors(), kept["chunked"].tensors(),
+                                              strict=True))
+        del kept
         (eng, m) = measured(lambda path=path: TorchEngine.from_gguf(path, device="cuda",
                                                                     context=args.context))
         res[role]["engine"] = m

@@ -101,12 +101,12 @@ def _bf16(blocks: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _decoders() -> dict[Any, tuple[int, int, Callable[[torch.Tensor], torch.Tensor]]]:
-    """GGML type -> (bytes a block, elements a block, decoder)."""
+def _decoders() -> dict[Any, Callable[[torch.Tensor], torch.Tensor]]:
+    """GGML type -> decoder of its blocks (their sizes: ``gguf.GGML_QUANT_SIZES``)."""
     from gguf import GGMLQuantizationType as Q
 
-    return {Q.Q8_0: (34, 32, _q8_0), Q.Q5_0: (22, 32, _q5_0), Q.Q4_K: (144, QK_K, _q4_k),
-            Q.Q5_K: (176, QK_K, _q5_k), Q.Q6_K: (210, QK_K, _q6_k), Q.BF16: (2, 1, _bf16)}
+    return {Q.Q8_0: _q8_0, Q.Q5_0: _q5_0, Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k,
+            Q.BF16: _bf16}
 
 
 def dequantize_tensor(t: Any, device: torch.device | str,
@@ -115,17 +115,18 @@ def dequantize_tensor(t: Any, device: torch.device | str,
     on ``device``, shaped ``[rows, cols]`` (or its own shape, slowest dimension first): decoded
     there, ``CHUNK`` elements at a time, where a decoder here knows its type (other types on the
     host, whole). Each value is the gguf package's float32 value rounded once to ``dtype``."""
+    from gguf import GGML_QUANT_SIZES
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
 
     shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # ne is fastest-first
     if t.tensor_type in (Q.F32, Q.F16):  # (float16 to bf16 goes through float32: the same bits)
         return torch.from_numpy(np.array(t.data)).to(dtype).to(device).reshape(shape)
-    known = _decoders().get(t.tensor_type)
-    if known is None:  # the gguf package's decoder on the host, rounded there before the copy
+    decode = _decoders().get(t.tensor_type)
+    if decode is None:  # the gguf package's decoder on the host, rounded there before the copy
         host = torch.from_numpy(dequantize(np.asarray(t.data), t.tensor_type))
         return host.to(dtype).to(device).reshape(shape)
-    size, per_block, decode = known
+    per_block, size = GGML_QUANT_SIZES[t.tensor_type]  # (elements, bytes) a block
     raw = torch.from_numpy(np.array(t.data, dtype=np.uint8).reshape(-1, size)).to(device)
     out = torch.empty(raw.shape[0] * per_block, dtype=dtype, device=device)
     step = max(1, CHUNK // per_block)  # blocks a chunk

@@ -732,10 +732,13 @@ class Runner:
             return torch.empty(shape, dtype=dtype, device=self.device)
         buf = self._arena.get(name)
         if buf is None or buf.numel() < n or buf.dtype != dtype:
-            rows = max(self.attention_tiles(u)[0] * u for u in range(1, MAX_STEP + 1))
-            per_token = n // (shape[0] * shape[1]) if name in ("o_part", "ml_part") else n // shape[0]
-            most = per_token * (rows if name in ("o_part", "ml_part") else MAX_STEP)
-            buf = torch.empty(max(n, most), dtype=dtype, device=self.device)
+            # rows: the leading dimensions that grow with the step ([splits, T] for the
+            # attention's partials, [T] for the rest), at their largest over every step size
+            lead = 2 if name in ("o_part", "ml_part") else 1
+            most = (max(self.attention_tiles(u)[0] * u for u in range(1, MAX_STEP + 1))
+                    if lead == 2 else MAX_STEP)
+            buf = torch.empty(max(n, n // math.prod(shape[:lead]) * most), dtype=dtype,
+                              device=self.device)
             self._arena[name] = buf
         return buf[:n].view(shape)
 

@@ -56,7 +56,7 @@ class Weights:
         was left out with it: every floor in BENCHMARKS.md up to then lacks the output matrix.)"""
         seen: set[int] = set()
         total = 0
-        for t in self._tensors():
+        for t in self.tensors():
             if t is self.tok_emb and self.out is not self.tok_emb:
                 continue
             if t.data_ptr() not in seen:
@@ -64,7 +64,8 @@ class Weights:
                 total += t.numel() * t.element_size()
         return total
 
-    def _tensors(self) -> Iterator[torch.Tensor]:
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor, the embedding and the output matrix first (once each where tied)."""
         yield self.tok_emb
         yield self.out_norm
         yield self.out
