@@ -1063,3 +1063,38 @@ def test_the_flat_gate_up_candidate_computes_swiglu_with_ragged_rows_and_columns
     bg._flat_swiglu[((n + 3) // 4,)](x, w, out, n, k, MODE=mode, RB=4, BK=256, GDC=0)
     want = bg.reference(x, w)
     assert torch.allclose(out.reshape(-1), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("swiglu", "mode"), [(False, 0), (False, 3), (True, 0), (True, 3)])
+def test_the_q4k_product_reads_gguf_blocks_as_llama_cpp_decodes_them(swiglu: bool,
+                                                                      mode: int) -> None:
+    # scripts/bench_q4k.py times a product that reads Q4_K blocks as the file lays them out;
+    # here it must agree with a float32 product over dequant.py's decode of the same bytes
+    # (the backend's load path), rows no tile divides, in three blocks a row (mode 3: the
+    # first block's bytes before the wait, the loop the rest), every 6-bit scale and min form
+    # (sub-blocks 0-3 and 4-7) exercised by random bytes
+    import bench_q4k as bq
+
+    n, k = 5, 3 * 256
+    g = torch.Generator().manual_seed(7)
+    w = bq.random_blocks(2 * n if swiglu else n, k, "cpu", g)
+    x = torch.randn(k, generator=g)
+    want = bq.reference(x, bq.decoded(w, k), swiglu)
+    out = torch.full((n,), POISON)
+    bq._q4k_product[((n + 3) // 4,)](x, w, out, n, w.shape[1], 3, SWIGLU=swiglu, ADD=False,
+                                     MODE=mode, RB=4, GDC=0)
+    assert torch.allclose(out, want, rtol=1e-4, atol=1e-5)
+    base = torch.randn(n, generator=g)
+    out = base.clone()
+    bq._q4k_product[((n + 1) // 2,)](x, w, out, n, w.shape[1], 3, SWIGLU=swiglu, ADD=True,
+                                     MODE=mode, RB=2, GDC=0)
+    assert torch.allclose(out, base + want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_q4k_product_refuses_rows_that_are_not_whole_blocks() -> None:
+    import bench_q4k as bq
+
+    w = torch.zeros(4, 143, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="Q4_K blocks"):
+        bq.q4k_product(torch.zeros(256), w, torch.zeros(4), swiglu=False, add=False, mode="pdl",
+                       rows=4, warps=1, gdc=False)

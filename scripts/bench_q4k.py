@@ -1,0 +1,340 @@
+"""What would the one-token products cost reading the GGUF's own Q4_K blocks instead of bf16?
+
+The default pair's 1.5B file holds gate, up, q, k and the o-projection as Q4_K, and half the
+layers' down and v projections (the rest Q6_K): 144 bytes a block of 256 weights, 0.5625 bytes a
+weight against bf16's 2. The backend decodes every block to bf16 on load (issue 7 asks for bf16
+on the GPU), so each step reads 3.6x the bytes the file holds. Issue 7's floor is bf16 bytes over
+copy bandwidth; this instrument asks a different question, how far under that floor a step could
+go by reading what the file holds, so the team can weigh a quantized path against the
+persistent kernel the notes name for the bf16 goals.
+
+Each kernel here reads a matrix's blocks as the file lays them out (a row is K / 256 blocks of
+[f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles]) and decodes in
+registers by llama.cpp's arithmetic, float32 ``d * scale * q - dmin * min`` per 32 weights
+(dequant.py's ``_q4_k``); it keeps a float32 sum per (row, weight of the block) and reduces once
+after its loop (session 22: per-block reductions hold up the next block's loads). Timed in the
+chain bench_gateup.py uses (a CUDA graph of L launches, each over a copy of the weights of its
+own, L x bytes past L2, each waiting for the one before through PDL), against:
+
+    ours    today's bf16 product (``kernels.linear``, the tuned one-token tile), waiting first
+            (pdl 1) or its first tile loaded before the wait (pdl 2)
+    read    bench_read_size's pure read of the bf16 bytes, its best tile (bf16's ceiling)
+    read4   the same pure read of the Q4_K bytes: a Q4_K product's ceiling
+    q4k     the Q4_K product, tiles swept (rows a program, warps), waiting first (``pdl``) or
+            its first block loaded before the wait (``pre``)
+
+Products: the 1.5B's gate/up (SwiGLU over both halves, 2 x 8960 rows of 1536) and its down
+projection (1536 rows of 8960) and o-projection (1536 x 1536); the 0.5B's down projection (its
+other layer matrices are Q5_0 and Q8_0, rows of 896, which no 256-weight block divides). Every
+product is checked against a float32 product over dequant.py's decode of the same blocks
+(outputs poisoned first) before it is timed. Random blocks: random bytes, with d and dmin set to
+small positive float16 values (weights within about ±0.2).
+
+An instrument, not a backend: a chain of one kernel does not show what its neighbours in a step
+would take from it (session 21), and the verify steps' MMA tiles would need their own decode.
+Run on the lent GPU: ``python3 scripts/bench_q4k.py --out DIR`` (DIR/q4k.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_read_size  # noqa: E402
+from bench_gateup import chain_us  # noqa: E402
+from bench_read_size import CHAIN_BYTES, best, choices  # noqa: E402
+
+from openjarvis.engine.torch import kernels as K  # noqa: E402
+from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B  # noqa: E402
+from openjarvis.engine.torch.dequant import QK_K, _q4_k  # noqa: E402
+from openjarvis.engine.torch.tuning import tuned_configs  # noqa: E402
+
+BLOCK_BYTES = 144  # a Q4_K block: 256 weights
+#: (model, product) -> (rows N, columns K, SwiGLU over [2N, K]); names as ``tuning.TUNED``'s.
+PRODUCTS: dict[tuple[str, str], tuple[int, int, bool]] = {
+    ("1.5B", "w13"): (QWEN25_1_5B.n_ff, QWEN25_1_5B.n_embd, True),
+    ("1.5B", "w2"): (QWEN25_1_5B.n_embd, QWEN25_1_5B.n_ff, False),
+    ("1.5B", "wo"): (QWEN25_1_5B.n_embd, QWEN25_1_5B.n_embd, False),
+    ("0.5B", "w2"): (QWEN25_0_5B.n_embd, QWEN25_0_5B.n_ff, False),
+}
+ARGS = {"0.5B": QWEN25_0_5B, "1.5B": QWEN25_1_5B}
+MODES = {"pdl": 1, "pre": 3}
+#: Tiles swept: (rows a program, warps), kept where the float32 sums (2 a matrix: the low and
+#: the high nibbles, [rows, 4, 32] each) come to at most 64 a thread and every thread holds one.
+TILES = [(r, w) for r in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8)
+         if 4 * r * 128 // (32 * w) <= 64 and r * 128 >= 32 * w]
+
+
+@triton.jit
+def _block_loads(rp, b, j, qoff):
+    """Block ``b`` of the rows at byte pointers ``rp`` ([RB]): its nibble bytes [RB, 4, 32] (byte
+    32j + l holds weight 64j + l low and 64j + 32 + l high), d and dmin as float32 [RB], and the
+    6-bit scales and mins of the low sub-blocks 2j and the high ones 2j + 1 ([RB, 4] each)."""
+    hp = rp + b * 144
+    q = tl.load(hp[:, None, None] + qoff[None, :, :], eviction_policy="evict_first")
+    b0 = tl.load(hp).to(tl.uint16)
+    b1 = tl.load(hp + 1).to(tl.uint16)
+    b2 = tl.load(hp + 2).to(tl.uint16)
+    b3 = tl.load(hp + 3).to(tl.uint16)
+    d = (b0 | (b1 << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = (b2 | (b3 << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+    sc_lo, mn_lo = _scale_min(hp, 2 * j)
+    sc_hi, mn_hi = _scale_min(hp, 2 * j + 1)
+    return q, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi
+
+
+@triton.jit
+def _scale_min(hp, g):
+    """Sub-blocks ``g``'s ([G], 0-7) 6-bit scale and min from the block's 12 bytes at hp + 4
+    (ggml's get_scale_min_k4), as float32 [RB, G]."""
+    a = tl.load(hp[:, None] + 4 + g[None, :])  # s[g]
+    bb = tl.load(hp[:, None] + 8 + g[None, :])  # s[g + 4]
+    c = tl.load(hp[:, None] + 4 + tl.where(g < 4, g, g - 4)[None, :])  # s[g - 4] (g >= 4)
+    low = (g < 4)[None, :]
+    sc = tl.where(low, a & 63, (bb & 15) | ((c >> 6) << 4))
+    mn = tl.where(low, bb & 63, (bb >> 4) | ((a >> 6) << 4))
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def _block_fma(q, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, x_lo, x_hi, acc_lo, acc_hi):
+    """acc += (d * scale * q - dmin * min) * x, element by element (no reduction)."""
+    lo = (q & 15).to(tl.float32)
+    hi = (q >> 4).to(tl.float32)
+    s_lo = (d[:, None] * sc_lo)[:, :, None]
+    m_lo = (dmin[:, None] * mn_lo)[:, :, None]
+    s_hi = (d[:, None] * sc_hi)[:, :, None]
+    m_hi = (dmin[:, None] * mn_hi)[:, :, None]
+    acc_lo += (lo * s_lo - m_lo) * x_lo[None, :, :]
+    acc_hi += (hi * s_hi - m_hi) * x_hi[None, :, :]
+    return acc_lo, acc_hi
+
+
+@triton.jit
+def _q4k_product(x_ptr, w_ptr, out_ptr, N, RS, NB, SWIGLU: tl.constexpr, ADD: tl.constexpr,
+                 MODE: tl.constexpr, RB: tl.constexpr, GDC: tl.constexpr = 1):
+    """out[r] (+)= W[r] . x over Q4_K rows of ``RS`` bytes (``NB`` blocks); SWIGLU: out[r] =
+    silu(W[r] . x) * (W[N + r] . x). MODE 1 waits first; 3 loads its first block's bytes before
+    the wait. ``GDC`` 0 leaves the PDL calls out (Triton's interpreter has none)."""
+    pid = tl.program_id(0)
+    rows = pid * RB + tl.arange(0, RB)
+    rmask = rows < N
+    rp = w_ptr + tl.where(rmask, rows, 0).to(tl.int64) * RS  # rows past N read row 0, unstored
+    up = rp + N.to(tl.int64) * RS
+    j = tl.arange(0, 4)
+    l32 = tl.arange(0, 32)
+    qoff = 16 + j[:, None] * 32 + l32[None, :]
+    xoff = j[:, None] * 64 + l32[None, :]
+    acc_lo = tl.zeros([RB, 4, 32], tl.float32)
+    acc_hi = tl.zeros([RB, 4, 32], tl.float32)
+    uacc_lo = tl.zeros([RB, 4, 32], tl.float32)
+    uacc_hi = tl.zeros([RB, 4, 32], tl.float32)
+    b_start = 0
+    if MODE != 0 and GDC:
+        tl.extra.cuda.gdc_launch_dependents()
+    if MODE == 3:
+        q, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi = _block_loads(rp, 0, j, qoff)
+        if SWIGLU:
+            uq, ud, udmin, usc_lo, umn_lo, usc_hi, umn_hi = _block_loads(up, 0, j, qoff)
+    if MODE != 0 and GDC:
+        tl.extra.cuda.gdc_wait()
+    if MODE == 3:
+        x_lo = tl.load(x_ptr + xoff)
+        x_hi = tl.load(x_ptr + xoff + 32)
+        acc_lo, acc_hi = _block_fma(q, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, x_lo, x_hi,
+                                    acc_lo, acc_hi)
+        if SWIGLU:
+            uacc_lo, uacc_hi = _block_fma(uq, ud, udmin, usc_lo, umn_lo, usc_hi, umn_hi, x_lo,
+                                          x_hi, uacc_lo, uacc_hi)
+        b_start = 1
+    for b in range(b_start, NB):
+        q, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi = _block_loads(rp, b, j, qoff)
+        if SWIGLU:
+            uq, ud, udmin, usc_lo, umn_lo, usc_hi, umn_hi = _block_loads(up, b, j, qoff)
+        x_lo = tl.load(x_ptr + b * 256 + xoff)
+        x_hi = tl.load(x_ptr + b * 256 + xoff + 32)
+        acc_lo, acc_hi = _block_fma(q, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, x_lo, x_hi,
+                                    acc_lo, acc_hi)
+        if SWIGLU:
+            uacc_lo, uacc_hi = _block_fma(uq, ud, udmin, usc_lo, umn_lo, usc_hi, umn_hi, x_lo,
+                                          x_hi, uacc_lo, uacc_hi)
+    y = tl.sum(tl.sum(acc_lo + acc_hi, axis=2), axis=1)
+    if SWIGLU:
+        u = tl.sum(tl.sum(uacc_lo + uacc_hi, axis=2), axis=1)
+        y = y * tl.sigmoid(y) * u
+    if ADD:
+        y += tl.load(out_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rmask)
+
+
+def q4k_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, swiglu: bool,
+                add: bool, mode: str, rows: int, warps: int, gdc: bool = True) -> None:
+    """``w``: uint8 [N (2N for SwiGLU), K / 256 * 144], each row its Q4_K blocks in file order;
+    ``x``: float32 [K]."""
+    n = w.shape[0] // 2 if swiglu else w.shape[0]
+    rs = w.shape[1]
+    if rs % BLOCK_BYTES or x.numel() != rs // BLOCK_BYTES * QK_K:
+        raise ValueError(f"rows of {rs} bytes do not hold Q4_K blocks for x of {x.numel()}")
+    extra = {"launch_pdl": True} if gdc else {}
+    _q4k_product[(triton.cdiv(n, rows),)](x, w, out, n, rs, rs // BLOCK_BYTES, SWIGLU=swiglu,
+                                          ADD=add, MODE=MODES[mode], RB=rows,
+                                          GDC=int(gdc), num_warps=warps, **extra)
+
+
+def random_blocks(rows: int, k: int, device: str | torch.device,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """uint8 [rows, k / 256 * 144]: random Q4_K blocks, d and dmin small positive float16."""
+    nb = k // QK_K
+    w = torch.randint(0, 256, (rows, nb, BLOCK_BYTES), dtype=torch.uint8, device=device,
+                      generator=generator)
+    dd = (torch.rand(rows, nb, 2, device=device, generator=generator) * 2e-4 + 1e-5)
+    w[:, :, :4] = dd.to(torch.float16).view(torch.uint8).reshape(rows, nb, 4)
+    return w.reshape(rows, nb * BLOCK_BYTES)
+
+
+def decoded(w: torch.Tensor, k: int) -> torch.Tensor:
+    """float32 [rows, k]: dequant.py's decode of the blocks (the backend's own, as at load)."""
+    return _q4_k(w.reshape(-1, BLOCK_BYTES)).reshape(w.shape[0], k)
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> torch.Tensor:
+    y = w.float() @ x.float().reshape(-1)
+    if not swiglu:
+        return y
+    n = w.shape[0] // 2
+    return torch.nn.functional.silu(y[:n]) * y[n:]
+
+
+def checked(launch: Callable[[torch.Tensor, torch.Tensor], None], want: torch.Tensor,
+            w: torch.Tensor, out: torch.Tensor, add: bool, what: str) -> float:
+    """Relative error of one launch against ``want`` (outputs poisoned, or zeroed to add to)."""
+    out.fill_(0.0 if add else float("nan"))
+    launch(w, out)
+    torch.cuda.synchronize()
+    err = ((out.float().reshape(-1) - want).norm() / want.norm()).item()
+    if not err < 2e-2:  # (NaN fails too: an element never written)
+        raise SystemExit(f"bench_q4k: {what} is wrong: relative error {err:.3g}")
+    return err
+
+
+def run_product(model: str, name: str, sms: int, log: list[str]) -> dict[str, Any]:
+    n, k, swiglu = PRODUCTS[(model, name)]
+    m = 2 * n if swiglu else n
+    b16 = m * k * 2
+    b4 = m * k // QK_K * BLOCK_BYTES
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(k, device="cuda", dtype=torch.float32, generator=g)
+    add = not swiglu  # the step adds the o- and down projections into the float32 residual
+    odt = torch.bfloat16 if swiglu else torch.float32
+    res: dict[str, Any] = {"rows": m, "k": k, "bf16_bytes": b16, "q4k_bytes": b4}
+
+    def say(line: str) -> None:
+        log.append(f"{model} {name} {line}")
+        print(log[-1], flush=True)
+
+    for mode in ("pdl", "pre"):
+        for label, nbytes in (("read", b16), ("read4", b4)):
+            top = best(nbytes, mode, sms, [])
+            res[f"{label}_{mode}"] = {"us": top["us"], "tile": top["tile"]}
+            say(f"{label} {mode}: {top['us']:.2f} us ({nbytes / top['us'] / 1e3:.0f} GB/s), "
+                f"tile {top['tile']}")
+
+    # bf16: today's product on copies of one random matrix
+    n_copy = max(8, -(-CHAIN_BYTES // b16))
+    w16 = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.05
+           for _ in range(n_copy)]
+    outs = [torch.zeros(1, n, device="cuda", dtype=odt) for _ in range(n_copy)]
+    cfg = tuned_configs(ARGS[model], 1)[(name, 1)]
+    assert isinstance(cfg, K.LinearConfig)
+    kmode = K.SWIGLU if swiglu else K.ADD
+    want16 = reference(x, w16[0], swiglu)
+    for pdl in (1, 2):
+
+        def ours(w: torch.Tensor, o: torch.Tensor, pdl: int = pdl) -> None:
+            K.linear(x.reshape(1, k), w, o, mode=kmode, cfg=cfg, pdl=pdl, evict="evict_first")
+
+        checked(ours, want16, w16[0], outs[0], add, f"ours pdl {pdl}")
+        us = chain_us(ours, w16, outs)
+        res[f"ours_pdl{pdl}"] = us
+        say(f"ours pdl {pdl} ({cfg}): {us:.2f} us ({b16 / us / 1e3:.0f} GB/s)")
+    del w16, outs
+    torch.cuda.empty_cache()
+
+    # Q4_K: the same chain over random blocks
+    n_copy = max(8, -(-CHAIN_BYTES // b4))
+    w4 = [random_blocks(m, k, "cuda", g) for _ in range(n_copy)]
+    outs = [torch.zeros(n, device="cuda", dtype=odt) for _ in range(n_copy)]
+    want4 = reference(x, decoded(w4[0], k), swiglu)
+    for mode in MODES:
+        runs: list[dict[str, Any]] = []
+        for rows, warps in TILES:
+            if 4 * (2 if swiglu else 1) * rows * 128 // (32 * warps) > 64:
+                continue
+
+            def q4(w: torch.Tensor, o: torch.Tensor, rows: int = rows, warps: int = warps,
+                   mode: str = mode) -> None:
+                q4k_product(x, w, o, swiglu=swiglu, add=add, mode=mode, rows=rows,
+                            warps=warps)
+
+            err = checked(q4, want4, w4[0], outs[0], add, f"q4k {mode} {(rows, warps)}")
+            us = chain_us(q4, w4, outs)
+            runs.append({"us": us, "tile": [rows, warps], "err": err})
+        runs.sort(key=lambda r: r["us"])
+        res[f"q4k_{mode}"] = runs
+        top = runs[0]
+        say(f"q4k {mode}: best {top['us']:.2f} us ({b4 / top['us'] / 1e3:.0f} GB/s of Q4_K, "
+            f"{b16 / top['us'] / 1e3:.0f} bf16-equivalent), tile {top['tile']}, err "
+            f"{top['err']:.1e}; next " + ", ".join(f"{r['us']:.2f} {r['tile']}" for r in runs[1:4]))
+    best16 = min(res["ours_pdl1"], res["ours_pdl2"])
+    best4 = min(res["q4k_pdl"][0]["us"], res["q4k_pre"][0]["us"])
+    res["ratio_q4k_to_ours"] = round(best4 / best16, 3)
+    say(f"q4k / ours: {best4:.2f} / {best16:.2f} us = {res['ratio_q4k_to_ours']:.3f}")
+    del w4, outs
+    torch.cuda.empty_cache()
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("q4k_out"))
+    ap.add_argument("--products", default=",".join(f"{m}:{p}" for m, p in PRODUCTS),
+                    help="comma-separated model:product, from " + ", ".join(
+                        f"{m}:{p}" for m, p in PRODUCTS))
+    ap.add_argument("--read-tiles", choices=("quick", "all"), default="quick",
+                    help="the pure reads' tiles: bench_read_size's 96, or 24 of them (4 or 8 "
+                         "warps, 2-8 programs an SM) so that every product fits one device "
+                         "call; a ceiling from fewer tiles can only read slower")
+    args = ap.parse_args(argv)
+    if args.read_tiles == "quick":
+        bench_read_size.TILES = [t for t in bench_read_size.TILES
+                                 if t[1] in (4, 8) and t[2] in (2, 4, 8)]
+    known = [f"{m}:{p}" for m, p in PRODUCTS]
+    picked = choices(ap, args.products, known, "product")
+    if not torch.cuda.is_available():
+        print("bench_q4k needs a CUDA GPU", file=sys.stderr)
+        return 2
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    log: list[str] = []
+    res: dict[str, Any] = {"device": torch.cuda.get_device_name(0),
+                           "read_tiles": args.read_tiles}
+    for p in picked:
+        model, name = p.split(":")
+        res[p] = run_product(model, name, sms, log)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "q4k.json").write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
