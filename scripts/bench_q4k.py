@@ -11,8 +11,9 @@ persistent kernel the notes name for the bf16 goals.
 Each kernel here reads a matrix's blocks as the file lays them out (a row is K / 256 blocks of
 [f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles]) and decodes in
 registers by llama.cpp's arithmetic, float32 ``d * scale * q - dmin * min`` per 32 weights
-(dequant.py's ``_q4_k``); it keeps a float32 sum per (row, weight of the block) and reduces once
-after its loop (session 22: per-block reductions hold up the next block's loads). Timed in the
+(dequant.py's ``_q4_k``), several blocks an iteration, each sub-block's 32 products summed in
+the thread that loaded them (a float32 sum per element, as bench_gateup's ``flat``, would cost
+eight bytes of registers for every byte loaded), and split over K where a row is long. Timed in the
 chain bench_gateup.py uses (a CUDA graph of L launches, each over a copy of the weights of its
 own, L x bytes past L2, each waiting for the one before through PDL), against:
 
@@ -20,8 +21,9 @@ own, L x bytes past L2, each waiting for the one before through PDL), against:
             (pdl 1) or its first tile loaded before the wait (pdl 2)
     read    bench_read_size's pure read of the bf16 bytes, its best tile (bf16's ceiling)
     read4   the same pure read of the Q4_K bytes: a Q4_K product's ceiling
-    q4k     the Q4_K product, tiles swept (rows a program, warps), waiting first (``pdl``) or
-            its first block loaded before the wait (``pre``)
+    q4k     the Q4_K product, tiles swept (rows a program, blocks an iteration, split, warps)
+            with its first blocks loaded before the wait (``pre``), then the six best of those
+            waiting first (``pdl``)
 
 Products: the 1.5B's gate/up (SwiGLU over both halves, 2 x 8960 rows of 1536) and its down
 projection (1536 rows of 8960) and o-projection (1536 x 1536); the 0.5B's down projection (its
@@ -70,126 +72,162 @@ PRODUCTS: dict[tuple[str, str], tuple[int, int, bool]] = {
 }
 ARGS = {"0.5B": QWEN25_0_5B, "1.5B": QWEN25_1_5B}
 MODES = {"pdl": 1, "pre": 3}
-#: Tiles swept: (rows a program, warps), kept where the float32 sums (2 a matrix: the low and
-#: the high nibbles, [rows, 4, 32] each) come to at most 64 a thread and every thread holds one.
-TILES = [(r, w) for r in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8)
-         if 4 * r * 128 // (32 * w) <= 64 and r * 128 >= 32 * w]
+
 
 
 @triton.jit
-def _block_loads(rp, b, j, qoff):
-    """Block ``b`` of the rows at byte pointers ``rp`` ([RB]): its nibble bytes [RB, 4, 32] (byte
-    32j + l holds weight 64j + l low and 64j + 32 + l high), d and dmin as float32 [RB], and the
-    6-bit scales and mins of the low sub-blocks 2j and the high ones 2j + 1 ([RB, 4] each)."""
-    hp = rp + b * 144
-    q = tl.load(hp[:, None, None] + qoff[None, :, :], eviction_policy="evict_first")
-    b0 = tl.load(hp).to(tl.uint16)
-    b1 = tl.load(hp + 1).to(tl.uint16)
-    b2 = tl.load(hp + 2).to(tl.uint16)
-    b3 = tl.load(hp + 3).to(tl.uint16)
-    d = (b0 | (b1 << 8)).to(tl.float16, bitcast=True).to(tl.float32)
-    dmin = (b2 | (b3 << 8)).to(tl.float16, bitcast=True).to(tl.float32)
-    sc_lo, mn_lo = _scale_min(hp, 2 * j)
-    sc_hi, mn_hi = _scale_min(hp, 2 * j + 1)
-    return q, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi
+def _chunk_loads(rp, rw, b0, NB, BB: tl.constexpr, qoff):
+    """Blocks b0 .. b0 + BB - 1 (those past ``NB`` masked to zero) of the rows at byte pointers
+    ``rp`` ([RB]; ``rw`` the same rows as int32 pointers): the nibble bytes [RB, BB, 4, 32] (byte
+    32j + l holds weight 64j + l low and 64j + 32 + l high), and the block headers' four 32-bit
+    words [RB, BB] (d | dmin << 16, then the 12 bytes of 6-bit scales and mins)."""
+    bb = b0 + tl.arange(0, BB)
+    bm = (bb < NB)[None, :]
+    hp = rp[:, None] + bb[None, :] * 144
+    hw = rw[:, None] + bb[None, :] * 36
+    q = tl.load(hp[:, :, None, None] + qoff[None, None, :, :], mask=bm[:, :, None, None],
+                other=0, eviction_policy="evict_first")
+    w0 = tl.load(hw, mask=bm, other=0)
+    w1 = tl.load(hw + 1, mask=bm, other=0)
+    w2 = tl.load(hw + 2, mask=bm, other=0)
+    w3 = tl.load(hw + 3, mask=bm, other=0)
+    return q, w0, w1, w2, w3
 
 
 @triton.jit
-def _scale_min(hp, g):
-    """Sub-blocks ``g``'s ([G], 0-7) 6-bit scale and min from the block's 12 bytes at hp + 4
-    (ggml's get_scale_min_k4), as float32 [RB, G]."""
-    a = tl.load(hp[:, None] + 4 + g[None, :])  # s[g]
-    bb = tl.load(hp[:, None] + 8 + g[None, :])  # s[g + 4]
-    c = tl.load(hp[:, None] + 4 + tl.where(g < 4, g, g - 4)[None, :])  # s[g - 4] (g >= 4)
-    low = (g < 4)[None, :]
-    sc = tl.where(low, a & 63, (bb & 15) | ((c >> 6) << 4))
-    mn = tl.where(low, bb & 63, (bb >> 4) | ((a >> 6) << 4))
+def _scale_min(w1, w2, w3, g):
+    """Sub-blocks ``g``'s ([4], 0-7) 6-bit scale and min (ggml's get_scale_min_k4) from the
+    header words [RB, BB] (bytes s[0:4], s[4:8], s[8:12]), as float32 [RB, BB, 4]."""
+    sh = (8 * (g % 4))[None, None, :]
+    a = (w1[:, :, None] >> sh) & 0xFF  # s[g % 4]
+    m = (w2[:, :, None] >> sh) & 0xFF  # s[4 + g % 4]
+    c = (w3[:, :, None] >> sh) & 0xFF  # s[8 + g % 4]
+    low = (g < 4)[None, None, :]
+    sc = tl.where(low, a & 63, (c & 15) | ((a >> 6) << 4))
+    mn = tl.where(low, m & 63, (c >> 4) | ((m >> 6) << 4))
     return sc.to(tl.float32), mn.to(tl.float32)
 
 
 @triton.jit
-def _block_fma(q, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, x_lo, x_hi, acc_lo, acc_hi):
-    """acc += (d * scale * q - dmin * min) * x, element by element (no reduction)."""
+def _chunk_fma(q, w0, w1, w2, w3, j, x_lo, x_hi, acc_lo, acc_hi):
+    """acc [RB, BB, 4] += the sub-blocks' sums of (d * scale * q - dmin * min) * x: each sum
+    runs along a thread's own bytes (16 of a sub-block's 32) and one shuffle."""
+    d = (w0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = (w0 >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    sc_lo, mn_lo = _scale_min(w1, w2, w3, 2 * j)
+    sc_hi, mn_hi = _scale_min(w1, w2, w3, 2 * j + 1)
+    s_lo = (d[:, :, None] * sc_lo)[:, :, :, None]
+    m_lo = (dmin[:, :, None] * mn_lo)[:, :, :, None]
+    s_hi = (d[:, :, None] * sc_hi)[:, :, :, None]
+    m_hi = (dmin[:, :, None] * mn_hi)[:, :, :, None]
     lo = (q & 15).to(tl.float32)
     hi = (q >> 4).to(tl.float32)
-    s_lo = (d[:, None] * sc_lo)[:, :, None]
-    m_lo = (dmin[:, None] * mn_lo)[:, :, None]
-    s_hi = (d[:, None] * sc_hi)[:, :, None]
-    m_hi = (dmin[:, None] * mn_hi)[:, :, None]
-    acc_lo += (lo * s_lo - m_lo) * x_lo[None, :, :]
-    acc_hi += (hi * s_hi - m_hi) * x_hi[None, :, :]
+    acc_lo += tl.sum((lo * s_lo - m_lo) * x_lo[None, :, :, :], axis=3)
+    acc_hi += tl.sum((hi * s_hi - m_hi) * x_hi[None, :, :, :], axis=3)
     return acc_lo, acc_hi
 
 
 @triton.jit
-def _q4k_product(x_ptr, w_ptr, out_ptr, N, RS, NB, SWIGLU: tl.constexpr, ADD: tl.constexpr,
-                 MODE: tl.constexpr, RB: tl.constexpr, GDC: tl.constexpr = 1):
-    """out[r] (+)= W[r] . x over Q4_K rows of ``RS`` bytes (``NB`` blocks); SWIGLU: out[r] =
-    silu(W[r] . x) * (W[N + r] . x). MODE 1 waits first; 3 loads its first block's bytes before
-    the wait. ``GDC`` 0 leaves the PDL calls out (Triton's interpreter has none)."""
+def _x_chunk(x_ptr, b0, NB, BB: tl.constexpr, xoff):
+    bb = b0 + tl.arange(0, BB)
+    xm = (bb < NB)[:, None, None]
+    xp = x_ptr + bb[:, None, None] * 256 + xoff[None, :, :]
+    return tl.load(xp, mask=xm, other=0.0), tl.load(xp + 32, mask=xm, other=0.0)
+
+
+@triton.jit
+def _q4k_product(x_ptr, w_ptr, w32_ptr, out_ptr, N, RS, NB, SWIGLU: tl.constexpr,
+                 ADD: tl.constexpr, MODE: tl.constexpr, RB: tl.constexpr, BB: tl.constexpr,
+                 SPLIT: tl.constexpr, GDC: tl.constexpr = 1):
+    """out[r] (+)= W[r] . x over Q4_K rows of ``RS`` bytes (``NB`` blocks, ``w32_ptr`` the same
+    bytes as int32), ``BB`` blocks an iteration; SWIGLU: out[r] = silu(W[r] . x) * (W[N + r] .
+    x). ``SPLIT`` > 1 (ADD only): program (i, s) takes every SPLIT-th chunk from chunk s and adds
+    its partial atomically. MODE 1 waits first; 3 loads its first chunk before the wait.
+    ``GDC`` 0 leaves the PDL calls out (Triton's interpreter has none)."""
     pid = tl.program_id(0)
+    sid = tl.program_id(1)
     rows = pid * RB + tl.arange(0, RB)
     rmask = rows < N
-    rp = w_ptr + tl.where(rmask, rows, 0).to(tl.int64) * RS  # rows past N read row 0, unstored
+    r64 = tl.where(rmask, rows, 0).to(tl.int64)  # rows past N read row 0, never stored
+    rp = w_ptr + r64 * RS
+    rw = w32_ptr + r64 * (RS // 4)
     up = rp + N.to(tl.int64) * RS
+    uw = rw + N.to(tl.int64) * (RS // 4)
     j = tl.arange(0, 4)
     l32 = tl.arange(0, 32)
     qoff = 16 + j[:, None] * 32 + l32[None, :]
     xoff = j[:, None] * 64 + l32[None, :]
-    acc_lo = tl.zeros([RB, 4, 32], tl.float32)
-    acc_hi = tl.zeros([RB, 4, 32], tl.float32)
-    uacc_lo = tl.zeros([RB, 4, 32], tl.float32)
-    uacc_hi = tl.zeros([RB, 4, 32], tl.float32)
-    b_start = 0
+    acc_lo = tl.zeros([RB, BB, 4], tl.float32)
+    acc_hi = tl.zeros([RB, BB, 4], tl.float32)
+    uacc_lo = tl.zeros([RB, BB, 4], tl.float32)
+    uacc_hi = tl.zeros([RB, BB, 4], tl.float32)
+    b_first = sid * BB
+    b_start = b_first
     if MODE != 0 and GDC:
         tl.extra.cuda.gdc_launch_dependents()
     if MODE == 3:
-        q, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi = _block_loads(rp, 0, j, qoff)
+        q, w0, w1, w2, w3 = _chunk_loads(rp, rw, b_first, NB, BB, qoff)
         if SWIGLU:
-            uq, ud, udmin, usc_lo, umn_lo, usc_hi, umn_hi = _block_loads(up, 0, j, qoff)
+            uq, u0, u1, u2, u3 = _chunk_loads(up, uw, b_first, NB, BB, qoff)
     if MODE != 0 and GDC:
         tl.extra.cuda.gdc_wait()
     if MODE == 3:
-        x_lo = tl.load(x_ptr + xoff)
-        x_hi = tl.load(x_ptr + xoff + 32)
-        acc_lo, acc_hi = _block_fma(q, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, x_lo, x_hi,
-                                    acc_lo, acc_hi)
+        x_lo, x_hi = _x_chunk(x_ptr, b_first, NB, BB, xoff)
+        acc_lo, acc_hi = _chunk_fma(q, w0, w1, w2, w3, j, x_lo, x_hi, acc_lo, acc_hi)
         if SWIGLU:
-            uacc_lo, uacc_hi = _block_fma(uq, ud, udmin, usc_lo, umn_lo, usc_hi, umn_hi, x_lo,
-                                          x_hi, uacc_lo, uacc_hi)
-        b_start = 1
-    for b in range(b_start, NB):
-        q, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi = _block_loads(rp, b, j, qoff)
+            uacc_lo, uacc_hi = _chunk_fma(uq, u0, u1, u2, u3, j, x_lo, x_hi, uacc_lo, uacc_hi)
+        b_start = b_first + SPLIT * BB
+    for b0 in range(b_start, NB, SPLIT * BB):
+        q, w0, w1, w2, w3 = _chunk_loads(rp, rw, b0, NB, BB, qoff)
         if SWIGLU:
-            uq, ud, udmin, usc_lo, umn_lo, usc_hi, umn_hi = _block_loads(up, b, j, qoff)
-        x_lo = tl.load(x_ptr + b * 256 + xoff)
-        x_hi = tl.load(x_ptr + b * 256 + xoff + 32)
-        acc_lo, acc_hi = _block_fma(q, d, dmin, sc_lo, mn_lo, sc_hi, mn_hi, x_lo, x_hi,
-                                    acc_lo, acc_hi)
+            uq, u0, u1, u2, u3 = _chunk_loads(up, uw, b0, NB, BB, qoff)
+        x_lo, x_hi = _x_chunk(x_ptr, b0, NB, BB, xoff)
+        acc_lo, acc_hi = _chunk_fma(q, w0, w1, w2, w3, j, x_lo, x_hi, acc_lo, acc_hi)
         if SWIGLU:
-            uacc_lo, uacc_hi = _block_fma(uq, ud, udmin, usc_lo, umn_lo, usc_hi, umn_hi, x_lo,
-                                          x_hi, uacc_lo, uacc_hi)
+            uacc_lo, uacc_hi = _chunk_fma(uq, u0, u1, u2, u3, j, x_lo, x_hi, uacc_lo, uacc_hi)
     y = tl.sum(tl.sum(acc_lo + acc_hi, axis=2), axis=1)
     if SWIGLU:
         u = tl.sum(tl.sum(uacc_lo + uacc_hi, axis=2), axis=1)
         y = y * tl.sigmoid(y) * u
-    if ADD:
-        y += tl.load(out_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rmask)
+    if SPLIT > 1:
+        tl.atomic_add(out_ptr + rows, y, mask=rmask, sem="relaxed")
+    else:
+        if ADD:
+            y += tl.load(out_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rmask)
 
 
 def q4k_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, swiglu: bool,
-                add: bool, mode: str, rows: int, warps: int, gdc: bool = True) -> None:
+                add: bool, mode: str, rows: int, blocks: int, split: int, warps: int,
+                gdc: bool = True) -> None:
     """``w``: uint8 [N (2N for SwiGLU), K / 256 * 144], each row its Q4_K blocks in file order;
-    ``x``: float32 [K]."""
+    ``x``: float32 [K]; ``blocks`` (a power of two) a program's iteration, ``split`` programs
+    a row block (float32 ``out``, ``add`` only)."""
     n = w.shape[0] // 2 if swiglu else w.shape[0]
     rs = w.shape[1]
     if rs % BLOCK_BYTES or x.numel() != rs // BLOCK_BYTES * QK_K:
         raise ValueError(f"rows of {rs} bytes do not hold Q4_K blocks for x of {x.numel()}")
+    if split > 1 and (swiglu or not add or out.dtype != torch.float32):
+        raise ValueError("a split Q4_K product adds into float32 (not SwiGLU)")
     extra = {"launch_pdl": True} if gdc else {}
-    _q4k_product[(triton.cdiv(n, rows),)](x, w, out, n, rs, rs // BLOCK_BYTES, SWIGLU=swiglu,
-                                          ADD=add, MODE=MODES[mode], RB=rows,
-                                          GDC=int(gdc), num_warps=warps, **extra)
+    _q4k_product[(triton.cdiv(n, rows), split)](
+        x, w, w.view(torch.int32), out, n, rs, rs // BLOCK_BYTES, SWIGLU=swiglu, ADD=add,
+        MODE=MODES[mode], RB=rows, BB=blocks, SPLIT=split, GDC=int(gdc), num_warps=warps,
+        **extra)
+
+
+def tiles(swiglu: bool, nb: int) -> list[tuple[int, int, int, int]]:
+    """(rows, blocks an iteration, split, warps) swept for a product of ``nb`` blocks a row:
+    16 to 64 bytes of nibbles a thread a matrix an iteration (one to four 16-byte loads), no
+    split where a program would have no chunk."""
+    out = []
+    for r in (1, 2, 4, 8, 16):
+        for bb in (1, 2, 4, 8):
+            for sp in ((1,) if swiglu else (1, 2, 4)):
+                for w in (2, 4, 8):
+                    if 4 * w <= r * bb <= 16 * w and sp * bb <= nb and bb <= nb:
+                        out.append((r, bb, sp, w))
+    return out
 
 
 def random_blocks(rows: int, k: int, device: str | torch.device,
@@ -276,20 +314,21 @@ def run_product(model: str, name: str, sms: int, log: list[str]) -> dict[str, An
     w4 = [random_blocks(m, k, "cuda", g) for _ in range(n_copy)]
     outs = [torch.zeros(n, device="cuda", dtype=odt) for _ in range(n_copy)]
     want4 = reference(x, decoded(w4[0], k), swiglu)
-    for mode in MODES:
+    for mode in ("pre", "pdl"):
         runs: list[dict[str, Any]] = []
-        for rows, warps in TILES:
-            if 4 * (2 if swiglu else 1) * rows * 128 // (32 * warps) > 64:
-                continue
+        swept = (tiles(swiglu, k // QK_K) if mode == "pre"
+                 else [tuple(r["tile"]) for r in res["q4k_pre"][:6]])
+        for rows, blocks, split, warps in swept:
 
-            def q4(w: torch.Tensor, o: torch.Tensor, rows: int = rows, warps: int = warps,
-                   mode: str = mode) -> None:
+            def q4(w: torch.Tensor, o: torch.Tensor, rows: int = rows, blocks: int = blocks,
+                   split: int = split, warps: int = warps, mode: str = mode) -> None:
                 q4k_product(x, w, o, swiglu=swiglu, add=add, mode=mode, rows=rows,
-                            warps=warps)
+                            blocks=blocks, split=split, warps=warps)
 
-            err = checked(q4, want4, w4[0], outs[0], add, f"q4k {mode} {(rows, warps)}")
+            tile = [rows, blocks, split, warps]
+            err = checked(q4, want4, w4[0], outs[0], add, f"q4k {mode} {tile}")
             us = chain_us(q4, w4, outs)
-            runs.append({"us": us, "tile": [rows, warps], "err": err})
+            runs.append({"us": us, "tile": tile, "err": err})
         runs.sort(key=lambda r: r["us"])
         res[f"q4k_{mode}"] = runs
         top = runs[0]

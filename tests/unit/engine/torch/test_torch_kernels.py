@@ -1065,36 +1065,46 @@ def test_the_flat_gate_up_candidate_computes_swiglu_with_ragged_rows_and_columns
     assert torch.allclose(out.reshape(-1), want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize(("swiglu", "mode"), [(False, 0), (False, 3), (True, 0), (True, 3)])
-def test_the_q4k_product_reads_gguf_blocks_as_llama_cpp_decodes_them(swiglu: bool,
-                                                                      mode: int) -> None:
+@pytest.mark.parametrize(("swiglu", "mode", "blocks"),
+                         [(False, 0, 1), (False, 3, 2), (True, 0, 4), (True, 3, 2)])
+def test_the_q4k_product_reads_gguf_blocks_as_llama_cpp_decodes_them(swiglu: bool, mode: int,
+                                                                      blocks: int) -> None:
     # scripts/bench_q4k.py times a product that reads Q4_K blocks as the file lays them out;
     # here it must agree with a float32 product over dequant.py's decode of the same bytes
-    # (the backend's load path), rows no tile divides, in three blocks a row (mode 3: the
-    # first block's bytes before the wait, the loop the rest), every 6-bit scale and min form
-    # (sub-blocks 0-3 and 4-7) exercised by random bytes
+    # (the backend's load path): rows no tile divides, three blocks a row taken 1, 2 or 4 an
+    # iteration (the last chunk partly past the row), mode 3 (the first chunk's bytes before
+    # the wait, the loop the rest), every 6-bit scale and min form (sub-blocks 0-3 and 4-7)
+    # exercised by random bytes; then adding into a residual, also split over K
     import bench_q4k as bq
 
-    n, k = 5, 3 * 256
+    n, k, nb = 5, 3 * 256, 3
     g = torch.Generator().manual_seed(7)
     w = bq.random_blocks(2 * n if swiglu else n, k, "cpu", g)
     x = torch.randn(k, generator=g)
     want = bq.reference(x, bq.decoded(w, k), swiglu)
+    w32 = w.view(torch.int32)
     out = torch.full((n,), POISON)
-    bq._q4k_product[((n + 3) // 4,)](x, w, out, n, w.shape[1], 3, SWIGLU=swiglu, ADD=False,
-                                     MODE=mode, RB=4, GDC=0)
+    bq._q4k_product[((n + 3) // 4, 1)](x, w, w32, out, n, w.shape[1], nb, SWIGLU=swiglu,
+                                        ADD=False, MODE=mode, RB=4, BB=blocks, SPLIT=1, GDC=0)
     assert torch.allclose(out, want, rtol=1e-4, atol=1e-5)
-    base = torch.randn(n, generator=g)
-    out = base.clone()
-    bq._q4k_product[((n + 1) // 2,)](x, w, out, n, w.shape[1], 3, SWIGLU=swiglu, ADD=True,
-                                     MODE=mode, RB=2, GDC=0)
-    assert torch.allclose(out, base + want, rtol=1e-4, atol=1e-5)
+    if swiglu:
+        return
+    for split in (1, 2):
+        base = torch.randn(n, generator=g)
+        out = base.clone()
+        bq._q4k_product[((n + 1) // 2, split)](x, w, w32, out, n, w.shape[1], nb, SWIGLU=False,
+                                                ADD=True, MODE=mode, RB=2, BB=1, SPLIT=split,
+                                                GDC=0)
+        assert torch.allclose(out, base + want, rtol=1e-4, atol=1e-5)
 
 
 def test_the_q4k_product_refuses_rows_that_are_not_whole_blocks() -> None:
     import bench_q4k as bq
 
-    w = torch.zeros(4, 143, dtype=torch.uint8)
+    w = torch.zeros(4, 144, dtype=torch.uint8)
     with pytest.raises(ValueError, match="Q4_K blocks"):
-        bq.q4k_product(torch.zeros(256), w, torch.zeros(4), swiglu=False, add=False, mode="pdl",
-                       rows=4, warps=1, gdc=False)
+        bq.q4k_product(torch.zeros(512), w, torch.zeros(4), swiglu=False, add=False,
+                       mode="pdl", rows=4, blocks=1, split=1, warps=1, gdc=False)
+    with pytest.raises(ValueError, match="adds into float32"):
+        bq.q4k_product(torch.zeros(256), w, torch.zeros(4), swiglu=False, add=False,
+                       mode="pdl", rows=4, blocks=1, split=2, warps=1, gdc=False)
