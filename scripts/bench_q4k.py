@@ -11,9 +11,11 @@ persistent kernel the notes name for the bf16 goals.
 Each kernel here reads a matrix's blocks as the file lays them out (a row is K / 256 blocks of
 [f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles]) and decodes in
 registers by llama.cpp's arithmetic, float32 ``d * scale * q - dmin * min`` per 32 weights
-(dequant.py's ``_q4_k``), several blocks an iteration, each sub-block's 32 products summed in
-the thread that loaded them (a float32 sum per element, as bench_gateup's ``flat``, would cost
-eight bytes of registers for every byte loaded), and split over K where a row is long. Timed in the
+(dequant.py's ``_q4_k``), several blocks an iteration, split over K where a row is long. A
+weight costs one float32 multiply-add with x: each sub-block's d * scale and dmin * min apply
+once to its sums of q * x and of x, and a nibble becomes a float by its bits (2^23 + q, less
+2^23) rather than by a conversion instruction, which runs at a quarter rate on sm_90 (run 228:
+the kernel that converted and scaled each weight read its Q4_K bytes at 1.2 TB/s at best). Timed in the
 chain bench_gateup.py uses (a CUDA graph of L launches, each over a copy of the weights of its
 own, L x bytes past L2, each waiting for the one before through PDL), against:
 
@@ -76,16 +78,15 @@ MODES = {"pdl": 1, "pre": 3}
 
 
 @triton.jit
-def _chunk_loads(rp, rw, b0, NB, BB: tl.constexpr, qoff):
-    """Blocks b0 .. b0 + BB - 1 (those past ``NB`` masked to zero) of the rows at byte pointers
-    ``rp`` ([RB]; ``rw`` the same rows as int32 pointers): the nibble bytes [RB, BB, 4, 32] (byte
-    32j + l holds weight 64j + l low and 64j + 32 + l high), and the block headers' four 32-bit
-    words [RB, BB] (d | dmin << 16, then the 12 bytes of 6-bit scales and mins)."""
+def _chunk_loads(rw, b0, NB, BB: tl.constexpr, woff):
+    """Blocks b0 .. b0 + BB - 1 (those past ``NB`` masked to zero) of the rows at int32
+    pointers ``rw`` ([RB]): the nibbles as words [RB, BB, 4, 8] (word 8j + i holds bytes
+    32j + 4i .. 32j + 4i + 3; byte 32j + l holds weight 64j + l low and 64j + 32 + l high), and
+    the headers' four words [RB, BB] (d | dmin << 16, then the 12 bytes of scales and mins)."""
     bb = b0 + tl.arange(0, BB)
     bm = (bb < NB)[None, :]
-    hp = rp[:, None] + bb[None, :] * 144
     hw = rw[:, None] + bb[None, :] * 36
-    q = tl.load(hp[:, :, None, None] + qoff[None, None, :, :], mask=bm[:, :, None, None],
+    q = tl.load(hw[:, :, None, None] + woff[None, None, :, :], mask=bm[:, :, None, None],
                 other=0, eviction_policy="evict_first")
     w0 = tl.load(hw, mask=bm, other=0)
     w1 = tl.load(hw + 1, mask=bm, other=0)
@@ -109,85 +110,86 @@ def _scale_min(w1, w2, w3, g):
 
 
 @triton.jit
-def _chunk_fma(q, w0, w1, w2, w3, j, x_lo, x_hi, acc_lo, acc_hi):
-    """acc [RB, BB, 4] += the sub-blocks' sums of (d * scale * q - dmin * min) * x: each sum
-    runs along a thread's own bytes (16 of a sub-block's 32) and one shuffle."""
+def _nibble(q, shift: tl.constexpr):
+    """Nibbles at ``shift`` of each word as float32 without a conversion instruction (a
+    quarter-rate I2F on sm_90): the bits of 2^23 + n, less 2^23 (exact)."""
+    return (((q >> shift) & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _chunk_fma(q, w0, w1, w2, w3, j, x_ptr, b0, NB, BB: tl.constexpr, xoff, acc):
+    """acc [RB, BB, 4] += each sub-block pair's d * scale * (q . x) - dmin * min * sum(x), low
+    and high nibbles (sub-blocks 2j and 2j + 1): a float32 multiply-add a weight."""
+    bb = b0 + tl.arange(0, BB)
+    xm = (bb < NB)[:, None, None]
+    xp = x_ptr + bb[:, None, None] * 256 + xoff[None, :, :]  # [BB, 4, 8]: x[64j + 4i]
+    dot_lo = tl.zeros(q.shape, tl.float32)
+    dot_hi = tl.zeros(q.shape, tl.float32)
+    xs_lo = tl.zeros([BB, 4, 8], tl.float32)
+    xs_hi = tl.zeros([BB, 4, 8], tl.float32)
+    for k in tl.static_range(4):
+        x_lo = tl.load(xp + k, mask=xm, other=0.0)
+        x_hi = tl.load(xp + 32 + k, mask=xm, other=0.0)
+        dot_lo += _nibble(q, 8 * k) * x_lo[None, :, :, :]
+        dot_hi += _nibble(q, 8 * k + 4) * x_hi[None, :, :, :]
+        xs_lo += x_lo
+        xs_hi += x_hi
     d = (w0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     dmin = (w0 >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     sc_lo, mn_lo = _scale_min(w1, w2, w3, 2 * j)
     sc_hi, mn_hi = _scale_min(w1, w2, w3, 2 * j + 1)
-    s_lo = (d[:, :, None] * sc_lo)[:, :, :, None]
-    m_lo = (dmin[:, :, None] * mn_lo)[:, :, :, None]
-    s_hi = (d[:, :, None] * sc_hi)[:, :, :, None]
-    m_hi = (dmin[:, :, None] * mn_hi)[:, :, :, None]
-    lo = (q & 15).to(tl.float32)
-    hi = (q >> 4).to(tl.float32)
-    acc_lo += tl.sum((lo * s_lo - m_lo) * x_lo[None, :, :, :], axis=3)
-    acc_hi += tl.sum((hi * s_hi - m_hi) * x_hi[None, :, :, :], axis=3)
-    return acc_lo, acc_hi
+    acc += d[:, :, None] * (sc_lo * tl.sum(dot_lo, axis=3) + sc_hi * tl.sum(dot_hi, axis=3))
+    acc -= dmin[:, :, None] * (mn_lo * tl.sum(xs_lo, axis=2)[None, :, :]
+                               + mn_hi * tl.sum(xs_hi, axis=2)[None, :, :])
+    return acc
 
 
 @triton.jit
-def _x_chunk(x_ptr, b0, NB, BB: tl.constexpr, xoff):
-    bb = b0 + tl.arange(0, BB)
-    xm = (bb < NB)[:, None, None]
-    xp = x_ptr + bb[:, None, None] * 256 + xoff[None, :, :]
-    return tl.load(xp, mask=xm, other=0.0), tl.load(xp + 32, mask=xm, other=0.0)
-
-
-@triton.jit
-def _q4k_product(x_ptr, w_ptr, w32_ptr, out_ptr, N, RS, NB, SWIGLU: tl.constexpr,
-                 ADD: tl.constexpr, MODE: tl.constexpr, RB: tl.constexpr, BB: tl.constexpr,
-                 SPLIT: tl.constexpr, GDC: tl.constexpr = 1):
-    """out[r] (+)= W[r] . x over Q4_K rows of ``RS`` bytes (``NB`` blocks, ``w32_ptr`` the same
-    bytes as int32), ``BB`` blocks an iteration; SWIGLU: out[r] = silu(W[r] . x) * (W[N + r] .
-    x). ``SPLIT`` > 1 (ADD only): program (i, s) takes every SPLIT-th chunk from chunk s and adds
-    its partial atomically. MODE 1 waits first; 3 loads its first chunk before the wait.
-    ``GDC`` 0 leaves the PDL calls out (Triton's interpreter has none)."""
+def _q4k_product(x_ptr, w32_ptr, out_ptr, N, RW, NB, SWIGLU: tl.constexpr, ADD: tl.constexpr,
+                 MODE: tl.constexpr, RB: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
+                 GDC: tl.constexpr = 1):
+    """out[r] (+)= W[r] . x over Q4_K rows of ``RW`` int32 words (``NB`` blocks of 36 words),
+    ``BB`` blocks an iteration; SWIGLU: out[r] = silu(W[r] . x) * (W[N + r] . x). ``SPLIT`` > 1
+    (ADD only): program (i, s) takes every SPLIT-th chunk from chunk s and adds its partial
+    atomically. MODE 1 waits first; 3 loads its first chunk before the wait. ``GDC`` 0 leaves
+    the PDL calls out (Triton's interpreter has none)."""
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     rows = pid * RB + tl.arange(0, RB)
     rmask = rows < N
-    r64 = tl.where(rmask, rows, 0).to(tl.int64)  # rows past N read row 0, never stored
-    rp = w_ptr + r64 * RS
-    rw = w32_ptr + r64 * (RS // 4)
-    up = rp + N.to(tl.int64) * RS
-    uw = rw + N.to(tl.int64) * (RS // 4)
+    rw = w32_ptr + tl.where(rmask, rows, 0).to(tl.int64) * RW  # rows past N read row 0
+    uw = rw + N.to(tl.int64) * RW
     j = tl.arange(0, 4)
-    l32 = tl.arange(0, 32)
-    qoff = 16 + j[:, None] * 32 + l32[None, :]
-    xoff = j[:, None] * 64 + l32[None, :]
-    acc_lo = tl.zeros([RB, BB, 4], tl.float32)
-    acc_hi = tl.zeros([RB, BB, 4], tl.float32)
-    uacc_lo = tl.zeros([RB, BB, 4], tl.float32)
-    uacc_hi = tl.zeros([RB, BB, 4], tl.float32)
+    i8 = tl.arange(0, 8)
+    woff = 4 + j[:, None] * 8 + i8[None, :]
+    xoff = j[:, None] * 64 + i8[None, :] * 4
+    acc = tl.zeros([RB, BB, 4], tl.float32)
+    uacc = tl.zeros([RB, BB, 4], tl.float32)
     b_first = sid * BB
     b_start = b_first
     if MODE != 0 and GDC:
         tl.extra.cuda.gdc_launch_dependents()
     if MODE == 3:
-        q, w0, w1, w2, w3 = _chunk_loads(rp, rw, b_first, NB, BB, qoff)
+        q, w0, w1, w2, w3 = _chunk_loads(rw, b_first, NB, BB, woff)
         if SWIGLU:
-            uq, u0, u1, u2, u3 = _chunk_loads(up, uw, b_first, NB, BB, qoff)
+            uq, u0, u1, u2, u3 = _chunk_loads(uw, b_first, NB, BB, woff)
     if MODE != 0 and GDC:
         tl.extra.cuda.gdc_wait()
     if MODE == 3:
-        x_lo, x_hi = _x_chunk(x_ptr, b_first, NB, BB, xoff)
-        acc_lo, acc_hi = _chunk_fma(q, w0, w1, w2, w3, j, x_lo, x_hi, acc_lo, acc_hi)
+        acc = _chunk_fma(q, w0, w1, w2, w3, j, x_ptr, b_first, NB, BB, xoff, acc)
         if SWIGLU:
-            uacc_lo, uacc_hi = _chunk_fma(uq, u0, u1, u2, u3, j, x_lo, x_hi, uacc_lo, uacc_hi)
+            uacc = _chunk_fma(uq, u0, u1, u2, u3, j, x_ptr, b_first, NB, BB, xoff, uacc)
         b_start = b_first + SPLIT * BB
     for b0 in range(b_start, NB, SPLIT * BB):
-        q, w0, w1, w2, w3 = _chunk_loads(rp, rw, b0, NB, BB, qoff)
+        q, w0, w1, w2, w3 = _chunk_loads(rw, b0, NB, BB, woff)
         if SWIGLU:
-            uq, u0, u1, u2, u3 = _chunk_loads(up, uw, b0, NB, BB, qoff)
-        x_lo, x_hi = _x_chunk(x_ptr, b0, NB, BB, xoff)
-        acc_lo, acc_hi = _chunk_fma(q, w0, w1, w2, w3, j, x_lo, x_hi, acc_lo, acc_hi)
+            uq, u0, u1, u2, u3 = _chunk_loads(uw, b0, NB, BB, woff)
+        acc = _chunk_fma(q, w0, w1, w2, w3, j, x_ptr, b0, NB, BB, xoff, acc)
         if SWIGLU:
-            uacc_lo, uacc_hi = _chunk_fma(uq, u0, u1, u2, u3, j, x_lo, x_hi, uacc_lo, uacc_hi)
-    y = tl.sum(tl.sum(acc_lo + acc_hi, axis=2), axis=1)
+            uacc = _chunk_fma(uq, u0, u1, u2, u3, j, x_ptr, b0, NB, BB, xoff, uacc)
+    y = tl.sum(tl.sum(acc, axis=2), axis=1)
     if SWIGLU:
-        u = tl.sum(tl.sum(uacc_lo + uacc_hi, axis=2), axis=1)
+        u = tl.sum(tl.sum(uacc, axis=2), axis=1)
         y = y * tl.sigmoid(y) * u
     if SPLIT > 1:
         tl.atomic_add(out_ptr + rows, y, mask=rmask, sem="relaxed")
@@ -211,14 +213,14 @@ def q4k_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, swiglu: 
         raise ValueError("a split Q4_K product adds into float32 (not SwiGLU)")
     extra = {"launch_pdl": True} if gdc else {}
     _q4k_product[(triton.cdiv(n, rows), split)](
-        x, w, w.view(torch.int32), out, n, rs, rs // BLOCK_BYTES, SWIGLU=swiglu, ADD=add,
+        x, w.view(torch.int32), out, n, rs // 4, rs // BLOCK_BYTES, SWIGLU=swiglu, ADD=add,
         MODE=MODES[mode], RB=rows, BB=blocks, SPLIT=split, GDC=int(gdc), num_warps=warps,
         **extra)
 
 
 def tiles(swiglu: bool, nb: int) -> list[tuple[int, int, int, int]]:
     """(rows, blocks an iteration, split, warps) swept for a product of ``nb`` blocks a row:
-    16 to 64 bytes of nibbles a thread a matrix an iteration (one to four 16-byte loads), no
+    4 to 16 words of nibbles a thread a matrix an iteration (one to four 16-byte loads), no
     split where a program would have no chunk."""
     out = []
     for r in (1, 2, 4, 8, 16):

@@ -1084,7 +1084,7 @@ def test_the_q4k_product_reads_gguf_blocks_as_llama_cpp_decodes_them(swiglu: boo
     want = bq.reference(x, bq.decoded(w, k), swiglu)
     w32 = w.view(torch.int32)
     out = torch.full((n,), POISON)
-    bq._q4k_product[((n + 3) // 4, 1)](x, w, w32, out, n, w.shape[1], nb, SWIGLU=swiglu,
+    bq._q4k_product[((n + 3) // 4, 1)](x, w32, out, n, w32.shape[1], nb, SWIGLU=swiglu,
                                         ADD=False, MODE=mode, RB=4, BB=blocks, SPLIT=1, GDC=0)
     assert torch.allclose(out, want, rtol=1e-4, atol=1e-5)
     if swiglu:
@@ -1092,7 +1092,7 @@ def test_the_q4k_product_reads_gguf_blocks_as_llama_cpp_decodes_them(swiglu: boo
     for split in (1, 2):
         base = torch.randn(n, generator=g)
         out = base.clone()
-        bq._q4k_product[((n + 1) // 2, split)](x, w, w32, out, n, w.shape[1], nb, SWIGLU=False,
+        bq._q4k_product[((n + 1) // 2, split)](x, w32, out, n, w32.shape[1], nb, SWIGLU=False,
                                                 ADD=True, MODE=mode, RB=2, BB=1, SPLIT=split,
                                                 GDC=0)
         assert torch.allclose(out, base + want, rtol=1e-4, atol=1e-5)
