@@ -26,6 +26,9 @@ own, L x bytes past L2, each waiting for the one before through PDL), against:
     q4k     the Q4_K product, tiles swept (rows a program, blocks an iteration, split, warps)
             with its first blocks loaded before the wait (``pre``), then the six best of those
             waiting first (``pdl``)
+    q4kx    the same with x in nibble order and every tensor of its loop in the nibble words'
+            layout (no shared-memory round trip; run 229's Triton put eight a block there),
+            waiting first, tiles swept
 
 Products: the 1.5B's gate/up (SwiGLU over both halves, 2 x 8960 rows of 1536) and its down
 projection (1536 rows of 8960) and o-projection (1536 x 1536); the 0.5B's down projection (its
@@ -145,14 +148,70 @@ def _chunk_fma(q, w0, w1, w2, w3, j, x_ptr, b0, NB, BB: tl.constexpr, xoff, acc)
 
 
 @triton.jit
+def _chunk_xp(rw, x_ptr, b0, NB, BB: tl.constexpr, RB: tl.constexpr, woff, j, i8, acc):
+    """``_chunk_loads`` + ``_chunk_fma`` with every tensor in the layout of the nibble words
+    [RB, BB, 4, 8], so that nothing in the loop passes through shared memory: x is read in
+    nibble order (``x_perm``: x[b, h, k, j, i] = x[256b + 64j + 32h + 4i + k]) straight into
+    that layout, and the header words come as a [RB, BB, 4, 8] load of words i % 4, each then
+    picked out by a sum over i (one thread holds it, one shuffle)."""
+    bb = b0 + tl.arange(0, BB)
+    bm = (bb < NB)[None, :, None, None]
+    hw = (rw[:, None] + bb[None, :] * 36)[:, :, None, None]
+    q = tl.load(hw + woff[None, None, :, :], mask=bm, other=0, eviction_policy="evict_first")
+    hdr = tl.load(hw + (i8 % 4)[None, None, None, :] + 0 * j[None, None, :, None], mask=bm,
+                  other=0)
+    ii = i8[None, None, None, :]
+    w0 = tl.sum(tl.where(ii == 0, hdr, 0), axis=3)
+    w1 = tl.sum(tl.where(ii == 1, hdr, 0), axis=3)
+    w2 = tl.sum(tl.where(ii == 2, hdr, 0), axis=3)
+    w3 = tl.sum(tl.where(ii == 3, hdr, 0), axis=3)
+    xp = (x_ptr + (bb * 256)[None, :, None, None] + (j[:, None] * 8 + i8[None, :])[None, None]
+          + tl.zeros([RB, 1, 1, 1], tl.int32))
+    dot_lo = tl.zeros([RB, BB, 4, 8], tl.float32)
+    dot_hi = tl.zeros([RB, BB, 4, 8], tl.float32)
+    xs_lo = tl.zeros([RB, BB, 4, 8], tl.float32)
+    xs_hi = tl.zeros([RB, BB, 4, 8], tl.float32)
+    for k in tl.static_range(4):
+        x_lo = tl.load(xp + 32 * k, mask=bm, other=0.0)
+        x_hi = tl.load(xp + 128 + 32 * k, mask=bm, other=0.0)
+        dot_lo += _nibble(q, 8 * k) * x_lo
+        dot_hi += _nibble(q, 8 * k + 4) * x_hi
+        xs_lo += x_lo
+        xs_hi += x_hi
+    d = (w0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = (w0 >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    g = j[None, None, :]
+    sc_lo, mn_lo = _scale_min3(w1, w2, w3, 2 * g)
+    sc_hi, mn_hi = _scale_min3(w1, w2, w3, 2 * g + 1)
+    acc += d * (sc_lo * tl.sum(dot_lo, axis=3) + sc_hi * tl.sum(dot_hi, axis=3))
+    acc -= dmin * (mn_lo * tl.sum(xs_lo, axis=3) + mn_hi * tl.sum(xs_hi, axis=3))
+    return acc
+
+
+@triton.jit
+def _scale_min3(w1, w2, w3, g):
+    """``_scale_min`` for header words already [RB, BB, 4] (one a sub-block pair)."""
+    sh = 8 * (g % 4)
+    a = (w1 >> sh) & 0xFF
+    m = (w2 >> sh) & 0xFF
+    c = (w3 >> sh) & 0xFF
+    low = g < 4
+    sc = tl.where(low, a & 63, (c & 15) | ((a >> 6) << 4))
+    mn = tl.where(low, m & 63, (c >> 4) | ((m >> 6) << 4))
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
 def _q4k_product(x_ptr, w32_ptr, out_ptr, N, RW, NB, SWIGLU: tl.constexpr, ADD: tl.constexpr,
                  MODE: tl.constexpr, RB: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
-                 GDC: tl.constexpr = 1):
+                 XP: tl.constexpr = 0, GDC: tl.constexpr = 1):
     """out[r] (+)= W[r] . x over Q4_K rows of ``RW`` int32 words (``NB`` blocks of 36 words),
     ``BB`` blocks an iteration; SWIGLU: out[r] = silu(W[r] . x) * (W[N + r] . x). ``SPLIT`` > 1
     (ADD only): program (i, s) takes every SPLIT-th chunk from chunk s and adds its partial
-    atomically. MODE 1 waits first; 3 loads its first chunk before the wait. ``GDC`` 0 leaves
-    the PDL calls out (Triton's interpreter has none)."""
+    atomically. MODE 1 waits first; 3 loads its first chunk before the wait. XP 1: x is
+    ``x_perm``'s nibble order and the loop is ``_chunk_xp``'s (MODE 3 then only starts its
+    first chunk after the wait). ``GDC`` 0 leaves the PDL calls out (Triton's interpreter has
+    none)."""
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     rows = pid * RB + tl.arange(0, RB)
@@ -169,24 +228,32 @@ def _q4k_product(x_ptr, w32_ptr, out_ptr, N, RW, NB, SWIGLU: tl.constexpr, ADD: 
     b_start = b_first
     if MODE != 0 and GDC:
         tl.extra.cuda.gdc_launch_dependents()
-    if MODE == 3:
-        q, w0, w1, w2, w3 = _chunk_loads(rw, b_first, NB, BB, woff)
-        if SWIGLU:
-            uq, u0, u1, u2, u3 = _chunk_loads(uw, b_first, NB, BB, woff)
-    if MODE != 0 and GDC:
-        tl.extra.cuda.gdc_wait()
-    if MODE == 3:
-        acc = _chunk_fma(q, w0, w1, w2, w3, j, x_ptr, b_first, NB, BB, xoff, acc)
-        if SWIGLU:
-            uacc = _chunk_fma(uq, u0, u1, u2, u3, j, x_ptr, b_first, NB, BB, xoff, uacc)
-        b_start = b_first + SPLIT * BB
-    for b0 in range(b_start, NB, SPLIT * BB):
-        q, w0, w1, w2, w3 = _chunk_loads(rw, b0, NB, BB, woff)
-        if SWIGLU:
-            uq, u0, u1, u2, u3 = _chunk_loads(uw, b0, NB, BB, woff)
-        acc = _chunk_fma(q, w0, w1, w2, w3, j, x_ptr, b0, NB, BB, xoff, acc)
-        if SWIGLU:
-            uacc = _chunk_fma(uq, u0, u1, u2, u3, j, x_ptr, b0, NB, BB, xoff, uacc)
+    if XP:
+        if MODE != 0 and GDC:
+            tl.extra.cuda.gdc_wait()
+        for b0 in range(b_first, NB, SPLIT * BB):
+            acc = _chunk_xp(rw, x_ptr, b0, NB, BB, RB, woff, j, i8, acc)
+            if SWIGLU:
+                uacc = _chunk_xp(uw, x_ptr, b0, NB, BB, RB, woff, j, i8, uacc)
+    else:
+        if MODE == 3:
+            q, w0, w1, w2, w3 = _chunk_loads(rw, b_first, NB, BB, woff)
+            if SWIGLU:
+                uq, u0, u1, u2, u3 = _chunk_loads(uw, b_first, NB, BB, woff)
+        if MODE != 0 and GDC:
+            tl.extra.cuda.gdc_wait()
+        if MODE == 3:
+            acc = _chunk_fma(q, w0, w1, w2, w3, j, x_ptr, b_first, NB, BB, xoff, acc)
+            if SWIGLU:
+                uacc = _chunk_fma(uq, u0, u1, u2, u3, j, x_ptr, b_first, NB, BB, xoff, uacc)
+            b_start = b_first + SPLIT * BB
+        for b0 in range(b_start, NB, SPLIT * BB):
+            q, w0, w1, w2, w3 = _chunk_loads(rw, b0, NB, BB, woff)
+            if SWIGLU:
+                uq, u0, u1, u2, u3 = _chunk_loads(uw, b0, NB, BB, woff)
+            acc = _chunk_fma(q, w0, w1, w2, w3, j, x_ptr, b0, NB, BB, xoff, acc)
+            if SWIGLU:
+                uacc = _chunk_fma(uq, u0, u1, u2, u3, j, x_ptr, b0, NB, BB, xoff, uacc)
     y = tl.sum(tl.sum(acc, axis=2), axis=1)
     if SWIGLU:
         u = tl.sum(tl.sum(uacc, axis=2), axis=1)
@@ -199,12 +266,18 @@ def _q4k_product(x_ptr, w32_ptr, out_ptr, N, RW, NB, SWIGLU: tl.constexpr, ADD: 
         tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rmask)
 
 
+def nibble_order(x: torch.Tensor) -> torch.Tensor:
+    """x [K] as ``_chunk_xp`` reads it: [K / 256, 2 (h), 4 (k), 4 (j), 8 (i)], element
+    x[256b + 64j + 32h + 4i + k] (a producer of x could write it so; here torch does, once)."""
+    return x.reshape(-1, 4, 2, 8, 4).permute(0, 2, 4, 1, 3).contiguous().reshape(-1)
+
+
 def q4k_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, swiglu: bool,
                 add: bool, mode: str, rows: int, blocks: int, split: int, warps: int,
-                gdc: bool = True) -> None:
+                xp: bool = False, gdc: bool = True) -> None:
     """``w``: uint8 [N (2N for SwiGLU), K / 256 * 144], each row its Q4_K blocks in file order;
-    ``x``: float32 [K]; ``blocks`` (a power of two) a program's iteration, ``split`` programs
-    a row block (float32 ``out``, ``add`` only)."""
+    ``x``: float32 [K] (``xp``: in ``nibble_order``); ``blocks`` (a power of two) a program's
+    iteration, ``split`` programs a row block (float32 ``out``, ``add`` only)."""
     n = w.shape[0] // 2 if swiglu else w.shape[0]
     rs = w.shape[1]
     if rs % BLOCK_BYTES or x.numel() != rs // BLOCK_BYTES * QK_K:
@@ -214,7 +287,8 @@ def q4k_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, swiglu: 
     extra = {"launch_pdl": True} if gdc else {}
     _q4k_product[(triton.cdiv(n, rows), split)](
         x, w.view(torch.int32), out, n, rs // 4, rs // BLOCK_BYTES, SWIGLU=swiglu, ADD=add,
-        MODE=MODES[mode], RB=rows, BB=blocks, SPLIT=split, GDC=int(gdc), num_warps=warps,
+        MODE=MODES[mode], RB=rows, BB=blocks, SPLIT=split, XP=int(xp), GDC=int(gdc),
+        num_warps=warps,
         **extra)
 
 
@@ -316,29 +390,32 @@ def run_product(model: str, name: str, sms: int, log: list[str]) -> dict[str, An
     w4 = [random_blocks(m, k, "cuda", g) for _ in range(n_copy)]
     outs = [torch.zeros(n, device="cuda", dtype=odt) for _ in range(n_copy)]
     want4 = reference(x, decoded(w4[0], k), swiglu)
-    for mode in ("pre", "pdl"):
+    xperm = nibble_order(x)
+    for label, mode, xp in (("q4k_pre", "pre", False), ("q4k_pdl", "pdl", False),
+                            ("q4kx_pdl", "pdl", True)):
         runs: list[dict[str, Any]] = []
-        swept = (tiles(swiglu, k // QK_K) if mode == "pre"
-                 else [tuple(r["tile"]) for r in res["q4k_pre"][:6]])
+        swept = ([tuple(r["tile"]) for r in res["q4k_pre"][:6]] if label == "q4k_pdl"
+                 else tiles(swiglu, k // QK_K))
         for rows, blocks, split, warps in swept:
 
             def q4(w: torch.Tensor, o: torch.Tensor, rows: int = rows, blocks: int = blocks,
-                   split: int = split, warps: int = warps, mode: str = mode) -> None:
-                q4k_product(x, w, o, swiglu=swiglu, add=add, mode=mode, rows=rows,
-                            blocks=blocks, split=split, warps=warps)
+                   split: int = split, warps: int = warps, mode: str = mode,
+                   xp: bool = xp) -> None:
+                q4k_product(xperm if xp else x, w, o, swiglu=swiglu, add=add, mode=mode,
+                            rows=rows, blocks=blocks, split=split, warps=warps, xp=xp)
 
             tile = [rows, blocks, split, warps]
-            err = checked(q4, want4, w4[0], outs[0], add, f"q4k {mode} {tile}")
+            err = checked(q4, want4, w4[0], outs[0], add, f"{label} {tile}")
             us = chain_us(q4, w4, outs)
             runs.append({"us": us, "tile": tile, "err": err})
         runs.sort(key=lambda r: r["us"])
-        res[f"q4k_{mode}"] = runs
+        res[label] = runs
         top = runs[0]
-        say(f"q4k {mode}: best {top['us']:.2f} us ({b4 / top['us'] / 1e3:.0f} GB/s of Q4_K, "
+        say(f"{label}: best {top['us']:.2f} us ({b4 / top['us'] / 1e3:.0f} GB/s of Q4_K, "
             f"{b16 / top['us'] / 1e3:.0f} bf16-equivalent), tile {top['tile']}, err "
             f"{top['err']:.1e}; next " + ", ".join(f"{r['us']:.2f} {r['tile']}" for r in runs[1:4]))
     best16 = min(res["ours_pdl1"], res["ours_pdl2"])
-    best4 = min(res["q4k_pdl"][0]["us"], res["q4k_pre"][0]["us"])
+    best4 = min(res[lb][0]["us"] for lb in ("q4k_pre", "q4k_pdl", "q4kx_pdl"))
     res["ratio_q4k_to_ours"] = round(best4 / best16, 3)
     say(f"q4k / ours: {best4:.2f} / {best16:.2f} us = {res['ratio_q4k_to_ours']:.3f}")
     del w4, outs

@@ -1087,13 +1087,19 @@ def test_the_q4k_product_reads_gguf_blocks_as_llama_cpp_decodes_them(swiglu: boo
     bq._q4k_product[((n + 3) // 4, 1)](x, w32, out, n, w32.shape[1], nb, SWIGLU=swiglu,
                                         ADD=False, MODE=mode, RB=4, BB=blocks, SPLIT=1, GDC=0)
     assert torch.allclose(out, want, rtol=1e-4, atol=1e-5)
+    out = torch.full((n,), POISON)  # x in nibble order, the loop in the words' layout
+    bq._q4k_product[((n + 1) // 2, 1)](bq.nibble_order(x), w32, out, n, w32.shape[1], nb,
+                                        SWIGLU=swiglu, ADD=False, MODE=mode, RB=2, BB=blocks,
+                                        SPLIT=1, XP=1, GDC=0)
+    assert torch.allclose(out, want, rtol=1e-4, atol=1e-5)
     if swiglu:
         return
-    for split in (1, 2):
+    for split, xp in ((1, 0), (2, 0), (2, 1)):
         base = torch.randn(n, generator=g)
         out = base.clone()
-        bq._q4k_product[((n + 1) // 2, split)](x, w32, out, n, w32.shape[1], nb, SWIGLU=False,
-                                                ADD=True, MODE=mode, RB=2, BB=1, SPLIT=split,
+        bq._q4k_product[((n + 1) // 2, split)](bq.nibble_order(x) if xp else x, w32, out, n,
+                                                w32.shape[1], nb, SWIGLU=False, ADD=True,
+                                                MODE=mode, RB=2, BB=1, SPLIT=split, XP=xp,
                                                 GDC=0)
         assert torch.allclose(out, base + want, rtol=1e-4, atol=1e-5)
 
