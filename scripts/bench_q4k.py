@@ -266,6 +266,129 @@ def _q4k_product(x_ptr, w32_ptr, out_ptr, N, RW, NB, SWIGLU: tl.constexpr, ADD: 
         tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rmask)
 
 
+@triton.jit
+def _bchunk_loads(rp, rw, b0, NB, BB: tl.constexpr, qoff):
+    """Blocks b0 .. b0 + BB - 1 (those past ``NB`` masked to zero) of the rows at byte pointers
+    ``rp`` ([RB]; ``rw`` the same rows as int32 pointers): the nibble bytes [RB, BB, 4, 32] (byte
+    32j + l holds weight 64j + l low and 64j + 32 + l high), and the block headers' four 32-bit
+    words [RB, BB] (d | dmin << 16, then the 12 bytes of 6-bit scales and mins)."""
+    bb = b0 + tl.arange(0, BB)
+    bm = (bb < NB)[None, :]
+    hp = rp[:, None] + bb[None, :] * 144
+    hw = rw[:, None] + bb[None, :] * 36
+    q = tl.load(hp[:, :, None, None] + qoff[None, None, :, :], mask=bm[:, :, None, None],
+                other=0, eviction_policy="evict_first")
+    w0 = tl.load(hw, mask=bm, other=0)
+    w1 = tl.load(hw + 1, mask=bm, other=0)
+    w2 = tl.load(hw + 2, mask=bm, other=0)
+    w3 = tl.load(hw + 3, mask=bm, other=0)
+    return q, w0, w1, w2, w3
+
+
+@triton.jit
+def _bchunk_fma(q, w0, w1, w2, w3, j, x_lo, x_hi, acc_lo, acc_hi, MAGIC: tl.constexpr):
+    """acc [RB, BB, 4] += the sub-blocks' sums of (d * scale * q - dmin * min) * x: each sum
+    runs along a thread's own bytes (16 of a sub-block's 32) and one shuffle."""
+    d = (w0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = (w0 >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    sc_lo, mn_lo = _scale_min(w1, w2, w3, 2 * j)
+    sc_hi, mn_hi = _scale_min(w1, w2, w3, 2 * j + 1)
+    s_lo = (d[:, :, None] * sc_lo)[:, :, :, None]
+    m_lo = (dmin[:, :, None] * mn_lo)[:, :, :, None]
+    s_hi = (d[:, :, None] * sc_hi)[:, :, :, None]
+    m_hi = (dmin[:, :, None] * mn_hi)[:, :, :, None]
+    if MAGIC:  # (see _nibble)
+        lo = ((q & 15).to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+        hi = ((q >> 4).to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    else:
+        lo = (q & 15).to(tl.float32)
+        hi = (q >> 4).to(tl.float32)
+    acc_lo += tl.sum((lo * s_lo - m_lo) * x_lo[None, :, :, :], axis=3)
+    acc_hi += tl.sum((hi * s_hi - m_hi) * x_hi[None, :, :, :], axis=3)
+    return acc_lo, acc_hi
+
+
+@triton.jit
+def _bx_chunk(x_ptr, b0, NB, BB: tl.constexpr, xoff):
+    bb = b0 + tl.arange(0, BB)
+    xm = (bb < NB)[:, None, None]
+    xp = x_ptr + bb[:, None, None] * 256 + xoff[None, :, :]
+    return tl.load(xp, mask=xm, other=0.0), tl.load(xp + 32, mask=xm, other=0.0)
+
+
+@triton.jit
+def _q4k_bytes(x_ptr, w_ptr, w32_ptr, out_ptr, N, RS, NB, SWIGLU: tl.constexpr,
+               ADD: tl.constexpr, MODE: tl.constexpr, RB: tl.constexpr, BB: tl.constexpr,
+               SPLIT: tl.constexpr, MAGIC: tl.constexpr = 0, GDC: tl.constexpr = 1):
+    """Run 228's form (kept to compare): the nibbles loaded as bytes [RB, BB, 4, 32] beside x
+    in two contiguous [BB, 4, 32] halves, each weight scaled on its own; MAGIC 1: a nibble
+    becomes a float by its bits, as ``_nibble``. Otherwise as ``_q4k_product`` (``RS`` bytes a
+    row, ``w32_ptr`` the same bytes as int32)."""
+    pid = tl.program_id(0)
+    sid = tl.program_id(1)
+    rows = pid * RB + tl.arange(0, RB)
+    rmask = rows < N
+    r64 = tl.where(rmask, rows, 0).to(tl.int64)  # rows past N read row 0, never stored
+    rp = w_ptr + r64 * RS
+    rw = w32_ptr + r64 * (RS // 4)
+    up = rp + N.to(tl.int64) * RS
+    uw = rw + N.to(tl.int64) * (RS // 4)
+    j = tl.arange(0, 4)
+    l32 = tl.arange(0, 32)
+    qoff = 16 + j[:, None] * 32 + l32[None, :]
+    xoff = j[:, None] * 64 + l32[None, :]
+    acc_lo = tl.zeros([RB, BB, 4], tl.float32)
+    acc_hi = tl.zeros([RB, BB, 4], tl.float32)
+    uacc_lo = tl.zeros([RB, BB, 4], tl.float32)
+    uacc_hi = tl.zeros([RB, BB, 4], tl.float32)
+    b_first = sid * BB
+    b_start = b_first
+    if MODE != 0 and GDC:
+        tl.extra.cuda.gdc_launch_dependents()
+    if MODE == 3:
+        q, w0, w1, w2, w3 = _bchunk_loads(rp, rw, b_first, NB, BB, qoff)
+        if SWIGLU:
+            uq, u0, u1, u2, u3 = _bchunk_loads(up, uw, b_first, NB, BB, qoff)
+    if MODE != 0 and GDC:
+        tl.extra.cuda.gdc_wait()
+    if MODE == 3:
+        x_lo, x_hi = _bx_chunk(x_ptr, b_first, NB, BB, xoff)
+        acc_lo, acc_hi = _bchunk_fma(q, w0, w1, w2, w3, j, x_lo, x_hi, acc_lo, acc_hi, MAGIC)
+        if SWIGLU:
+            uacc_lo, uacc_hi = _bchunk_fma(uq, u0, u1, u2, u3, j, x_lo, x_hi, uacc_lo, uacc_hi, MAGIC)
+        b_start = b_first + SPLIT * BB
+    for b0 in range(b_start, NB, SPLIT * BB):
+        q, w0, w1, w2, w3 = _bchunk_loads(rp, rw, b0, NB, BB, qoff)
+        if SWIGLU:
+            uq, u0, u1, u2, u3 = _bchunk_loads(up, uw, b0, NB, BB, qoff)
+        x_lo, x_hi = _bx_chunk(x_ptr, b0, NB, BB, xoff)
+        acc_lo, acc_hi = _bchunk_fma(q, w0, w1, w2, w3, j, x_lo, x_hi, acc_lo, acc_hi, MAGIC)
+        if SWIGLU:
+            uacc_lo, uacc_hi = _bchunk_fma(uq, u0, u1, u2, u3, j, x_lo, x_hi, uacc_lo, uacc_hi, MAGIC)
+    y = tl.sum(tl.sum(acc_lo + acc_hi, axis=2), axis=1)
+    if SWIGLU:
+        u = tl.sum(tl.sum(uacc_lo + uacc_hi, axis=2), axis=1)
+        y = y * tl.sigmoid(y) * u
+    if SPLIT > 1:
+        tl.atomic_add(out_ptr + rows, y, mask=rmask, sem="relaxed")
+    else:
+        if ADD:
+            y += tl.load(out_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rmask)
+
+
+def q4k_bytes(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, swiglu: bool,
+              add: bool, mode: str, rows: int, blocks: int, split: int, warps: int,
+              magic: bool) -> None:
+    """Run 228's kernel (``_q4k_bytes``), the arguments as ``q4k_product``'s."""
+    n = w.shape[0] // 2 if swiglu else w.shape[0]
+    rs = w.shape[1]
+    _q4k_bytes[(triton.cdiv(n, rows), split)](
+        x, w, w.view(torch.int32), out, n, rs, rs // BLOCK_BYTES, SWIGLU=swiglu, ADD=add,
+        MODE=MODES[mode], RB=rows, BB=blocks, SPLIT=split, MAGIC=int(magic), num_warps=warps,
+        launch_pdl=True)
+
+
 def nibble_order(x: torch.Tensor) -> torch.Tensor:
     """x [K] as ``_chunk_xp`` reads it: [K / 256, 2 (h), 4 (k), 4 (j), 8 (i)], element
     x[256b + 64j + 32h + 4i + k] (a producer of x could write it so; here torch does, once)."""
@@ -342,7 +465,8 @@ def checked(launch: Callable[[torch.Tensor, torch.Tensor], None], want: torch.Te
     return err
 
 
-def run_product(model: str, name: str, sms: int, log: list[str]) -> dict[str, Any]:
+def run_product(model: str, name: str, sms: int, log: list[str], variants: set[str],
+                reads: bool) -> dict[str, Any]:
     n, k, swiglu = PRODUCTS[(model, name)]
     m = 2 * n if swiglu else n
     b16 = m * k * 2
@@ -357,7 +481,7 @@ def run_product(model: str, name: str, sms: int, log: list[str]) -> dict[str, An
         log.append(f"{model} {name} {line}")
         print(log[-1], flush=True)
 
-    for mode in ("pdl", "pre"):
+    for mode in ("pdl", "pre") if reads else ():
         for label, nbytes in (("read", b16), ("read4", b4)):
             top = best(nbytes, mode, sms, [])
             res[f"{label}_{mode}"] = {"us": top["us"], "tile": top["tile"]}
@@ -392,15 +516,22 @@ def run_product(model: str, name: str, sms: int, log: list[str]) -> dict[str, An
     want4 = reference(x, decoded(w4[0], k), swiglu)
     xperm = nibble_order(x)
     for label, mode, xp in (("q4k_pre", "pre", False), ("q4k_pdl", "pdl", False),
-                            ("q4kx_pdl", "pdl", True)):
+                            ("q4kx_pdl", "pdl", True), ("q4kb_pre", "pre", False),
+                            ("q4kbm_pre", "pre", True)):
+        if label.split("_")[0] not in variants:
+            continue
         runs: list[dict[str, Any]] = []
-        swept = ([tuple(r["tile"]) for r in res["q4k_pre"][:6]] if label == "q4k_pdl"
-                 else tiles(swiglu, k // QK_K))
+        swept = ([tuple(r["tile"]) for r in res["q4k_pre"][:6]]
+                 if label == "q4k_pdl" and "q4k_pre" in res else tiles(swiglu, k // QK_K))
         for rows, blocks, split, warps in swept:
 
             def q4(w: torch.Tensor, o: torch.Tensor, rows: int = rows, blocks: int = blocks,
                    split: int = split, warps: int = warps, mode: str = mode,
-                   xp: bool = xp) -> None:
+                   xp: bool = xp, label: str = label) -> None:
+                if label.startswith("q4kb"):  # (xp: MAGIC)
+                    q4k_bytes(x, w, o, swiglu=swiglu, add=add, mode=mode, rows=rows,
+                              blocks=blocks, split=split, warps=warps, magic=xp)
+                    return
                 q4k_product(xperm if xp else x, w, o, swiglu=swiglu, add=add, mode=mode,
                             rows=rows, blocks=blocks, split=split, warps=warps, xp=xp)
 
@@ -415,7 +546,8 @@ def run_product(model: str, name: str, sms: int, log: list[str]) -> dict[str, An
             f"{b16 / top['us'] / 1e3:.0f} bf16-equivalent), tile {top['tile']}, err "
             f"{top['err']:.1e}; next " + ", ".join(f"{r['us']:.2f} {r['tile']}" for r in runs[1:4]))
     best16 = min(res["ours_pdl1"], res["ours_pdl2"])
-    best4 = min(res[lb][0]["us"] for lb in ("q4k_pre", "q4k_pdl", "q4kx_pdl"))
+    best4 = min(v[0]["us"] for lb, v in res.items() if lb.startswith("q4k")
+                and isinstance(v, list) and v)
     res["ratio_q4k_to_ours"] = round(best4 / best16, 3)
     say(f"q4k / ours: {best4:.2f} / {best16:.2f} us = {res['ratio_q4k_to_ours']:.3f}")
     del w4, outs
@@ -433,7 +565,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="the pure reads' tiles: bench_read_size's 96, or 24 of them (4 or 8 "
                          "warps, 2-8 programs an SM) so that every product fits one device "
                          "call; a ceiling from fewer tiles can only read slower")
+    ap.add_argument("--variants", default="q4k,q4kx",
+                    help="comma-separated, from q4k, q4kx, q4kb (run 228's kernel), q4kbm (it "
+                         "with the nibbles made floats by their bits)")
+    ap.add_argument("--no-reads", action="store_true", help="leave out the pure reads")
     args = ap.parse_args(argv)
+    variants = set(choices(ap, args.variants, ("q4k", "q4kx", "q4kb", "q4kbm"), "variant"))
     if args.read_tiles == "quick":
         bench_read_size.TILES = [t for t in bench_read_size.TILES
                                  if t[1] in (4, 8) and t[2] in (2, 4, 8)]
@@ -448,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
                            "read_tiles": args.read_tiles}
     for p in picked:
         model, name = p.split(":")
-        res[p] = run_product(model, name, sms, log)
+        res[p] = run_product(model, name, sms, log, variants, not args.no_reads)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "q4k.json").write_text(json.dumps(res, indent=1))
     return 0

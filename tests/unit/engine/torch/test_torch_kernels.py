@@ -1092,6 +1092,12 @@ def test_the_q4k_product_reads_gguf_blocks_as_llama_cpp_decodes_them(swiglu: boo
                                         SWIGLU=swiglu, ADD=False, MODE=mode, RB=2, BB=blocks,
                                         SPLIT=1, XP=1, GDC=0)
     assert torch.allclose(out, want, rtol=1e-4, atol=1e-5)
+    for magic in (0, 1):  # run 228's kernel, kept to compare, with and without I2F
+        out = torch.full((n,), POISON)
+        bq._q4k_bytes[((n + 3) // 4, 1)](x, w, w32, out, n, w.shape[1], nb, SWIGLU=swiglu,
+                                          ADD=False, MODE=mode, RB=4, BB=blocks, SPLIT=1,
+                                          MAGIC=magic, GDC=0)
+        assert torch.allclose(out, want, rtol=1e-4, atol=1e-5)
     if swiglu:
         return
     for split, xp in ((1, 0), (2, 0), (2, 1)):
