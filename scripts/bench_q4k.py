@@ -9,37 +9,46 @@ go by reading what the file holds, so the team can weigh a quantized path agains
 persistent kernel the notes name for the bf16 goals.
 
 Each kernel here reads a matrix's blocks as the file lays them out (a row is K / 256 blocks of
-[f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles]) and decodes in
-registers by llama.cpp's arithmetic, float32 ``d * scale * q - dmin * min`` per 32 weights
-(dequant.py's ``_q4_k``), several blocks an iteration, split over K where a row is long. A
-weight costs one float32 multiply-add with x: each sub-block's d * scale and dmin * min apply
-once to its sums of q * x and of x, and a nibble becomes a float by its bits (2^23 + q, less
-2^23) rather than by a conversion instruction, which runs at a quarter rate on sm_90 (run 228:
-the kernel that converted and scaled each weight read its Q4_K bytes at 1.2 TB/s at best). Timed in the
-chain bench_gateup.py uses (a CUDA graph of L launches, each over a copy of the weights of its
-own, L x bytes past L2, each waiting for the one before through PDL), against:
+[f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles]), several blocks an
+iteration, split over K where a row is long, and decodes in registers to what dequant.py's
+``_q4_k`` (llama.cpp's arithmetic) gives, in two ways. The byte forms build each weight,
+float32 ``d * scale * q - dmin * min``, and multiply it by x. The word forms never build a
+weight: they sum q * x and x over each sub-block of 32 and apply ``d * scale`` and
+``dmin * min`` once to those sums, so a weight costs a float32 multiply-add with x, an add and
+a few integer operations (a nibble made a float by its bits, 2^23 + q less 2^23, rather than by a
+conversion instruction, which runs at a quarter of the FMA rate on sm_90). Timed in the chain
+bench_gateup.py uses (a CUDA graph of L launches, each over a copy of the weights of its own,
+L x bytes past L2, each waiting for the one before through PDL), against:
 
     ours    today's bf16 product (``kernels.linear``, the tuned one-token tile), waiting first
             (pdl 1) or its first tile loaded before the wait (pdl 2)
     read    bench_read_size's pure read of the bf16 bytes, its best tile (bf16's ceiling)
     read4   the same pure read of the Q4_K bytes: a Q4_K product's ceiling
-    q4k     the Q4_K product, tiles swept (rows a program, blocks an iteration, split, warps)
-            with its first blocks loaded before the wait (``pre``), then the six best of those
-            waiting first (``pdl``)
-    q4kx    the same with x in nibble order and every tensor of its loop in the nibble words'
-            layout (no shared-memory round trip; run 229's Triton put eight a block there),
-            waiting first, tiles swept
+
+and the Q4_K products named by ``--variants`` (tiles swept: rows a program, blocks an
+iteration, split, warps; ``pre``: the first blocks loaded before the wait; ``pdl``: waiting
+first):
+
+    q4k     a word form, x read in eight strided loads a block (run 229); ``pre`` swept, then
+            its six best tiles ``pdl``
+    q4kx    a word form with x in nibble order (``nibble_order``) and every tensor of its loop
+            in the nibble words' layout, so nothing in the loop passes through shared memory
+            (run 229); ``pdl``
+    q4kb    the byte form, nibbles loaded as bytes and made floats by conversion instructions
+            (run 228; its results were written under ``q4k_*`` then); ``pre``
+    q4kbm   the byte form with the nibbles made floats by their bits; ``pre``
 
 Products: the 1.5B's gate/up (SwiGLU over both halves, 2 x 8960 rows of 1536) and its down
 projection (1536 rows of 8960) and o-projection (1536 x 1536); the 0.5B's down projection (its
 other layer matrices are Q5_0 and Q8_0, rows of 896, which no 256-weight block divides). Every
 product is checked against a float32 product over dequant.py's decode of the same blocks
 (outputs poisoned first) before it is timed. Random blocks: random bytes, with d and dmin set to
-small positive float16 values (weights within about ±0.2).
+small positive float16 values (weights within about -0.013 to +0.2).
 
 An instrument, not a backend: a chain of one kernel does not show what its neighbours in a step
 would take from it (session 21), and the verify steps' MMA tiles would need their own decode.
-Run on the lent GPU: ``python3 scripts/bench_q4k.py --out DIR`` (DIR/q4k.json).
+Run on the lent GPU: ``python3 scripts/bench_q4k.py --out DIR [--variants q4k,q4kx,q4kb,q4kbm]``
+(DIR/q4k.json; by default q4k and q4kx).
 """
 
 from __future__ import annotations
@@ -379,14 +388,27 @@ def _q4k_bytes(x_ptr, w_ptr, w32_ptr, out_ptr, N, RS, NB, SWIGLU: tl.constexpr,
 
 def q4k_bytes(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, swiglu: bool,
               add: bool, mode: str, rows: int, blocks: int, split: int, warps: int,
-              magic: bool) -> None:
+              magic: bool, gdc: bool = True) -> None:
     """Run 228's kernel (``_q4k_bytes``), the arguments as ``q4k_product``'s."""
     n = w.shape[0] // 2 if swiglu else w.shape[0]
-    rs = w.shape[1]
+    rs = _checked_rows(x, w, out, swiglu, add, split)
+    extra = {"launch_pdl": True} if gdc else {}
     _q4k_bytes[(triton.cdiv(n, rows), split)](
         x, w, w.view(torch.int32), out, n, rs, rs // BLOCK_BYTES, SWIGLU=swiglu, ADD=add,
-        MODE=MODES[mode], RB=rows, BB=blocks, SPLIT=split, MAGIC=int(magic), num_warps=warps,
-        launch_pdl=True)
+        MODE=MODES[mode], RB=rows, BB=blocks, SPLIT=split, MAGIC=int(magic), GDC=int(gdc),
+        num_warps=warps, **extra)
+
+
+def _checked_rows(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, swiglu: bool,
+                  add: bool, split: int) -> int:
+    """Bytes a row of ``w``, once the shapes hold Q4_K blocks for ``x`` and a split adds into
+    float32 (the atomics' partials)."""
+    rs = w.shape[1]
+    if rs % BLOCK_BYTES or x.numel() != rs // BLOCK_BYTES * QK_K:
+        raise ValueError(f"rows of {rs} bytes do not hold Q4_K blocks for x of {x.numel()}")
+    if split > 1 and (swiglu or not add or out.dtype != torch.float32):
+        raise ValueError("a split Q4_K product adds into float32 (not SwiGLU)")
+    return rs
 
 
 def nibble_order(x: torch.Tensor) -> torch.Tensor:
@@ -402,11 +424,7 @@ def q4k_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, swiglu: 
     ``x``: float32 [K] (``xp``: in ``nibble_order``); ``blocks`` (a power of two) a program's
     iteration, ``split`` programs a row block (float32 ``out``, ``add`` only)."""
     n = w.shape[0] // 2 if swiglu else w.shape[0]
-    rs = w.shape[1]
-    if rs % BLOCK_BYTES or x.numel() != rs // BLOCK_BYTES * QK_K:
-        raise ValueError(f"rows of {rs} bytes do not hold Q4_K blocks for x of {x.numel()}")
-    if split > 1 and (swiglu or not add or out.dtype != torch.float32):
-        raise ValueError("a split Q4_K product adds into float32 (not SwiGLU)")
+    rs = _checked_rows(x, w, out, swiglu, add, split)
     extra = {"launch_pdl": True} if gdc else {}
     _q4k_product[(triton.cdiv(n, rows), split)](
         x, w.view(torch.int32), out, n, rs // 4, rs // BLOCK_BYTES, SWIGLU=swiglu, ADD=add,
@@ -459,7 +477,7 @@ def checked(launch: Callable[[torch.Tensor, torch.Tensor], None], want: torch.Te
     out.fill_(0.0 if add else float("nan"))
     launch(w, out)
     torch.cuda.synchronize()
-    err = ((out.float().reshape(-1) - want).norm() / want.norm()).item()
+    err = float(((out.float().reshape(-1) - want).norm() / want.norm()).item())
     if not err < 2e-2:  # (NaN fails too: an element never written)
         raise SystemExit(f"bench_q4k: {what} is wrong: relative error {err:.3g}")
     return err
@@ -521,8 +539,8 @@ def run_product(model: str, name: str, sms: int, log: list[str], variants: set[s
         if label.split("_")[0] not in variants:
             continue
         runs: list[dict[str, Any]] = []
-        swept = ([tuple(r["tile"]) for r in res["q4k_pre"][:6]]
-                 if label == "q4k_pdl" and "q4k_pre" in res else tiles(swiglu, k // QK_K))
+        swept = ([tuple(r["tile"]) for r in res["q4k_pre"][:6]] if label == "q4k_pdl"
+                 else tiles(swiglu, k // QK_K))
         for rows, blocks, split, warps in swept:
 
             def q4(w: torch.Tensor, o: torch.Tensor, rows: int = rows, blocks: int = blocks,
@@ -563,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{m}:{p}" for m, p in PRODUCTS))
     ap.add_argument("--read-tiles", choices=("quick", "all"), default="quick",
                     help="the pure reads' tiles: bench_read_size's 96, or 24 of them (4 or 8 "
-                         "warps, 2-8 programs an SM) so that every product fits one device "
+                         "warps, 2, 4 or 8 programs an SM) so that every product fits one device "
                          "call; a ceiling from fewer tiles can only read slower")
     ap.add_argument("--variants", default="q4k,q4kx",
                     help="comma-separated, from q4k, q4kx, q4kb (run 228's kernel), q4kbm (it "
@@ -571,6 +589,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-reads", action="store_true", help="leave out the pure reads")
     args = ap.parse_args(argv)
     variants = set(choices(ap, args.variants, ("q4k", "q4kx", "q4kb", "q4kbm"), "variant"))
+    if not variants:
+        ap.error("--variants names no Q4_K product: choose from q4k, q4kx, q4kb, q4kbm")
     if args.read_tiles == "quick":
         bench_read_size.TILES = [t for t in bench_read_size.TILES
                                  if t[1] in (4, 8) and t[2] in (2, 4, 8)]

@@ -1108,6 +1108,16 @@ def test_the_q4k_product_reads_gguf_blocks_as_llama_cpp_decodes_them(swiglu: boo
                                                 MODE=mode, RB=2, BB=1, SPLIT=split, XP=xp,
                                                 GDC=0)
         assert torch.allclose(out, base + want, rtol=1e-4, atol=1e-5)
+    for split, magic in ((1, 0), (2, 1)):  # run 228's kernel through its wrapper, adding
+        base = torch.randn(n, generator=g)
+        out = base.clone()
+        bq.q4k_bytes(x, w, out, swiglu=False, add=True, mode="pre" if mode else "pdl", rows=2,
+                     blocks=2, split=split, warps=1, magic=bool(magic), gdc=False)
+        assert torch.allclose(out, base + want, rtol=1e-4, atol=1e-5)
+    out = torch.full((n,), POISON)  # and the word forms' wrapper
+    bq.q4k_product(bq.nibble_order(x), w, out, swiglu=False, add=False, mode="pdl", rows=4,
+                   blocks=2, split=1, warps=1, xp=True, gdc=False)
+    assert torch.allclose(out, want, rtol=1e-4, atol=1e-5)
 
 
 def test_the_q4k_product_refuses_rows_that_are_not_whole_blocks() -> None:
@@ -1120,3 +1130,7 @@ def test_the_q4k_product_refuses_rows_that_are_not_whole_blocks() -> None:
     with pytest.raises(ValueError, match="adds into float32"):
         bq.q4k_product(torch.zeros(256), w, torch.zeros(4), swiglu=False, add=False,
                        mode="pdl", rows=4, blocks=1, split=2, warps=1, gdc=False)
+    with pytest.raises(ValueError, match="adds into float32"):
+        bq.q4k_bytes(torch.zeros(256), w, torch.zeros(4, dtype=torch.bfloat16), swiglu=False,
+                     add=True, mode="pdl", rows=4, blocks=1, split=2, warps=1, magic=False,
+                     gdc=False)
