@@ -90,6 +90,24 @@ MODES = {"pdl": 1, "pre": 3}
 
 
 @triton.jit
+def _headers(hw, bm):
+    """The four header words of the blocks at int32 pointers ``hw`` (masked by ``bm``)."""
+    w0 = tl.load(hw, mask=bm, other=0)
+    w1 = tl.load(hw + 1, mask=bm, other=0)
+    w2 = tl.load(hw + 2, mask=bm, other=0)
+    w3 = tl.load(hw + 3, mask=bm, other=0)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _d_dmin(w0):
+    """A block's float16 d and dmin (word 0's low and high halves) as float32."""
+    d = (w0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = (w0 >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return d, dmin
+
+
+@triton.jit
 def _chunk_loads(rw, b0, NB, BB: tl.constexpr, woff):
     """Blocks b0 .. b0 + BB - 1 (those past ``NB`` masked to zero) of the rows at int32
     pointers ``rw`` ([RB]): the nibbles as words [RB, BB, 4, 8] (word 8j + i holds bytes
@@ -100,10 +118,7 @@ def _chunk_loads(rw, b0, NB, BB: tl.constexpr, woff):
     hw = rw[:, None] + bb[None, :] * 36
     q = tl.load(hw[:, :, None, None] + woff[None, None, :, :], mask=bm[:, :, None, None],
                 other=0, eviction_policy="evict_first")
-    w0 = tl.load(hw, mask=bm, other=0)
-    w1 = tl.load(hw + 1, mask=bm, other=0)
-    w2 = tl.load(hw + 2, mask=bm, other=0)
-    w3 = tl.load(hw + 3, mask=bm, other=0)
+    w0, w1, w2, w3 = _headers(hw, bm)
     return q, w0, w1, w2, w3
 
 
@@ -146,8 +161,7 @@ def _chunk_fma(q, w0, w1, w2, w3, j, x_ptr, b0, NB, BB: tl.constexpr, xoff, acc)
         dot_hi += _nibble(q, 8 * k + 4) * x_hi[None, :, :, :]
         xs_lo += x_lo
         xs_hi += x_hi
-    d = (w0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    dmin = (w0 >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    d, dmin = _d_dmin(w0)
     sc_lo, mn_lo = _scale_min(w1, w2, w3, 2 * j)
     sc_hi, mn_hi = _scale_min(w1, w2, w3, 2 * j + 1)
     acc += d[:, :, None] * (sc_lo * tl.sum(dot_lo, axis=3) + sc_hi * tl.sum(dot_hi, axis=3))
@@ -187,8 +201,7 @@ def _chunk_xp(rw, x_ptr, b0, NB, BB: tl.constexpr, RB: tl.constexpr, woff, j, i8
         dot_hi += _nibble(q, 8 * k + 4) * x_hi
         xs_lo += x_lo
         xs_hi += x_hi
-    d = (w0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    dmin = (w0 >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    d, dmin = _d_dmin(w0)
     g = j[None, None, :]
     sc_lo, mn_lo = _scale_min3(w1, w2, w3, 2 * g)
     sc_hi, mn_hi = _scale_min3(w1, w2, w3, 2 * g + 1)
@@ -287,10 +300,7 @@ def _bchunk_loads(rp, rw, b0, NB, BB: tl.constexpr, qoff):
     hw = rw[:, None] + bb[None, :] * 36
     q = tl.load(hp[:, :, None, None] + qoff[None, None, :, :], mask=bm[:, :, None, None],
                 other=0, eviction_policy="evict_first")
-    w0 = tl.load(hw, mask=bm, other=0)
-    w1 = tl.load(hw + 1, mask=bm, other=0)
-    w2 = tl.load(hw + 2, mask=bm, other=0)
-    w3 = tl.load(hw + 3, mask=bm, other=0)
+    w0, w1, w2, w3 = _headers(hw, bm)
     return q, w0, w1, w2, w3
 
 
@@ -298,8 +308,7 @@ def _bchunk_loads(rp, rw, b0, NB, BB: tl.constexpr, qoff):
 def _bchunk_fma(q, w0, w1, w2, w3, j, x_lo, x_hi, acc_lo, acc_hi, MAGIC: tl.constexpr):
     """acc [RB, BB, 4] += the sub-blocks' sums of (d * scale * q - dmin * min) * x: each sum
     runs along a thread's own bytes (16 of a sub-block's 32) and one shuffle."""
-    d = (w0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    dmin = (w0 >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    d, dmin = _d_dmin(w0)
     sc_lo, mn_lo = _scale_min(w1, w2, w3, 2 * j)
     sc_hi, mn_hi = _scale_min(w1, w2, w3, 2 * j + 1)
     s_lo = (d[:, :, None] * sc_lo)[:, :, :, None]
