@@ -88,7 +88,6 @@ ARGS = {"0.5B": QWEN25_0_5B, "1.5B": QWEN25_1_5B}
 MODES = {"pdl": 1, "pre": 3}
 
 
-
 @triton.jit
 def _headers(hw, bm):
     """The four header words of the blocks at int32 pointers ``hw`` (masked by ``bm``)."""
@@ -124,16 +123,9 @@ def _chunk_loads(rw, b0, NB, BB: tl.constexpr, woff):
 
 @triton.jit
 def _scale_min(w1, w2, w3, g):
-    """Sub-blocks ``g``'s ([4], 0-7) 6-bit scale and min (ggml's get_scale_min_k4) from the
-    header words [RB, BB] (bytes s[0:4], s[4:8], s[8:12]), as float32 [RB, BB, 4]."""
-    sh = (8 * (g % 4))[None, None, :]
-    a = (w1[:, :, None] >> sh) & 0xFF  # s[g % 4]
-    m = (w2[:, :, None] >> sh) & 0xFF  # s[4 + g % 4]
-    c = (w3[:, :, None] >> sh) & 0xFF  # s[8 + g % 4]
-    low = (g < 4)[None, None, :]
-    sc = tl.where(low, a & 63, (c & 15) | ((a >> 6) << 4))
-    mn = tl.where(low, m & 63, (c >> 4) | ((m >> 6) << 4))
-    return sc.to(tl.float32), mn.to(tl.float32)
+    """Sub-blocks ``g``'s ([4], 0-7) 6-bit scale and min from the header words [RB, BB], as
+    float32 [RB, BB, 4] (``_scale_min3``)."""
+    return _scale_min3(w1[:, :, None], w2[:, :, None], w3[:, :, None], g[None, None, :])
 
 
 @triton.jit
@@ -174,7 +166,7 @@ def _chunk_fma(q, w0, w1, w2, w3, j, x_ptr, b0, NB, BB: tl.constexpr, xoff, acc)
 def _chunk_xp(rw, x_ptr, b0, NB, BB: tl.constexpr, RB: tl.constexpr, woff, j, i8, acc):
     """``_chunk_loads`` + ``_chunk_fma`` with every tensor in the layout of the nibble words
     [RB, BB, 4, 8], so that nothing in the loop passes through shared memory: x is read in
-    nibble order (``x_perm``: x[b, h, k, j, i] = x[256b + 64j + 32h + 4i + k]) straight into
+    nibble order (``nibble_order``: [b, h, k, j, i] = x[256b + 64j + 32h + 4i + k]) straight into
     that layout, and the header words come as a [RB, BB, 4, 8] load of words i % 4, each then
     picked out by a sum over i (one thread holds it, one shuffle)."""
     bb = b0 + tl.arange(0, BB)
@@ -212,7 +204,8 @@ def _chunk_xp(rw, x_ptr, b0, NB, BB: tl.constexpr, RB: tl.constexpr, woff, j, i8
 
 @triton.jit
 def _scale_min3(w1, w2, w3, g):
-    """``_scale_min`` for header words already [RB, BB, 4] (one a sub-block pair)."""
+    """Sub-blocks ``g``'s 6-bit scale and min (ggml's get_scale_min_k4) from the header words
+    (bytes s[0:4], s[4:8], s[8:12]), all broadcast to one shape, as float32."""
     sh = 8 * (g % 4)
     a = (w1 >> sh) & 0xFF
     m = (w2 >> sh) & 0xFF
