@@ -37,18 +37,34 @@ first):
     q4kb    the byte form, nibbles loaded as bytes and made floats by conversion instructions
             (run 228; its results were written under ``q4k_*`` then); ``pre``
     q4kbm   the byte form with the nibbles made floats by their bits; ``pre``
+    q4kr    (run 231, the default) the blocks repacked once, at load, so that a warp's lanes
+            hold different rows at the same columns (``repack``: a permutation, exact), and x
+            quantized to int8 a group of 32 (``quantize_x``, as llama.cpp's own GPU products
+            do), so that a word of nibbles costs two masks and two ``dp4a`` a row and x is one
+            value for the whole warp; ``pre`` swept, its four best ``pdl``
+    q6kr    (run 232) the same for Q6_K (``repack6``): three words make four dp4a words
 
-Products: the 1.5B's gate/up (SwiGLU over both halves, 2 x 8960 rows of 1536) and its down
-projection (1536 rows of 8960) and o-projection (1536 x 1536); the 0.5B's down projection (its
-other layer matrices are Q5_0 and Q8_0, rows of 896, which no 256-weight block divides). Every
-product is checked against a float32 product over dequant.py's decode of the same blocks
-(outputs poisoned first) before it is timed. Random blocks: random bytes, with d and dmin set to
-small positive float16 values (weights within about -0.013 to +0.2).
+Products: the 1.5B's gate/up (SwiGLU over both halves, 2 x 8960 rows of 1536), its down
+projection (1536 rows of 8960) in Q4_K and in Q6_K (the file holds each in half the layers), its
+o-projection (1536 x 1536), its q, k and v as one stored product (a proxy of the qkv kernel's
+bytes) and its output matrix in Q6_K (151,936 x 1536, logits stored); the 0.5B's down projection
+(its other layer matrices are Q5_0 and Q8_0, rows of 896, which no 256-weight block divides).
+Every product is checked before it is timed (outputs poisoned first): the file-layout forms
+against a float32 product over dequant.py's decode of the same blocks, the repacked forms
+against what they compute (the decode times the x the int8 words stand for) and, reported, the
+float32 product over x itself (the error x's rounding adds: 5e-3 to 7e-3). Random blocks:
+random bytes, with d and dmin set to small positive float16 values. ``read4`` reads the file's
+bytes of the product's type (Q6_K's for the Q6_K products).
+
+``--layers`` (run 233) then chains the 1.5B's layer products as a step does, every layer its
+own weights, the output projection last, in one CUDA graph: bf16 against the file's types, each
+quantized product after a kernel that quantizes its input (``_quantize_x``); no attention,
+norms or RoPE in either (so neither is a step), their difference what the products would save.
 
 An instrument, not a backend: a chain of one kernel does not show what its neighbours in a step
-would take from it (session 21), and the verify steps' MMA tiles would need their own decode.
-Run on the lent GPU: ``python3 scripts/bench_q4k.py --out DIR [--variants q4k,q4kx,q4kb,q4kbm]``
-(DIR/q4k.json; by default q4k and q4kx).
+would take from it (session 21; ``--layers`` is the closer look), and the verify steps' MMA
+tiles would need their own decode. Run on the lent GPU: ``python3 scripts/bench_q4k.py --out DIR
+[--products ...] [--variants q4kr,q6kr,q4k,q4kx,q4kb,q4kbm] [--layers]`` (DIR/q4k.json).
 """
 
 from __future__ import annotations
@@ -58,7 +74,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -69,20 +85,42 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_read_size  # noqa: E402
 from bench_gateup import chain_us  # noqa: E402
+from bench_gpu import graph_us  # noqa: E402
 from bench_read_size import CHAIN_BYTES, best, choices  # noqa: E402
 
 from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B  # noqa: E402
-from openjarvis.engine.torch.dequant import QK_K, _q4_k  # noqa: E402
+from openjarvis.engine.torch.dequant import QK_K, _q4_k, _q6_k, _scale_min_k4  # noqa: E402
 from openjarvis.engine.torch.tuning import tuned_configs  # noqa: E402
 
 BLOCK_BYTES = 144  # a Q4_K block: 256 weights
-#: (model, product) -> (rows N, columns K, SwiGLU over [2N, K]); names as ``tuning.TUNED``'s.
-PRODUCTS: dict[tuple[str, str], tuple[int, int, bool]] = {
-    ("1.5B", "w13"): (QWEN25_1_5B.n_ff, QWEN25_1_5B.n_embd, True),
-    ("1.5B", "w2"): (QWEN25_1_5B.n_embd, QWEN25_1_5B.n_ff, False),
-    ("1.5B", "wo"): (QWEN25_1_5B.n_embd, QWEN25_1_5B.n_embd, False),
-    ("0.5B", "w2"): (QWEN25_0_5B.n_embd, QWEN25_0_5B.n_ff, False),
+Q6_BYTES = 210  # a Q6_K block: 256 weights (ql 128, qh 64, 16 int8 scales, f16 d)
+
+
+class Product(NamedTuple):
+    n: int  # rows (SwiGLU: of each half)
+    k: int
+    swiglu: bool
+    add: bool  # added into the float32 residual (else stored, outputs poisoned first)
+    fmt: str  # "q4k" or "q6k": the file's type for this matrix
+    tile: str  # whose tuned one-token tile ``ours`` uses (tuning.TUNED's names)
+
+
+#: (model, product) -> Product. The 1.5B file holds q, k, the o-projection, gate and up as
+#: Q4_K, v and the down projection as Q4_K in half the layers and Q6_K in the other half, and
+#: the output matrix as Q6_K; the 0.5B's down projection likewise (its others are Q5_0 / Q8_0).
+PRODUCTS: dict[tuple[str, str], Product] = {
+    ("1.5B", "w13"): Product(QWEN25_1_5B.n_ff, QWEN25_1_5B.n_embd, True, False, "q4k", "w13"),
+    ("1.5B", "w2"): Product(QWEN25_1_5B.n_embd, QWEN25_1_5B.n_ff, False, True, "q4k", "w2"),
+    ("1.5B", "wo"): Product(QWEN25_1_5B.n_embd, QWEN25_1_5B.n_embd, False, True, "q4k", "wo"),
+    ("0.5B", "w2"): Product(QWEN25_0_5B.n_embd, QWEN25_0_5B.n_ff, False, True, "q4k", "w2"),
+    # q, k and v as one product (no bias, RoPE or cache write: a proxy of the qkv kernel's
+    # bytes), against bf16 ``linear`` with the o-projection's tile (the same K)
+    ("1.5B", "qkv"): Product(QWEN25_1_5B.qkv_dim, QWEN25_1_5B.n_embd, False, False, "q4k", "wo"),
+    ("1.5B", "w2q6"): Product(QWEN25_1_5B.n_embd, QWEN25_1_5B.n_ff, False, True, "q6k", "w2"),
+    # the output matrix, logits stored (not the greedy argmax)
+    ("1.5B", "outq6"): Product(QWEN25_1_5B.n_vocab, QWEN25_1_5B.n_embd, False, False, "q6k",
+                               "out"),
 }
 ARGS = {"0.5B": QWEN25_0_5B, "1.5B": QWEN25_1_5B}
 MODES = {"pdl": 1, "pre": 3}
@@ -435,6 +473,412 @@ def q4k_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, swiglu: 
         **extra)
 
 
+# Run 231's form: the blocks repacked at load so that a warp's lanes hold different rows at the
+# same columns, and x quantized to int8 words once a step (llama.cpp's own GPU products do the
+# same: Q8_1 x, dp4a), so that a word of nibbles costs two masks and two dp4a a row.
+#   nib [NB, 32, M] int32: memory position p = 4i + j of block b holds the row's nibble word
+#       8j + i (bytes 32j + 4i .. + 3: weights 64j + 4i + c low, 64j + 32 + 4i + c high), so a
+#       thread's 8 words (i, for its j) are one sub-block pair and sum without leaving it
+#   hdr [NB, 5, M] int32: word 0 d | dmin << 16 as the file's; word 1 + j the pair's four 6-bit
+#       values as bytes (scale 2j, scale 2j + 1, min 2j, min 2j + 1): 148 bytes a block, not 144
+# SwiGLU products interleave gate and up rows (gate r at 2r, up r at 2r + 1): a thread's four
+# consecutive rows hold two whole pairs.
+WORD_OF = [8 * (p % 4) + p // 4 for p in range(32)]  # memory position -> the file's word
+REPACK_BYTES = 148
+
+
+def repack(w: torch.Tensor, swiglu: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 [M, NB * 144] rows of file-order Q4_K blocks -> (nib, hdr) above (exact: a
+    permutation of the nibble words and the 6-bit values unpacked to bytes)."""
+    m, rs = w.shape
+    nb = rs // BLOCK_BYTES
+    if swiglu:
+        w = torch.stack([w[: m // 2], w[m // 2 :]], dim=1).reshape(m, rs)
+    blk = w.contiguous().reshape(m, nb, BLOCK_BYTES)
+    words = blk.view(torch.int32)  # [M, NB, 36]
+    nib = words[:, :, 4:][:, :, WORD_OF].permute(1, 2, 0).contiguous()
+    sc, mn = _scale_min_k4(blk[:, :, 4:16].reshape(-1, 12))
+    pairs = torch.cat([sc.reshape(m, nb, 4, 2), mn.reshape(m, nb, 4, 2)], dim=-1).contiguous()
+    hdr = torch.cat([words[:, :, :1], pairs.view(torch.int32).reshape(m, nb, 4)], dim=-1)
+    return nib, hdr.permute(1, 2, 0).contiguous()
+
+
+XQ = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def quantize_x(x: torch.Tensor) -> XQ:
+    """x float32 [K] -> (int8 x as int32 words [K / 4], scale a group of 32 [K / 32], the
+    group's float32 sum [K / 32], the int8 values' sum a group of 16 [K / 16]): round(x / s),
+    s = max |x| / 127. Q4_K's min term uses the exact float sum, so only its q . x half sees
+    the rounding; Q6_K's offset of 32 uses the int8 sums (it is part of q . x)."""
+    g = x.float().reshape(-1, 32)
+    amax = g.abs().amax(dim=1, keepdim=True)
+    s = amax / torch.full_like(amax, 127.0)  # (a tensor divisor: torch on a GPU multiplies
+    # by the reciprocal of a scalar one, which differs from IEEE division in the last bit)
+    q = torch.where(s > 0, torch.round(g / torch.where(s > 0, s, 1.0)), 0.0)
+    q8 = q.clamp(-127, 127).to(torch.int8).reshape(-1)
+    s16 = q8.reshape(-1, 16).sum(dim=1, dtype=torch.int32)
+    return q8.view(torch.int32), s.reshape(-1), g.sum(dim=1), s16
+
+
+def reference_q(xq: XQ, x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> torch.Tensor:
+    """What ``_q4kr_product`` computes, in float32 torch: the blocks' d * scale * q part times
+    the x ``quantize_x``'s words stand for, their dmin * min part times x itself."""
+    k = x.numel()
+    xd = (xq[0].view(torch.int8).float().reshape(-1, 32) * xq[1][:, None]).reshape(-1)
+    parts = []
+    for zero in (slice(2, 4), slice(0, 2)):  # dmin zeroed: the scale part; d zeroed: the mins
+        wz = w.reshape(w.shape[0], -1, BLOCK_BYTES).clone()
+        wz[:, :, zero] = 0
+        parts.append(decoded(wz.reshape(w.shape), k))
+    y = parts[0].float() @ xd + parts[1].float() @ x.float()
+    if not swiglu:
+        return y
+    n = w.shape[0] // 2
+    return torch.nn.functional.silu(y[:n]) * y[n:]
+
+
+@triton.jit
+def _dp4a(a, b, c, DP4A: tl.constexpr):
+    """c + the four byte products of int32 words a and b (a's bytes 0-15, b's signed): the
+    PTX instruction, or (DP4A 0, Triton's interpreter) the same integers by shifts."""
+    b = tl.broadcast_to(b, a.shape)
+    if DP4A:
+        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        for k in tl.static_range(4):
+            c += ((a >> (8 * k)) & 0xFF) * ((b << (24 - 8 * k)) >> 24)
+        return c
+
+
+@triton.jit
+def _rchunk_loads(nib_ptr, hdr_ptr, b0, NB, M, rr, rmask, jj, BB: tl.constexpr):
+    """Blocks b0 .. b0 + BB - 1 of rows ``rr`` (past ``NB`` or ``rmask`` masked to zero): the
+    nibble words as eight [BB, 1, 4 (j), RB] loads, one an i (a load of all eight as one
+    [BB, 8, 4, RB] tensor made x's loads [BB, 8, 4, 1], which Triton lays out on their own and
+    meets through shared memory), then header word 0 and the pairs' words, each as
+    [BB, 1, 4, RB]."""
+    bb = b0 + tl.arange(0, BB)
+    bm = (bb < NB)[:, None, None, None] & rmask[None, None, None, :]
+    b4 = bb[:, None, None, None]
+    p = nib_ptr + (b4 * 32 + jj[None, None, :, None]) * M + rr[None, None, None, :]
+    q = (tl.load(p, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 4 * M, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 8 * M, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 12 * M, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 16 * M, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 20 * M, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 24 * M, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 28 * M, mask=bm, other=0, eviction_policy="evict_first"))
+    r4 = rr[None, None, None, :]
+    h0 = tl.load(hdr_ptr + b4 * 5 * M + 0 * jj[None, None, :, None] + r4, mask=bm, other=0,
+                 eviction_policy="evict_first")
+    hs = tl.load(hdr_ptr + (b4 * 5 + 1 + jj[None, None, :, None]) * M + r4, mask=bm, other=0,
+                 eviction_policy="evict_first")
+    return q, h0, hs
+
+
+@triton.jit
+def _rchunk_fma(q, h0, hs, xw_ptr, xs_ptr, xsum_ptr, b0, NB, jj, BB: tl.constexpr,
+                DP4A: tl.constexpr, acc):
+    """acc [BB, 1, 4, RB] += each sub-block pair's d * (scale * s_x * (q . x8)) - dmin * min *
+    sum(x), low and high nibbles: two dp4a a word, chained over a pair's 8 words inside the
+    thread (``WORD_OF``), the scales applied once a sub-block. x is loaded a word an i as
+    [BB, 1, 4, 1], fewer elements than threads, which Triton loads in the nibbles' layout (a
+    broadcast across the thread's rows, no copy)."""
+    bb = b0 + tl.arange(0, BB)
+    bm = (bb < NB)[:, None, None, None]
+    b4 = bb[:, None, None, None]
+    xp = xw_ptr + b4 * 64 + 16 * jj[None, None, :, None]  # [BB, 1, 4, 1]: pair j's words
+    s_lo = tl.zeros(q[0].shape, tl.int32)
+    s_hi = tl.zeros(q[0].shape, tl.int32)
+    for i in tl.static_range(8):
+        x_lo = tl.load(xp + i, mask=bm, other=0)
+        x_hi = tl.load(xp + 8 + i, mask=bm, other=0)
+        s_lo = _dp4a(q[i] & 0x0F0F0F0F, x_lo, s_lo, DP4A)
+        s_hi = _dp4a((q[i] >> 4) & 0x0F0F0F0F, x_hi, s_hi, DP4A)
+    gi = b4 * 8 + 2 * jj[None, None, :, None]  # [BB, 1, 4, 1]: sub-block 2j of block b
+    sx_lo = tl.load(xs_ptr + gi, mask=bm, other=0.0)
+    sx_hi = tl.load(xs_ptr + gi + 1, mask=bm, other=0.0)
+    m_lo = tl.load(xsum_ptr + gi, mask=bm, other=0.0)
+    m_hi = tl.load(xsum_ptr + gi + 1, mask=bm, other=0.0)
+    d, dmin = _d_dmin(h0)
+    sc_lo = (hs & 0xFF).to(tl.float32)
+    sc_hi = ((hs >> 8) & 0xFF).to(tl.float32)
+    mn_lo = ((hs >> 16) & 0xFF).to(tl.float32)
+    mn_hi = ((hs >> 24) & 0xFF).to(tl.float32)
+    acc += d * (sc_lo * sx_lo * s_lo.to(tl.float32) + sc_hi * sx_hi * s_hi.to(tl.float32))
+    acc -= dmin * (mn_lo * m_lo + mn_hi * m_hi)
+    return acc
+
+
+@triton.jit
+def _q4kr_product(xw_ptr, xs_ptr, xsum_ptr, nib_ptr, hdr_ptr, out_ptr, M, NB,
+                  SWIGLU: tl.constexpr, ADD: tl.constexpr, MODE: tl.constexpr,
+                  RB: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
+                  DP4A: tl.constexpr = 1, GDC: tl.constexpr = 1):
+    """out (+)= W . x over ``repack``'s blocks (``M`` rows in memory, interleaved for SWIGLU,
+    whose out has M / 2) and ``quantize_x``'s x; ``RB`` rows a program (4 a thread, its lanes
+    on rows: x the same for the whole warp), ``BB`` blocks an iteration, ``SPLIT`` as
+    ``_q4k_product``'s. MODE 3 loads its first chunk's weights before the wait."""
+    pid = tl.program_id(0)
+    sid = tl.program_id(1)
+    rr = pid * RB + tl.arange(0, RB)
+    rmask = rr < M  # (masks, not a clamp of rr, keep the rows' contiguity for 16-byte loads)
+    jj = tl.arange(0, 4)
+    acc = tl.zeros([BB, 1, 4, RB], tl.float32)
+    b_first = sid * BB
+    b_start = b_first
+    if MODE != 0 and GDC:
+        tl.extra.cuda.gdc_launch_dependents()
+    if MODE == 3:
+        q, h0, hs = _rchunk_loads(nib_ptr, hdr_ptr, b_first, NB, M, rr, rmask, jj, BB)
+    if MODE != 0 and GDC:
+        tl.extra.cuda.gdc_wait()
+    if MODE == 3:
+        acc = _rchunk_fma(q, h0, hs, xw_ptr, xs_ptr, xsum_ptr, b_first, NB, jj, BB, DP4A,
+                          acc)
+        b_start = b_first + SPLIT * BB
+    for b0 in range(b_start, NB, SPLIT * BB):
+        q, h0, hs = _rchunk_loads(nib_ptr, hdr_ptr, b0, NB, M, rr, rmask, jj, BB)
+        acc = _rchunk_fma(q, h0, hs, xw_ptr, xs_ptr, xsum_ptr, b0, NB, jj, BB, DP4A, acc)
+    y = tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0)  # [RB]
+    if SWIGLU:
+        gate, up = tl.split(tl.reshape(y, [RB // 2, 2]))
+        o = pid * (RB // 2) + tl.arange(0, RB // 2)
+        om = o < M // 2
+        tl.store(out_ptr + o, (gate * tl.sigmoid(gate) * up).to(out_ptr.dtype.element_ty),
+                 mask=om)
+    else:
+        o = pid * RB + tl.arange(0, RB)
+        if SPLIT > 1:
+            tl.atomic_add(out_ptr + o, y, mask=rmask, sem="relaxed")
+        else:
+            if ADD:
+                y += tl.load(out_ptr + o, mask=rmask, other=0.0).to(tl.float32)
+            tl.store(out_ptr + o, y.to(out_ptr.dtype.element_ty), mask=rmask)
+
+
+def q4kr_product(xq: XQ, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor, *, swiglu: bool,
+                 add: bool, mode: str, rows: int, blocks: int, split: int, warps: int,
+                 gdc: bool = True) -> None:
+    """``w``: ``repack``'s (nib, hdr); ``xq``: ``quantize_x``'s; the rest as ``q4k_product``'s
+    (``rows`` a multiple of 4; ``split`` > 1 adds into float32, not SwiGLU)."""
+    nib, hdr = w
+    nb, _, m = nib.shape
+    if xq[0].numel() * 4 != nb * QK_K or hdr.shape != (nb, 5, m):
+        raise ValueError(f"repacked blocks [{nb}, 32, {m}] do not match x of "
+                         f"{xq[0].numel() * 4}")
+    if split > 1 and (swiglu or not add or out.dtype != torch.float32):
+        raise ValueError("a split Q4_K product adds into float32 (not SwiGLU)")
+    extra = {"launch_pdl": True} if gdc else {}
+    _q4kr_product[(triton.cdiv(m, rows), split)](
+        *xq[:3], nib, hdr, out, m, nb, SWIGLU=swiglu, ADD=add, MODE=MODES[mode], RB=rows, BB=blocks,
+        SPLIT=split, DP4A=int(gdc), GDC=int(gdc), num_warps=warps, **extra)
+
+
+# Run 232's Q6_K form, as run 231's: a block's 256 weights are 16 sub-blocks of 16, each an
+# int8 scale, q in 0-63 less 32: four bits in ql (128 bytes), two in qh (64 bytes). In each half
+# of the block (h), qh word t (bytes 4t .. 4t + 3) and ql words t and t + 8 hold weights
+# 128h + 4t + c + 32s for s = 0-3 (ql low nibbles for s 0 and 1, high for 2 and 3; qh bits
+# 2s, 2s + 1), so three words make four dp4a words: one a sub-block, sub-block 8h + t // 4 + 2s.
+# A group g = 2h + t // 4 (four t) owns sub-blocks 8h + t // 4 + {0, 2, 4, 6}.
+#   nib [NB, 48, M] int32: memory position 4u + g holds unit u of group g: u 0-3 ql word
+#       16h + 4 (t // 4) + u, u 4-7 ql word 16h + 8 + 4 (t // 4) + u - 4, u 8-11 qh word
+#       8h + 4 (t // 4) + u - 8
+#   hdr [NB, 5, M] int32: word 0 the f16 d's bits; word 1 + g the group's four int8 scales
+Q6_REPACK_BYTES = 212
+
+
+def repack6(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 [M, NB * 210] rows of file-order Q6_K blocks -> (nib, hdr) above (exact)."""
+    m, rs = w.shape
+    nb = rs // Q6_BYTES
+    blk = w.contiguous().reshape(m, nb, Q6_BYTES)
+    ql = blk[:, :, :128].contiguous().view(torch.int32)  # [M, NB, 32]
+    qh = blk[:, :, 128:192].contiguous().view(torch.int32)  # [M, NB, 16]
+    units = []
+    for u in range(12):
+        for g in range(4):
+            h, i = divmod(g, 2)
+            if u < 4:
+                units.append(ql[:, :, 16 * h + 4 * i + u])
+            elif u < 8:
+                units.append(ql[:, :, 16 * h + 8 + 4 * i + u - 4])
+            else:
+                units.append(qh[:, :, 8 * h + 4 * i + u - 8])
+    nib = torch.stack(units, dim=0).permute(2, 0, 1).contiguous()  # [NB, 48, M]
+    sc = blk[:, :, 192:208]  # int8 bits
+    groups = [sc[:, :, [8 * (g // 2) + g % 2 + 2 * s for s in range(4)]] for g in range(4)]
+    words = torch.stack(groups, dim=2).contiguous().view(torch.int32).reshape(m, nb, 4)
+    d = torch.zeros(m, nb, 4, dtype=torch.uint8, device=w.device)
+    d[:, :, :2] = blk[:, :, 208:210]
+    hdr = torch.cat([d.view(torch.int32).reshape(m, nb, 1), words], dim=-1)
+    return nib, hdr.permute(1, 2, 0).contiguous()
+
+
+@triton.jit
+def _r6chunk_loads(nib_ptr, hdr_ptr, b0, NB, M, rr, rmask, jj, BB: tl.constexpr):
+    """Blocks b0 .. b0 + BB - 1 of rows ``rr`` (past ``NB`` or ``rmask`` zero): the 12 units
+    as [BB, 1, 4 (g), RB] loads, then d's word and the groups' scale words, as
+    ``_rchunk_loads``."""
+    bb = b0 + tl.arange(0, BB)
+    bm = (bb < NB)[:, None, None, None] & rmask[None, None, None, :]
+    b4 = bb[:, None, None, None]
+    p = nib_ptr + (b4 * 48 + jj[None, None, :, None]) * M + rr[None, None, None, :]
+    q = (tl.load(p, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 4 * M, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 8 * M, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 12 * M, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 16 * M, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 20 * M, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 24 * M, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 28 * M, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 32 * M, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 36 * M, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 40 * M, mask=bm, other=0, eviction_policy="evict_first"),
+         tl.load(p + 44 * M, mask=bm, other=0, eviction_policy="evict_first"))
+    r4 = rr[None, None, None, :]
+    h0 = tl.load(hdr_ptr + b4 * 5 * M + 0 * jj[None, None, :, None] + r4, mask=bm, other=0,
+                 eviction_policy="evict_first")
+    hs = tl.load(hdr_ptr + (b4 * 5 + 1 + jj[None, None, :, None]) * M + r4, mask=bm, other=0,
+                 eviction_policy="evict_first")
+    return q, h0, hs
+
+
+@triton.jit
+def _r6_sub(s: tl.constexpr, hs, xs_ptr, s16_ptr, b4, hh, ii, bm, acc_s):
+    """Sub-block s's d-less part: scale * s_x * (q . x8 - 32 * sum(x8))."""
+    sc = ((hs << (24 - 8 * s)) >> 24).to(tl.float32)  # int8 scale s of the group's word
+    sx = tl.load(xs_ptr + b4 * 8 + 4 * hh + s, mask=bm, other=0.0)
+    x16 = tl.load(s16_ptr + b4 * 16 + 8 * hh + 2 * s + ii, mask=bm, other=0)
+    return sc * sx * (acc_s - 32 * x16).to(tl.float32)
+
+
+@triton.jit
+def _r6chunk_fma(q, h0, hs, xw_ptr, xs_ptr, s16_ptr, b0, NB, jj, BB: tl.constexpr,
+                 DP4A: tl.constexpr, acc):
+    """acc [BB, 1, 4, RB] += d * sum over the group's four sub-blocks of scale * s_x *
+    (q . x8 - 32 * sum(x8)): four dp4a for three words, the sums inside the thread."""
+    bb = b0 + tl.arange(0, BB)
+    bm = (bb < NB)[:, None, None, None]
+    b4 = bb[:, None, None, None]
+    g = jj[None, None, :, None]
+    hh = g // 2
+    ii = g % 2
+    xp = xw_ptr + b4 * 64 + 32 * hh + 4 * ii  # [BB, 1, 4, 1]: word of weight 128h + 4t, t = 4i
+    a0 = tl.zeros(q[0].shape, tl.int32)
+    a1 = tl.zeros(q[0].shape, tl.int32)
+    a2 = tl.zeros(q[0].shape, tl.int32)
+    a3 = tl.zeros(q[0].shape, tl.int32)
+    for u in tl.static_range(4):
+        la = q[u]
+        lb = q[4 + u]
+        hq = q[8 + u]
+        a0 = _dp4a((la & 0x0F0F0F0F) | ((hq << 4) & 0x30303030),
+                   tl.load(xp + u, mask=bm, other=0), a0, DP4A)
+        a1 = _dp4a((lb & 0x0F0F0F0F) | ((hq << 2) & 0x30303030),
+                   tl.load(xp + 8 + u, mask=bm, other=0), a1, DP4A)
+        a2 = _dp4a(((la >> 4) & 0x0F0F0F0F) | (hq & 0x30303030),
+                   tl.load(xp + 16 + u, mask=bm, other=0), a2, DP4A)
+        a3 = _dp4a(((lb >> 4) & 0x0F0F0F0F) | ((hq >> 2) & 0x30303030),
+                   tl.load(xp + 24 + u, mask=bm, other=0), a3, DP4A)
+    d = (h0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    part = _r6_sub(0, hs, xs_ptr, s16_ptr, b4, hh, ii, bm, a0)
+    part += _r6_sub(1, hs, xs_ptr, s16_ptr, b4, hh, ii, bm, a1)
+    part += _r6_sub(2, hs, xs_ptr, s16_ptr, b4, hh, ii, bm, a2)
+    part += _r6_sub(3, hs, xs_ptr, s16_ptr, b4, hh, ii, bm, a3)
+    acc += d * part
+    return acc
+
+
+@triton.jit
+def _q6kr_product(xw_ptr, xs_ptr, s16_ptr, nib_ptr, hdr_ptr, out_ptr, M, NB,
+                  ADD: tl.constexpr, MODE: tl.constexpr, RB: tl.constexpr, BB: tl.constexpr,
+                  SPLIT: tl.constexpr, DP4A: tl.constexpr = 1, GDC: tl.constexpr = 1):
+    """out (+)= W . x over ``repack6``'s blocks and ``quantize_x``'s x, as ``_q4kr_product``
+    (no SwiGLU: the file's Q6_K matrices are down projections, v and the output matrix)."""
+    pid = tl.program_id(0)
+    sid = tl.program_id(1)
+    rr = pid * RB + tl.arange(0, RB)
+    rmask = rr < M
+    jj = tl.arange(0, 4)
+    acc = tl.zeros([BB, 1, 4, RB], tl.float32)
+    b_first = sid * BB
+    b_start = b_first
+    if MODE != 0 and GDC:
+        tl.extra.cuda.gdc_launch_dependents()
+    if MODE == 3:
+        q, h0, hs = _r6chunk_loads(nib_ptr, hdr_ptr, b_first, NB, M, rr, rmask, jj, BB)
+    if MODE != 0 and GDC:
+        tl.extra.cuda.gdc_wait()
+    if MODE == 3:
+        acc = _r6chunk_fma(q, h0, hs, xw_ptr, xs_ptr, s16_ptr, b_first, NB, jj, BB, DP4A, acc)
+        b_start = b_first + SPLIT * BB
+    for b0 in range(b_start, NB, SPLIT * BB):
+        q, h0, hs = _r6chunk_loads(nib_ptr, hdr_ptr, b0, NB, M, rr, rmask, jj, BB)
+        acc = _r6chunk_fma(q, h0, hs, xw_ptr, xs_ptr, s16_ptr, b0, NB, jj, BB, DP4A, acc)
+    y = tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0)
+    o = pid * RB + tl.arange(0, RB)
+    if SPLIT > 1:
+        tl.atomic_add(out_ptr + o, y, mask=rmask, sem="relaxed")
+    else:
+        if ADD:
+            y += tl.load(out_ptr + o, mask=rmask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + o, y.to(out_ptr.dtype.element_ty), mask=rmask)
+
+
+def q6kr_product(xq: XQ, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor, *,
+                 add: bool, mode: str, rows: int, blocks: int, split: int, warps: int,
+                 gdc: bool = True) -> None:
+    """``w``: ``repack6``'s (nib, hdr); the rest as ``q4kr_product``'s."""
+    nib, hdr = w
+    nb, _, m = nib.shape
+    if xq[0].numel() * 4 != nb * QK_K or hdr.shape != (nb, 5, m):
+        raise ValueError(f"repacked blocks [{nb}, 48, {m}] do not match x of "
+                         f"{xq[0].numel() * 4}")
+    if split > 1 and (not add or out.dtype != torch.float32):
+        raise ValueError("a split Q6_K product adds into float32")
+    extra = {"launch_pdl": True} if gdc else {}
+    _q6kr_product[(triton.cdiv(m, rows), split)](
+        xq[0], xq[1], xq[3], nib, hdr, out, m, nb, ADD=add, MODE=MODES[mode], RB=rows,
+        BB=blocks, SPLIT=split, DP4A=int(gdc), GDC=int(gdc), num_warps=warps, **extra)
+
+
+def reference6(xq: XQ, w: torch.Tensor) -> torch.Tensor:
+    """What ``_q6kr_product`` computes, in float32 torch: the file's decode (dequant.py) times
+    the x ``quantize_x``'s words stand for."""
+    xd = (xq[0].view(torch.int8).float().reshape(-1, 32) * xq[1][:, None]).reshape(-1)
+    k = xd.numel()
+    return _q6_k(w.reshape(-1, Q6_BYTES)).reshape(w.shape[0], k) @ xd
+
+
+def random_blocks6(rows: int, k: int, device: str | torch.device,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+    """uint8 [rows, k / 256 * 210]: random Q6_K blocks, d a small positive float16."""
+    nb = k // QK_K
+    w = torch.randint(0, 256, (rows, nb, Q6_BYTES), dtype=torch.uint8, device=device,
+                      generator=generator)
+    d = torch.rand(rows, nb, 1, device=device, generator=generator) * 2e-4 + 1e-5
+    w[:, :, 208:210] = d.to(torch.float16).view(torch.uint8).reshape(rows, nb, 2)
+    return w.reshape(rows, nb * Q6_BYTES)
+
+
+def rtiles(swiglu: bool, nb: int, add: bool = True) -> list[tuple[int, int, int, int]]:
+    """(rows, blocks, split, warps) swept for ``q4kr`` and ``q6kr``: 16-256 rows (four a
+    thread, lanes on rows, the warps beyond a row's lanes on the four pairs or groups), one or
+    two blocks an iteration, split over K (atomics: products that add) in up to 16 (run 231's
+    down projections were best at its largest split then, 8)."""
+    out = []
+    for r, w in ((16, 1), (32, 1), (64, 2), (128, 4), (256, 8)):
+        for bb in (1, 2):
+            for sp in ((1, 2, 3, 4, 6, 8, 16) if add and not swiglu else (1,)):
+                if sp * bb <= nb:
+                    out.append((r, bb, sp, w))
+    return out
+
+
 def tiles(swiglu: bool, nb: int) -> list[tuple[int, int, int, int]]:
     """(rows, blocks an iteration, split, warps) swept for a product of ``nb`` blocks a row:
     4 to 16 words of nibbles a thread a matrix an iteration (one to four 16-byte loads), no
@@ -473,36 +917,37 @@ def reference(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> torch.Tensor:
     return torch.nn.functional.silu(y[:n]) * y[n:]
 
 
-def checked(launch: Callable[[torch.Tensor, torch.Tensor], None], want: torch.Tensor,
-            w: torch.Tensor, out: torch.Tensor, add: bool, what: str) -> float:
+def checked(launch: Callable[[Any, torch.Tensor], None], want: torch.Tensor, w: Any,
+            out: torch.Tensor, add: bool, what: str, tol: float = 2e-2) -> float:
     """Relative error of one launch against ``want`` (outputs poisoned, or zeroed to add to)."""
     out.fill_(0.0 if add else float("nan"))
     launch(w, out)
     torch.cuda.synchronize()
     err = float(((out.float().reshape(-1) - want).norm() / want.norm()).item())
-    if not err < 2e-2:  # (NaN fails too: an element never written)
+    if not err < tol:  # (NaN fails too: an element never written)
         raise SystemExit(f"bench_q4k: {what} is wrong: relative error {err:.3g}")
     return err
 
 
 def run_product(model: str, name: str, sms: int, log: list[str], variants: set[str],
                 reads: bool) -> dict[str, Any]:
-    n, k, swiglu = PRODUCTS[(model, name)]
+    prod = PRODUCTS[(model, name)]
+    n, k, swiglu, add = prod.n, prod.k, prod.swiglu, prod.add
     m = 2 * n if swiglu else n
     b16 = m * k * 2
-    b4 = m * k // QK_K * BLOCK_BYTES
+    bq = m * k // QK_K * (BLOCK_BYTES if prod.fmt == "q4k" else Q6_BYTES)  # the file's bytes
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(k, device="cuda", dtype=torch.float32, generator=g)
-    add = not swiglu  # the step adds the o- and down projections into the float32 residual
     odt = torch.bfloat16 if swiglu else torch.float32
-    res: dict[str, Any] = {"rows": m, "k": k, "bf16_bytes": b16, "q4k_bytes": b4}
+    res: dict[str, Any] = {"rows": m, "k": k, "fmt": prod.fmt, "bf16_bytes": b16,
+                           "q4k_bytes": bq}
 
     def say(line: str) -> None:
         log.append(f"{model} {name} {line}")
         print(log[-1], flush=True)
 
     for mode in ("pdl", "pre") if reads else ():
-        for label, nbytes in (("read", b16), ("read4", b4)):
+        for label, nbytes in (("read", b16), ("read4", bq)):
             top = best(nbytes, mode, sms, [])
             res[f"{label}_{mode}"] = {"us": top["us"], "tile": top["tile"]}
             say(f"{label} {mode}: {top['us']:.2f} us ({nbytes / top['us'] / 1e3:.0f} GB/s), "
@@ -513,9 +958,9 @@ def run_product(model: str, name: str, sms: int, log: list[str], variants: set[s
     w16 = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.05
            for _ in range(n_copy)]
     outs = [torch.zeros(1, n, device="cuda", dtype=odt) for _ in range(n_copy)]
-    cfg = tuned_configs(ARGS[model], 1)[(name, 1)]
+    cfg = tuned_configs(ARGS[model], 1)[(prod.tile, 1)]
     assert isinstance(cfg, K.LinearConfig)
-    kmode = K.SWIGLU if swiglu else K.ADD
+    kmode = K.SWIGLU if swiglu else K.ADD if add else K.STORE
     want16 = reference(x, w16[0], swiglu)
     for pdl in (1, 2):
 
@@ -529,10 +974,37 @@ def run_product(model: str, name: str, sms: int, log: list[str], variants: set[s
     del w16, outs
     torch.cuda.empty_cache()
 
-    # Q4_K: the same chain over random blocks
-    n_copy = max(8, -(-CHAIN_BYTES // b4))
-    w4 = [random_blocks(m, k, "cuda", g) for _ in range(n_copy)]
+    # the file's type: the same chain over random blocks
+    n_copy = max(8, -(-CHAIN_BYTES // bq))
     outs = [torch.zeros(n, device="cuda", dtype=odt) for _ in range(n_copy)]
+    if prod.fmt == "q6k":
+        w6 = [random_blocks6(m, k, "cuda", g) for _ in range(n_copy)]
+        if "q6kr" in variants:
+            run_repacked6(res, x, w6, outs, add, k, say)
+        del w6
+    else:
+        w4 = [random_blocks(m, k, "cuda", g) for _ in range(n_copy)]
+        run_q4k_forms(res, x, w4, outs, swiglu, add, k, variants, say)
+        if "q4kr" in variants:
+            run_repacked(res, x, w4, outs, swiglu, add, k, say)
+        del w4
+    best16 = min(res["ours_pdl1"], res["ours_pdl2"])
+    tops = [v[0]["us"] for lb, v in res.items() if lb.startswith("q") and isinstance(v, list)
+            and v]
+    if tops:
+        res["ratio_q4k_to_ours"] = round(min(tops) / best16, 3)
+        say(f"{prod.fmt} / ours: {min(tops):.2f} / {best16:.2f} us = "
+            f"{res['ratio_q4k_to_ours']:.3f}")
+    del outs
+    torch.cuda.empty_cache()
+    return res
+
+
+def run_q4k_forms(res: dict[str, Any], x: torch.Tensor, w4: list[torch.Tensor],
+                  outs: list[torch.Tensor], swiglu: bool, add: bool, k: int,
+                  variants: set[str], say: Callable[[str], None]) -> None:
+    """Runs 227-230's forms on the file's own layout (``--variants`` q4k, q4kx, q4kb,
+    q4kbm)."""
     want4 = reference(x, decoded(w4[0], k), swiglu)
     xperm = nibble_order(x)
     for label, mode, xp in (("q4k_pre", "pre", False), ("q4k_pdl", "pdl", False),
@@ -562,16 +1034,233 @@ def run_product(model: str, name: str, sms: int, log: list[str], variants: set[s
         runs.sort(key=lambda r: r["us"])
         res[label] = runs
         top = runs[0]
+        b4 = res["q4k_bytes"]
         say(f"{label}: best {top['us']:.2f} us ({b4 / top['us'] / 1e3:.0f} GB/s of Q4_K, "
-            f"{b16 / top['us'] / 1e3:.0f} bf16-equivalent), tile {top['tile']}, err "
-            f"{top['err']:.1e}; next " + ", ".join(f"{r['us']:.2f} {r['tile']}" for r in runs[1:4]))
-    best16 = min(res["ours_pdl1"], res["ours_pdl2"])
-    best4 = min(v[0]["us"] for lb, v in res.items() if lb.startswith("q4k")
-                and isinstance(v, list) and v)
-    res["ratio_q4k_to_ours"] = round(best4 / best16, 3)
-    say(f"q4k / ours: {best4:.2f} / {best16:.2f} us = {res['ratio_q4k_to_ours']:.3f}")
-    del w4, outs
+            f"{res['bf16_bytes'] / top['us'] / 1e3:.0f} bf16-equivalent), tile {top['tile']}, "
+            f"err {top['err']:.1e}; next "
+            + ", ".join(f"{r['us']:.2f} {r['tile']}" for r in runs[1:4]))
+
+
+def run_repacked(res: dict[str, Any], x: torch.Tensor, w4: list[torch.Tensor],
+                 outs: list[torch.Tensor], swiglu: bool, add: bool, k: int,
+                 say: Callable[[str], None]) -> None:
+    """``q4kr``: ``sweep_repacked`` over ``repack``'s copies of the same blocks, checked against
+    what the kernel computes (``reference_q``: a bf16 SwiGLU output rounds at ~4e-3) and
+    reported against the float32 product over x itself (the error x's int8 rounding adds)."""
+    xq = quantize_x(x)
+    ws = [repack(w, swiglu) for w in w4]
+    want = reference_q(xq, x, w4[0], swiglu)
+    exact = reference(x, decoded(w4[0], k), swiglu)
+
+    def launch(w: Any, o: torch.Tensor, tile: tuple[int, int, int, int], mode: str) -> None:
+        rows, blocks, split, warps = tile
+        q4kr_product(xq, w, o, swiglu=swiglu, add=add, mode=mode, rows=rows, blocks=blocks,
+                     split=split, warps=warps)
+
+    sweep_repacked(res, "q4kr", launch, ws, outs, want, exact, add,
+                   rtiles(swiglu, k // QK_K, add),
+                   res["q4k_bytes"] * REPACK_BYTES // BLOCK_BYTES, say)
+
+
+def run_repacked6(res: dict[str, Any], x: torch.Tensor, w6: list[torch.Tensor],
+                  outs: list[torch.Tensor], add: bool, k: int,
+                  say: Callable[[str], None]) -> None:
+    """``q6kr``: as ``run_repacked``, over ``repack6``'s copies of Q6_K blocks."""
+    xq = quantize_x(x)
+    ws = [repack6(w) for w in w6]
+    want = reference6(xq, w6[0])
+    exact = _q6_k(w6[0].reshape(-1, Q6_BYTES)).reshape(w6[0].shape[0], k) @ x
+
+    def launch(w: Any, o: torch.Tensor, tile: tuple[int, int, int, int], mode: str) -> None:
+        rows, blocks, split, warps = tile
+        q6kr_product(xq, w, o, add=add, mode=mode, rows=rows, blocks=blocks, split=split,
+                     warps=warps)
+
+    sweep_repacked(res, "q6kr", launch, ws, outs, want, exact, add,
+                   rtiles(False, k // QK_K, add),
+                   res["q4k_bytes"] * Q6_REPACK_BYTES // Q6_BYTES, say)
+
+
+def sweep_repacked(res: dict[str, Any], name: str,
+                   launch: Callable[[Any, torch.Tensor, tuple[int, int, int, int], str], None],
+                   ws: list[Any], outs: list[torch.Tensor], want: torch.Tensor,
+                   exact: torch.Tensor, add: bool, swept: list[tuple[int, int, int, int]],
+                   nbytes: int, say: Callable[[str], None]) -> None:
+    """Every tile with its first chunk before the wait (``pre``), then the best four waiting
+    first (``pdl``): each checked (poisoned outputs) before its chain is timed."""
+    for mode in ("pre", "pdl"):
+        label = f"{name}_{mode}"
+        tiles_ = swept if mode == "pre" else [tuple(r["tile"]) for r in res[f"{name}_pre"][:4]]
+        runs: list[dict[str, Any]] = []
+        for tile in tiles_:
+
+            def one(w: Any, o: torch.Tensor, tile: Any = tile, mode: str = mode) -> None:
+                launch(w, o, tile, mode)
+
+            err = checked(one, want, ws[0], outs[0], add, f"{label} {list(tile)}", tol=1e-2)
+            err_x = checked(one, exact, ws[0], outs[0], add, f"{label} {list(tile)} (x)")
+            us = chain_us(one, ws, outs)
+            runs.append({"us": us, "tile": list(tile), "err": err, "err_x": err_x})
+        runs.sort(key=lambda r: r["us"])
+        res[label] = runs
+        top = runs[0]
+        say(f"{label}: best {top['us']:.2f} us ({nbytes / top['us'] / 1e3:.0f} GB/s of its "
+            f"bytes, {res['bf16_bytes'] / top['us'] / 1e3:.0f} bf16-equivalent), tile "
+            f"{top['tile']}, err {top['err']:.1e} (against x itself {top['err_x']:.1e}); next "
+            + ", ".join(f"{r['us']:.2f} {r['tile']}" for r in runs[1:4]))
+
+
+@triton.jit
+def _quantize_x(x_ptr, xw_ptr, xs_ptr, xsum_ptr, s16_ptr, NG, G: tl.constexpr,
+                GDC: tl.constexpr = 1):
+    """``quantize_x`` on the GPU, ``G`` groups of 32 a program (``NG`` groups): what a step
+    reading quantized blocks launches before each product whose input it does not already
+    hold as int8 (``--layers``). Rounds half to even, as torch.round (by 1.5 * 2^23)."""
+    pid = tl.program_id(0)
+    if GDC:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    g = pid * G + tl.arange(0, G)
+    gm = g < NG
+    x = tl.load(x_ptr + g[:, None] * 32 + tl.arange(0, 32)[None, :], mask=gm[:, None],
+                other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    s = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
+    v = tl.math.div_rn(x, tl.where(s > 0, s, 1.0)[:, None])  # (IEEE, as torch: not div.full)
+    q = ((v + 12582912.0) - 12582912.0).to(tl.int32)  # (|v| <= 127: exact round to even)
+    q = tl.minimum(tl.maximum(q, -127), 127)
+    sh = (tl.arange(0, 4) * 8)[None, None, :]
+    words = tl.sum((tl.reshape(q, [G, 8, 4]) & 0xFF) << sh, axis=2)  # (disjoint bytes: an or)
+    tl.store(xw_ptr + g[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=gm[:, None])
+    tl.store(xs_ptr + g, s, mask=gm)
+    tl.store(xsum_ptr + g, tl.sum(x, axis=1), mask=gm)
+    s16 = tl.sum(tl.reshape(q, [G, 2, 16]), axis=2)
+    tl.store(s16_ptr + g[:, None] * 2 + tl.arange(0, 2)[None, :], s16, mask=gm[:, None])
+
+
+def quantize_into(x: torch.Tensor, xq: XQ, groups: int = 8, gdc: bool = True) -> None:
+    """``_quantize_x`` of ``x`` ([K] or [1, K], any float dtype) into ``xq``'s buffers."""
+    ng = x.numel() // 32
+    extra = {"launch_pdl": True} if gdc else {}
+    _quantize_x[(triton.cdiv(ng, groups),)](x, *xq, ng, G=groups, GDC=int(gdc), num_warps=1,
+                                            **extra)
+
+
+def empty_xq(k: int, device: str | torch.device) -> XQ:
+    return (torch.empty(k // 4, dtype=torch.int32, device=device),
+            torch.empty(k // 32, dtype=torch.float32, device=device),
+            torch.empty(k // 32, dtype=torch.float32, device=device),
+            torch.empty(k // 16, dtype=torch.int32, device=device))
+
+
+def run_layers(model: str, log: list[str]) -> dict[str, Any]:
+    """The 1.5B's one-token layer products chained as a step chains them, every layer its own
+    weights (past L2), the output projection last, in one CUDA graph: bf16 (``kernels.linear``,
+    the tuned tiles) against the file's types read by ``q4kr`` / ``q6kr``, each quantized
+    product after a ``_quantize_x`` of its input; the q, k and v product bf16 in both (a
+    stand-in: the step's qkv kernel). No attention, norms or RoPE in either, so neither is a
+    step; their difference is what the products would save a step, boundaries and the
+    quantizing kernels included."""
+    a = ARGS[model]
+    d, f, nl = a.n_embd, a.n_ff, a.n_layer
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(1)
+    cfg = tuned_configs(a, 1)
+
+    def rnd(rows: int, k: int) -> torch.Tensor:
+        return torch.randn(rows, k, device=dev, dtype=torch.bfloat16, generator=g) * 0.01
+
+    h = torch.randn(1, d, device=dev, generator=g)
+    attn = torch.randn(1, d, device=dev, generator=g).to(torch.bfloat16)
+    act = torch.empty(1, f, device=dev, dtype=torch.bfloat16)
+    qkv = torch.empty(1, a.qkv_dim, device=dev)
+    logits = torch.empty(1, a.n_vocab, device=dev)
+    wqkv = [rnd(a.qkv_dim, d) for _ in range(nl)]
+    res: dict[str, Any] = {"model": model, "layers": nl}
+
+    def say(line: str) -> None:
+        log.append(f"{model} layers {line}")
+        print(log[-1], flush=True)
+
+    def lin(x: torch.Tensor, w: torch.Tensor, o: torch.Tensor, mode: int, name: str,
+            pdl: int) -> None:
+        c = cfg[(name, 1)]
+        assert isinstance(c, K.LinearConfig)
+        K.linear(x, w, o, mode=mode, cfg=c, pdl=pdl, evict="evict_first")
+
+    def time16() -> float:
+        """bf16: the graph's µs (its weights freed on return)."""
+        w16 = [(rnd(d, d), rnd(2 * f, d), rnd(d, f)) for _ in range(nl)]
+        out16 = rnd(a.n_vocab, d)
+
+        def step16() -> None:
+            for i in range(nl):
+                wo, w13, w2 = w16[i]
+                lin(attn, wo, h, K.ADD, "wo", 2)
+                lin(h, w13, act, K.SWIGLU, "w13", 1)
+                lin(act, w2, h, K.ADD, "w2", 2)
+                lin(h, wqkv[i], qkv, K.STORE, "wo", 2)
+            lin(h, out16, logits, K.STORE, "out", 1)
+
+        return round(graph_us(step16, 1), 2)
+
+    res["bf16_us"] = time16()
+    say(f"bf16 chain: {res['bf16_us']:.1f} us")
     torch.cuda.empty_cache()
+
+    # the file's types: Q4_K (o-projection, gate/up, half the down projections), Q6_K (the
+    # other half, the output matrix); tiles from runs 231-233
+    def q4(rows: int, k: int, swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        return repack(random_blocks(rows, k, dev, g), swiglu)
+
+    wq = [(q4(d, d), q4(2 * f, d, True),
+           q4(d, f) if i % 2 else repack6(random_blocks6(d, f, dev, g))) for i in range(nl)]
+    outq = repack6(random_blocks6(a.n_vocab, d, dev, g))
+    xa, xh, xf = empty_xq(d, dev), empty_xq(d, dev), empty_xq(f, dev)
+    probe = torch.randn(f, device=dev, generator=g)  # (h itself has grown past float range)
+    quantize_into(probe, xf)  # the GPU's quantizer against quantize_x's
+    torch.cuda.synchronize()
+    want = quantize_x(probe)
+    bad = int((xf[0] != want[0]).sum()) + int((xf[1] != want[1]).sum())
+    res["quantize_mismatches"] = bad
+    if bad:
+        raise SystemExit(f"bench_q4k: _quantize_x disagrees with quantize_x on the GPU: {bad} "
+                         "words or scales differ")
+
+    wo16 = [rnd(d, d) for _ in range(nl)]
+
+    def stepq(bf16_wo: bool = False) -> None:
+        for i in range(nl):
+            wo, w13, w2 = wq[i]
+            if bf16_wo:
+                lin(attn, wo16[i], h, K.ADD, "wo", 2)
+            else:
+                quantize_into(attn, xa)
+                q4kr_product(xa, wo, h.view(-1), swiglu=False, add=True, mode="pre", rows=32,
+                             blocks=1, split=6, warps=1)
+            quantize_into(h, xh)
+            q4kr_product(xh, w13, act.view(-1), swiglu=True, add=False, mode="pre", rows=32,
+                         blocks=2, split=1, warps=1)
+            quantize_into(act, xf)
+            if i % 2:
+                q4kr_product(xf, w2, h.view(-1), swiglu=False, add=True, mode="pre", rows=32,
+                             blocks=2, split=16, warps=1)
+            else:
+                q6kr_product(xf, w2, h.view(-1), add=True, mode="pre", rows=32, blocks=2,
+                             split=16, warps=1)
+            lin(h, wqkv[i], qkv, K.STORE, "wo", 2)
+        quantize_into(h, xh)
+        q6kr_product(xh, outq, logits.view(-1), add=False, mode="pre", rows=64, blocks=2,
+                     split=1, warps=2)
+
+    res["quant_us"] = round(graph_us(stepq, 1), 2)
+    res["ratio"] = round(res["quant_us"] / res["bf16_us"], 3)
+    say(f"quantized chain: {res['quant_us']:.1f} us ({res['ratio']:.3f} of bf16's)")
+    res["quant_wo16_us"] = round(graph_us(lambda: stepq(True), 1), 2)
+    say(f"quantized, the o-projection bf16: {res['quant_wo16_us']:.1f} us "
+        f"({res['quant_wo16_us'] / res['bf16_us']:.3f} of bf16's)")
+    res["bf16_again_us"] = time16()  # (an A/A: the bf16 chain after the others)
+    say(f"bf16 chain again: {res['bf16_again_us']:.1f} us")
     return res
 
 
@@ -585,14 +1274,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="the pure reads' tiles: bench_read_size's 96, or 24 of them (4 or 8 "
                          "warps, 2, 4 or 8 programs an SM) so that every product fits one device "
                          "call; a ceiling from fewer tiles can only read slower")
-    ap.add_argument("--variants", default="q4k,q4kx",
+    ap.add_argument("--variants", default="q4kr,q6kr",
                     help="comma-separated, from q4k, q4kx, q4kb (run 228's kernel), q4kbm (it "
-                         "with the nibbles made floats by their bits)")
+                         "with the nibbles made floats by their bits), q4kr (run 231's: the "
+                         "blocks repacked rows-contiguous, x as int8, dp4a), q6kr (the same "
+                         "for Q6_K, the only form for the Q6_K products)")
     ap.add_argument("--no-reads", action="store_true", help="leave out the pure reads")
+    ap.add_argument("--layers", action="store_true",
+                    help="after the products, the 1.5B's layer products chained as a step "
+                         "(run_layers): bf16 against the file's types")
     args = ap.parse_args(argv)
-    variants = set(choices(ap, args.variants, ("q4k", "q4kx", "q4kb", "q4kbm"), "variant"))
+    forms = ("q4k", "q4kx", "q4kb", "q4kbm", "q4kr", "q6kr")
+    variants = set(choices(ap, args.variants, forms, "variant"))
     if not variants:
-        ap.error("--variants names no Q4_K product: choose from q4k, q4kx, q4kb, q4kbm")
+        ap.error("--variants names no form: choose from " + ", ".join(forms))
     if args.read_tiles == "quick":
         bench_read_size.TILES = [t for t in bench_read_size.TILES
                                  if t[1] in (4, 8) and t[2] in (2, 4, 8)]
@@ -608,6 +1303,10 @@ def main(argv: list[str] | None = None) -> int:
     for p in picked:
         model, name = p.split(":")
         res[p] = run_product(model, name, sms, log, variants, not args.no_reads)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "q4k.json").write_text(json.dumps(res, indent=1))
+    if args.layers:
+        res["layers"] = run_layers("1.5B", log)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "q4k.json").write_text(json.dumps(res, indent=1))
     return 0

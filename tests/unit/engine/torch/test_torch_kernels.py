@@ -1120,6 +1120,107 @@ def test_the_q4k_product_reads_gguf_blocks_as_llama_cpp_decodes_them(swiglu: boo
     assert torch.allclose(out, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize(("swiglu", "mode"), [(False, "pdl"), (False, "pre"), (True, "pre")])
+def test_the_repacked_q4k_product_computes_the_blocks_times_int8_x(swiglu: bool,
+                                                                   mode: str) -> None:
+    # run 231's form: the blocks repacked rows-contiguous and x quantized to int8 words a group
+    # of 32; its products must equal, to float32 rounding, the file's decode (dequant.py) times
+    # the x those words stand for (the mins times x itself), for rows no tile divides, three
+    # blocks a row taken 1, 2 or 4 an iteration, SwiGLU pairs interleaved, and adding into a
+    # residual whole or split over K; and stay within x's int8 rounding of the float product
+    import bench_q4k as bq
+
+    n, k = 10, 3 * 256
+    g = torch.Generator().manual_seed(11)
+    w = bq.random_blocks(2 * n if swiglu else n, k, "cpu", g)
+    x = torch.randn(k, generator=g)
+    xq = bq.quantize_x(x)
+    assert xq[0].view(torch.int8).reshape(-1, 32).abs().amax(1).eq(127).all()  # full scale
+    want = bq.reference_q(xq, x, w, swiglu)
+    packed = bq.repack(w, swiglu)
+    for rows, blocks in ((8, 1), (16, 2), (32, 4)):
+        out = torch.full((n,), POISON)
+        bq.q4kr_product(xq, packed, out, swiglu=swiglu, add=False, mode=mode, rows=rows,
+                        blocks=blocks, split=1, warps=1, gdc=False)
+        assert torch.allclose(out, want, rtol=1e-5, atol=1e-6)
+    exact = bq.reference(x, bq.decoded(w, k), swiglu)
+    assert ((out - exact).norm() / exact.norm()).item() < 2e-2
+    if swiglu:
+        return
+    for split in (1, 2):
+        base = torch.randn(n, generator=g)
+        out = base.clone()
+        bq.q4kr_product(xq, packed, out, swiglu=False, add=True, mode=mode, rows=8, blocks=1,
+                        split=split, warps=1, gdc=False)
+        assert torch.allclose(out, base + want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["pdl", "pre"])
+def test_the_repacked_q6k_product_computes_the_blocks_times_int8_x(mode: str) -> None:
+    # run 232's Q6_K form: ql's nibbles and qh's 2-bit pairs regrouped so that a thread's
+    # words make whole sub-blocks, the offset of 32 taken off through x's int8 sums; it must
+    # equal dequant.py's decode times the x the int8 words stand for, stored or added (also
+    # split over K), for rows no tile divides and three blocks taken 1, 2 or 4 at a time
+    import bench_q4k as bq
+
+    n, k = 10, 3 * 256
+    g = torch.Generator().manual_seed(5)
+    w = bq.random_blocks6(n, k, "cpu", g)
+    x = torch.randn(k, generator=g)
+    xq = bq.quantize_x(x)
+    want = bq.reference6(xq, w)
+    packed = bq.repack6(w)
+    for rows, blocks in ((8, 1), (16, 2), (32, 4)):
+        out = torch.full((n,), POISON)
+        bq.q6kr_product(xq, packed, out, add=False, mode=mode, rows=rows, blocks=blocks,
+                        split=1, warps=1, gdc=False)
+        assert torch.allclose(out, want, rtol=1e-5, atol=1e-6)
+    exact = bq._q6_k(w.reshape(-1, bq.Q6_BYTES)).reshape(n, k) @ x
+    assert ((out - exact).norm() / exact.norm()).item() < 2e-2
+    for split in (1, 2):
+        base = torch.randn(n, generator=g)
+        out = base.clone()
+        bq.q6kr_product(xq, packed, out, add=True, mode=mode, rows=8, blocks=1, split=split,
+                        warps=1, gdc=False)
+        assert torch.allclose(out, base + want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="do not match x"):
+        bq.q6kr_product(bq.quantize_x(torch.randn(512)), packed, out, add=True, mode=mode,
+                        rows=8, blocks=1, split=1, warps=1, gdc=False)
+
+
+def test_the_quantizing_kernel_writes_what_quantize_x_computes() -> None:
+    # bench_q4k --layers quantizes each product's input on the GPU: the same int8 words and
+    # int sums as quantize_x (rounding half to even, IEEE division), the same scales, the
+    # groups' float sums to summation order; an all-zero group, a last program partly past
+    # the groups, float32 and bf16 inputs
+    import bench_q4k as bq
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(50 * 32, generator=g) * 3
+    x[32:64] = 0
+    x[70] = 63.5 * x[64:96].abs().max() / 127  # (a half to round: even)
+    for xx in (x, x.to(torch.bfloat16)):
+        want = bq.quantize_x(xx.float())
+        got = bq.empty_xq(xx.numel(), "cpu")
+        bq.quantize_into(xx, got, groups=8, gdc=False)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[3], want[3])
+        assert torch.equal(got[1], want[1])
+        assert torch.allclose(got[2], want[2], rtol=1e-6, atol=1e-5)
+
+
+def test_the_repacked_q4k_product_refuses_mismatched_shapes() -> None:
+    import bench_q4k as bq
+
+    w = bq.random_blocks(4, 512, "cpu")
+    packed = bq.repack(w, False)
+    with pytest.raises(ValueError, match="do not match x"):
+        bq.q4kr_product(bq.quantize_x(torch.randn(256)), packed, torch.zeros(4), swiglu=False,
+                        add=False, mode="pdl", rows=8, blocks=1, split=1, warps=1, gdc=False)
+    with pytest.raises(ValueError, match="adds into float32"):
+        bq.q4kr_product(bq.quantize_x(torch.randn(512)), packed, torch.zeros(4), swiglu=False,
+                        add=False, mode="pdl", rows=8, blocks=1, split=2, warps=1, gdc=False)
+
+
 def test_the_q4k_product_refuses_rows_that_are_not_whole_blocks() -> None:
     import bench_q4k as bq
 
