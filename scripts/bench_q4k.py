@@ -614,14 +614,17 @@ def _rchunk_fma(q, h0, hs, xw_ptr, xs_ptr, xsum_ptr, b0, NB, jj, BB: tl.constexp
 
 
 @triton.jit
-def _q4kr_product(xw_ptr, xs_ptr, xsum_ptr, nib_ptr, hdr_ptr, out_ptr, M, NB,
-                  SWIGLU: tl.constexpr, ADD: tl.constexpr, MODE: tl.constexpr,
-                  RB: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
-                  DP4A: tl.constexpr = 1, GDC: tl.constexpr = 1):
+def _q4kr_product(xw_ptr, xs_ptr, xsum_ptr, nib_ptr, hdr_ptr, out_ptr, qw_ptr, qs_ptr,
+                  qsum_ptr, q16_ptr, M, NB, SWIGLU: tl.constexpr, ADD: tl.constexpr,
+                  MODE: tl.constexpr, RB: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
+                  QOUT: tl.constexpr = 0, DP4A: tl.constexpr = 1, GDC: tl.constexpr = 1):
     """out (+)= W . x over ``repack``'s blocks (``M`` rows in memory, interleaved for SWIGLU,
     whose out has M / 2) and ``quantize_x``'s x; ``RB`` rows a program (4 a thread, its lanes
     on rows: x the same for the whole warp), ``BB`` blocks an iteration, ``SPLIT`` as
-    ``_q4k_product``'s. MODE 3 loads its first chunk's weights before the wait."""
+    ``_q4k_product``'s. MODE 3 loads its first chunk's weights before the wait. QOUT (SwiGLU,
+    64 rows: a program's 32 outputs one group) also writes its outputs quantized, as
+    ``quantize_x``, into ``q*_ptr``: the next product's input with no quantizing kernel
+    between."""
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     rr = pid * RB + tl.arange(0, RB)
@@ -648,8 +651,12 @@ def _q4kr_product(xw_ptr, xs_ptr, xsum_ptr, nib_ptr, hdr_ptr, out_ptr, M, NB,
         gate, up = tl.split(tl.reshape(y, [RB // 2, 2]))
         o = pid * (RB // 2) + tl.arange(0, RB // 2)
         om = o < M // 2
-        tl.store(out_ptr + o, (gate * tl.sigmoid(gate) * up).to(out_ptr.dtype.element_ty),
-                 mask=om)
+        act = gate * tl.sigmoid(gate) * up
+        tl.store(out_ptr + o, act.to(out_ptr.dtype.element_ty), mask=om)
+        if QOUT:
+            grp = pid + tl.arange(0, 1)
+            _quantize_groups(tl.reshape(act, [1, 32]), qw_ptr, qs_ptr, qsum_ptr, q16_ptr, grp,
+                             grp < M // 64, 1)
     else:
         o = pid * RB + tl.arange(0, RB)
         if SPLIT > 1:
@@ -660,13 +667,16 @@ def _q4kr_product(xw_ptr, xs_ptr, xsum_ptr, nib_ptr, hdr_ptr, out_ptr, M, NB,
             tl.store(out_ptr + o, y.to(out_ptr.dtype.element_ty), mask=rmask)
 
 
-def q4kr_product(xq: XQ, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor, *, swiglu: bool,
-                 add: bool, mode: str, rows: int, blocks: int, split: int, warps: int,
-                 gdc: bool = True) -> None:
+def q4kr_product(xq: XQ, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor, *,
+                 swiglu: bool, add: bool, mode: str, rows: int, blocks: int, split: int,
+                 warps: int, qout: XQ | None = None, gdc: bool = True) -> None:
     """``w``: ``repack``'s (nib, hdr); ``xq``: ``quantize_x``'s; the rest as ``q4k_product``'s
-    (``rows`` a multiple of 4; ``split`` > 1 adds into float32, not SwiGLU)."""
+    (``rows`` a multiple of 4; ``split`` > 1 adds into float32, not SwiGLU); ``qout``: buffers
+    (``empty_xq``) for the SwiGLU output quantized too (64 rows a program)."""
     nib, hdr = w
     nb, _, m = nib.shape
+    if qout is not None and not (swiglu and rows == 64 and m % 64 == 0):
+        raise ValueError("a quantized output needs SwiGLU, 64 rows a program and whole groups")
     if xq[0].numel() * 4 != nb * QK_K or hdr.shape != (nb, 5, m):
         raise ValueError(f"repacked blocks [{nb}, 32, {m}] do not match x of "
                          f"{xq[0].numel() * 4}")
@@ -674,8 +684,9 @@ def q4kr_product(xq: XQ, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
         raise ValueError("a split Q4_K product adds into float32 (not SwiGLU)")
     extra = {"launch_pdl": True} if gdc else {}
     _q4kr_product[(triton.cdiv(m, rows), split)](
-        *xq[:3], nib, hdr, out, m, nb, SWIGLU=swiglu, ADD=add, MODE=MODES[mode], RB=rows, BB=blocks,
-        SPLIT=split, DP4A=int(gdc), GDC=int(gdc), num_warps=warps, **extra)
+        *xq[:3], nib, hdr, out, *(qout if qout is not None else xq), m, nb, SWIGLU=swiglu,
+        ADD=add, MODE=MODES[mode], RB=rows, BB=blocks, SPLIT=split, QOUT=int(qout is not None),
+        DP4A=int(gdc), GDC=int(gdc), num_warps=warps, **extra)
 
 
 # Run 232's Q6_K form, as run 231's: a block's 256 weights are 16 sub-blocks of 16, each an
@@ -1124,6 +1135,13 @@ def _quantize_x(x_ptr, xw_ptr, xs_ptr, xsum_ptr, s16_ptr, NG, G: tl.constexpr,
     gm = g < NG
     x = tl.load(x_ptr + g[:, None] * 32 + tl.arange(0, 32)[None, :], mask=gm[:, None],
                 other=0.0).to(tl.float32)
+    _quantize_groups(x, xw_ptr, xs_ptr, xsum_ptr, s16_ptr, g, gm, G)
+
+
+@triton.jit
+def _quantize_groups(x, xw_ptr, xs_ptr, xsum_ptr, s16_ptr, g, gm, G: tl.constexpr):
+    """Groups ``g`` (masked by ``gm``) of x [G, 32] float32 quantized as ``quantize_x`` and
+    stored into its four buffers."""
     amax = tl.max(tl.abs(x), axis=1)
     s = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
     v = tl.math.div_rn(x, tl.where(s > 0, s, 1.0)[:, None])  # (IEEE, as torch: not div.full)
@@ -1229,7 +1247,7 @@ def run_layers(model: str, log: list[str]) -> dict[str, Any]:
 
     wo16 = [rnd(d, d) for _ in range(nl)]
 
-    def stepq(bf16_wo: bool = False) -> None:
+    def stepq(bf16_wo: bool = False, fused: bool = False) -> None:
         for i in range(nl):
             wo, w13, w2 = wq[i]
             if bf16_wo:
@@ -1239,9 +1257,13 @@ def run_layers(model: str, log: list[str]) -> dict[str, Any]:
                 q4kr_product(xa, wo, h.view(-1), swiglu=False, add=True, mode="pre", rows=32,
                              blocks=1, split=6, warps=1)
             quantize_into(h, xh)
-            q4kr_product(xh, w13, act.view(-1), swiglu=True, add=False, mode="pre", rows=32,
-                         blocks=2, split=1, warps=1)
-            quantize_into(act, xf)
+            if fused:
+                q4kr_product(xh, w13, act.view(-1), swiglu=True, add=False, mode="pre",
+                             rows=64, blocks=2, split=1, warps=2, qout=xf)
+            else:
+                q4kr_product(xh, w13, act.view(-1), swiglu=True, add=False, mode="pre",
+                             rows=32, blocks=2, split=1, warps=1)
+                quantize_into(act, xf)
             if i % 2:
                 q4kr_product(xf, w2, h.view(-1), swiglu=False, add=True, mode="pre", rows=32,
                              blocks=2, split=16, warps=1)
@@ -1259,6 +1281,10 @@ def run_layers(model: str, log: list[str]) -> dict[str, Any]:
     res["quant_wo16_us"] = round(graph_us(lambda: stepq(True), 1), 2)
     say(f"quantized, the o-projection bf16: {res['quant_wo16_us']:.1f} us "
         f"({res['quant_wo16_us'] / res['bf16_us']:.3f} of bf16's)")
+    res["quant_fused_us"] = round(graph_us(lambda: stepq(True, True), 1), 2)
+    say(f"quantized, the o-projection bf16, gate/up quantizing its output: "
+        f"{res['quant_fused_us']:.1f} us ({res['quant_fused_us'] / res['bf16_us']:.3f} of "
+        "bf16's)")
     res["bf16_again_us"] = time16()  # (an A/A: the bf16 chain after the others)
     say(f"bf16 chain again: {res['bf16_again_us']:.1f} us")
     return res

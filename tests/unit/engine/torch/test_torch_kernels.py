@@ -1208,6 +1208,30 @@ def test_the_quantizing_kernel_writes_what_quantize_x_computes() -> None:
         assert torch.allclose(got[2], want[2], rtol=1e-6, atol=1e-5)
 
 
+def test_the_repacked_gate_up_can_write_its_output_quantized() -> None:
+    # --layers' fused variant: gate/up in 64 interleaved rows a program (32 outputs, one group)
+    # also writes its SwiGLU output as the down projection's int8 input, exactly what
+    # quantize_x makes of the outputs it stores
+    import bench_q4k as bq
+
+    n, k = 64, 2 * 256
+    g = torch.Generator().manual_seed(13)
+    w = bq.random_blocks(2 * n, k, "cpu", g)
+    xq = bq.quantize_x(torch.randn(k, generator=g))
+    out = torch.full((n,), POISON)
+    qout = bq.empty_xq(n, "cpu")
+    bq.q4kr_product(xq, bq.repack(w, True), out, swiglu=True, add=False, mode="pre", rows=64,
+                    blocks=1, split=1, warps=2, qout=qout, gdc=False)
+    want = bq.quantize_x(out)
+    assert not out.isnan().any()
+    for got, exp in zip(qout, want, strict=True):
+        assert torch.allclose(got.float(), exp.float(), rtol=1e-6, atol=1e-6)
+    assert torch.equal(qout[0], want[0])
+    with pytest.raises(ValueError, match="quantized output"):
+        bq.q4kr_product(xq, bq.repack(w, True), out, swiglu=True, add=False, mode="pre",
+                        rows=32, blocks=1, split=1, warps=1, qout=qout, gdc=False)
+
+
 def test_the_repacked_q4k_product_refuses_mismatched_shapes() -> None:
     import bench_q4k as bq
 
