@@ -43,12 +43,14 @@ first):
             do), so that a word of nibbles costs two masks and two ``dp4a`` a row and x is one
             value for the whole warp; ``pre`` swept, its four best ``pdl``
     q6kr    (run 232) the same for Q6_K (``repack6``): three words make four dp4a words
+    q32r    (run 237) the same for Q5_0 and Q8_0 (``repack32``), blocks of 32 four to a tile;
+            waiting first (its loads and arithmetic are one pass)
 
 Products: the 1.5B's gate/up (SwiGLU over both halves, 2 x 8960 rows of 1536), its down
 projection (1536 rows of 8960) in Q4_K and in Q6_K (the file holds each in half the layers), its
 o-projection (1536 x 1536), its q, k and v as one stored product (a proxy of the qkv kernel's
 bytes) and its output matrix in Q6_K (151,936 x 1536, logits stored); the 0.5B's down projection
-(its other layer matrices are Q5_0 and Q8_0, rows of 896, which no 256-weight block divides).
+in Q4_K and Q6_K, and its Q5_0 gate/up and o-projection and Q8_0 output matrix.
 Every product is checked before it is timed (outputs poisoned first): the file-layout forms
 against a float32 product over dequant.py's decode of the same blocks, the repacked forms
 against what they compute (the decode times the x the int8 words stand for) and, reported, the
@@ -56,10 +58,11 @@ float32 product over x itself (the error x's rounding adds: 5e-3 to 7e-3). Rando
 random bytes, with d and dmin set to small positive float16 values. ``read4`` reads the file's
 bytes of the product's type (Q6_K's for the Q6_K products).
 
-``--layers`` (run 233) then chains the 1.5B's layer products as a step does, every layer its
-own weights, the output projection last, in one CUDA graph: bf16 against the file's types, each
-quantized product after a kernel that quantizes its input (``_quantize_x``); no attention,
-norms or RoPE in either (so neither is a step), their difference what the products would save.
+``--layers [1.5B] [0.5B]`` (runs 233-237) then chains a model's layer products as a step does,
+every layer its own weights, the output projection last, in one CUDA graph: bf16 against the
+file's types, each quantized product after a kernel that quantizes its input (``_quantize_x``);
+no attention, norms or RoPE in either (so neither is a step), their difference what the
+products would save.
 
 An instrument, not a backend: a chain of one kernel does not show what its neighbours in a step
 would take from it (session 21; ``--layers`` is the closer look), and the verify steps' MMA
@@ -90,7 +93,14 @@ from bench_read_size import CHAIN_BYTES, best, choices  # noqa: E402
 
 from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B  # noqa: E402
-from openjarvis.engine.torch.dequant import QK_K, _q4_k, _q6_k, _scale_min_k4  # noqa: E402
+from openjarvis.engine.torch.dequant import (  # noqa: E402
+    QK_K,
+    _q4_k,
+    _q5_0,
+    _q6_k,
+    _q8_0,
+    _scale_min_k4,
+)
 from openjarvis.engine.torch.tuning import tuned_configs  # noqa: E402
 
 BLOCK_BYTES = 144  # a Q4_K block: 256 weights
@@ -121,7 +131,18 @@ PRODUCTS: dict[tuple[str, str], Product] = {
     # the output matrix, logits stored (not the greedy argmax)
     ("1.5B", "outq6"): Product(QWEN25_1_5B.n_vocab, QWEN25_1_5B.n_embd, False, False, "q6k",
                                "out"),
+    # the 0.5B's own types (run 237): Q5_0 gate/up and o-projection, Q6_K half its down
+    # projections, Q8_0 its output matrix
+    ("0.5B", "w13q5"): Product(QWEN25_0_5B.n_ff, QWEN25_0_5B.n_embd, True, False, "q5_0",
+                               "w13"),
+    ("0.5B", "woq5"): Product(QWEN25_0_5B.n_embd, QWEN25_0_5B.n_embd, False, True, "q5_0",
+                              "wo"),
+    ("0.5B", "w2q6"): Product(QWEN25_0_5B.n_embd, QWEN25_0_5B.n_ff, False, True, "q6k", "w2"),
+    ("0.5B", "outq8"): Product(QWEN25_0_5B.n_vocab, QWEN25_0_5B.n_embd, False, False, "q8_0",
+                               "out"),
 }
+FILE_BYTES = {"q4k": (256, BLOCK_BYTES), "q6k": (256, Q6_BYTES), "q5_0": (32, 22),
+              "q8_0": (32, 34)}  # elements, bytes a block
 ARGS = {"0.5B": QWEN25_0_5B, "1.5B": QWEN25_1_5B}
 MODES = {"pdl": 1, "pre": 3}
 
@@ -540,15 +561,15 @@ def reference_q(xq: XQ, x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> torch
 
 @triton.jit
 def _dp4a(a, b, c, DP4A: tl.constexpr):
-    """c + the four byte products of int32 words a and b (a's bytes 0-15, b's signed): the
-    PTX instruction, or (DP4A 0, Triton's interpreter) the same integers by shifts."""
+    """c + the four signed byte products of int32 words a and b: the PTX instruction, or
+    (DP4A 0, Triton's interpreter) the same integers by shifts."""
     b = tl.broadcast_to(b, a.shape)
     if DP4A:
         return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
                                          dtype=tl.int32, is_pure=True, pack=1)
     else:
         for k in tl.static_range(4):
-            c += ((a >> (8 * k)) & 0xFF) * ((b << (24 - 8 * k)) >> 24)
+            c += ((a << (24 - 8 * k)) >> 24) * ((b << (24 - 8 * k)) >> 24)
         return c
 
 
@@ -646,6 +667,17 @@ def _q4kr_product(xw_ptr, xs_ptr, xsum_ptr, nib_ptr, hdr_ptr, out_ptr, qw_ptr, q
     for b0 in range(b_start, NB, SPLIT * BB):
         q, h0, hs = _rchunk_loads(nib_ptr, hdr_ptr, b0, NB, M, rr, rmask, jj, BB)
         acc = _rchunk_fma(q, h0, hs, xw_ptr, xs_ptr, xsum_ptr, b0, NB, jj, BB, DP4A, acc)
+    _r_epilogue(acc, pid, rmask, out_ptr, qw_ptr, qs_ptr, qsum_ptr, q16_ptr, M, SWIGLU, ADD,
+                RB, SPLIT, QOUT)
+
+
+@triton.jit
+def _r_epilogue(acc, pid, rmask, out_ptr, qw_ptr, qs_ptr, qsum_ptr, q16_ptr, M,
+                SWIGLU: tl.constexpr, ADD: tl.constexpr, RB: tl.constexpr,
+                SPLIT: tl.constexpr, QOUT: tl.constexpr):
+    """The repacked products' end: acc [BB, 1, 4, RB] summed to a row each; SwiGLU over the
+    interleaved pairs (and, QOUT, the outputs quantized as one group of 32), or stored, added,
+    or added atomically (a split)."""
     y = tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0)  # [RB]
     if SWIGLU:
         gate, up = tl.split(tl.reshape(y, [RB // 2, 2]))
@@ -830,14 +862,8 @@ def _q6kr_product(xw_ptr, xs_ptr, s16_ptr, nib_ptr, hdr_ptr, out_ptr, M, NB,
     for b0 in range(b_start, NB, SPLIT * BB):
         q, h0, hs = _r6chunk_loads(nib_ptr, hdr_ptr, b0, NB, M, rr, rmask, jj, BB)
         acc = _r6chunk_fma(q, h0, hs, xw_ptr, xs_ptr, s16_ptr, b0, NB, jj, BB, DP4A, acc)
-    y = tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0)
-    o = pid * RB + tl.arange(0, RB)
-    if SPLIT > 1:
-        tl.atomic_add(out_ptr + o, y, mask=rmask, sem="relaxed")
-    else:
-        if ADD:
-            y += tl.load(out_ptr + o, mask=rmask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + o, y.to(out_ptr.dtype.element_ty), mask=rmask)
+    _r_epilogue(acc, pid, rmask, out_ptr, out_ptr, out_ptr, out_ptr, out_ptr, M, 0, ADD, RB,
+                SPLIT, 0)
 
 
 def q6kr_product(xq: XQ, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor, *,
@@ -876,14 +902,164 @@ def random_blocks6(rows: int, k: int, device: str | torch.device,
     return w.reshape(rows, nb * Q6_BYTES)
 
 
-def rtiles(swiglu: bool, nb: int, add: bool = True) -> list[tuple[int, int, int, int]]:
+# Run 237's forms for the 0.5B's file (Q5_0 for q, k, o, gate, up and half of v; Q8_0 for the
+# other half of v and the output matrix): blocks of 32 weights, one f16 scale d each, grouped
+# four to a "superblock" of 128 so that the tile is the Q4_K form's [BB, 1, 4, RB] with the
+# four a superblock's blocks (a thread holds one block's words for its four rows):
+#   Q8_0 (34 bytes: d, 32 int8): qs [NS, 32, M], position 4i + j word i (bytes 4i .. 4i + 3)
+#        of block j; hdr [NS, 4, M] d's bits (36 bytes a block)
+#   Q5_0 (22 bytes: d, qh: bit l the fifth bit of weight l, 16 bytes of nibbles: byte l weight
+#        l low, l + 16 high; q - 16): qs [NS, 16, M] as Q8_0's (i = 0-3); hdr [NS, 2, 4, M]:
+#        qh rearranged so that word i's fifth bits sit at bit 8c + i (its low nibbles' weights
+#        4i + c) and 8c + 4 + i (its high nibbles'), then d's bits (24 bytes a block)
+Q8_BYTES, Q5_BYTES = 34, 22
+
+
+def repack32(w: torch.Tensor, fmt: str, swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 [M, K / 32 * bytes] rows of file-order Q8_0 or Q5_0 blocks -> (qs, hdr) above
+    (SwiGLU: gate and up rows interleaved, as ``repack``)."""
+    size = Q8_BYTES if fmt == "q8_0" else Q5_BYTES
+    m, rs = w.shape
+    if swiglu:
+        w = torch.stack([w[: m // 2], w[m // 2 :]], dim=1).reshape(m, rs)
+    nb = rs // size
+    ns = nb // 4
+    blk = w.contiguous().reshape(m, nb, size)
+    d = torch.zeros(m, nb, 4, dtype=torch.uint8, device=w.device)
+    d[:, :, :2] = blk[:, :, :2]
+    dw = d.view(torch.int32).reshape(m, ns, 4)  # [M, NS, 4 (j)]
+    q = blk[:, :, (2 if fmt == "q8_0" else 6):].contiguous().view(torch.int32)  # [M, NB, NW]
+    nw = q.shape[2]
+    qs = q.reshape(m, ns, 4, nw).permute(1, 3, 2, 0).reshape(ns, nw * 4, m).contiguous()
+    if fmt == "q8_0":
+        return qs, dw.permute(1, 2, 0).contiguous()
+    qh = blk[:, :, 2:6].contiguous().view(torch.int32).reshape(m, nb)
+    bits = torch.arange(32, device=w.device, dtype=torch.int32)
+    src = (qh[:, :, None] >> bits) & 1  # [M, NB, 32]: bit l of qh
+    c, lo_hi, i = bits // 8, (bits % 8) // 4, bits % 4  # destination bit 8c + 4 * lo_hi + i
+    fifth = src[:, :, 16 * lo_hi + 4 * i + c]  # the weight whose fifth bit lands there
+    qh2 = (fifth.to(torch.int64) << bits.to(torch.int64)).sum(dim=2)  # 0 .. 2^32 - 1
+    qh2 = torch.where(qh2 >= 2**31, qh2 - 2**32, qh2).to(torch.int32).reshape(m, ns, 4)
+    hdr = torch.stack([qh2, dw], dim=2)  # [M, NS, 2, 4]
+    return qs, hdr.permute(1, 2, 3, 0).contiguous()
+
+
+@triton.jit
+def _q32_fma(qs_ptr, hdr_ptr, xw_ptr, xs_ptr, s16_ptr, b0, NS, M, rr, rmask, jj,
+             BB: tl.constexpr, Q5: tl.constexpr, DP4A: tl.constexpr, acc):
+    """acc [BB, 1, 4, RB] += superblocks b0 .. b0 + BB - 1: each block's d * s_x * (q . x8,
+    less 16 * sum(x8) for Q5_0), its words' dp4a chained in the thread."""
+    bb = b0 + tl.arange(0, BB)
+    bm = (bb < NS)[:, None, None, None] & rmask[None, None, None, :]
+    xm = (bb < NS)[:, None, None, None]
+    b4 = bb[:, None, None, None]
+    j4 = jj[None, None, :, None]
+    r4 = rr[None, None, None, :]
+    blk = b4 * 4 + j4  # [BB, 1, 4, 1]: the block of 32 (and x's group)
+    xp = xw_ptr + blk * 8
+    s = tl.zeros([BB, 1, 4, 1], tl.int32) + tl.zeros_like(r4)
+    if Q5:
+        p = qs_ptr + (b4 * 16 + j4) * M + r4
+        hp = hdr_ptr + (b4 * 8 + j4) * M + r4
+        qh = tl.load(hp, mask=bm, other=0, eviction_policy="evict_first")
+        d = tl.load(hp + 4 * M, mask=bm, other=0, eviction_policy="evict_first")
+        for i in tl.static_range(4):
+            w = tl.load(p + 4 * i * M, mask=bm, other=0, eviction_policy="evict_first")
+            lo = (w & 0x0F0F0F0F) | (((qh >> i) << 4) & 0x10101010)
+            hi = ((w >> 4) & 0x0F0F0F0F) | ((qh >> i) & 0x10101010)
+            s = _dp4a(lo, tl.load(xp + i, mask=xm, other=0), s, DP4A)
+            s = _dp4a(hi, tl.load(xp + 4 + i, mask=xm, other=0), s, DP4A)
+        x16 = (tl.load(s16_ptr + 2 * blk, mask=xm, other=0)
+               + tl.load(s16_ptr + 2 * blk + 1, mask=xm, other=0))
+        s = s - 16 * x16
+    else:
+        p = qs_ptr + (b4 * 32 + j4) * M + r4
+        d = tl.load(hdr_ptr + (b4 * 4 + j4) * M + r4, mask=bm, other=0,
+                    eviction_policy="evict_first")
+        for i in tl.static_range(8):
+            w = tl.load(p + 4 * i * M, mask=bm, other=0, eviction_policy="evict_first")
+            s = _dp4a(w, tl.load(xp + i, mask=xm, other=0), s, DP4A)
+    df = (d & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    sx = tl.load(xs_ptr + blk, mask=xm, other=0.0)
+    acc += df * sx * s.to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _q32r_product(xw_ptr, xs_ptr, s16_ptr, qs_ptr, hdr_ptr, out_ptr, qw_ptr, qs2_ptr,
+                  qsum_ptr, q16_ptr, M, NS, Q5: tl.constexpr, SWIGLU: tl.constexpr,
+                  ADD: tl.constexpr, MODE: tl.constexpr, RB: tl.constexpr, BB: tl.constexpr,
+                  SPLIT: tl.constexpr, QOUT: tl.constexpr = 0, DP4A: tl.constexpr = 1,
+                  GDC: tl.constexpr = 1):
+    """out (+)= W . x over ``repack32``'s blocks (``NS`` superblocks of 128) and
+    ``quantize_x``'s x, as ``_q4kr_product``, but waiting first (MODE 1 only: a superblock's
+    loads and arithmetic are one pass here)."""
+    pid = tl.program_id(0)
+    sid = tl.program_id(1)
+    rr = pid * RB + tl.arange(0, RB)
+    rmask = rr < M
+    jj = tl.arange(0, 4)
+    acc = tl.zeros([BB, 1, 4, RB], tl.float32)
+    if MODE != 0 and GDC:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    for b0 in range(sid * BB, NS, SPLIT * BB):
+        acc = _q32_fma(qs_ptr, hdr_ptr, xw_ptr, xs_ptr, s16_ptr, b0, NS, M, rr, rmask, jj, BB,
+                       Q5, DP4A, acc)
+    _r_epilogue(acc, pid, rmask, out_ptr, qw_ptr, qs2_ptr, qsum_ptr, q16_ptr, M, SWIGLU, ADD,
+                RB, SPLIT, QOUT)
+
+
+def q32r_product(xq: XQ, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor, *, fmt: str,
+                 swiglu: bool, add: bool, rows: int, blocks: int, split: int, warps: int,
+                 qout: XQ | None = None, gdc: bool = True) -> None:
+    """``w``: ``repack32``'s (qs, hdr) of ``fmt`` ("q8_0" or "q5_0"); the rest as
+    ``q4kr_product``'s (waiting first: the loads and their arithmetic are one pass)."""
+    qs, hdr = w
+    ns, _, m = qs.shape
+    if xq[0].numel() * 4 != ns * 128:
+        raise ValueError(f"repacked blocks [{ns}, {qs.shape[1]}, {m}] do not match x of "
+                         f"{xq[0].numel() * 4}")
+    if split > 1 and (swiglu or not add or out.dtype != torch.float32):
+        raise ValueError("a split product adds into float32 (not SwiGLU)")
+    if qout is not None and not (swiglu and rows == 64 and m % 64 == 0):
+        raise ValueError("a quantized output needs SwiGLU, 64 rows a program and whole groups")
+    extra = {"launch_pdl": True} if gdc else {}
+    _q32r_product[(triton.cdiv(m, rows), split)](
+        xq[0], xq[1], xq[3], qs, hdr, out, *(qout if qout is not None else xq), m, ns,
+        Q5=int(fmt == "q5_0"), SWIGLU=swiglu, ADD=add, MODE=1, RB=rows, BB=blocks,
+        SPLIT=split, QOUT=int(qout is not None), DP4A=int(gdc), GDC=int(gdc),
+        num_warps=warps, **extra)
+
+
+def random_blocks32(rows: int, k: int, fmt: str, device: str | torch.device,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """uint8 [rows, k / 32 * bytes]: random Q8_0 or Q5_0 blocks, d a small positive float16."""
+    size = Q8_BYTES if fmt == "q8_0" else Q5_BYTES
+    nb = k // 32
+    w = torch.randint(0, 256, (rows, nb, size), dtype=torch.uint8, device=device,
+                      generator=generator)
+    d = torch.rand(rows, nb, 1, device=device, generator=generator) * 2e-3 + 1e-4
+    w[:, :, :2] = d.to(torch.float16).view(torch.uint8).reshape(rows, nb, 2)
+    return w.reshape(rows, nb * size)
+
+
+def decoded32(w: torch.Tensor, k: int, fmt: str) -> torch.Tensor:
+    """float32 [rows, k]: dequant.py's decode of the blocks."""
+    if fmt == "q8_0":
+        return _q8_0(w.reshape(-1, Q8_BYTES)).reshape(w.shape[0], k)
+    return _q5_0(w.reshape(-1, Q5_BYTES)).reshape(w.shape[0], k)
+
+
+def rtiles(swiglu: bool, nb: int, add: bool = True,
+           blocks: tuple[int, ...] = (1, 2)) -> list[tuple[int, int, int, int]]:
     """(rows, blocks, split, warps) swept for ``q4kr`` and ``q6kr``: 16-256 rows (four a
     thread, lanes on rows, the warps beyond a row's lanes on the four pairs or groups), one or
     two blocks an iteration, split over K (atomics: products that add) in up to 16 (run 231's
     down projections were best at its largest split then, 8)."""
     out = []
     for r, w in ((16, 1), (32, 1), (64, 2), (128, 4), (256, 8)):
-        for bb in (1, 2):
+        for bb in blocks:
             for sp in ((1, 2, 3, 4, 6, 8, 16) if add and not swiglu else (1,)):
                 if sp * bb <= nb:
                     out.append((r, bb, sp, w))
@@ -946,7 +1122,8 @@ def run_product(model: str, name: str, sms: int, log: list[str], variants: set[s
     n, k, swiglu, add = prod.n, prod.k, prod.swiglu, prod.add
     m = 2 * n if swiglu else n
     b16 = m * k * 2
-    bq = m * k // QK_K * (BLOCK_BYTES if prod.fmt == "q4k" else Q6_BYTES)  # the file's bytes
+    per, size = FILE_BYTES[prod.fmt]
+    bq = m * k // per * size  # the file's bytes
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(k, device="cuda", dtype=torch.float32, generator=g)
     odt = torch.bfloat16 if swiglu else torch.float32
@@ -993,6 +1170,11 @@ def run_product(model: str, name: str, sms: int, log: list[str], variants: set[s
         if "q6kr" in variants:
             run_repacked6(res, x, w6, outs, add, k, say)
         del w6
+    elif prod.fmt in ("q5_0", "q8_0"):
+        w32 = [random_blocks32(m, k, prod.fmt, "cuda", g) for _ in range(n_copy)]
+        if "q32r" in variants:
+            run_repacked32(res, x, w32, outs, prod.fmt, swiglu, add, k, say)
+        del w32
     else:
         w4 = [random_blocks(m, k, "cuda", g) for _ in range(n_copy)]
         run_q4k_forms(res, x, w4, outs, swiglu, add, k, variants, say)
@@ -1092,6 +1274,28 @@ def run_repacked6(res: dict[str, Any], x: torch.Tensor, w6: list[torch.Tensor],
                    res["q4k_bytes"] * Q6_REPACK_BYTES // Q6_BYTES, say)
 
 
+def run_repacked32(res: dict[str, Any], x: torch.Tensor, w32: list[torch.Tensor],
+                   outs: list[torch.Tensor], fmt: str, swiglu: bool, add: bool, k: int,
+                   say: Callable[[str], None]) -> None:
+    """``q32r``: as ``run_repacked``, over ``repack32``'s copies of Q5_0 or Q8_0 blocks (each
+    tile waiting first: its ``pre`` and ``pdl`` rows are the same kernel)."""
+    xq = quantize_x(x)
+    ws = [repack32(w, fmt, swiglu) for w in w32]
+    xd = (xq[0].view(torch.int8).float().reshape(-1, 32) * xq[1][:, None]).reshape(-1)
+    want = reference(xd, decoded32(w32[0], k, fmt), swiglu)
+    exact = reference(x, decoded32(w32[0], k, fmt), swiglu)
+
+    def launch(w: Any, o: torch.Tensor, tile: tuple[int, int, int, int], mode: str) -> None:
+        rows, blocks, split, warps = tile
+        q32r_product(xq, w, o, fmt=fmt, swiglu=swiglu, add=add, rows=rows, blocks=blocks,
+                     split=split, warps=warps)
+
+    per, size = FILE_BYTES[fmt]
+    sweep_repacked(res, "q32r", launch, ws, outs, want, exact, add,
+                   rtiles(swiglu, k // 128, add, (1, 2, 4)),
+                   res["q4k_bytes"] * (size + 2) // size, say)  # (d padded to a word)
+
+
 def sweep_repacked(res: dict[str, Any], name: str,
                    launch: Callable[[Any, torch.Tensor, tuple[int, int, int, int], str], None],
                    ws: list[Any], outs: list[torch.Tensor], want: torch.Tensor,
@@ -1109,7 +1313,8 @@ def sweep_repacked(res: dict[str, Any], name: str,
                 launch(w, o, tile, mode)
 
             err = checked(one, want, ws[0], outs[0], add, f"{label} {list(tile)}", tol=1e-2)
-            err_x = checked(one, exact, ws[0], outs[0], add, f"{label} {list(tile)} (x)")
+            err_x = checked(one, exact, ws[0], outs[0], add, f"{label} {list(tile)} (x)",
+                            tol=1e-1)  # (reported: x's rounding, through SwiGLU ~2e-2)
             us = chain_us(one, ws, outs)
             runs.append({"us": us, "tile": list(tile), "err": err, "err_x": err_x})
         runs.sort(key=lambda r: r["us"])
@@ -1171,14 +1376,22 @@ def empty_xq(k: int, device: str | torch.device) -> XQ:
             torch.empty(k // 16, dtype=torch.int32, device=device))
 
 
-def run_layers(model: str, log: list[str]) -> dict[str, Any]:
-    """The 1.5B's one-token layer products chained as a step chains them, every layer its own
+def pick(swept: dict[str, Any], key: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """The best ``pre`` tile this run's sweep of product ``key`` found, else ``default``."""
+    for label, runs in swept.get(key, {}).items():
+        if label in ("q4kr_pre", "q6kr_pre", "q32r_pre") and runs:
+            return tuple(runs[0]["tile"])
+    return default
+
+
+def run_layers(model: str, log: list[str], swept: dict[str, Any]) -> dict[str, Any]:
+    """A model's one-token layer products chained as a step chains them, every layer its own
     weights (past L2), the output projection last, in one CUDA graph: bf16 (``kernels.linear``,
-    the tuned tiles) against the file's types read by ``q4kr`` / ``q6kr``, each quantized
-    product after a ``_quantize_x`` of its input; the q, k and v product bf16 in both (a
-    stand-in: the step's qkv kernel). No attention, norms or RoPE in either, so neither is a
-    step; their difference is what the products would save a step, boundaries and the
-    quantizing kernels included."""
+    the tuned tiles) against the file's types read by the repacked forms (tiles from ``swept``,
+    this run's product results, where it has them), each quantized product after a
+    ``_quantize_x`` of its input; the q, k and v product bf16 in both (a stand-in: the step's
+    qkv kernel). No attention, norms or RoPE in either, so neither is a step; their difference
+    is what the products would save a step, boundaries and the quantizing kernels included."""
     a = ARGS[model]
     d, f, nl = a.n_embd, a.n_ff, a.n_layer
     dev = "cuda"
@@ -1226,14 +1439,43 @@ def run_layers(model: str, log: list[str]) -> dict[str, Any]:
     say(f"bf16 chain: {res['bf16_us']:.1f} us")
     torch.cuda.empty_cache()
 
-    # the file's types: Q4_K (o-projection, gate/up, half the down projections), Q6_K (the
-    # other half, the output matrix); tiles from runs 231-233
-    def q4(rows: int, k: int, swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        return repack(random_blocks(rows, k, dev, g), swiglu)
+    # the file's types, tiles from this run's sweeps where it swept them, else runs 231-236's:
+    # 1.5B Q4_K o-projection and gate/up, 0.5B Q5_0; both Q4_K / Q6_K down projections in
+    # alternate layers; the output matrix Q6_K (1.5B) or Q8_0 (0.5B)
+    small = model == "0.5B"
+    t_wo = pick(swept, f"{model}:{'woq5' if small else 'wo'}", (32, 1, 6, 1))
+    t_w13 = pick(swept, f"{model}:{'w13q5' if small else 'w13'}", (32, 2, 1, 1))
+    t_w2 = pick(swept, f"{model}:w2", (32, 2, 16, 1))
+    t_w2q6 = pick(swept, f"{model}:w2q6", (32, 2, 16, 1))
+    t_out = pick(swept, f"{model}:{'outq8' if small else 'outq6'}", (64, 2, 1, 2))
+    res["tiles"] = {"wo": t_wo, "w13": t_w13, "w2": t_w2, "w2q6": t_w2q6, "out": t_out}
+    say(f"tiles {res['tiles']}")
 
-    wq = [(q4(d, d), q4(2 * f, d, True),
-           q4(d, f) if i % 2 else repack6(random_blocks6(d, f, dev, g))) for i in range(nl)]
-    outq = repack6(random_blocks6(a.n_vocab, d, dev, g))
+    def mat(rows: int, k: int, fmt: str, swiglu: bool = False) -> tuple[torch.Tensor, ...]:
+        if fmt == "q4k":
+            return repack(random_blocks(rows, k, dev, g), swiglu)
+        if fmt == "q6k":
+            return repack6(random_blocks6(rows, k, dev, g))
+        return repack32(random_blocks32(rows, k, fmt, dev, g), fmt, swiglu)
+
+    def prod(xq: XQ, w: Any, o: torch.Tensor, fmt: str, tile: tuple[int, ...], *,
+             swiglu: bool = False, add: bool = True, qout: XQ | None = None) -> None:
+        rows, blocks, split, warps = tile
+        if fmt == "q4k":
+            q4kr_product(xq, w, o.view(-1), swiglu=swiglu, add=add, mode="pre", rows=rows,
+                         blocks=blocks, split=split, warps=warps, qout=qout)
+        elif fmt == "q6k":
+            q6kr_product(xq, w, o.view(-1), add=add, mode="pre", rows=rows, blocks=blocks,
+                         split=split, warps=warps)
+        else:
+            q32r_product(xq, w, o.view(-1), fmt=fmt, swiglu=swiglu, add=add, rows=rows,
+                         blocks=blocks, split=split, warps=warps, qout=qout)
+
+    f_in = "q5_0" if small else "q4k"  # the o-projection's and gate/up's type
+    f_out = "q8_0" if small else "q6k"
+    wq = [(mat(d, d, f_in), mat(2 * f, d, f_in, True), mat(d, f, "q4k" if i % 2 else "q6k"))
+          for i in range(nl)]
+    outq = mat(a.n_vocab, d, f_out)
     xa, xh, xf = empty_xq(d, dev), empty_xq(d, dev), empty_xq(f, dev)
     probe = torch.randn(f, device=dev, generator=g)  # (h itself has grown past float range)
     quantize_into(probe, xf)  # the GPU's quantizer against quantize_x's
@@ -1244,7 +1486,6 @@ def run_layers(model: str, log: list[str]) -> dict[str, Any]:
     if bad:
         raise SystemExit(f"bench_q4k: _quantize_x disagrees with quantize_x on the GPU: {bad} "
                          "words or scales differ")
-
     wo16 = [rnd(d, d) for _ in range(nl)]
 
     def stepq(bf16_wo: bool = False, fused: bool = False) -> None:
@@ -1254,26 +1495,18 @@ def run_layers(model: str, log: list[str]) -> dict[str, Any]:
                 lin(attn, wo16[i], h, K.ADD, "wo", 2)
             else:
                 quantize_into(attn, xa)
-                q4kr_product(xa, wo, h.view(-1), swiglu=False, add=True, mode="pre", rows=32,
-                             blocks=1, split=6, warps=1)
+                prod(xa, wo, h, f_in, t_wo)
             quantize_into(h, xh)
             if fused:
-                q4kr_product(xh, w13, act.view(-1), swiglu=True, add=False, mode="pre",
-                             rows=64, blocks=2, split=1, warps=2, qout=xf)
+                prod(xh, w13, act, f_in, (64, t_w13[1], 1, 2), swiglu=True, add=False,
+                     qout=xf)
             else:
-                q4kr_product(xh, w13, act.view(-1), swiglu=True, add=False, mode="pre",
-                             rows=32, blocks=2, split=1, warps=1)
+                prod(xh, w13, act, f_in, t_w13, swiglu=True, add=False)
                 quantize_into(act, xf)
-            if i % 2:
-                q4kr_product(xf, w2, h.view(-1), swiglu=False, add=True, mode="pre", rows=32,
-                             blocks=2, split=16, warps=1)
-            else:
-                q6kr_product(xf, w2, h.view(-1), add=True, mode="pre", rows=32, blocks=2,
-                             split=16, warps=1)
+            prod(xf, w2, h, "q4k" if i % 2 else "q6k", t_w2 if i % 2 else t_w2q6)
             lin(h, wqkv[i], qkv, K.STORE, "wo", 2)
         quantize_into(h, xh)
-        q6kr_product(xh, outq, logits.view(-1), add=False, mode="pre", rows=64, blocks=2,
-                     split=1, warps=2)
+        prod(xh, outq, logits, f_out, t_out, add=False)
 
     res["quant_us"] = round(graph_us(stepq, 1), 2)
     res["ratio"] = round(res["quant_us"] / res["bf16_us"], 3)
@@ -1300,17 +1533,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="the pure reads' tiles: bench_read_size's 96, or 24 of them (4 or 8 "
                          "warps, 2, 4 or 8 programs an SM) so that every product fits one device "
                          "call; a ceiling from fewer tiles can only read slower")
-    ap.add_argument("--variants", default="q4kr,q6kr",
+    ap.add_argument("--variants", default="q4kr,q6kr,q32r",
                     help="comma-separated, from q4k, q4kx, q4kb (run 228's kernel), q4kbm (it "
                          "with the nibbles made floats by their bits), q4kr (run 231's: the "
                          "blocks repacked rows-contiguous, x as int8, dp4a), q6kr (the same "
-                         "for Q6_K, the only form for the Q6_K products)")
+                         "for Q6_K, the only form for the Q6_K products), q32r (the same "
+                         "for Q5_0 and Q8_0)")
     ap.add_argument("--no-reads", action="store_true", help="leave out the pure reads")
-    ap.add_argument("--layers", action="store_true",
-                    help="after the products, the 1.5B's layer products chained as a step "
-                         "(run_layers): bf16 against the file's types")
+    ap.add_argument("--layers", nargs="*", choices=("1.5B", "0.5B"), metavar="MODEL",
+                    help="after the products, each named model's (1.5B, 0.5B; none named: the "
+                         "1.5B) layer products "
+                         "chained as a step (run_layers): bf16 against the file's types, with "
+                         "the tiles this run's products found")
     args = ap.parse_args(argv)
-    forms = ("q4k", "q4kx", "q4kb", "q4kbm", "q4kr", "q6kr")
+    forms = ("q4k", "q4kx", "q4kb", "q4kbm", "q4kr", "q6kr", "q32r")
     variants = set(choices(ap, args.variants, forms, "variant"))
     if not variants:
         ap.error("--variants names no form: choose from " + ", ".join(forms))
@@ -1331,8 +1567,8 @@ def main(argv: list[str] | None = None) -> int:
         res[p] = run_product(model, name, sms, log, variants, not args.no_reads)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "q4k.json").write_text(json.dumps(res, indent=1))
-    if args.layers:
-        res["layers"] = run_layers("1.5B", log)
+    for model in (args.layers or ["1.5B"]) if args.layers is not None else []:
+        res[f"layers {model}"] = run_layers(model, log, res)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "q4k.json").write_text(json.dumps(res, indent=1))
     return 0

@@ -1232,6 +1232,52 @@ def test_the_repacked_gate_up_can_write_its_output_quantized() -> None:
                         rows=32, blocks=1, split=1, warps=1, qout=qout, gdc=False)
 
 
+@pytest.mark.parametrize(("fmt", "swiglu"),
+                         [("q5_0", False), ("q5_0", True), ("q8_0", False), ("q8_0", True)])
+def test_the_repacked_32_weight_blocks_compute_the_decode_times_int8_x(fmt: str,
+                                                                       swiglu: bool) -> None:
+    # run 237's forms for the 0.5B's file: Q5_0 (its fifth bits regrouped so that a word's
+    # four sit at one bit of each byte) and Q8_0, blocks of 32 four to a tile; equal to
+    # dequant.py's decode times the x the int8 words stand for, rows no tile divides, three
+    # superblocks of 128 taken 1, 2 or 4 at a time, SwiGLU pairs, added whole or split, and a
+    # SwiGLU output quantized for the next product
+    import bench_q4k as bq
+
+    n, k = 10, 3 * 128
+    g = torch.Generator().manual_seed(17)
+    w = bq.random_blocks32(2 * n if swiglu else n, k, fmt, "cpu", g)
+    x = torch.randn(k, generator=g)
+    xq = bq.quantize_x(x)
+    xd = (xq[0].view(torch.int8).float().reshape(-1, 32) * xq[1][:, None]).reshape(-1)
+    want = bq.reference(xd, bq.decoded32(w, k, fmt), swiglu)
+    packed = bq.repack32(w, fmt, swiglu)
+    for rows, blocks in ((8, 1), (16, 2), (32, 4)):
+        out = torch.full((n,), POISON)
+        bq.q32r_product(xq, packed, out, fmt=fmt, swiglu=swiglu, add=False, rows=rows,
+                        blocks=blocks, split=1, warps=1, gdc=False)
+        assert torch.allclose(out, want, rtol=1e-5, atol=1e-6)
+    if swiglu:
+        n = 64
+        w = bq.random_blocks32(2 * n, k, fmt, "cpu", g)
+        out = torch.full((n,), POISON)
+        qout = bq.empty_xq(n, "cpu")
+        bq.q32r_product(xq, bq.repack32(w, fmt, True), out, fmt=fmt, swiglu=True, add=False,
+                        rows=64, blocks=1, split=1, warps=2, qout=qout, gdc=False)
+        assert torch.allclose(out, bq.reference(xd, bq.decoded32(w, k, fmt), True), rtol=1e-5,
+                              atol=1e-6)
+        assert torch.equal(qout[0], bq.quantize_x(out)[0])
+        return
+    for split in (1, 3):
+        base = torch.randn(n, generator=g)
+        out = base.clone()
+        bq.q32r_product(xq, packed, out, fmt=fmt, swiglu=False, add=True, rows=8, blocks=1,
+                        split=split, warps=1, gdc=False)
+        assert torch.allclose(out, base + want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="do not match x"):
+        bq.q32r_product(bq.quantize_x(torch.randn(256)), packed, out, fmt=fmt, swiglu=False,
+                        add=True, rows=8, blocks=1, split=1, warps=1, gdc=False)
+
+
 def test_the_repacked_q4k_product_refuses_mismatched_shapes() -> None:
     import bench_q4k as bq
 
