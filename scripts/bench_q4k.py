@@ -54,7 +54,8 @@ in Q4_K and Q6_K, and its Q5_0 gate/up and o-projection and Q8_0 output matrix.
 Every product is checked before it is timed (outputs poisoned first): the file-layout forms
 against a float32 product over dequant.py's decode of the same blocks, the repacked forms
 against what they compute (the decode times the x the int8 words stand for) and, reported, the
-float32 product over x itself (the error x's rounding adds: 5e-3 to 7e-3). Random blocks:
+float32 product over x itself (the error x's rounding adds: 5e-3 to 8e-3, 1.1e-2 through the
+1.5B's SwiGLU). Random blocks:
 random bytes, with d and dmin set to small positive float16 values. ``read4`` reads the file's
 bytes of the product's type (Q6_K's for the Q6_K products).
 
@@ -67,7 +68,8 @@ products would save.
 An instrument, not a backend: a chain of one kernel does not show what its neighbours in a step
 would take from it (session 21; ``--layers`` is the closer look), and the verify steps' MMA
 tiles would need their own decode. Run on the lent GPU: ``python3 scripts/bench_q4k.py --out DIR
-[--products ...] [--variants q4kr,q6kr,q4k,q4kx,q4kb,q4kbm] [--layers]`` (DIR/q4k.json).
+[--products ...] [--variants q4kr,q6kr,q32r,q4k,q4kx,q4kb,q4kbm] [--layers [MODEL ...]]
+[--tprobe T]`` (DIR/q4k.json).
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ from openjarvis.engine.torch.tuning import tuned_configs  # noqa: E402
 
 BLOCK_BYTES = 144  # a Q4_K block: 256 weights
 Q6_BYTES = 210  # a Q6_K block: 256 weights (ql 128, qh 64, 16 int8 scales, f16 d)
+Q8_BYTES, Q5_BYTES = 34, 22  # Q8_0 and Q5_0 blocks: 32 weights
 
 
 class Product(NamedTuple):
@@ -112,7 +115,7 @@ class Product(NamedTuple):
     k: int
     swiglu: bool
     add: bool  # added into the float32 residual (else stored, outputs poisoned first)
-    fmt: str  # "q4k" or "q6k": the file's type for this matrix
+    fmt: str  # "q4k", "q6k", "q5_0" or "q8_0": the file's type for this matrix
     tile: str  # whose tuned one-token tile ``ours`` uses (tuning.TUNED's names)
 
 
@@ -141,8 +144,8 @@ PRODUCTS: dict[tuple[str, str], Product] = {
     ("0.5B", "outq8"): Product(QWEN25_0_5B.n_vocab, QWEN25_0_5B.n_embd, False, False, "q8_0",
                                "out"),
 }
-FILE_BYTES = {"q4k": (256, BLOCK_BYTES), "q6k": (256, Q6_BYTES), "q5_0": (32, 22),
-              "q8_0": (32, 34)}  # elements, bytes a block
+FILE_BYTES = {"q4k": (256, BLOCK_BYTES), "q6k": (256, Q6_BYTES), "q5_0": (32, Q5_BYTES),
+              "q8_0": (32, Q8_BYTES)}  # elements, bytes a block
 ARGS = {"0.5B": QWEN25_0_5B, "1.5B": QWEN25_1_5B}
 MODES = {"pdl": 1, "pre": 3}
 
@@ -602,35 +605,38 @@ def _rchunk_loads(nib_ptr, hdr_ptr, b0, NB, M, rr, rmask, jj, BB: tl.constexpr):
 
 @triton.jit
 def _rchunk_fma(q, h0, hs, xw_ptr, xs_ptr, xsum_ptr, b0, NB, jj, BB: tl.constexpr,
-                DP4A: tl.constexpr, acc):
+                DP4A: tl.constexpr, acc, TOK: tl.constexpr = 1):
     """acc [BB, 1, 4, RB] += each sub-block pair's d * (scale * s_x * (q . x8)) - dmin * min *
     sum(x), low and high nibbles: two dp4a a word, chained over a pair's 8 words inside the
     thread (``WORD_OF``), the scales applied once a sub-block. x is loaded a word an i as
     [BB, 1, 4, 1], fewer elements than threads, which Triton loads in the nibbles' layout (a
-    broadcast across the thread's rows, no copy)."""
+    broadcast across the thread's rows, no copy). TOK > 1 (``--tprobe``): the same for each of
+    TOK rows of x, all added into acc, so a verify step's integer work on the same bytes is
+    timed without its TOK accumulators."""
     bb = b0 + tl.arange(0, BB)
     bm = (bb < NB)[:, None, None, None]
     b4 = bb[:, None, None, None]
-    xp = xw_ptr + b4 * 64 + 16 * jj[None, None, :, None]  # [BB, 1, 4, 1]: pair j's words
-    s_lo = tl.zeros(q[0].shape, tl.int32)
-    s_hi = tl.zeros(q[0].shape, tl.int32)
-    for i in tl.static_range(8):
-        x_lo = tl.load(xp + i, mask=bm, other=0)
-        x_hi = tl.load(xp + 8 + i, mask=bm, other=0)
-        s_lo = _dp4a(q[i] & 0x0F0F0F0F, x_lo, s_lo, DP4A)
-        s_hi = _dp4a((q[i] >> 4) & 0x0F0F0F0F, x_hi, s_hi, DP4A)
-    gi = b4 * 8 + 2 * jj[None, None, :, None]  # [BB, 1, 4, 1]: sub-block 2j of block b
-    sx_lo = tl.load(xs_ptr + gi, mask=bm, other=0.0)
-    sx_hi = tl.load(xs_ptr + gi + 1, mask=bm, other=0.0)
-    m_lo = tl.load(xsum_ptr + gi, mask=bm, other=0.0)
-    m_hi = tl.load(xsum_ptr + gi + 1, mask=bm, other=0.0)
     d, dmin = _d_dmin(h0)
     sc_lo = (hs & 0xFF).to(tl.float32)
     sc_hi = ((hs >> 8) & 0xFF).to(tl.float32)
     mn_lo = ((hs >> 16) & 0xFF).to(tl.float32)
     mn_hi = ((hs >> 24) & 0xFF).to(tl.float32)
-    acc += d * (sc_lo * sx_lo * s_lo.to(tl.float32) + sc_hi * sx_hi * s_hi.to(tl.float32))
-    acc -= dmin * (mn_lo * m_lo + mn_hi * m_hi)
+    for t in tl.static_range(TOK):
+        xp = xw_ptr + t * NB * 64 + b4 * 64 + 16 * jj[None, None, :, None]  # pair j's words
+        s_lo = tl.zeros(q[0].shape, tl.int32)
+        s_hi = tl.zeros(q[0].shape, tl.int32)
+        for i in tl.static_range(8):
+            x_lo = tl.load(xp + i, mask=bm, other=0)
+            x_hi = tl.load(xp + 8 + i, mask=bm, other=0)
+            s_lo = _dp4a(q[i] & 0x0F0F0F0F, x_lo, s_lo, DP4A)
+            s_hi = _dp4a((q[i] >> 4) & 0x0F0F0F0F, x_hi, s_hi, DP4A)
+        gi = t * NB * 8 + b4 * 8 + 2 * jj[None, None, :, None]  # sub-block 2j of block b
+        sx_lo = tl.load(xs_ptr + gi, mask=bm, other=0.0)
+        sx_hi = tl.load(xs_ptr + gi + 1, mask=bm, other=0.0)
+        m_lo = tl.load(xsum_ptr + gi, mask=bm, other=0.0)
+        m_hi = tl.load(xsum_ptr + gi + 1, mask=bm, other=0.0)
+        acc += d * (sc_lo * sx_lo * s_lo.to(tl.float32) + sc_hi * sx_hi * s_hi.to(tl.float32))
+        acc -= dmin * (mn_lo * m_lo + mn_hi * m_hi)
     return acc
 
 
@@ -638,7 +644,8 @@ def _rchunk_fma(q, h0, hs, xw_ptr, xs_ptr, xsum_ptr, b0, NB, jj, BB: tl.constexp
 def _q4kr_product(xw_ptr, xs_ptr, xsum_ptr, nib_ptr, hdr_ptr, out_ptr, qw_ptr, qs_ptr,
                   qsum_ptr, q16_ptr, M, NB, SWIGLU: tl.constexpr, ADD: tl.constexpr,
                   MODE: tl.constexpr, RB: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
-                  QOUT: tl.constexpr = 0, DP4A: tl.constexpr = 1, GDC: tl.constexpr = 1):
+                  QOUT: tl.constexpr = 0, DP4A: tl.constexpr = 1, GDC: tl.constexpr = 1,
+                  TOK: tl.constexpr = 1):
     """out (+)= W . x over ``repack``'s blocks (``M`` rows in memory, interleaved for SWIGLU,
     whose out has M / 2) and ``quantize_x``'s x; ``RB`` rows a program (4 a thread, its lanes
     on rows: x the same for the whole warp), ``BB`` blocks an iteration, ``SPLIT`` as
@@ -661,12 +668,13 @@ def _q4kr_product(xw_ptr, xs_ptr, xsum_ptr, nib_ptr, hdr_ptr, out_ptr, qw_ptr, q
     if MODE != 0 and GDC:
         tl.extra.cuda.gdc_wait()
     if MODE == 3:
-        acc = _rchunk_fma(q, h0, hs, xw_ptr, xs_ptr, xsum_ptr, b_first, NB, jj, BB, DP4A,
-                          acc)
+        acc = _rchunk_fma(q, h0, hs, xw_ptr, xs_ptr, xsum_ptr, b_first, NB, jj, BB, DP4A, acc,
+                          TOK)
         b_start = b_first + SPLIT * BB
     for b0 in range(b_start, NB, SPLIT * BB):
         q, h0, hs = _rchunk_loads(nib_ptr, hdr_ptr, b0, NB, M, rr, rmask, jj, BB)
-        acc = _rchunk_fma(q, h0, hs, xw_ptr, xs_ptr, xsum_ptr, b0, NB, jj, BB, DP4A, acc)
+        acc = _rchunk_fma(q, h0, hs, xw_ptr, xs_ptr, xsum_ptr, b0, NB, jj, BB, DP4A, acc,
+                          TOK)
     _r_epilogue(acc, pid, rmask, out_ptr, qw_ptr, qs_ptr, qsum_ptr, q16_ptr, M, SWIGLU, ADD,
                 RB, SPLIT, QOUT)
 
@@ -701,24 +709,33 @@ def _r_epilogue(acc, pid, rmask, out_ptr, qw_ptr, qs_ptr, qsum_ptr, q16_ptr, M,
 
 def q4kr_product(xq: XQ, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor, *,
                  swiglu: bool, add: bool, mode: str, rows: int, blocks: int, split: int,
-                 warps: int, qout: XQ | None = None, gdc: bool = True) -> None:
+                 warps: int, qout: XQ | None = None, gdc: bool = True, tokens: int = 1) -> None:
     """``w``: ``repack``'s (nib, hdr); ``xq``: ``quantize_x``'s; the rest as ``q4k_product``'s
     (``rows`` a multiple of 4; ``split`` > 1 adds into float32, not SwiGLU); ``qout``: buffers
-    (``empty_xq``) for the SwiGLU output quantized too (64 rows a program)."""
+    (``empty_xq``) for the SwiGLU output quantized too (64 rows a program); ``tokens`` > 1:
+    ``xq`` holds that many rows of x (``quantize_rows``), whose products are added into one
+    (``--tprobe``: a verify step's arithmetic on one step's bytes)."""
     nib, hdr = w
     nb, _, m = nib.shape
     if qout is not None and not (swiglu and rows == 64 and m % 64 == 0):
         raise ValueError("a quantized output needs SwiGLU, 64 rows a program and whole groups")
-    if xq[0].numel() * 4 != nb * QK_K or hdr.shape != (nb, 5, m):
+    if xq[0].numel() * 4 != tokens * nb * QK_K or hdr.shape != (nb, 5, m):
         raise ValueError(f"repacked blocks [{nb}, 32, {m}] do not match x of "
-                         f"{xq[0].numel() * 4}")
+                         f"{xq[0].numel() * 4} ({tokens} rows)")
     if split > 1 and (swiglu or not add or out.dtype != torch.float32):
         raise ValueError("a split Q4_K product adds into float32 (not SwiGLU)")
     extra = {"launch_pdl": True} if gdc else {}
     _q4kr_product[(triton.cdiv(m, rows), split)](
         *xq[:3], nib, hdr, out, *(qout if qout is not None else xq), m, nb, SWIGLU=swiglu,
         ADD=add, MODE=MODES[mode], RB=rows, BB=blocks, SPLIT=split, QOUT=int(qout is not None),
-        DP4A=int(gdc), GDC=int(gdc), num_warps=warps, **extra)
+        DP4A=int(gdc), GDC=int(gdc), TOK=tokens, num_warps=warps, **extra)
+
+
+def quantize_rows(x: torch.Tensor) -> XQ:
+    """``quantize_x`` of each row of x [T, K], the rows' buffers laid end to end."""
+    parts = [quantize_x(r) for r in x]
+    return (torch.cat([q[0] for q in parts]), torch.cat([q[1] for q in parts]),
+            torch.cat([q[2] for q in parts]), torch.cat([q[3] for q in parts]))
 
 
 # Run 232's Q6_K form, as run 231's: a block's 256 weights are 16 sub-blocks of 16, each an
@@ -912,7 +929,6 @@ def random_blocks6(rows: int, k: int, device: str | torch.device,
 #        l low, l + 16 high; q - 16): qs [NS, 16, M] as Q8_0's (i = 0-3); hdr [NS, 2, 4, M]:
 #        qh rearranged so that word i's fifth bits sit at bit 8c + i (its low nibbles' weights
 #        4i + c) and 8c + 4 + i (its high nibbles'), then d's bits (24 bytes a block)
-Q8_BYTES, Q5_BYTES = 34, 22
 
 
 def repack32(w: torch.Tensor, fmt: str, swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1053,10 +1069,11 @@ def decoded32(w: torch.Tensor, k: int, fmt: str) -> torch.Tensor:
 
 def rtiles(swiglu: bool, nb: int, add: bool = True,
            blocks: tuple[int, ...] = (1, 2)) -> list[tuple[int, int, int, int]]:
-    """(rows, blocks, split, warps) swept for ``q4kr`` and ``q6kr``: 16-256 rows (four a
-    thread, lanes on rows, the warps beyond a row's lanes on the four pairs or groups), one or
-    two blocks an iteration, split over K (atomics: products that add) in up to 16 (run 231's
-    down projections were best at its largest split then, 8)."""
+    """(rows, blocks, split, warps) swept for the repacked forms: 16-256 rows (four a thread,
+    lanes on rows, the warps beyond a row's lanes on the four pairs or groups), ``blocks`` an
+    iteration (``nb`` of them a row), split over K (atomics: products that add) in up to 16
+    (run 231's down projections were best at its largest split then, 8; run 233's o-projection,
+    6 blocks a row, at 6)."""
     out = []
     for r, w in ((16, 1), (32, 1), (64, 2), (128, 4), (256, 8)):
         for bb in blocks:
@@ -1117,7 +1134,7 @@ def checked(launch: Callable[[Any, torch.Tensor], None], want: torch.Tensor, w: 
 
 
 def run_product(model: str, name: str, sms: int, log: list[str], variants: set[str],
-                reads: bool) -> dict[str, Any]:
+                reads: bool, tprobe: int = 1) -> dict[str, Any]:
     prod = PRODUCTS[(model, name)]
     n, k, swiglu, add = prod.n, prod.k, prod.swiglu, prod.add
     m = 2 * n if swiglu else n
@@ -1159,6 +1176,22 @@ def run_product(model: str, name: str, sms: int, log: list[str], variants: set[s
         us = chain_us(ours, w16, outs)
         res[f"ours_pdl{pdl}"] = us
         say(f"ours pdl {pdl} ({cfg}): {us:.2f} us ({b16 / us / 1e3:.0f} GB/s)")
+    if tprobe > 1:  # today's verify product (its tuned T > 1 tile) over the same copies
+        xt = torch.randn(tprobe, k, device="cuda", generator=g)
+        outs_t = [torch.zeros(tprobe, n, device="cuda", dtype=odt) for _ in range(n_copy)]
+        cfg_t = tuned_configs(ARGS[model], tprobe)[(prod.tile, tprobe)]
+        assert isinstance(cfg_t, K.LinearConfig)
+        want_t = torch.stack([reference(r, w16[0], swiglu) for r in xt])
+        for pdl in (1, 2):
+
+            def ours_t(w: torch.Tensor, o: torch.Tensor, pdl: int = pdl) -> None:
+                K.linear(xt, w, o, mode=kmode, cfg=cfg_t, pdl=pdl, evict="evict_first")
+
+            checked(ours_t, want_t.reshape(-1), w16[0], outs_t[0], add, f"ours T={tprobe}")
+            us = chain_us(ours_t, w16, outs_t)
+            res[f"ours_t{tprobe}_pdl{pdl}"] = us
+            say(f"ours T = {tprobe} pdl {pdl} ({cfg_t}): {us:.2f} us")
+        del outs_t
     del w16, outs
     torch.cuda.empty_cache()
 
@@ -1179,7 +1212,7 @@ def run_product(model: str, name: str, sms: int, log: list[str], variants: set[s
         w4 = [random_blocks(m, k, "cuda", g) for _ in range(n_copy)]
         run_q4k_forms(res, x, w4, outs, swiglu, add, k, variants, say)
         if "q4kr" in variants:
-            run_repacked(res, x, w4, outs, swiglu, add, k, say)
+            run_repacked(res, x, w4, outs, swiglu, add, k, say, tprobe)
         del w4
     best16 = min(res["ours_pdl1"], res["ours_pdl2"])
     tops = [v[0]["us"] for lb, v in res.items() if lb.startswith("q") and isinstance(v, list)
@@ -1236,7 +1269,7 @@ def run_q4k_forms(res: dict[str, Any], x: torch.Tensor, w4: list[torch.Tensor],
 
 def run_repacked(res: dict[str, Any], x: torch.Tensor, w4: list[torch.Tensor],
                  outs: list[torch.Tensor], swiglu: bool, add: bool, k: int,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], tprobe: int = 1) -> None:
     """``q4kr``: ``sweep_repacked`` over ``repack``'s copies of the same blocks, checked against
     what the kernel computes (``reference_q``: a bf16 SwiGLU output rounds at ~4e-3) and
     reported against the float32 product over x itself (the error x's int8 rounding adds)."""
@@ -1253,6 +1286,31 @@ def run_repacked(res: dict[str, Any], x: torch.Tensor, w4: list[torch.Tensor],
     sweep_repacked(res, "q4kr", launch, ws, outs, want, exact, add,
                    rtiles(swiglu, k // QK_K, add),
                    res["q4k_bytes"] * REPACK_BYTES // BLOCK_BYTES, say)
+    if tprobe < 2:
+        return
+    # --tprobe: the best four tiles again with T rows of x added into one product (each row's
+    # integer work on the same bytes: a verify step's arithmetic without its T accumulators)
+    xt = torch.randn(tprobe, k, device=x.device)
+    xqt = quantize_rows(xt)
+    lin = sum(reference_q(quantize_x(r), r, w4[0], False) for r in xt)
+    n = lin.numel() // 2
+    want_t = torch.nn.functional.silu(lin[:n]) * lin[n:] if swiglu else lin
+    runs: list[dict[str, Any]] = []
+    for tile in [tuple(r["tile"]) for r in res["q4kr_pre"][:4]]:
+        rows, blocks, split, warps = tile
+
+        def one(w: Any, o: torch.Tensor, rows: int = rows, blocks: int = blocks,
+                split: int = split, warps: int = warps) -> None:
+            q4kr_product(xqt, w, o, swiglu=swiglu, add=add, mode="pre", rows=rows,
+                         blocks=blocks, split=split, warps=warps, tokens=tprobe)
+
+        err = checked(one, want_t, ws[0], outs[0], add, f"q4kr T={tprobe} {list(tile)}",
+                      tol=1e-2)
+        runs.append({"us": chain_us(one, ws, outs), "tile": list(tile), "err": err})
+    runs.sort(key=lambda r: r["us"])
+    res[f"q4kr_t{tprobe}"] = runs
+    say(f"q4kr T = {tprobe} (rows added): best {runs[0]['us']:.2f} us, tile {runs[0]['tile']}, "
+        f"err {runs[0]['err']:.1e}; T = 1 {res['q4kr_pre'][0]['us']:.2f}")
 
 
 def run_repacked6(res: dict[str, Any], x: torch.Tensor, w6: list[torch.Tensor],
@@ -1277,8 +1335,8 @@ def run_repacked6(res: dict[str, Any], x: torch.Tensor, w6: list[torch.Tensor],
 def run_repacked32(res: dict[str, Any], x: torch.Tensor, w32: list[torch.Tensor],
                    outs: list[torch.Tensor], fmt: str, swiglu: bool, add: bool, k: int,
                    say: Callable[[str], None]) -> None:
-    """``q32r``: as ``run_repacked``, over ``repack32``'s copies of Q5_0 or Q8_0 blocks (each
-    tile waiting first: its ``pre`` and ``pdl`` rows are the same kernel)."""
+    """``q32r``: as ``run_repacked``, over ``repack32``'s copies of Q5_0 or Q8_0 blocks, every
+    tile timed once, waiting first (``q32r_pdl``; run 237 timed each twice, as ``_pre`` too)."""
     xq = quantize_x(x)
     ws = [repack32(w, fmt, swiglu) for w in w32]
     xd = (xq[0].view(torch.int8).float().reshape(-1, 32) * xq[1][:, None]).reshape(-1)
@@ -1290,7 +1348,7 @@ def run_repacked32(res: dict[str, Any], x: torch.Tensor, w32: list[torch.Tensor]
         q32r_product(xq, w, o, fmt=fmt, swiglu=swiglu, add=add, rows=rows, blocks=blocks,
                      split=split, warps=warps)
 
-    per, size = FILE_BYTES[fmt]
+    size = FILE_BYTES[fmt][1]
     sweep_repacked(res, "q32r", launch, ws, outs, want, exact, add,
                    rtiles(swiglu, k // 128, add, (1, 2, 4)),
                    res["q4k_bytes"] * (size + 2) // size, say)  # (d padded to a word)
@@ -1303,9 +1361,10 @@ def sweep_repacked(res: dict[str, Any], name: str,
                    nbytes: int, say: Callable[[str], None]) -> None:
     """Every tile with its first chunk before the wait (``pre``), then the best four waiting
     first (``pdl``): each checked (poisoned outputs) before its chain is timed."""
-    for mode in ("pre", "pdl"):
+    for mode in ("pre", "pdl") if name != "q32r" else ("pdl",):  # (q32r always waits first)
         label = f"{name}_{mode}"
-        tiles_ = swept if mode == "pre" else [tuple(r["tile"]) for r in res[f"{name}_pre"][:4]]
+        tiles_ = (swept if mode == "pre" or name == "q32r"
+                  else [tuple(r["tile"]) for r in res[f"{name}_pre"][:4]])
         runs: list[dict[str, Any]] = []
         for tile in tiles_:
 
@@ -1314,7 +1373,7 @@ def sweep_repacked(res: dict[str, Any], name: str,
 
             err = checked(one, want, ws[0], outs[0], add, f"{label} {list(tile)}", tol=1e-2)
             err_x = checked(one, exact, ws[0], outs[0], add, f"{label} {list(tile)} (x)",
-                            tol=1e-1)  # (reported: x's rounding, through SwiGLU ~2e-2)
+                            tol=1e-1)  # (reported: x's rounding, ~1e-2 through SwiGLU)
             us = chain_us(one, ws, outs)
             runs.append({"us": us, "tile": list(tile), "err": err, "err_x": err_x})
         runs.sort(key=lambda r: r["us"])
@@ -1376,11 +1435,15 @@ def empty_xq(k: int, device: str | torch.device) -> XQ:
             torch.empty(k // 16, dtype=torch.int32, device=device))
 
 
-def pick(swept: dict[str, Any], key: str, default: tuple[int, ...]) -> tuple[int, ...]:
-    """The best ``pre`` tile this run's sweep of product ``key`` found, else ``default``."""
+def pick(swept: dict[str, Any], key: str, default: tuple[int, ...],
+         rows: int = 0) -> tuple[int, ...]:
+    """The best tile (of ``rows`` rows, if given) this run's sweep of product ``key`` found
+    (``pre``; q32r only waits first), else ``default``."""
     for label, runs in swept.get(key, {}).items():
-        if label in ("q4kr_pre", "q6kr_pre", "q32r_pre") and runs:
-            return tuple(runs[0]["tile"])
+        if label in ("q4kr_pre", "q6kr_pre", "q32r_pdl"):
+            for r in runs:
+                if not rows or r["tile"][0] == rows:
+                    return tuple(r["tile"])
     return default
 
 
@@ -1445,10 +1508,14 @@ def run_layers(model: str, log: list[str], swept: dict[str, Any]) -> dict[str, A
     small = model == "0.5B"
     t_wo = pick(swept, f"{model}:{'woq5' if small else 'wo'}", (32, 1, 6, 1))
     t_w13 = pick(swept, f"{model}:{'w13q5' if small else 'w13'}", (32, 2, 1, 1))
+    # (QOUT needs 64 rows a program: run 237 took the best tile's blocks an iteration for it,
+    # one, where 64 rows want four for the 0.5B: 11.93 µs against 6.00)
+    t_fused = pick(swept, f"{model}:{'w13q5' if small else 'w13'}", (64, 2, 1, 2), rows=64)
     t_w2 = pick(swept, f"{model}:w2", (32, 2, 16, 1))
     t_w2q6 = pick(swept, f"{model}:w2q6", (32, 2, 16, 1))
     t_out = pick(swept, f"{model}:{'outq8' if small else 'outq6'}", (64, 2, 1, 2))
-    res["tiles"] = {"wo": t_wo, "w13": t_w13, "w2": t_w2, "w2q6": t_w2q6, "out": t_out}
+    res["tiles"] = {"wo": t_wo, "w13": t_w13, "fused": t_fused, "w2": t_w2, "w2q6": t_w2q6,
+                    "out": t_out}
     say(f"tiles {res['tiles']}")
 
     def mat(rows: int, k: int, fmt: str, swiglu: bool = False) -> tuple[torch.Tensor, ...]:
@@ -1498,7 +1565,7 @@ def run_layers(model: str, log: list[str], swept: dict[str, Any]) -> dict[str, A
                 prod(xa, wo, h, f_in, t_wo)
             quantize_into(h, xh)
             if fused:
-                prod(xh, w13, act, f_in, (64, t_w13[1], 1, 2), swiglu=True, add=False,
+                prod(xh, w13, act, f_in, t_fused, swiglu=True, add=False,
                      qout=xf)
             else:
                 prod(xh, w13, act, f_in, t_w13, swiglu=True, add=False)
@@ -1540,6 +1607,10 @@ def main(argv: list[str] | None = None) -> int:
                          "for Q6_K, the only form for the Q6_K products), q32r (the same "
                          "for Q5_0 and Q8_0)")
     ap.add_argument("--no-reads", action="store_true", help="leave out the pure reads")
+    ap.add_argument("--tprobe", type=int, default=1, metavar="T",
+                    help="T > 1: also today's bf16 product at T rows (its verify tile) and the "
+                         "Q4_K repacked form's best tiles with T rows of x added into one "
+                         "product (a verify step's arithmetic on one step's bytes)")
     ap.add_argument("--layers", nargs="*", choices=("1.5B", "0.5B"), metavar="MODEL",
                     help="after the products, each named model's (1.5B, 0.5B; none named: the "
                          "1.5B) layer products "
@@ -1564,7 +1635,7 @@ def main(argv: list[str] | None = None) -> int:
                            "read_tiles": args.read_tiles}
     for p in picked:
         model, name = p.split(":")
-        res[p] = run_product(model, name, sms, log, variants, not args.no_reads)
+        res[p] = run_product(model, name, sms, log, variants, not args.no_reads, args.tprobe)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "q4k.json").write_text(json.dumps(res, indent=1))
     for model in (args.layers or ["1.5B"]) if args.layers is not None else []:

@@ -1166,6 +1166,7 @@ def test_the_repacked_q6k_product_computes_the_blocks_times_int8_x(mode: str) ->
     n, k = 10, 3 * 256
     g = torch.Generator().manual_seed(5)
     w = bq.random_blocks6(n, k, "cpu", g)
+    w.view(n, -1, bq.Q6_BYTES)[::2, :, 209] |= 0x80  # d negative in half the rows (as files)
     x = torch.randn(k, generator=g)
     xq = bq.quantize_x(x)
     want = bq.reference6(xq, w)
@@ -1198,11 +1199,14 @@ def test_the_quantizing_kernel_writes_what_quantize_x_computes() -> None:
     g = torch.Generator().manual_seed(3)
     x = torch.randn(50 * 32, generator=g) * 3
     x[32:64] = 0
-    x[70] = 63.5 * x[64:96].abs().max() / 127  # (a half to round: even)
+    x[64:96] = torch.linspace(-1.0, 1.0, 32)  # group 2: a scale of 1/127, exactly
+    x[70] = 62.5 / 127  # (x / s = 62.5 exactly: half to even rounds to 62, away from zero 63)
     for xx in (x, x.to(torch.bfloat16)):
         want = bq.quantize_x(xx.float())
         got = bq.empty_xq(xx.numel(), "cpu")
         bq.quantize_into(xx, got, groups=8, gdc=False)
+        if xx.dtype == torch.float32:
+            assert got[0].view(torch.int8)[70] == 62
         assert torch.equal(got[0], want[0]) and torch.equal(got[3], want[3])
         assert torch.equal(got[1], want[1])
         assert torch.allclose(got[2], want[2], rtol=1e-6, atol=1e-5)
@@ -1246,6 +1250,8 @@ def test_the_repacked_32_weight_blocks_compute_the_decode_times_int8_x(fmt: str,
     n, k = 10, 3 * 128
     g = torch.Generator().manual_seed(17)
     w = bq.random_blocks32(2 * n if swiglu else n, k, fmt, "cpu", g)
+    size = bq.Q8_BYTES if fmt == "q8_0" else bq.Q5_BYTES
+    w.view(w.shape[0], -1, size)[:, 1::3, 1] |= 0x80  # some blocks' d negative
     x = torch.randn(k, generator=g)
     xq = bq.quantize_x(x)
     xd = (xq[0].view(torch.int8).float().reshape(-1, 32) * xq[1][:, None]).reshape(-1)
@@ -1276,6 +1282,29 @@ def test_the_repacked_32_weight_blocks_compute_the_decode_times_int8_x(fmt: str,
     with pytest.raises(ValueError, match="do not match x"):
         bq.q32r_product(bq.quantize_x(torch.randn(256)), packed, out, fmt=fmt, swiglu=False,
                         add=True, rows=8, blocks=1, split=1, warps=1, gdc=False)
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_the_repacked_q4k_probe_adds_the_products_of_several_rows_of_x(swiglu: bool) -> None:
+    # --tprobe times a verify step's arithmetic on one step's bytes: T rows of x, each row's
+    # product (its own int8 scales) added into one, so the result is the sum of the rows'
+    # products (SwiGLU over the summed halves); a row count x does not hold is refused
+    import bench_q4k as bq
+
+    n, k, t = 10, 3 * 256, 3
+    g = torch.Generator().manual_seed(19)
+    w = bq.random_blocks(2 * n if swiglu else n, k, "cpu", g)
+    x = torch.randn(t, k, generator=g) * torch.tensor([[1.0], [10.0], [0.1]])
+    lin = sum(bq.reference_q(bq.quantize_x(r), r, w, False) for r in x)
+    want = torch.nn.functional.silu(lin[:n]) * lin[n:] if swiglu else lin
+    out = torch.full((n,), POISON)
+    packed = bq.repack(w, swiglu)
+    bq.q4kr_product(bq.quantize_rows(x), packed, out, swiglu=swiglu, add=False, mode="pre",
+                    rows=16, blocks=2, split=1, warps=1, gdc=False, tokens=t)
+    assert torch.allclose(out, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="3 rows"):
+        bq.q4kr_product(bq.quantize_rows(x[:2]), packed, out, swiglu=swiglu, add=False,
+                        mode="pre", rows=16, blocks=2, split=1, warps=1, gdc=False, tokens=3)
 
 
 def test_the_repacked_q4k_product_refuses_mismatched_shapes() -> None:
