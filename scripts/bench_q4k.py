@@ -577,6 +577,19 @@ def _dp4a(a, b, c, DP4A: tl.constexpr):
 
 
 @triton.jit
+def _rheaders(hdr_ptr, b4, M, rr, jj, bm):
+    """``hdr [NB, 5, M]``'s word 0 and the four groups' words of blocks ``b4`` ([BB, 1, 1, 1])
+    for rows ``rr``, each as [BB, 1, 4, RB] (word 0 repeated over the groups: the nibbles'
+    layout, so nothing meets it through shared memory)."""
+    r4 = rr[None, None, None, :]
+    h0 = tl.load(hdr_ptr + b4 * 5 * M + 0 * jj[None, None, :, None] + r4, mask=bm, other=0,
+                 eviction_policy="evict_first")
+    hs = tl.load(hdr_ptr + (b4 * 5 + 1 + jj[None, None, :, None]) * M + r4, mask=bm, other=0,
+                 eviction_policy="evict_first")
+    return h0, hs
+
+
+@triton.jit
 def _rchunk_loads(nib_ptr, hdr_ptr, b0, NB, M, rr, rmask, jj, BB: tl.constexpr):
     """Blocks b0 .. b0 + BB - 1 of rows ``rr`` (past ``NB`` or ``rmask`` masked to zero): the
     nibble words as eight [BB, 1, 4 (j), RB] loads, one an i (a load of all eight as one
@@ -595,11 +608,7 @@ def _rchunk_loads(nib_ptr, hdr_ptr, b0, NB, M, rr, rmask, jj, BB: tl.constexpr):
          tl.load(p + 20 * M, mask=bm, other=0, eviction_policy="evict_first"),
          tl.load(p + 24 * M, mask=bm, other=0, eviction_policy="evict_first"),
          tl.load(p + 28 * M, mask=bm, other=0, eviction_policy="evict_first"))
-    r4 = rr[None, None, None, :]
-    h0 = tl.load(hdr_ptr + b4 * 5 * M + 0 * jj[None, None, :, None] + r4, mask=bm, other=0,
-                 eviction_policy="evict_first")
-    hs = tl.load(hdr_ptr + (b4 * 5 + 1 + jj[None, None, :, None]) * M + r4, mask=bm, other=0,
-                 eviction_policy="evict_first")
+    h0, hs = _rheaders(hdr_ptr, b4, M, rr, jj, bm)
     return q, h0, hs
 
 
@@ -799,11 +808,7 @@ def _r6chunk_loads(nib_ptr, hdr_ptr, b0, NB, M, rr, rmask, jj, BB: tl.constexpr)
          tl.load(p + 36 * M, mask=bm, other=0, eviction_policy="evict_first"),
          tl.load(p + 40 * M, mask=bm, other=0, eviction_policy="evict_first"),
          tl.load(p + 44 * M, mask=bm, other=0, eviction_policy="evict_first"))
-    r4 = rr[None, None, None, :]
-    h0 = tl.load(hdr_ptr + b4 * 5 * M + 0 * jj[None, None, :, None] + r4, mask=bm, other=0,
-                 eviction_policy="evict_first")
-    hs = tl.load(hdr_ptr + (b4 * 5 + 1 + jj[None, None, :, None]) * M + r4, mask=bm, other=0,
-                 eviction_policy="evict_first")
+    h0, hs = _rheaders(hdr_ptr, b4, M, rr, jj, bm)
     return q, h0, hs
 
 
