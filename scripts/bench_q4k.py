@@ -517,7 +517,7 @@ def repack(w: torch.Tensor, swiglu: bool) -> tuple[torch.Tensor, torch.Tensor]:
     m, rs = w.shape
     nb = rs // BLOCK_BYTES
     if swiglu:
-        w = torch.stack([w[: m // 2], w[m // 2 :]], dim=1).reshape(m, rs)
+        w = interleaved(w)
     blk = w.contiguous().reshape(m, nb, BLOCK_BYTES)
     words = blk.view(torch.int32)  # [M, NB, 36]
     nib = words[:, :, 4:][:, :, WORD_OF].permute(1, 2, 0).contiguous()
@@ -545,11 +545,31 @@ def quantize_x(x: torch.Tensor) -> XQ:
     return q8.view(torch.int32), s.reshape(-1), g.sum(dim=1), s16
 
 
+def x_words(xq: XQ) -> torch.Tensor:
+    """The float32 x that ``quantize_x``'s int8 words and scales stand for (what the repacked
+    products multiply by)."""
+    return (xq[0].view(torch.int8).float().reshape(-1, 32) * xq[1][:, None]).reshape(-1)
+
+
+def interleaved(w: torch.Tensor) -> torch.Tensor:
+    """Rows [gate; up] as gate 0, up 0, gate 1, ...: a thread's four rows hold two pairs."""
+    m = w.shape[0]
+    return torch.stack([w[: m // 2], w[m // 2 :]], dim=1).reshape(w.shape)
+
+
+def d_words(blk: torch.Tensor, at: int) -> torch.Tensor:
+    """Each block's f16 d (bytes ``at``, ``at`` + 1 of [M, NB, bytes]) padded to an int32 word
+    [M, NB]: low half d's bits, high half zero."""
+    d = torch.zeros(*blk.shape[:2], 4, dtype=torch.uint8, device=blk.device)
+    d[:, :, :2] = blk[:, :, at : at + 2]
+    return d.view(torch.int32).reshape(blk.shape[:2])
+
+
 def reference_q(xq: XQ, x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> torch.Tensor:
     """What ``_q4kr_product`` computes, in float32 torch: the blocks' d * scale * q part times
     the x ``quantize_x``'s words stand for, their dmin * min part times x itself."""
     k = x.numel()
-    xd = (xq[0].view(torch.int8).float().reshape(-1, 32) * xq[1][:, None]).reshape(-1)
+    xd = x_words(xq)
     parts = []
     for zero in (slice(2, 4), slice(0, 2)):  # dmin zeroed: the scale part; d zeroed: the mins
         wz = w.reshape(w.shape[0], -1, BLOCK_BYTES).clone()
@@ -577,6 +597,17 @@ def _dp4a(a, b, c, DP4A: tl.constexpr):
 
 
 @triton.jit
+def _words4(p, M, bm):
+    """Four positions' words (memory positions p, p + 4, p + 8, p + 12 of a block, rows M
+    apart) as a tuple: the repacked forms load a block's words as such tuples, one load a word,
+    so that x's loads can be small enough to take the words' layout (``_rchunk_loads``)."""
+    return (tl.load(p, mask=bm, other=0, eviction_policy="evict_first"),
+            tl.load(p + 4 * M, mask=bm, other=0, eviction_policy="evict_first"),
+            tl.load(p + 8 * M, mask=bm, other=0, eviction_policy="evict_first"),
+            tl.load(p + 12 * M, mask=bm, other=0, eviction_policy="evict_first"))
+
+
+@triton.jit
 def _rheaders(hdr_ptr, b4, M, rr, jj, bm):
     """``hdr [NB, 5, M]``'s word 0 and the four groups' words of blocks ``b4`` ([BB, 1, 1, 1])
     for rows ``rr``, each as [BB, 1, 4, RB] (word 0 repeated over the groups: the nibbles'
@@ -600,14 +631,7 @@ def _rchunk_loads(nib_ptr, hdr_ptr, b0, NB, M, rr, rmask, jj, BB: tl.constexpr):
     bm = (bb < NB)[:, None, None, None] & rmask[None, None, None, :]
     b4 = bb[:, None, None, None]
     p = nib_ptr + (b4 * 32 + jj[None, None, :, None]) * M + rr[None, None, None, :]
-    q = (tl.load(p, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 4 * M, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 8 * M, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 12 * M, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 16 * M, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 20 * M, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 24 * M, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 28 * M, mask=bm, other=0, eviction_policy="evict_first"))
+    q = (_words4(p, M, bm), _words4(p + 16 * M, M, bm))
     h0, hs = _rheaders(hdr_ptr, b4, M, rr, jj, bm)
     return q, h0, hs
 
@@ -632,13 +656,14 @@ def _rchunk_fma(q, h0, hs, xw_ptr, xs_ptr, xsum_ptr, b0, NB, jj, BB: tl.constexp
     mn_hi = ((hs >> 24) & 0xFF).to(tl.float32)
     for t in tl.static_range(TOK):
         xp = xw_ptr + t * NB * 64 + b4 * 64 + 16 * jj[None, None, :, None]  # pair j's words
-        s_lo = tl.zeros(q[0].shape, tl.int32)
-        s_hi = tl.zeros(q[0].shape, tl.int32)
+        s_lo = tl.zeros(q[0][0].shape, tl.int32)
+        s_hi = tl.zeros(q[0][0].shape, tl.int32)
         for i in tl.static_range(8):
             x_lo = tl.load(xp + i, mask=bm, other=0)
             x_hi = tl.load(xp + 8 + i, mask=bm, other=0)
-            s_lo = _dp4a(q[i] & 0x0F0F0F0F, x_lo, s_lo, DP4A)
-            s_hi = _dp4a((q[i] >> 4) & 0x0F0F0F0F, x_hi, s_hi, DP4A)
+            w = q[i // 4][i % 4]
+            s_lo = _dp4a(w & 0x0F0F0F0F, x_lo, s_lo, DP4A)
+            s_hi = _dp4a((w >> 4) & 0x0F0F0F0F, x_hi, s_hi, DP4A)
         gi = t * NB * 8 + b4 * 8 + 2 * jj[None, None, :, None]  # sub-block 2j of block b
         sx_lo = tl.load(xs_ptr + gi, mask=bm, other=0.0)
         sx_hi = tl.load(xs_ptr + gi + 1, mask=bm, other=0.0)
@@ -781,9 +806,7 @@ def repack6(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     sc = blk[:, :, 192:208]  # int8 bits
     groups = [sc[:, :, [8 * (g // 2) + g % 2 + 2 * s for s in range(4)]] for g in range(4)]
     words = torch.stack(groups, dim=2).contiguous().view(torch.int32).reshape(m, nb, 4)
-    d = torch.zeros(m, nb, 4, dtype=torch.uint8, device=w.device)
-    d[:, :, :2] = blk[:, :, 208:210]
-    hdr = torch.cat([d.view(torch.int32).reshape(m, nb, 1), words], dim=-1)
+    hdr = torch.cat([d_words(blk, 208)[:, :, None], words], dim=-1)
     return nib, hdr.permute(1, 2, 0).contiguous()
 
 
@@ -796,18 +819,7 @@ def _r6chunk_loads(nib_ptr, hdr_ptr, b0, NB, M, rr, rmask, jj, BB: tl.constexpr)
     bm = (bb < NB)[:, None, None, None] & rmask[None, None, None, :]
     b4 = bb[:, None, None, None]
     p = nib_ptr + (b4 * 48 + jj[None, None, :, None]) * M + rr[None, None, None, :]
-    q = (tl.load(p, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 4 * M, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 8 * M, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 12 * M, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 16 * M, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 20 * M, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 24 * M, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 28 * M, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 32 * M, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 36 * M, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 40 * M, mask=bm, other=0, eviction_policy="evict_first"),
-         tl.load(p + 44 * M, mask=bm, other=0, eviction_policy="evict_first"))
+    q = (_words4(p, M, bm), _words4(p + 16 * M, M, bm), _words4(p + 32 * M, M, bm))
     h0, hs = _rheaders(hdr_ptr, b4, M, rr, jj, bm)
     return q, h0, hs
 
@@ -833,14 +845,14 @@ def _r6chunk_fma(q, h0, hs, xw_ptr, xs_ptr, s16_ptr, b0, NB, jj, BB: tl.constexp
     hh = g // 2
     ii = g % 2
     xp = xw_ptr + b4 * 64 + 32 * hh + 4 * ii  # [BB, 1, 4, 1]: word of weight 128h + 4t, t = 4i
-    a0 = tl.zeros(q[0].shape, tl.int32)
-    a1 = tl.zeros(q[0].shape, tl.int32)
-    a2 = tl.zeros(q[0].shape, tl.int32)
-    a3 = tl.zeros(q[0].shape, tl.int32)
+    a0 = tl.zeros(q[0][0].shape, tl.int32)
+    a1 = tl.zeros(q[0][0].shape, tl.int32)
+    a2 = tl.zeros(q[0][0].shape, tl.int32)
+    a3 = tl.zeros(q[0][0].shape, tl.int32)
     for u in tl.static_range(4):
-        la = q[u]
-        lb = q[4 + u]
-        hq = q[8 + u]
+        la = q[0][u]
+        lb = q[1][u]
+        hq = q[2][u]
         a0 = _dp4a((la & 0x0F0F0F0F) | ((hq << 4) & 0x30303030),
                    tl.load(xp + u, mask=bm, other=0), a0, DP4A)
         a1 = _dp4a((lb & 0x0F0F0F0F) | ((hq << 2) & 0x30303030),
@@ -849,7 +861,7 @@ def _r6chunk_fma(q, h0, hs, xw_ptr, xs_ptr, s16_ptr, b0, NB, jj, BB: tl.constexp
                    tl.load(xp + 16 + u, mask=bm, other=0), a2, DP4A)
         a3 = _dp4a(((lb >> 4) & 0x0F0F0F0F) | ((hq >> 2) & 0x30303030),
                    tl.load(xp + 24 + u, mask=bm, other=0), a3, DP4A)
-    d = (h0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    d, _ = _d_dmin(h0)  # (its high half is zero)
     part = _r6_sub(0, hs, xs_ptr, s16_ptr, b4, hh, ii, bm, a0)
     part += _r6_sub(1, hs, xs_ptr, s16_ptr, b4, hh, ii, bm, a1)
     part += _r6_sub(2, hs, xs_ptr, s16_ptr, b4, hh, ii, bm, a2)
@@ -908,7 +920,7 @@ def q6kr_product(xq: XQ, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
 def reference6(xq: XQ, w: torch.Tensor) -> torch.Tensor:
     """What ``_q6kr_product`` computes, in float32 torch: the file's decode (dequant.py) times
     the x ``quantize_x``'s words stand for."""
-    xd = (xq[0].view(torch.int8).float().reshape(-1, 32) * xq[1][:, None]).reshape(-1)
+    xd = x_words(xq)
     k = xd.numel()
     return _q6_k(w.reshape(-1, Q6_BYTES)).reshape(w.shape[0], k) @ xd
 
@@ -942,13 +954,11 @@ def repack32(w: torch.Tensor, fmt: str, swiglu: bool = False) -> tuple[torch.Ten
     size = Q8_BYTES if fmt == "q8_0" else Q5_BYTES
     m, rs = w.shape
     if swiglu:
-        w = torch.stack([w[: m // 2], w[m // 2 :]], dim=1).reshape(m, rs)
+        w = interleaved(w)
     nb = rs // size
     ns = nb // 4
     blk = w.contiguous().reshape(m, nb, size)
-    d = torch.zeros(m, nb, 4, dtype=torch.uint8, device=w.device)
-    d[:, :, :2] = blk[:, :, :2]
-    dw = d.view(torch.int32).reshape(m, ns, 4)  # [M, NS, 4 (j)]
+    dw = d_words(blk, 0).reshape(m, ns, 4)  # [M, NS, 4 (j)]
     q = blk[:, :, (2 if fmt == "q8_0" else 6):].contiguous().view(torch.int32)  # [M, NB, NW]
     nw = q.shape[2]
     qs = q.reshape(m, ns, 4, nw).permute(1, 3, 2, 0).reshape(ns, nw * 4, m).contiguous()
@@ -1000,7 +1010,7 @@ def _q32_fma(qs_ptr, hdr_ptr, xw_ptr, xs_ptr, s16_ptr, b0, NS, M, rr, rmask, jj,
         for i in tl.static_range(8):
             w = tl.load(p + 4 * i * M, mask=bm, other=0, eviction_policy="evict_first")
             s = _dp4a(w, tl.load(xp + i, mask=xm, other=0), s, DP4A)
-    df = (d & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    df, _ = _d_dmin(d)  # (its high half: Q5_0's and Q8_0's d words hold d alone)
     sx = tl.load(xs_ptr + blk, mask=xm, other=0.0)
     acc += df * sx * s.to(tl.float32)
     return acc
@@ -1344,7 +1354,7 @@ def run_repacked32(res: dict[str, Any], x: torch.Tensor, w32: list[torch.Tensor]
     tile timed once, waiting first (``q32r_pdl``; run 237 timed each twice, as ``_pre`` too)."""
     xq = quantize_x(x)
     ws = [repack32(w, fmt, swiglu) for w in w32]
-    xd = (xq[0].view(torch.int8).float().reshape(-1, 32) * xq[1][:, None]).reshape(-1)
+    xd = x_words(xq)
     want = reference(xd, decoded32(w32[0], k, fmt), swiglu)
     exact = reference(x, decoded32(w32[0], k, fmt), swiglu)
 

@@ -1254,7 +1254,7 @@ def test_the_repacked_32_weight_blocks_compute_the_decode_times_int8_x(fmt: str,
     w.view(w.shape[0], -1, size)[:, 1::3, 1] |= 0x80  # some blocks' d negative
     x = torch.randn(k, generator=g)
     xq = bq.quantize_x(x)
-    xd = (xq[0].view(torch.int8).float().reshape(-1, 32) * xq[1][:, None]).reshape(-1)
+    xd = bq.x_words(xq)
     want = bq.reference(xd, bq.decoded32(w, k, fmt), swiglu)
     packed = bq.repack32(w, fmt, swiglu)
     for rows, blocks in ((8, 1), (16, 2), (32, 4)):
