@@ -748,7 +748,9 @@ def q4kr_product(xq: XQ, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
     (``rows`` a multiple of 4; ``split`` > 1 adds into float32, not SwiGLU); ``qout``: buffers
     (``empty_xq``) for the SwiGLU output quantized too (64 rows a program); ``tokens`` > 1:
     ``xq`` holds that many rows of x (``quantize_rows``), whose products are added into one
-    (``--tprobe``: a verify step's arithmetic on one step's bytes)."""
+    (``--tprobe``: a verify step's arithmetic on one step's bytes). ``gdc`` False is for
+    Triton's interpreter: no PDL calls, and dp4a emulated by shifts (the repacked wrappers
+    alike)."""
     nib, hdr = w
     nb, _, m = nib.shape
     if qout is not None and not (swiglu and rows == 64 and m % 64 == 0):
