@@ -774,6 +774,126 @@ def quantize_rows(x: torch.Tensor) -> XQ:
             torch.cat([q[2] for q in parts]), torch.cat([q[3] for q in parts]))
 
 
+# Session 28's verify form (``q4km``): T rows of x against the same Q4_K blocks with int8
+# matrix instructions, llama.cpp's MMQ arithmetic in Triton. Each sub-block of 32 is one
+# [rows, 32] x [32, T] int8 product (wgmma or mma.sync, as Triton picks), its int32 sums scaled
+# by d * scale (the row's) and x's scale (the token's), less dmin * min * the token's float sum.
+#   qs  [NB, 4, M, 32] uint8: chunk c of every row's block b, the file's bytes (low nibbles
+#       sub-block 2c, high 2c + 1), 32 contiguous a row: a K-major operand as the file has it
+#   hdr ``repack``'s [NB, 5, M] (148 bytes a block with the nibbles, as q4kr)
+# x: ``quantize_cols``: int8 [BT, K] (token rows, padded with zeros to BT), scales and float
+# sums [BT, K / 32].
+
+
+def repack_mma(w: torch.Tensor, swiglu: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 [M, NB * 144] file-order Q4_K rows -> (qs, hdr) above (exact: the nibble bytes
+    moved, the headers as ``repack``'s); SwiGLU rows interleaved as ``repack``'s."""
+    m, rs = w.shape
+    nb = rs // BLOCK_BYTES
+    wi = interleaved(w) if swiglu else w
+    qs = wi.reshape(m, nb, BLOCK_BYTES)[:, :, 16:].reshape(m, nb, 4, 32)
+    return qs.permute(1, 2, 0, 3).contiguous(), repack(w, swiglu)[1]
+
+
+XM = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def quantize_cols(x: torch.Tensor, bt: int = 16) -> XM:
+    """x float32 [T, K] -> ``quantize_x`` of each row, laid out for ``_q4km_product``: int8
+    [bt, K], scales [bt, K / 32], float sums [bt, K / 32], rows past T zero."""
+    t, k = x.shape
+    if not 0 < t <= bt:
+        raise ValueError(f"{t} rows of x do not fit a tile of {bt}")
+    xq8 = torch.zeros(bt, k, dtype=torch.int8, device=x.device)
+    xs = torch.zeros(bt, k // 32, device=x.device)
+    xsum = torch.zeros(bt, k // 32, device=x.device)
+    for i, r in enumerate(x):
+        q = quantize_x(r)
+        xq8[i], xs[i], xsum[i] = q[0].view(torch.int8), q[1], q[2]
+    return xq8, xs, xsum
+
+
+@triton.jit
+def _q4km_product(xq_ptr, xs_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, M, NB, T,
+                  SWIGLU: tl.constexpr, ADD: tl.constexpr, BM: tl.constexpr,
+                  BT: tl.constexpr, SPLIT: tl.constexpr, GDC: tl.constexpr = 1):
+    """out [T, rows] (+)= W . x for T rows of x: ``BM`` rows a program, blocks sid, sid +
+    SPLIT, ... (a split adds atomically into float32). Waits first, as today's verify
+    products do (their weight prologue lost, session 6)."""
+    pid = tl.program_id(0)
+    sid = tl.program_id(1)
+    rr = pid * BM + tl.arange(0, BM)
+    rmask = rr < M
+    tt = tl.arange(0, BT)
+    ii = tl.arange(0, 32)
+    k = NB * 256
+    acc = tl.zeros([BM, BT], tl.float32)
+    if GDC:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    for b in range(sid, NB, SPLIT):
+        d, dmin = _d_dmin(tl.load(hdr_ptr + b * 5 * M + rr, mask=rmask, other=0,
+                                  eviction_policy="evict_first"))
+        for c in tl.static_range(4):
+            hs = tl.load(hdr_ptr + (b * 5 + 1 + c) * M + rr, mask=rmask, other=0,
+                         eviction_policy="evict_first")
+            byt = tl.load(qs_ptr + ((b * 4 + c) * M + rr[:, None]) * 32 + ii[None, :],
+                          mask=rmask[:, None], other=0, eviction_policy="evict_first")
+            g = b * 8 + 2 * c  # sub-blocks g (low nibbles) and g + 1 (high)
+            s_lo = tl.dot((byt & 15).to(tl.int8), tl.load(xq_ptr + tt[None, :] * k + g * 32
+                                                          + ii[:, None]), out_dtype=tl.int32)
+            s_hi = tl.dot((byt >> 4).to(tl.int8), tl.load(xq_ptr + tt[None, :] * k + g * 32
+                                                          + 32 + ii[:, None]),
+                          out_dtype=tl.int32)
+            gx = tt * (NB * 8) + g
+            sc_lo = (hs & 0xFF).to(tl.float32)[:, None]
+            sc_hi = ((hs >> 8) & 0xFF).to(tl.float32)[:, None]
+            mn_lo = ((hs >> 16) & 0xFF).to(tl.float32)[:, None]
+            mn_hi = ((hs >> 24) & 0xFF).to(tl.float32)[:, None]
+            acc += d[:, None] * (sc_lo * tl.load(xs_ptr + gx)[None, :] * s_lo.to(tl.float32)
+                                 + sc_hi * tl.load(xs_ptr + gx + 1)[None, :]
+                                 * s_hi.to(tl.float32))
+            acc -= dmin[:, None] * (mn_lo * tl.load(xsum_ptr + gx)[None, :]
+                                    + mn_hi * tl.load(xsum_ptr + gx + 1)[None, :])
+    tmask = tt < T
+    if SWIGLU:  # interleaved rows: a program's BM rows are BM / 2 (gate, up) pairs
+        gate, up = tl.split(tl.reshape(tl.permute(acc, (1, 0)), [BT, BM // 2, 2]))
+        o = pid * (BM // 2) + tl.arange(0, BM // 2)
+        act = gate * tl.sigmoid(gate) * up
+        tl.store(out_ptr + tt[:, None] * (M // 2) + o[None, :],
+                 act.to(out_ptr.dtype.element_ty),
+                 mask=tmask[:, None] & (o < M // 2)[None, :])
+    else:
+        at = out_ptr + tt[None, :] * M + rr[:, None]
+        om = tmask[None, :] & rmask[:, None]
+        if SPLIT > 1:
+            tl.atomic_add(at, acc, mask=om, sem="relaxed")
+        else:
+            if ADD:
+                acc += tl.load(at, mask=om, other=0.0).to(tl.float32)
+            tl.store(at, acc.to(out_ptr.dtype.element_ty), mask=om)
+
+
+def q4km_product(xm: XM, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor, *,
+                 tokens: int, swiglu: bool, add: bool, rows: int, split: int, warps: int,
+                 gdc: bool = True) -> None:
+    """``w``: ``repack_mma``'s (qs, hdr); ``xm``: ``quantize_cols``'s; out [tokens, rows]
+    (SwiGLU: [tokens, rows / 2]); ``rows`` a power of two of at least 16; ``split`` > 1 adds
+    into float32 (not SwiGLU). ``gdc`` False: Triton's interpreter (no PDL calls)."""
+    qs, hdr = w
+    nb, _, m, _ = qs.shape
+    bt = xm[0].shape[0]
+    if xm[0].shape[1] != nb * QK_K or hdr.shape != (nb, 5, m) or not 0 < tokens <= bt:
+        raise ValueError(f"blocks [{nb}, 4, {m}, 32] do not match x {list(xm[0].shape)} "
+                         f"of {tokens} rows")
+    if split > 1 and (swiglu or not add or out.dtype != torch.float32):
+        raise ValueError("a split Q4_K product adds into float32 (not SwiGLU)")
+    extra = {"launch_pdl": True} if gdc else {}
+    _q4km_product[(triton.cdiv(m, rows), split)](
+        *xm, qs, hdr, out, m, nb, tokens, SWIGLU=swiglu, ADD=add, BM=rows, BT=bt,
+        SPLIT=split, GDC=int(gdc), num_warps=warps, **extra)
+
+
 # Run 232's Q6_K form, as run 231's: a block's 256 weights are 16 sub-blocks of 16, each an
 # int8 scale, q in 0-63 less 32: four bits in ql (128 bytes), two in qh (64 bytes). In each half
 # of the block (h), qh word t (bytes 4t .. 4t + 3) and ql words t and t + 8 hold weights
@@ -1230,6 +1350,8 @@ def run_product(model: str, name: str, sms: int, log: list[str], variants: set[s
         run_q4k_forms(res, x, w4, outs, swiglu, add, k, variants, say)
         if "q4kr" in variants:
             run_repacked(res, x, w4, outs, swiglu, add, k, say, tprobe)
+        if "q4km" in variants and tprobe > 1:
+            run_mma(res, w4, n, swiglu, add, k, tprobe, say)
         del w4
     best16 = min(res["ours_pdl1"], res["ours_pdl2"])
     tops = [v[0]["us"] for lb, v in res.items() if lb.startswith("q") and isinstance(v, list)
@@ -1328,6 +1450,61 @@ def run_repacked(res: dict[str, Any], x: torch.Tensor, w4: list[torch.Tensor],
     res[f"q4kr_t{tprobe}"] = runs
     say(f"q4kr T = {tprobe} (rows added): best {runs[0]['us']:.2f} us, tile {runs[0]['tile']}, "
         f"err {runs[0]['err']:.1e}; T = 1 {res['q4kr_pre'][0]['us']:.2f}")
+
+
+def mtiles(swiglu: bool, add: bool, nb: int) -> list[tuple[int, int, int]]:
+    """(rows, split, warps) swept for ``q4km``: 32-128 rows a program on 4 or 8 warps (32 rows
+    compile to mma.sync, 64 and more to wgmma for sm_90), split over K (atomics) where the
+    product adds and a program would still have a block."""
+    out = []
+    for r, ws in ((32, (4,)), (64, (4,)), (128, (4, 8))):
+        for sp in ((1, 2, 3, 4, 6, 8, 16) if add and not swiglu else (1,)):
+            if sp <= nb:
+                out.extend((r, sp, w) for w in ws)
+    return out
+
+
+def run_mma(res: dict[str, Any], w4: list[torch.Tensor], n: int, swiglu: bool, add: bool,
+            k: int, tokens: int, say: Callable[[str], None]) -> None:
+    """``q4km`` (``--tprobe T``): a verify step's product, T rows of x each with its own
+    output, over ``repack_mma``'s copies of the same blocks; each tile checked against what it
+    computes (``reference_q`` a row) and against x itself (reported), then its chain timed,
+    beside today's bf16 verify product at the same T (``ours_t*``). x's quantizing kernel is
+    not in the time (the one-token forms' is not either; ``--layers`` adds it there)."""
+    g = torch.Generator(device=w4[0].device).manual_seed(1)
+    xt = torch.randn(tokens, k, device=w4[0].device, generator=g)
+    xm = quantize_cols(xt)
+    ws = [repack_mma(w, swiglu) for w in w4]
+    dec = decoded(w4[0], k)
+    want = torch.stack([reference_q(quantize_x(r), r, w4[0], swiglu) for r in xt]).reshape(-1)
+    exact = torch.stack([reference(r, dec, swiglu) for r in xt]).reshape(-1)
+    odt = torch.bfloat16 if swiglu else torch.float32
+    outs = [torch.zeros(tokens, n, device=w4[0].device, dtype=odt) for _ in ws]
+    runs: list[dict[str, Any]] = []
+    for tile in mtiles(swiglu, add, k // QK_K):
+        rows, split, warps = tile
+
+        def one(w: Any, o: torch.Tensor, rows: int = rows, split: int = split,
+                warps: int = warps) -> None:
+            q4km_product(xm, w, o, tokens=tokens, swiglu=swiglu, add=add, rows=rows,
+                         split=split, warps=warps)
+
+        err = checked(one, want, ws[0], outs[0], add, f"q4km T={tokens} {list(tile)}",
+                      tol=1e-2)
+        err_x = checked(one, exact, ws[0], outs[0], add, f"q4km T={tokens} {list(tile)} (x)",
+                        tol=1e-1)
+        runs.append({"us": chain_us(one, ws, outs), "tile": list(tile), "err": err,
+                     "err_x": err_x})
+    runs.sort(key=lambda r: r["us"])
+    res[f"q4km_t{tokens}"] = runs
+    top = runs[0]
+    best16 = min(res.get(f"ours_t{tokens}_pdl1", float("inf")),
+                 res.get(f"ours_t{tokens}_pdl2", float("inf")))
+    res[f"ratio_q4km_t{tokens}_to_ours"] = round(top["us"] / best16, 3)
+    say(f"q4km T = {tokens}: best {top['us']:.2f} us (bf16 verify {best16:.2f}: "
+        f"{top['us'] / best16:.3f}x), tile {top['tile']}, err {top['err']:.1e} (against x "
+        f"itself {top['err_x']:.1e}); next "
+        + ", ".join(f"{r['us']:.2f} {r['tile']}" for r in runs[1:4]))
 
 
 def run_repacked6(res: dict[str, Any], x: torch.Tensor, w6: list[torch.Tensor],
@@ -1622,19 +1799,23 @@ def main(argv: list[str] | None = None) -> int:
                          "with the nibbles made floats by their bits), q4kr (run 231's: the "
                          "blocks repacked rows-contiguous, x as int8, dp4a), q6kr (the same "
                          "for Q6_K, the only form for the Q6_K products), q32r (the same "
-                         "for Q5_0 and Q8_0)")
+                         "for Q5_0 and Q8_0), q4km (session 28's verify form: T rows of x "
+                         "through int8 matrix instructions; only with --tprobe)")
     ap.add_argument("--no-reads", action="store_true", help="leave out the pure reads")
     ap.add_argument("--tprobe", type=int, default=1, metavar="T",
-                    help="T > 1: also today's bf16 product at T rows (its verify tile) and the "
-                         "Q4_K repacked form's best tiles with T rows of x added into one "
-                         "product (a verify step's arithmetic on one step's bytes)")
+                    help="T > 1 (at most 16): also today's bf16 product at T rows (its verify "
+                         "tile), the Q4_K repacked form's best tiles with T rows of x added "
+                         "into one product (a verify step's arithmetic on one step's bytes) "
+                         "and, with the q4km variant, the verify form (T outputs)")
     ap.add_argument("--layers", nargs="*", choices=("1.5B", "0.5B"), metavar="MODEL",
                     help="after the products, each named model's (1.5B, 0.5B; none named: the "
                          "1.5B) layer products "
                          "chained as a step (run_layers): bf16 against the file's types, with "
                          "the tiles this run's products found")
     args = ap.parse_args(argv)
-    forms = ("q4k", "q4kx", "q4kb", "q4kbm", "q4kr", "q6kr", "q32r")
+    if not 1 <= args.tprobe <= 16:
+        ap.error(f"--tprobe {args.tprobe}: choose 1 to 16 rows of x (a verify step of k <= 15)")
+    forms = ("q4k", "q4kx", "q4kb", "q4kbm", "q4kr", "q6kr", "q32r", "q4km")
     variants = set(choices(ap, args.variants, forms, "variant"))
     if not variants:
         ap.error("--variants names no form: choose from " + ", ".join(forms))

@@ -1307,6 +1307,53 @@ def test_the_repacked_q4k_probe_adds_the_products_of_several_rows_of_x(swiglu: b
                         mode="pre", rows=16, blocks=2, split=1, warps=1, gdc=False, tokens=3)
 
 
+@pytest.mark.parametrize(("swiglu", "add", "split"),
+                         [(False, False, 1), (False, True, 1), (False, True, 2), (True, False, 1)])
+def test_the_q4k_verify_form_gives_each_row_of_x_its_own_product(swiglu: bool, add: bool,
+                                                                  split: int) -> None:
+    # session 28's q4km: T rows of x through int8 matrix products a sub-block; each row's
+    # output must equal, to float32 rounding, the file's decode times the x its own int8 words
+    # stand for (the mins times x itself), for rows no tile divides (40 in tiles of 32), rows
+    # of x at three scales, a negative d, SwiGLU pairs interleaved, stored, added or split
+    # over K; the padded rows of the tile are never written
+    import bench_q4k as bq
+
+    n, k, t = 40 if not swiglu else 20, 3 * 256, 3
+    g = torch.Generator().manual_seed(23)
+    w = bq.random_blocks(2 * n if swiglu else n, k, "cpu", g)
+    w.view(-1, 3, bq.BLOCK_BYTES)[:, 1, 1] |= 0x80  # block 1's d negative in every row
+    x = torch.randn(t, k, generator=g) * torch.tensor([[1.0], [10.0], [0.1]])
+    want = torch.stack([bq.reference_q(bq.quantize_x(r), r, w, swiglu) for r in x])
+    base = torch.randn(t + 1, n, generator=g) if add else torch.full((t + 1, n), POISON)
+    out = base.clone()
+    bq.q4km_product(bq.quantize_cols(x), bq.repack_mma(w, swiglu), out, tokens=t,
+                    swiglu=swiglu, add=add, rows=32, split=split, warps=1, gdc=False)
+    assert torch.allclose(out[:t], (base[:t] if add else 0) + want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[t:].isnan(), base[t:].isnan())  # the row past T untouched
+    if add:
+        assert torch.equal(out[t:], base[t:])
+    exact = torch.stack([bq.reference(r, bq.decoded(w, k), swiglu) for r in x])
+    assert ((want - exact).norm() / exact.norm()) < 3e-2  # x's int8 rounding, no more
+
+
+def test_the_q4k_verify_form_refuses_what_it_cannot_hold() -> None:
+    import bench_q4k as bq
+
+    w = bq.repack_mma(bq.random_blocks(32, 512, "cpu"), False)
+    with pytest.raises(ValueError, match="do not fit a tile of 16"):
+        bq.quantize_cols(torch.randn(17, 512))
+    with pytest.raises(ValueError, match="do not match x"):
+        bq.q4km_product(bq.quantize_cols(torch.randn(2, 256)), w, torch.zeros(2, 32), tokens=2,
+                        swiglu=False, add=False, rows=32, split=1, warps=1, gdc=False)
+    with pytest.raises(ValueError, match="do not match x"):  # more tokens than the tile holds
+        bq.q4km_product(bq.quantize_cols(torch.randn(2, 512), bt=2), w, torch.zeros(3, 32),
+                        tokens=3, swiglu=False, add=False, rows=32, split=1, warps=1,
+                        gdc=False)
+    with pytest.raises(ValueError, match="adds into float32"):
+        bq.q4km_product(bq.quantize_cols(torch.randn(2, 512)), w, torch.zeros(2, 32), tokens=2,
+                        swiglu=False, add=False, rows=32, split=2, warps=1, gdc=False)
+
+
 def test_the_repacked_q4k_product_refuses_mismatched_shapes() -> None:
     import bench_q4k as bq
 
