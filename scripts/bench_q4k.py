@@ -813,13 +813,50 @@ def quantize_cols(x: torch.Tensor, bt: int = 16) -> XM:
     return xq8, xs, xsum
 
 
+def bf16_cols(x: torch.Tensor, bt: int = 16) -> XM:
+    """x float32 [T, K] -> bf16 [bt, K] (rows past T zero) for ``q4kd`` (its scale and sum
+    buffers unused: the same empty tensor)."""
+    t, k = x.shape
+    if not 0 < t <= bt:
+        raise ValueError(f"{t} rows of x do not fit a tile of {bt}")
+    xb = torch.zeros(bt, k, dtype=torch.bfloat16, device=x.device)
+    xb[:t] = x
+    none = torch.empty(0, device=x.device)
+    return xb, none, none
+
+
+def reference_d(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> torch.Tensor:
+    """What ``q4kd`` computes for each row of x [T, K], in float32 torch: the bf16 weights
+    load-time decoding gives times bf16 x."""
+    dec = decoded(w, x.shape[1]).to(torch.bfloat16).float()
+    return torch.stack([reference(r, dec, swiglu) for r in x.to(torch.bfloat16).float()])
+
+
+@triton.jit
+def _bf16_dot(w, x, acc, GPU: tl.constexpr):
+    """acc + bf16(w) . x (x bf16): the matrix instruction, or (GPU 0, Triton's interpreter,
+    whose bf16 dot multiplies the raw bits and whose float32 -> bf16 truncates) the same
+    rounding to nearest even by the bits and a float32 product."""
+    if GPU:
+        return tl.dot(w.to(tl.bfloat16), x, acc)
+    else:
+        bits = w.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        return tl.dot(bits.to(tl.float32, bitcast=True), x.to(tl.float32), acc,
+                      input_precision="ieee")
+
+
 @triton.jit
 def _q4km_product(xq_ptr, xs_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, M, NB, T,
                   SWIGLU: tl.constexpr, ADD: tl.constexpr, BM: tl.constexpr,
-                  BT: tl.constexpr, SPLIT: tl.constexpr, GDC: tl.constexpr = 1):
+                  BT: tl.constexpr, SPLIT: tl.constexpr, GDC: tl.constexpr = 1,
+                  DEQ: tl.constexpr = 0):
     """out [T, rows] (+)= W . x for T rows of x: ``BM`` rows a program, blocks sid, sid +
     SPLIT, ... (a split adds atomically into float32). Waits first, as today's verify
-    products do (their weight prologue lost, session 6)."""
+    products do (their weight prologue lost, session 6). DEQ 1 (``q4kd``): each sub-block's
+    weights decoded in registers to the bf16 values load-time decoding gives (dequant.py's
+    d * scale * q - dmin * min, rounded once) and multiplied with bf16 x (``xq_ptr`` bf16
+    [BT, K]) by bf16 ``tl.dot``: today's verify arithmetic on the file's bytes."""
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     rr = pid * BM + tl.arange(0, BM)
@@ -840,21 +877,26 @@ def _q4km_product(xq_ptr, xs_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, M, NB, T,
             byt = tl.load(qs_ptr + ((b * 4 + c) * M + rr[:, None]) * 32 + ii[None, :],
                           mask=rmask[:, None], other=0, eviction_policy="evict_first")
             g = b * 8 + 2 * c  # sub-blocks g (low nibbles) and g + 1 (high)
-            s_lo = tl.dot((byt & 15).to(tl.int8), tl.load(xq_ptr + tt[None, :] * k + g * 32
-                                                          + ii[:, None]), out_dtype=tl.int32)
-            s_hi = tl.dot((byt >> 4).to(tl.int8), tl.load(xq_ptr + tt[None, :] * k + g * 32
-                                                          + 32 + ii[:, None]),
-                          out_dtype=tl.int32)
-            gx = tt * (NB * 8) + g
-            sc_lo = (hs & 0xFF).to(tl.float32)[:, None]
-            sc_hi = ((hs >> 8) & 0xFF).to(tl.float32)[:, None]
-            mn_lo = ((hs >> 16) & 0xFF).to(tl.float32)[:, None]
-            mn_hi = ((hs >> 24) & 0xFF).to(tl.float32)[:, None]
-            acc += d[:, None] * (sc_lo * tl.load(xs_ptr + gx)[None, :] * s_lo.to(tl.float32)
-                                 + sc_hi * tl.load(xs_ptr + gx + 1)[None, :]
-                                 * s_hi.to(tl.float32))
-            acc -= dmin[:, None] * (mn_lo * tl.load(xsum_ptr + gx)[None, :]
-                                    + mn_hi * tl.load(xsum_ptr + gx + 1)[None, :])
+            xp = xq_ptr + tt[None, :] * k + g * 32 + ii[:, None]  # x [32, BT], K-major
+            sc_lo = (hs & 0xFF).to(tl.float32)
+            sc_hi = ((hs >> 8) & 0xFF).to(tl.float32)
+            mn_lo = ((hs >> 16) & 0xFF).to(tl.float32)
+            mn_hi = ((hs >> 24) & 0xFF).to(tl.float32)
+            if DEQ:
+                w_lo = (d * sc_lo)[:, None] * (byt & 15).to(tl.float32) - (dmin * mn_lo)[:, None]
+                w_hi = (d * sc_hi)[:, None] * (byt >> 4).to(tl.float32) - (dmin * mn_hi)[:, None]
+                acc = _bf16_dot(w_lo, tl.load(xp), acc, GDC)
+                acc = _bf16_dot(w_hi, tl.load(xp + 32), acc, GDC)
+            else:
+                s_lo = tl.dot((byt & 15).to(tl.int8), tl.load(xp), out_dtype=tl.int32)
+                s_hi = tl.dot((byt >> 4).to(tl.int8), tl.load(xp + 32), out_dtype=tl.int32)
+                gx = tt * (NB * 8) + g
+                acc += d[:, None] * (sc_lo[:, None] * tl.load(xs_ptr + gx)[None, :]
+                                     * s_lo.to(tl.float32)
+                                     + sc_hi[:, None] * tl.load(xs_ptr + gx + 1)[None, :]
+                                     * s_hi.to(tl.float32))
+                acc -= dmin[:, None] * (mn_lo[:, None] * tl.load(xsum_ptr + gx)[None, :]
+                                        + mn_hi[:, None] * tl.load(xsum_ptr + gx + 1)[None, :])
     tmask = tt < T
     if SWIGLU:  # interleaved rows: a program's BM rows are BM / 2 (gate, up) pairs
         gate, up = tl.split(tl.reshape(tl.permute(acc, (1, 0)), [BT, BM // 2, 2]))
@@ -877,9 +919,11 @@ def _q4km_product(xq_ptr, xs_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, M, NB, T,
 def q4km_product(xm: XM, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor, *,
                  tokens: int, swiglu: bool, add: bool, rows: int, split: int, warps: int,
                  gdc: bool = True) -> None:
-    """``w``: ``repack_mma``'s (qs, hdr); ``xm``: ``quantize_cols``'s; out [tokens, rows]
-    (SwiGLU: [tokens, rows / 2]); ``rows`` a power of two of at least 16; ``split`` > 1 adds
-    into float32 (not SwiGLU). ``gdc`` False: Triton's interpreter (no PDL calls)."""
+    """``w``: ``repack_mma``'s (qs, hdr); ``xm``: ``quantize_cols``'s (int8 x: ``q4km``) or
+    ``bf16_cols``'s (bf16 x, the weights decoded to bf16 in registers: ``q4kd``); out
+    [tokens, rows] (SwiGLU: [tokens, rows / 2]); ``rows`` a power of two of at least 16;
+    ``split`` > 1 adds into float32 (not SwiGLU). ``gdc`` False: Triton's interpreter (no
+    PDL calls)."""
     qs, hdr = w
     nb, _, m, _ = qs.shape
     bt = xm[0].shape[0]
@@ -891,7 +935,8 @@ def q4km_product(xm: XM, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
     extra = {"launch_pdl": True} if gdc else {}
     _q4km_product[(triton.cdiv(m, rows), split)](
         *xm, qs, hdr, out, m, nb, tokens, SWIGLU=swiglu, ADD=add, BM=rows, BT=bt,
-        SPLIT=split, GDC=int(gdc), num_warps=warps, **extra)
+        SPLIT=split, GDC=int(gdc), DEQ=int(xm[0].dtype == torch.bfloat16), num_warps=warps,
+        **extra)
 
 
 # Run 232's Q6_K form, as run 231's: a block's 256 weights are 16 sub-blocks of 16, each an
@@ -1319,12 +1364,16 @@ def run_product(model: str, name: str, sms: int, log: list[str], variants: set[s
         cfg_t = tuned_configs(ARGS[model], tprobe)[(prod.tile, tprobe)]
         assert isinstance(cfg_t, K.LinearConfig)
         want_t = torch.stack([reference(r, w16[0], swiglu) for r in xt])
+        # a split tile adds (the qkv proxy's stores: the step's split-K qkv adds into zeroed
+        # sums the same way, its RoPE kernel after)
+        add_t = add or cfg_t.split_k > 1
+        kmode_t = K.ADD if add_t and not swiglu else kmode
         for pdl in (1, 2):
 
             def ours_t(w: torch.Tensor, o: torch.Tensor, pdl: int = pdl) -> None:
-                K.linear(xt, w, o, mode=kmode, cfg=cfg_t, pdl=pdl, evict="evict_first")
+                K.linear(xt, w, o, mode=kmode_t, cfg=cfg_t, pdl=pdl, evict="evict_first")
 
-            checked(ours_t, want_t.reshape(-1), w16[0], outs_t[0], add, f"ours T={tprobe}")
+            checked(ours_t, want_t.reshape(-1), w16[0], outs_t[0], add_t, f"ours T={tprobe}")
             us = chain_us(ours_t, w16, outs_t)
             res[f"ours_t{tprobe}_pdl{pdl}"] = us
             say(f"ours T = {tprobe} pdl {pdl} ({cfg_t}): {us:.2f} us")
@@ -1350,8 +1399,9 @@ def run_product(model: str, name: str, sms: int, log: list[str], variants: set[s
         run_q4k_forms(res, x, w4, outs, swiglu, add, k, variants, say)
         if "q4kr" in variants:
             run_repacked(res, x, w4, outs, swiglu, add, k, say, tprobe)
-        if "q4km" in variants and tprobe > 1:
-            run_mma(res, w4, n, swiglu, add, k, tprobe, say)
+        for form in ("q4km", "q4kd"):
+            if form in variants and tprobe > 1:
+                run_mma(res, form, w4, n, swiglu, add, k, tprobe, say)
         del w4
     best16 = min(res["ours_pdl1"], res["ours_pdl2"])
     tops = [v[0]["us"] for lb, v in res.items() if lb.startswith("q") and isinstance(v, list)
@@ -1453,30 +1503,35 @@ def run_repacked(res: dict[str, Any], x: torch.Tensor, w4: list[torch.Tensor],
 
 
 def mtiles(swiglu: bool, add: bool, nb: int) -> list[tuple[int, int, int]]:
-    """(rows, split, warps) swept for ``q4km``: 32-128 rows a program on 4 or 8 warps (32 rows
-    compile to mma.sync, 64 and more to wgmma for sm_90), split over K (atomics) where the
-    product adds and a program would still have a block."""
+    """(rows, split, warps) swept for ``q4km`` and ``q4kd``: 16-128 rows a program on 1-8
+    warps (fewer than 64 rows compile to mma.sync, 64 and more on 4 warps to wgmma for sm_90),
+    split over K (atomics) where the product adds and a program would still have a block."""
     out = []
-    for r, ws in ((32, (4,)), (64, (4,)), (128, (4, 8))):
+    for r, ws in ((16, (1, 2)), (32, (1, 2, 4)), (64, (4,)), (128, (4, 8))):
         for sp in ((1, 2, 3, 4, 6, 8, 16) if add and not swiglu else (1,)):
             if sp <= nb:
                 out.extend((r, sp, w) for w in ws)
     return out
 
 
-def run_mma(res: dict[str, Any], w4: list[torch.Tensor], n: int, swiglu: bool, add: bool,
-            k: int, tokens: int, say: Callable[[str], None]) -> None:
-    """``q4km`` (``--tprobe T``): a verify step's product, T rows of x each with its own
-    output, over ``repack_mma``'s copies of the same blocks; each tile checked against what it
-    computes (``reference_q`` a row) and against x itself (reported), then its chain timed,
-    beside today's bf16 verify product at the same T (``ours_t*``). x's quantizing kernel is
-    not in the time (the one-token forms' is not either; ``--layers`` adds it there)."""
+def run_mma(res: dict[str, Any], form: str, w4: list[torch.Tensor], n: int, swiglu: bool,
+            add: bool, k: int, tokens: int, say: Callable[[str], None]) -> None:
+    """``q4km`` / ``q4kd`` (``--tprobe T``): a verify step's product, T rows of x each with its
+    own output, over ``repack_mma``'s copies of the same blocks; each tile checked against what
+    it computes (``reference_q`` a row; ``reference_d``) and, reported, against the float32
+    product over x itself, then its chain timed, beside today's bf16 verify product at the
+    same T (``ours_t*``). ``q4km``'s quantizing kernel is not in its time (the one-token
+    forms' is not either; ``--layers`` adds it there)."""
     g = torch.Generator(device=w4[0].device).manual_seed(1)
     xt = torch.randn(tokens, k, device=w4[0].device, generator=g)
-    xm = quantize_cols(xt)
     ws = [repack_mma(w, swiglu) for w in w4]
     dec = decoded(w4[0], k)
-    want = torch.stack([reference_q(quantize_x(r), r, w4[0], swiglu) for r in xt]).reshape(-1)
+    if form == "q4km":
+        xm = quantize_cols(xt)
+        want = torch.stack([reference_q(quantize_x(r), r, w4[0], swiglu) for r in xt])
+    else:
+        xm = bf16_cols(xt)
+        want = reference_d(xt, w4[0], swiglu)
     exact = torch.stack([reference(r, dec, swiglu) for r in xt]).reshape(-1)
     odt = torch.bfloat16 if swiglu else torch.float32
     outs = [torch.zeros(tokens, n, device=w4[0].device, dtype=odt) for _ in ws]
@@ -1489,19 +1544,18 @@ def run_mma(res: dict[str, Any], w4: list[torch.Tensor], n: int, swiglu: bool, a
             q4km_product(xm, w, o, tokens=tokens, swiglu=swiglu, add=add, rows=rows,
                          split=split, warps=warps)
 
-        err = checked(one, want, ws[0], outs[0], add, f"q4km T={tokens} {list(tile)}",
-                      tol=1e-2)
-        err_x = checked(one, exact, ws[0], outs[0], add, f"q4km T={tokens} {list(tile)} (x)",
-                        tol=1e-1)
+        what = f"{form} T={tokens} {list(tile)}"
+        err = checked(one, want.reshape(-1), ws[0], outs[0], add, what, tol=1e-2)
+        err_x = checked(one, exact, ws[0], outs[0], add, f"{what} (x)", tol=1e-1)
         runs.append({"us": chain_us(one, ws, outs), "tile": list(tile), "err": err,
                      "err_x": err_x})
     runs.sort(key=lambda r: r["us"])
-    res[f"q4km_t{tokens}"] = runs
+    res[f"{form}_t{tokens}"] = runs
     top = runs[0]
     best16 = min(res.get(f"ours_t{tokens}_pdl1", float("inf")),
                  res.get(f"ours_t{tokens}_pdl2", float("inf")))
-    res[f"ratio_q4km_t{tokens}_to_ours"] = round(top["us"] / best16, 3)
-    say(f"q4km T = {tokens}: best {top['us']:.2f} us (bf16 verify {best16:.2f}: "
+    res[f"ratio_{form}_t{tokens}_to_ours"] = round(top["us"] / best16, 3)
+    say(f"{form} T = {tokens}: best {top['us']:.2f} us (bf16 verify {best16:.2f}: "
         f"{top['us'] / best16:.3f}x), tile {top['tile']}, err {top['err']:.1e} (against x "
         f"itself {top['err_x']:.1e}); next "
         + ", ".join(f"{r['us']:.2f} {r['tile']}" for r in runs[1:4]))
@@ -1800,7 +1854,9 @@ def main(argv: list[str] | None = None) -> int:
                          "blocks repacked rows-contiguous, x as int8, dp4a), q6kr (the same "
                          "for Q6_K, the only form for the Q6_K products), q32r (the same "
                          "for Q5_0 and Q8_0), q4km (session 28's verify form: T rows of x "
-                         "through int8 matrix instructions; only with --tprobe)")
+                         "through int8 matrix instructions; only with --tprobe), q4kd (the "
+                         "same bytes decoded to bf16 in registers, bf16 matrix instructions; "
+                         "only with --tprobe)")
     ap.add_argument("--no-reads", action="store_true", help="leave out the pure reads")
     ap.add_argument("--tprobe", type=int, default=1, metavar="T",
                     help="T > 1 (at most 16): also today's bf16 product at T rows (its verify "
@@ -1815,7 +1871,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 1 <= args.tprobe <= 16:
         ap.error(f"--tprobe {args.tprobe}: choose 1 to 16 rows of x (a verify step of k <= 15)")
-    forms = ("q4k", "q4kx", "q4kb", "q4kbm", "q4kr", "q6kr", "q32r", "q4km")
+    forms = ("q4k", "q4kx", "q4kb", "q4kbm", "q4kr", "q6kr", "q32r", "q4km", "q4kd")
     variants = set(choices(ap, args.variants, forms, "variant"))
     if not variants:
         ap.error("--variants names no form: choose from " + ", ".join(forms))

@@ -1307,15 +1307,18 @@ def test_the_repacked_q4k_probe_adds_the_products_of_several_rows_of_x(swiglu: b
                         mode="pre", rows=16, blocks=2, split=1, warps=1, gdc=False, tokens=3)
 
 
+@pytest.mark.parametrize("form", ["q4km", "q4kd"])
 @pytest.mark.parametrize(("swiglu", "add", "split"),
                          [(False, False, 1), (False, True, 1), (False, True, 2), (True, False, 1)])
-def test_the_q4k_verify_form_gives_each_row_of_x_its_own_product(swiglu: bool, add: bool,
-                                                                  split: int) -> None:
-    # session 28's q4km: T rows of x through int8 matrix products a sub-block; each row's
-    # output must equal, to float32 rounding, the file's decode times the x its own int8 words
-    # stand for (the mins times x itself), for rows no tile divides (40 in tiles of 32), rows
-    # of x at three scales, a negative d, SwiGLU pairs interleaved, stored, added or split
-    # over K; the padded rows of the tile are never written
+def test_the_q4k_verify_form_gives_each_row_of_x_its_own_product(form: str, swiglu: bool,
+                                                                  add: bool, split: int) -> None:
+    # session 28's verify forms: T rows of x through a matrix product a sub-block, q4km in
+    # int8, q4kd over the weights decoded to bf16 in registers; each row's output must equal,
+    # to float32 rounding, the file's decode times the x its own int8 words stand for (the
+    # mins times x itself), or the bf16 weights load-time decoding gives times bf16 x, for
+    # rows no tile divides (40 in tiles of 32), rows of x at three scales, a negative d,
+    # SwiGLU pairs interleaved, stored, added or split over K; the padded rows of the tile are
+    # never written
     import bench_q4k as bq
 
     n, k, t = 40 if not swiglu else 20, 3 * 256, 3
@@ -1323,17 +1326,22 @@ def test_the_q4k_verify_form_gives_each_row_of_x_its_own_product(swiglu: bool, a
     w = bq.random_blocks(2 * n if swiglu else n, k, "cpu", g)
     w.view(-1, 3, bq.BLOCK_BYTES)[:, 1, 1] |= 0x80  # block 1's d negative in every row
     x = torch.randn(t, k, generator=g) * torch.tensor([[1.0], [10.0], [0.1]])
-    want = torch.stack([bq.reference_q(bq.quantize_x(r), r, w, swiglu) for r in x])
+    if form == "q4km":
+        want = torch.stack([bq.reference_q(bq.quantize_x(r), r, w, swiglu) for r in x])
+        xm = bq.quantize_cols(x)
+    else:
+        want = bq.reference_d(x, w, swiglu)
+        xm = bq.bf16_cols(x)
     base = torch.randn(t + 1, n, generator=g) if add else torch.full((t + 1, n), POISON)
     out = base.clone()
-    bq.q4km_product(bq.quantize_cols(x), bq.repack_mma(w, swiglu), out, tokens=t,
-                    swiglu=swiglu, add=add, rows=32, split=split, warps=1, gdc=False)
+    bq.q4km_product(xm, bq.repack_mma(w, swiglu), out, tokens=t, swiglu=swiglu, add=add,
+                    rows=32, split=split, warps=1, gdc=False)
     assert torch.allclose(out[:t], (base[:t] if add else 0) + want, rtol=1e-5, atol=1e-5)
     assert torch.equal(out[t:].isnan(), base[t:].isnan())  # the row past T untouched
     if add:
         assert torch.equal(out[t:], base[t:])
     exact = torch.stack([bq.reference(r, bq.decoded(w, k), swiglu) for r in x])
-    assert ((want - exact).norm() / exact.norm()) < 3e-2  # x's int8 rounding, no more
+    assert ((want - exact).norm() / exact.norm()) < 3e-2  # x's rounding, no more
 
 
 def test_the_q4k_verify_form_refuses_what_it_cannot_hold() -> None:
@@ -1342,6 +1350,8 @@ def test_the_q4k_verify_form_refuses_what_it_cannot_hold() -> None:
     w = bq.repack_mma(bq.random_blocks(32, 512, "cpu"), False)
     with pytest.raises(ValueError, match="do not fit a tile of 16"):
         bq.quantize_cols(torch.randn(17, 512))
+    with pytest.raises(ValueError, match="do not fit a tile of 16"):
+        bq.bf16_cols(torch.randn(17, 512))
     with pytest.raises(ValueError, match="do not match x"):
         bq.q4km_product(bq.quantize_cols(torch.randn(2, 256)), w, torch.zeros(2, 32), tokens=2,
                         swiglu=False, add=False, rows=32, split=1, warps=1, gdc=False)
