@@ -813,14 +813,17 @@ def quantize_cols(x: torch.Tensor, bt: int = 16) -> XM:
     return xq8, xs, xsum
 
 
-def bf16_cols(x: torch.Tensor, bt: int = 16) -> XM:
+def bf16_cols(x: torch.Tensor, bt: int = 16, nibble: bool = False) -> XM:
     """x float32 [T, K] -> bf16 [bt, K] (rows past T zero) for ``q4kd`` (its scale and sum
-    buffers unused: the same empty tensor)."""
+    buffers unused: the same empty tensor); ``nibble``: each block's 256 values in
+    ``_block_dot``'s order (position 64c + 2i + h holds x[64c + 32h + i])."""
     t, k = x.shape
     if not 0 < t <= bt:
         raise ValueError(f"{t} rows of x do not fit a tile of {bt}")
     xb = torch.zeros(bt, k, dtype=torch.bfloat16, device=x.device)
     xb[:t] = x
+    if nibble:
+        xb = xb.reshape(bt, k // 64, 2, 32).transpose(2, 3).reshape(bt, k).contiguous()
     none = torch.empty(0, device=x.device)
     return xb, none, none
 
@@ -844,6 +847,30 @@ def _bf16_dot(w, x, acc, GPU: tl.constexpr):
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
         return tl.dot(bits.to(tl.float32, bitcast=True), x.to(tl.float32), acc,
                       input_precision="ieee")
+
+
+@triton.jit
+def _block_dot(xq_ptr, qs_ptr, hdr_ptr, b, M, rr, rmask, tt, k, d, dmin, acc,
+               GPU: tl.constexpr):
+    """``q4kd`` with one product a block (DEQ 2): the block's 256 weights a row decoded to bf16
+    as [rows, 4 (chunk), 32, 2 (low, high nibble)], one [rows, 256] x [256, T] ``tl.dot``
+    against x in that order (``bf16_cols(..., nibble=True)``), so that the matrix unit runs
+    16 instructions before one wait, not 2 before each of 8."""
+    cc = tl.arange(0, 4)
+    hs = tl.load(hdr_ptr + (b * 5 + 1 + cc[None, :]) * M + rr[:, None], mask=rmask[:, None],
+                 other=0, eviction_policy="evict_first")  # [BM, 4]
+    byt = tl.load(qs_ptr + ((b * 4 + cc[None, :, None]) * M + rr[:, None, None]) * 32
+                  + tl.arange(0, 32)[None, None, :], mask=rmask[:, None, None], other=0,
+                  eviction_policy="evict_first")  # [BM, 4, 32]
+    dd = d[:, None]
+    dm = dmin[:, None]
+    w_lo = ((dd * (hs & 0xFF).to(tl.float32))[:, :, None] * (byt & 15).to(tl.float32)
+            - (dm * ((hs >> 16) & 0xFF).to(tl.float32))[:, :, None])
+    w_hi = ((dd * ((hs >> 8) & 0xFF).to(tl.float32))[:, :, None] * (byt >> 4).to(tl.float32)
+            - (dm * ((hs >> 24) & 0xFF).to(tl.float32))[:, :, None])
+    w = tl.reshape(tl.join(w_lo, w_hi), [w_lo.shape[0], 256])
+    x = tl.load(xq_ptr + tt[None, :] * k + b * 256 + tl.arange(0, 256)[:, None])
+    return _bf16_dot(w, x, acc, GPU)
 
 
 @triton.jit
@@ -871,7 +898,9 @@ def _q4km_product(xq_ptr, xs_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, M, NB, T,
     for b in range(sid, NB, SPLIT):
         d, dmin = _d_dmin(tl.load(hdr_ptr + b * 5 * M + rr, mask=rmask, other=0,
                                   eviction_policy="evict_first"))
-        for c in tl.static_range(4):
+        if DEQ == 2:
+            acc = _block_dot(xq_ptr, qs_ptr, hdr_ptr, b, M, rr, rmask, tt, k, d, dmin, acc, GDC)
+        for c in tl.static_range(4 if DEQ != 2 else 0):
             hs = tl.load(hdr_ptr + (b * 5 + 1 + c) * M + rr, mask=rmask, other=0,
                          eviction_policy="evict_first")
             byt = tl.load(qs_ptr + ((b * 4 + c) * M + rr[:, None]) * 32 + ii[None, :],
@@ -918,9 +947,10 @@ def _q4km_product(xq_ptr, xs_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, M, NB, T,
 
 def q4km_product(xm: XM, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor, *,
                  tokens: int, swiglu: bool, add: bool, rows: int, split: int, warps: int,
-                 gdc: bool = True) -> None:
+                 gdc: bool = True, whole: bool = False) -> None:
     """``w``: ``repack_mma``'s (qs, hdr); ``xm``: ``quantize_cols``'s (int8 x: ``q4km``) or
-    ``bf16_cols``'s (bf16 x, the weights decoded to bf16 in registers: ``q4kd``); out
+    ``bf16_cols``'s (bf16 x, the weights decoded to bf16 in registers: ``q4kd``; ``whole``:
+    one product a block, x from ``bf16_cols(..., nibble=True)``); out
     [tokens, rows] (SwiGLU: [tokens, rows / 2]); ``rows`` a power of two of at least 16;
     ``split`` > 1 adds into float32 (not SwiGLU). ``gdc`` False: Triton's interpreter (no
     PDL calls)."""
@@ -932,11 +962,13 @@ def q4km_product(xm: XM, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
                          f"of {tokens} rows")
     if split > 1 and (swiglu or not add or out.dtype != torch.float32):
         raise ValueError("a split Q4_K product adds into float32 (not SwiGLU)")
+    deq = (2 if whole else 1) if xm[0].dtype == torch.bfloat16 else 0
+    if whole and not deq:
+        raise ValueError("one product a block (whole) needs bf16 x (bf16_cols)")
     extra = {"launch_pdl": True} if gdc else {}
     _q4km_product[(triton.cdiv(m, rows), split)](
         *xm, qs, hdr, out, m, nb, tokens, SWIGLU=swiglu, ADD=add, BM=rows, BT=bt,
-        SPLIT=split, GDC=int(gdc), DEQ=int(xm[0].dtype == torch.bfloat16), num_warps=warps,
-        **extra)
+        SPLIT=split, GDC=int(gdc), DEQ=deq, num_warps=warps, **extra)
 
 
 # Run 232's Q6_K form, as run 231's: a block's 256 weights are 16 sub-blocks of 16, each an
@@ -1399,7 +1431,7 @@ def run_product(model: str, name: str, sms: int, log: list[str], variants: set[s
         run_q4k_forms(res, x, w4, outs, swiglu, add, k, variants, say)
         if "q4kr" in variants:
             run_repacked(res, x, w4, outs, swiglu, add, k, say, tprobe)
-        for form in ("q4km", "q4kd"):
+        for form in ("q4km", "q4kd", "q4kdw"):
             if form in variants and tprobe > 1:
                 run_mma(res, form, w4, n, swiglu, add, k, tprobe, say)
         del w4
@@ -1504,10 +1536,11 @@ def run_repacked(res: dict[str, Any], x: torch.Tensor, w4: list[torch.Tensor],
 
 def mtiles(swiglu: bool, add: bool, nb: int) -> list[tuple[int, int, int]]:
     """(rows, split, warps) swept for ``q4km`` and ``q4kd``: 16-128 rows a program on 1-8
-    warps (fewer than 64 rows compile to mma.sync, 64 and more on 4 warps to wgmma for sm_90),
-    split over K (atomics) where the product adds and a program would still have a block."""
+    warps (fewer than 64 rows compile to mma.sync, 64 and more to wgmma for sm_90; run 239's
+    32 and 128 rows on 4 warps were within 10 % of these), split over K (atomics) where the
+    product adds and a program would still have a block."""
     out = []
-    for r, ws in ((16, (1, 2)), (32, (1, 2, 4)), (64, (4,)), (128, (4, 8))):
+    for r, ws in ((16, (1,)), (32, (1, 4)), (64, (4,)), (128, (8,))):
         for sp in ((1, 2, 3, 4, 6, 8, 16) if add and not swiglu else (1,)):
             if sp <= nb:
                 out.extend((r, sp, w) for w in ws)
@@ -1516,49 +1549,64 @@ def mtiles(swiglu: bool, add: bool, nb: int) -> list[tuple[int, int, int]]:
 
 def run_mma(res: dict[str, Any], form: str, w4: list[torch.Tensor], n: int, swiglu: bool,
             add: bool, k: int, tokens: int, say: Callable[[str], None]) -> None:
-    """``q4km`` / ``q4kd`` (``--tprobe T``): a verify step's product, T rows of x each with its
-    own output, over ``repack_mma``'s copies of the same blocks; each tile checked against what
-    it computes (``reference_q`` a row; ``reference_d``) and, reported, against the float32
-    product over x itself, then its chain timed, beside today's bf16 verify product at the
-    same T (``ours_t*``). ``q4km``'s quantizing kernel is not in its time (the one-token
-    forms' is not either; ``--layers`` adds it there)."""
+    """``q4km`` / ``q4kd`` / ``q4kdw`` (``--tprobe T``): a verify step's product, T rows of x
+    each with its own output, over ``repack_mma``'s copies of the same blocks; each tile
+    checked against what it computes (``reference_q`` a row; ``reference_d``) and, reported,
+    against the float32 product over x itself, then its chain timed, beside today's bf16
+    verify product at the same T (``ours_t*``). ``q4km``'s quantizing kernel is not in its
+    time (the one-token forms' is not either; ``--layers`` adds it there). A SwiGLU product,
+    which cannot split (its rows are whole), is also timed as ``{form}_lin``: its interleaved
+    rows as a plain product split over K into float32 pre-activations (SwiGLU left to the
+    product that reads them: not built)."""
     g = torch.Generator(device=w4[0].device).manual_seed(1)
     xt = torch.randn(tokens, k, device=w4[0].device, generator=g)
     ws = [repack_mma(w, swiglu) for w in w4]
-    dec = decoded(w4[0], k)
+    wl = interleaved(w4[0]) if swiglu else w4[0]  # the rows as packed
     if form == "q4km":
         xm = quantize_cols(xt)
-        want = torch.stack([reference_q(quantize_x(r), r, w4[0], swiglu) for r in xt])
     else:
-        xm = bf16_cols(xt)
-        want = reference_d(xt, w4[0], swiglu)
-    exact = torch.stack([reference(r, dec, swiglu) for r in xt]).reshape(-1)
-    odt = torch.bfloat16 if swiglu else torch.float32
-    outs = [torch.zeros(tokens, n, device=w4[0].device, dtype=odt) for _ in ws]
-    runs: list[dict[str, Any]] = []
-    for tile in mtiles(swiglu, add, k // QK_K):
-        rows, split, warps = tile
+        xm = bf16_cols(xt, nibble=form == "q4kdw")
 
-        def one(w: Any, o: torch.Tensor, rows: int = rows, split: int = split,
-                warps: int = warps) -> None:
-            q4km_product(xm, w, o, tokens=tokens, swiglu=swiglu, add=add, rows=rows,
-                         split=split, warps=warps)
+    def want_of(act: bool) -> torch.Tensor:
+        if form == "q4km":
+            return torch.stack([reference_q(quantize_x(r), r, w4[0] if act else wl, act)
+                                for r in xt]).reshape(-1)
+        return reference_d(xt, w4[0] if act else wl, act).reshape(-1)
 
-        what = f"{form} T={tokens} {list(tile)}"
-        err = checked(one, want.reshape(-1), ws[0], outs[0], add, what, tol=1e-2)
-        err_x = checked(one, exact, ws[0], outs[0], add, f"{what} (x)", tol=1e-1)
-        runs.append({"us": chain_us(one, ws, outs), "tile": list(tile), "err": err,
-                     "err_x": err_x})
-    runs.sort(key=lambda r: r["us"])
-    res[f"{form}_t{tokens}"] = runs
-    top = runs[0]
     best16 = min(res.get(f"ours_t{tokens}_pdl1", float("inf")),
                  res.get(f"ours_t{tokens}_pdl2", float("inf")))
-    res[f"ratio_{form}_t{tokens}_to_ours"] = round(top["us"] / best16, 3)
-    say(f"{form} T = {tokens}: best {top['us']:.2f} us (bf16 verify {best16:.2f}: "
-        f"{top['us'] / best16:.3f}x), tile {top['tile']}, err {top['err']:.1e} (against x "
-        f"itself {top['err_x']:.1e}); next "
-        + ", ".join(f"{r['us']:.2f} {r['tile']}" for r in runs[1:4]))
+    for label, act, add_ in ((form, swiglu, add), (f"{form}_lin", False, True)):
+        if label != form and not swiglu:
+            continue
+        dec = decoded(w4[0] if act else wl, k)
+        exact = torch.stack([reference(r, dec, act) for r in xt]).reshape(-1)
+        want = want_of(act)
+        odt = torch.bfloat16 if act else torch.float32
+        rows_out = n if act or not swiglu else 2 * n
+        outs = [torch.zeros(tokens, rows_out, device=w4[0].device, dtype=odt) for _ in ws]
+        runs: list[dict[str, Any]] = []
+        for tile in mtiles(act, add_, k // QK_K):
+            rows, split, warps = tile
+
+            def one(w: Any, o: torch.Tensor, rows: int = rows, split: int = split,
+                    warps: int = warps, act: bool = act, add_: bool = add_) -> None:
+                q4km_product(xm, w, o, tokens=tokens, swiglu=act, add=add_, rows=rows,
+                             split=split, warps=warps, whole=form == "q4kdw")
+
+            what = f"{label} T={tokens} {list(tile)}"
+            err = checked(one, want, ws[0], outs[0], add_, what, tol=1e-2)
+            err_x = checked(one, exact, ws[0], outs[0], add_, f"{what} (x)", tol=1e-1)
+            runs.append({"us": chain_us(one, ws, outs), "tile": list(tile), "err": err,
+                         "err_x": err_x})
+        runs.sort(key=lambda r: r["us"])
+        res[f"{label}_t{tokens}"] = runs
+        top = runs[0]
+        res[f"ratio_{label}_t{tokens}_to_ours"] = round(top["us"] / best16, 3)
+        say(f"{label} T = {tokens}: best {top['us']:.2f} us (bf16 verify {best16:.2f}: "
+            f"{top['us'] / best16:.3f}x), tile {top['tile']}, err {top['err']:.1e} (against x "
+            f"itself {top['err_x']:.1e}); next "
+            + ", ".join(f"{r['us']:.2f} {r['tile']}" for r in runs[1:4]))
+        del outs
 
 
 def run_repacked6(res: dict[str, Any], x: torch.Tensor, w6: list[torch.Tensor],
@@ -1856,7 +1904,7 @@ def main(argv: list[str] | None = None) -> int:
                          "for Q5_0 and Q8_0), q4km (session 28's verify form: T rows of x "
                          "through int8 matrix instructions; only with --tprobe), q4kd (the "
                          "same bytes decoded to bf16 in registers, bf16 matrix instructions; "
-                         "only with --tprobe)")
+                         "only with --tprobe), q4kdw (q4kd with one product a block)")
     ap.add_argument("--no-reads", action="store_true", help="leave out the pure reads")
     ap.add_argument("--tprobe", type=int, default=1, metavar="T",
                     help="T > 1 (at most 16): also today's bf16 product at T rows (its verify "
@@ -1871,7 +1919,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 1 <= args.tprobe <= 16:
         ap.error(f"--tprobe {args.tprobe}: choose 1 to 16 rows of x (a verify step of k <= 15)")
-    forms = ("q4k", "q4kx", "q4kb", "q4kbm", "q4kr", "q6kr", "q32r", "q4km", "q4kd")
+    forms = ("q4k", "q4kx", "q4kb", "q4kbm", "q4kr", "q6kr", "q32r", "q4km", "q4kd",
+             "q4kdw")
     variants = set(choices(ap, args.variants, forms, "variant"))
     if not variants:
         ap.error("--variants names no form: choose from " + ", ".join(forms))
