@@ -1537,10 +1537,10 @@ def run_repacked(res: dict[str, Any], x: torch.Tensor, w4: list[torch.Tensor],
 def mtiles(swiglu: bool, add: bool, nb: int) -> list[tuple[int, int, int]]:
     """(rows, split, warps) swept for ``q4km`` and ``q4kd``: 16-128 rows a program on 1-8
     warps (fewer than 64 rows compile to mma.sync, 64 and more to wgmma for sm_90; run 239's
-    32 and 128 rows on 4 warps were within 10 % of these), split over K (atomics) where the
-    product adds and a program would still have a block."""
+    128 rows were slower on 8 warps than on 4), split over K (atomics) where the product adds
+    and a program would still have a block."""
     out = []
-    for r, ws in ((16, (1,)), (32, (1, 4)), (64, (4,)), (128, (8,))):
+    for r, ws in ((16, (1,)), (32, (1, 4)), (64, (4,)), (128, (4,))):
         for sp in ((1, 2, 3, 4, 6, 8, 16) if add and not swiglu else (1,)):
             if sp <= nb:
                 out.extend((r, sp, w) for w in ws)
