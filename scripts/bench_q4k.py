@@ -951,15 +951,22 @@ def q4km_product(xm: XM, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
     """``w``: ``repack_mma``'s (qs, hdr); ``xm``: ``quantize_cols``'s (int8 x: ``q4km``) or
     ``bf16_cols``'s (bf16 x, the weights decoded to bf16 in registers: ``q4kd``; ``whole``:
     one product a block, x from ``bf16_cols(..., nibble=True)``); out
-    [tokens, rows] (SwiGLU: [tokens, rows / 2]); ``rows`` a power of two of at least 16;
+    [tokens or more, rows] (SwiGLU: [.., rows / 2]); ``rows`` a power of two of at least 16;
     ``split`` > 1 adds into float32 (not SwiGLU). ``gdc`` False: Triton's interpreter (no
-    PDL calls)."""
+    PDL calls, and the bf16 product emulated: a GPU run with it times the emulation, as the
+    dp4a forms' ``gdc`` does)."""
     qs, hdr = w
     nb, _, m, _ = qs.shape
     bt = xm[0].shape[0]
     if xm[0].shape[1] != nb * QK_K or hdr.shape != (nb, 5, m) or not 0 < tokens <= bt:
         raise ValueError(f"blocks [{nb}, 4, {m}, 32] do not match x {list(xm[0].shape)} "
                          f"of {tokens} rows")
+    n_out = m // 2 if swiglu else m
+    if out.dim() != 2 or out.shape[0] < tokens or out.shape[1] != n_out:
+        raise ValueError(f"out {list(out.shape)} does not hold [{tokens}, {n_out}]")
+    if rows < 16 or rows & (rows - 1) or (gdc and bt < 16):
+        raise ValueError(f"a tile of {rows} rows and {bt} tokens: the matrix instructions "
+                         "need powers of two, at least 16 of each")
     if split > 1 and (swiglu or not add or out.dtype != torch.float32):
         raise ValueError("a split Q4_K product adds into float32 (not SwiGLU)")
     deq = (2 if whole else 1) if xm[0].dtype == torch.bfloat16 else 0
@@ -1437,7 +1444,7 @@ def run_product(model: str, name: str, sms: int, log: list[str], variants: set[s
         del w4
     best16 = min(res["ours_pdl1"], res["ours_pdl2"])
     tops = [v[0]["us"] for lb, v in res.items() if lb.startswith("q") and isinstance(v, list)
-            and v]
+            and v and "_t" not in lb and "_lin" not in lb]  # (one-token forms only)
     if tops:
         res["ratio_q4k_to_ours"] = round(min(tops) / best16, 3)
         say(f"{prod.fmt} / ours: {min(tops):.2f} / {best16:.2f} us = "
@@ -1554,7 +1561,9 @@ def run_mma(res: dict[str, Any], form: str, w4: list[torch.Tensor], n: int, swig
     checked against what it computes (``reference_q`` a row; ``reference_d``) and, reported,
     against the float32 product over x itself, then its chain timed, beside today's bf16
     verify product at the same T (``ours_t*``). ``q4km``'s quantizing kernel is not in its
-    time (the one-token forms' is not either; ``--layers`` adds it there). A SwiGLU product,
+    time (the one-token forms' is not either; ``--layers`` adds it there), nor is ``q4kdw``'s
+    reordering of x into the nibbles' order (a step would have its producer write it so).
+    A SwiGLU product,
     which cannot split (its rows are whole), is also timed as ``{form}_lin``: its interleaved
     rows as a plain product split over K into float32 pre-activations (SwiGLU left to the
     product that reads them: not built)."""
@@ -1575,7 +1584,9 @@ def run_mma(res: dict[str, Any], form: str, w4: list[torch.Tensor], n: int, swig
 
     best16 = min(res.get(f"ours_t{tokens}_pdl1", float("inf")),
                  res.get(f"ours_t{tokens}_pdl2", float("inf")))
-    for label, act, add_ in ((form, swiglu, add), (f"{form}_lin", False, True)):
+    # a stored product (the qkv proxy) is timed adding into zeroed sums, split as the bf16
+    # verify tile it is compared with may be (``run_product``)
+    for label, act, add_ in ((form, swiglu, add or not swiglu), (f"{form}_lin", False, True)):
         if label != form and not swiglu:
             continue
         dec = decoded(w4[0] if act else wl, k)
@@ -1924,6 +1935,9 @@ def main(argv: list[str] | None = None) -> int:
     variants = set(choices(ap, args.variants, forms, "variant"))
     if not variants:
         ap.error("--variants names no form: choose from " + ", ".join(forms))
+    if variants & {"q4km", "q4kd", "q4kdw"} and args.tprobe < 2:
+        ap.error("the verify forms (q4km, q4kd, q4kdw) time T rows of x: give --tprobe T, "
+                 "2 to 16")
     if args.read_tiles == "quick":
         bench_read_size.TILES = [t for t in bench_read_size.TILES
                                  if t[1] in (4, 8) and t[2] in (2, 4, 8)]

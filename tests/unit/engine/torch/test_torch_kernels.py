@@ -1345,6 +1345,39 @@ def test_the_q4k_verify_form_gives_each_row_of_x_its_own_product(form: str, swig
     assert ((want - exact).norm() / exact.norm()) < 3e-2  # x's rounding, no more
 
 
+@pytest.mark.parametrize("form", ["q4km", "q4kdw"])
+def test_the_q4k_verify_forms_split_a_swiglu_product_as_plain_rows(form: str) -> None:
+    # run_mma's _lin: the SwiGLU product's interleaved rows (gate 0, up 0, gate 1, ...) as a
+    # plain product split over K into float32, a full tile of 16 rows of x; and the SwiGLU
+    # product itself into bf16 (the real output type) for one row of x
+    import bench_q4k as bq
+
+    n, k = 24, 3 * 256
+    g = torch.Generator().manual_seed(29)
+    w = bq.random_blocks(2 * n, k, "cpu", g)
+    packed = bq.repack_mma(w, True)
+    x = torch.randn(16, k, generator=g)
+    wl = bq.interleaved(w)
+    if form == "q4km":
+        xm = bq.quantize_cols(x)
+        want = torch.stack([bq.reference_q(bq.quantize_x(r), r, wl, False) for r in x])
+    else:
+        xm = bq.bf16_cols(x, nibble=True)
+        want = bq.reference_d(x, wl, False)
+    out = torch.zeros(16, 2 * n)
+    bq.q4km_product(xm, packed, out, tokens=16, swiglu=False, add=True, rows=16, split=3,
+                    warps=1, gdc=False, whole=form == "q4kdw")
+    assert torch.allclose(out, want, rtol=1e-5, atol=1e-5)
+    one = torch.full((1, n), POISON, dtype=torch.bfloat16)
+    xm1 = (bq.quantize_cols(x[:1]) if form == "q4km"
+           else bq.bf16_cols(x[:1], nibble=True))
+    bq.q4km_product(xm1, packed, one, tokens=1, swiglu=True, add=False, rows=16, split=1,
+                    warps=1, gdc=False, whole=form == "q4kdw")
+    lin = want[0]
+    act = torch.nn.functional.silu(lin[0::2]) * lin[1::2]
+    assert torch.allclose(one.float()[0], act, rtol=1e-2, atol=1e-3)  # (bf16 output)
+
+
 def test_the_q4k_verify_form_refuses_what_it_cannot_hold() -> None:
     import bench_q4k as bq
 
@@ -1363,6 +1396,12 @@ def test_the_q4k_verify_form_refuses_what_it_cannot_hold() -> None:
     with pytest.raises(ValueError, match="adds into float32"):
         bq.q4km_product(bq.quantize_cols(torch.randn(2, 512)), w, torch.zeros(2, 32), tokens=2,
                         swiglu=False, add=False, rows=32, split=2, warps=1, gdc=False)
+    with pytest.raises(ValueError, match="does not hold"):
+        bq.q4km_product(bq.quantize_cols(torch.randn(2, 512)), w, torch.zeros(2, 16), tokens=2,
+                        swiglu=False, add=False, rows=32, split=1, warps=1, gdc=False)
+    with pytest.raises(ValueError, match="powers of two"):
+        bq.q4km_product(bq.quantize_cols(torch.randn(2, 512)), w, torch.zeros(2, 32), tokens=2,
+                        swiglu=False, add=False, rows=24, split=1, warps=1, gdc=False)
     with pytest.raises(ValueError, match="needs bf16 x"):
         bq.q4km_product(bq.quantize_cols(torch.randn(2, 512)), w, torch.zeros(2, 32), tokens=2,
                         swiglu=False, add=False, rows=32, split=1, warps=1, gdc=False,
