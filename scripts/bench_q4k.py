@@ -850,6 +850,17 @@ def _bf16_dot(w, x, acc, GPU: tl.constexpr):
 
 
 @triton.jit
+def _nib_f32(q, BITS: tl.constexpr):
+    """Nibbles (uint8 0-15) as float32: a conversion instruction (quarter rate on sm_90), or
+    (BITS, ``q4kdm``) by their bits, 2^23 + q less 2^23 (an or and an add, full rate): the
+    same values exactly."""
+    if BITS:
+        return (q.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    else:
+        return q.to(tl.float32)
+
+
+@triton.jit
 def _block_dot(xq_ptr, qs_ptr, hdr_ptr, b, M, rr, rmask, tt, k, d, dmin, acc,
                GPU: tl.constexpr):
     """``q4kd`` with one product a block (DEQ 2): the block's 256 weights a row decoded to bf16
@@ -912,8 +923,8 @@ def _q4km_product(xq_ptr, xs_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, M, NB, T,
             mn_lo = ((hs >> 16) & 0xFF).to(tl.float32)
             mn_hi = ((hs >> 24) & 0xFF).to(tl.float32)
             if DEQ:
-                w_lo = (d * sc_lo)[:, None] * (byt & 15).to(tl.float32) - (dmin * mn_lo)[:, None]
-                w_hi = (d * sc_hi)[:, None] * (byt >> 4).to(tl.float32) - (dmin * mn_hi)[:, None]
+                w_lo = (d * sc_lo)[:, None] * _nib_f32(byt & 15, DEQ == 3) - (dmin * mn_lo)[:, None]
+                w_hi = (d * sc_hi)[:, None] * _nib_f32(byt >> 4, DEQ == 3) - (dmin * mn_hi)[:, None]
                 acc = _bf16_dot(w_lo, tl.load(xp), acc, GDC)
                 acc = _bf16_dot(w_hi, tl.load(xp + 32), acc, GDC)
             else:
@@ -947,10 +958,11 @@ def _q4km_product(xq_ptr, xs_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, M, NB, T,
 
 def q4km_product(xm: XM, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor, *,
                  tokens: int, swiglu: bool, add: bool, rows: int, split: int, warps: int,
-                 gdc: bool = True, whole: bool = False) -> None:
+                 gdc: bool = True, whole: bool = False, bits: bool = False) -> None:
     """``w``: ``repack_mma``'s (qs, hdr); ``xm``: ``quantize_cols``'s (int8 x: ``q4km``) or
     ``bf16_cols``'s (bf16 x, the weights decoded to bf16 in registers: ``q4kd``; ``whole``:
-    one product a block, x from ``bf16_cols(..., nibble=True)``); out
+    one product a block, x from ``bf16_cols(..., nibble=True)``; ``bits``: the nibbles made
+    floats by their bits, ``q4kdm``); out
     [tokens or more, rows] (SwiGLU: [.., rows / 2]); ``rows`` a power of two of at least 16;
     ``split`` > 1 adds into float32 (not SwiGLU). ``gdc`` False: Triton's interpreter (no
     PDL calls, and the bf16 product emulated: a GPU run with it times the emulation, as the
@@ -969,9 +981,11 @@ def q4km_product(xm: XM, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
                          "need powers of two, at least 16 of each")
     if split > 1 and (swiglu or not add or out.dtype != torch.float32):
         raise ValueError("a split Q4_K product adds into float32 (not SwiGLU)")
-    deq = (2 if whole else 1) if xm[0].dtype == torch.bfloat16 else 0
-    if whole and not deq:
-        raise ValueError("one product a block (whole) needs bf16 x (bf16_cols)")
+    deq = (2 if whole else 3 if bits else 1) if xm[0].dtype == torch.bfloat16 else 0
+    if (whole or bits) and not deq:
+        raise ValueError("a bf16 form (whole, bits) needs bf16 x (bf16_cols)")
+    if whole and bits:
+        raise ValueError("the nibbles by their bits (bits) are q4kd's, one sub-block a product")
     extra = {"launch_pdl": True} if gdc else {}
     _q4km_product[(triton.cdiv(m, rows), split)](
         *xm, qs, hdr, out, m, nb, tokens, SWIGLU=swiglu, ADD=add, BM=rows, BT=bt,
@@ -1438,7 +1452,7 @@ def run_product(model: str, name: str, sms: int, log: list[str], variants: set[s
         run_q4k_forms(res, x, w4, outs, swiglu, add, k, variants, say)
         if "q4kr" in variants:
             run_repacked(res, x, w4, outs, swiglu, add, k, say, tprobe)
-        for form in ("q4km", "q4kd", "q4kdw"):
+        for form in ("q4km", "q4kd", "q4kdw", "q4kdm"):
             if form in variants and tprobe > 1:
                 run_mma(res, form, w4, n, swiglu, add, k, tprobe, say)
         del w4
@@ -1556,7 +1570,7 @@ def mtiles(swiglu: bool, add: bool, nb: int) -> list[tuple[int, int, int]]:
 
 def run_mma(res: dict[str, Any], form: str, w4: list[torch.Tensor], n: int, swiglu: bool,
             add: bool, k: int, tokens: int, say: Callable[[str], None]) -> None:
-    """``q4km`` / ``q4kd`` / ``q4kdw`` (``--tprobe T``): a verify step's product, T rows of x
+    """``q4km`` / ``q4kd`` / ``q4kdw`` / ``q4kdm`` (``--tprobe T``): a verify step's product, T rows of x
     each with its own output, over ``repack_mma``'s copies of the same blocks; each tile
     checked against what it computes (``reference_q`` a row; ``reference_d``) and, reported,
     against the float32 product over x itself, then its chain timed, beside today's bf16
@@ -1602,7 +1616,8 @@ def run_mma(res: dict[str, Any], form: str, w4: list[torch.Tensor], n: int, swig
             def one(w: Any, o: torch.Tensor, rows: int = rows, split: int = split,
                     warps: int = warps, act: bool = act, add_: bool = add_) -> None:
                 q4km_product(xm, w, o, tokens=tokens, swiglu=act, add=add_, rows=rows,
-                             split=split, warps=warps, whole=form == "q4kdw")
+                             split=split, warps=warps, whole=form == "q4kdw",
+                             bits=form == "q4kdm")
 
             what = f"{label} T={tokens} {list(tile)}"
             err = checked(one, want, ws[0], outs[0], add_, what, tol=1e-2)
@@ -1915,7 +1930,8 @@ def main(argv: list[str] | None = None) -> int:
                          "for Q5_0 and Q8_0), q4km (session 28's verify form: T rows of x "
                          "through int8 matrix instructions; only with --tprobe), q4kd (the "
                          "same bytes decoded to bf16 in registers, bf16 matrix instructions; "
-                         "only with --tprobe), q4kdw (q4kd with one product a block)")
+                         "only with --tprobe), q4kdw (q4kd with one product a block), q4kdm "
+                         "(q4kd with the nibbles made floats by their bits)")
     ap.add_argument("--no-reads", action="store_true", help="leave out the pure reads")
     ap.add_argument("--tprobe", type=int, default=1, metavar="T",
                     help="T > 1 (at most 16): also today's bf16 product at T rows (its verify "
@@ -1931,13 +1947,13 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.tprobe <= 16:
         ap.error(f"--tprobe {args.tprobe}: choose 1 to 16 rows of x (a verify step of k <= 15)")
     forms = ("q4k", "q4kx", "q4kb", "q4kbm", "q4kr", "q6kr", "q32r", "q4km", "q4kd",
-             "q4kdw")
+             "q4kdw", "q4kdm")
     variants = set(choices(ap, args.variants, forms, "variant"))
     if not variants:
         ap.error("--variants names no form: choose from " + ", ".join(forms))
-    if variants & {"q4km", "q4kd", "q4kdw"} and args.tprobe < 2:
-        ap.error("the verify forms (q4km, q4kd, q4kdw) time T rows of x: give --tprobe T, "
-                 "2 to 16")
+    if variants & {"q4km", "q4kd", "q4kdw", "q4kdm"} and args.tprobe < 2:
+        ap.error("the verify forms (q4km, q4kd, q4kdw, q4kdm) time T rows of x: give "
+                 "--tprobe T, 2 to 16")
     if args.read_tiles == "quick":
         bench_read_size.TILES = [t for t in bench_read_size.TILES
                                  if t[1] in (4, 8) and t[2] in (2, 4, 8)]

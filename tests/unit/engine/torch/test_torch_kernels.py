@@ -1307,14 +1307,15 @@ def test_the_repacked_q4k_probe_adds_the_products_of_several_rows_of_x(swiglu: b
                         mode="pre", rows=16, blocks=2, split=1, warps=1, gdc=False, tokens=3)
 
 
-@pytest.mark.parametrize("form", ["q4km", "q4kd", "q4kdw"])
+@pytest.mark.parametrize("form", ["q4km", "q4kd", "q4kdw", "q4kdm"])
 @pytest.mark.parametrize(("swiglu", "add", "split"),
                          [(False, False, 1), (False, True, 1), (False, True, 2), (True, False, 1)])
 def test_the_q4k_verify_form_gives_each_row_of_x_its_own_product(form: str, swiglu: bool,
                                                                   add: bool, split: int) -> None:
     # session 28's verify forms: T rows of x through a matrix product a sub-block, q4km in
     # int8, q4kd over the weights decoded to bf16 in registers (q4kdw: one product a block, x
-    # in the nibbles' order); each row's output must equal,
+    # in the nibbles' order; q4kdm: the nibbles made floats by their bits); each row's output
+    # must equal,
     # to float32 rounding, the file's decode times the x its own int8 words stand for (the
     # mins times x itself), or the bf16 weights load-time decoding gives times bf16 x, for
     # rows no tile divides (40 in tiles of 32), rows of x at three scales, a negative d,
@@ -1336,7 +1337,8 @@ def test_the_q4k_verify_form_gives_each_row_of_x_its_own_product(form: str, swig
     base = torch.randn(t + 1, n, generator=g) if add else torch.full((t + 1, n), POISON)
     out = base.clone()
     bq.q4km_product(xm, bq.repack_mma(w, swiglu), out, tokens=t, swiglu=swiglu, add=add,
-                    rows=32, split=split, warps=1, gdc=False, whole=form == "q4kdw")
+                    rows=32, split=split, warps=1, gdc=False, whole=form == "q4kdw",
+                    bits=form == "q4kdm")
     assert torch.allclose(out[:t], (base[:t] if add else 0) + want, rtol=1e-5, atol=1e-5)
     assert torch.equal(out[t:].isnan(), base[t:].isnan())  # the row past T untouched
     if add:
@@ -1402,6 +1404,10 @@ def test_the_q4k_verify_form_refuses_what_it_cannot_hold() -> None:
     with pytest.raises(ValueError, match="powers of two"):
         bq.q4km_product(bq.quantize_cols(torch.randn(2, 512)), w, torch.zeros(2, 32), tokens=2,
                         swiglu=False, add=False, rows=24, split=1, warps=1, gdc=False)
+    with pytest.raises(ValueError, match="are q4kd's"):
+        bq.q4km_product(bq.bf16_cols(torch.randn(2, 512)), w, torch.zeros(2, 32), tokens=2,
+                        swiglu=False, add=False, rows=32, split=1, warps=1, gdc=False,
+                        whole=True, bits=True)
     with pytest.raises(ValueError, match="needs bf16 x"):
         bq.q4km_product(bq.quantize_cols(torch.randn(2, 512)), w, torch.zeros(2, 32), tokens=2,
                         swiglu=False, add=False, rows=32, split=1, warps=1, gdc=False,
