@@ -65,11 +65,15 @@ file's types, each quantized product after a kernel that quantizes its input (``
 no attention, norms or RoPE in either (so neither is a step), their difference what the
 products would save.
 
+``--tprobe T --variants q4km,q4kd,q4kdw,q4kdm`` (session 28, runs 239-) times a verify step's
+Q4_K products, T rows of x each with its own output, against today's bf16 verify product at T
+(``run_mma``).
+
 An instrument, not a backend: a chain of one kernel does not show what its neighbours in a step
-would take from it (session 21; ``--layers`` is the closer look), and the verify steps' MMA
-tiles would need their own decode. Run on the lent GPU: ``python3 scripts/bench_q4k.py --out DIR
-[--products ...] [--variants q4kr,q6kr,q32r,q4k,q4kx,q4kb,q4kbm] [--layers [MODEL ...]]
-[--tprobe T]`` (DIR/q4k.json).
+would take from it (session 21; ``--layers`` is the closer look). Run on the lent GPU:
+``python3 scripts/bench_q4k.py --out DIR [--products ...] [--variants
+q4kr,q6kr,q32r,q4k,q4kx,q4kb,q4kbm,q4km,q4kd,q4kdw,q4kdm] [--layers [MODEL ...]] [--tprobe
+T]`` (DIR/q4k.json).
 """
 
 from __future__ import annotations
@@ -774,10 +778,11 @@ def quantize_rows(x: torch.Tensor) -> XQ:
             torch.cat([q[2] for q in parts]), torch.cat([q[3] for q in parts]))
 
 
-# Session 28's verify form (``q4km``): T rows of x against the same Q4_K blocks with int8
-# matrix instructions, llama.cpp's MMQ arithmetic in Triton. Each sub-block of 32 is one
+# Session 28's verify forms: T rows of x against the same Q4_K blocks with matrix
+# instructions. ``q4km`` is llama.cpp's MMQ arithmetic in Triton: each sub-block of 32 is one
 # [rows, 32] x [32, T] int8 product (wgmma or mma.sync, as Triton picks), its int32 sums scaled
 # by d * scale (the row's) and x's scale (the token's), less dmin * min * the token's float sum.
+# ``q4kd`` (``q4kdw``, ``q4kdm``) decodes the weights in registers to bf16 for bf16 products.
 #   qs  [NB, 4, M, 32] uint8: chunk c of every row's block b, the file's bytes (low nibbles
 #       sub-block 2c, high 2c + 1), 32 contiguous a row: a K-major operand as the file has it
 #   hdr ``repack``'s [NB, 5, M] (148 bytes a block with the nibbles, as q4kr)
@@ -894,7 +899,9 @@ def _q4km_product(xq_ptr, xs_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, M, NB, T,
     products do (their weight prologue lost, session 6). DEQ 1 (``q4kd``): each sub-block's
     weights decoded in registers to the bf16 values load-time decoding gives (dequant.py's
     d * scale * q - dmin * min, rounded once) and multiplied with bf16 x (``xq_ptr`` bf16
-    [BT, K]) by bf16 ``tl.dot``: today's verify arithmetic on the file's bytes."""
+    [BT, K]) by bf16 ``tl.dot``: today's verify arithmetic on the file's bytes. DEQ 2
+    (``q4kdw``): the same with one product a block (``_block_dot``). DEQ 3 (``q4kdm``): DEQ 1
+    with the nibbles made floats by their bits (``_nib_f32``)."""
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     rr = pid * BM + tl.arange(0, BM)
@@ -1556,7 +1563,7 @@ def run_repacked(res: dict[str, Any], x: torch.Tensor, w4: list[torch.Tensor],
 
 
 def mtiles(swiglu: bool, add: bool, nb: int) -> list[tuple[int, int, int]]:
-    """(rows, split, warps) swept for ``q4km`` and ``q4kd``: 16-128 rows a program on 1-8
+    """(rows, split, warps) swept for the verify forms: 16-128 rows a program on 1 or 4
     warps (fewer than 64 rows compile to mma.sync, 64 and more to wgmma for sm_90; run 239's
     128 rows were slower on 8 warps than on 4), split over K (atomics) where the product adds
     and a program would still have a block."""
@@ -1570,15 +1577,16 @@ def mtiles(swiglu: bool, add: bool, nb: int) -> list[tuple[int, int, int]]:
 
 def run_mma(res: dict[str, Any], form: str, w4: list[torch.Tensor], n: int, swiglu: bool,
             add: bool, k: int, tokens: int, say: Callable[[str], None]) -> None:
-    """``q4km`` / ``q4kd`` / ``q4kdw`` / ``q4kdm`` (``--tprobe T``): a verify step's product, T rows of x
-    each with its own output, over ``repack_mma``'s copies of the same blocks; each tile
+    """``q4km`` / ``q4kd`` / ``q4kdw`` / ``q4kdm`` (``--tprobe T``): a verify step's product,
+    T rows of x each with its own output, over ``repack_mma``'s copies of the same blocks; each
+    tile
     checked against what it computes (``reference_q`` a row; ``reference_d``) and, reported,
     against the float32 product over x itself, then its chain timed, beside today's bf16
     verify product at the same T (``ours_t*``). ``q4km``'s quantizing kernel is not in its
     time (the one-token forms' is not either; ``--layers`` adds it there), nor is ``q4kdw``'s
     reordering of x into the nibbles' order (a step would have its producer write it so).
-    A SwiGLU product,
-    which cannot split (its rows are whole), is also timed as ``{form}_lin``: its interleaved
+    A SwiGLU product, which cannot split (its rows are whole), is also timed as
+    ``{form}_lin``: its interleaved
     rows as a plain product split over K into float32 pre-activations (SwiGLU left to the
     product that reads them: not built)."""
     g = torch.Generator(device=w4[0].device).manual_seed(1)
@@ -1937,7 +1945,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="T > 1 (at most 16): also today's bf16 product at T rows (its verify "
                          "tile), the Q4_K repacked form's best tiles with T rows of x added "
                          "into one product (a verify step's arithmetic on one step's bytes) "
-                         "and, with the q4km variant, the verify form (T outputs)")
+                         "and, with the q4km, q4kd, q4kdw or q4kdm variants, those verify "
+                         "forms (T outputs)")
     ap.add_argument("--layers", nargs="*", choices=("1.5B", "0.5B"), metavar="MODEL",
                     help="after the products, each named model's (1.5B, 0.5B; none named: the "
                          "1.5B) layer products "
