@@ -965,8 +965,7 @@ def _q4km_product(xq_ptr, xs_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, M, NB, T,
 
 def q4km_product(xm: XM, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor, *,
                  tokens: int, swiglu: bool, add: bool, rows: int, split: int, warps: int,
-                 gdc: bool = True, whole: bool = False, bits: bool = False,
-                 stages: int = 3) -> None:
+                 gdc: bool = True, whole: bool = False, bits: bool = False) -> None:
     """``w``: ``repack_mma``'s (qs, hdr); ``xm``: ``quantize_cols``'s (int8 x: ``q4km``) or
     ``bf16_cols``'s (bf16 x, the weights decoded to bf16 in registers: ``q4kd``; ``whole``:
     one product a block, x from ``bf16_cols(..., nibble=True)``; ``bits``: the nibbles made
@@ -974,8 +973,7 @@ def q4km_product(xm: XM, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
     [tokens or more, rows] (SwiGLU: [.., rows / 2]); ``rows`` a power of two of at least 16;
     ``split`` > 1 adds into float32 (not SwiGLU). ``gdc`` False: Triton's interpreter (no
     PDL calls, and the bf16 product emulated: a GPU run with it times the emulation, as the
-    dp4a forms' ``gdc`` does). ``stages``: Triton's software pipelining depth (its default, 3:
-    blocks a program has in flight)."""
+    dp4a forms' ``gdc`` does)."""
     qs, hdr = w
     nb, _, m, _ = qs.shape
     bt = xm[0].shape[0]
@@ -998,7 +996,7 @@ def q4km_product(xm: XM, w: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor
     extra = {"launch_pdl": True} if gdc else {}
     _q4km_product[(triton.cdiv(m, rows), split)](
         *xm, qs, hdr, out, m, nb, tokens, SWIGLU=swiglu, ADD=add, BM=rows, BT=bt,
-        SPLIT=split, GDC=int(gdc), DEQ=deq, num_warps=warps, num_stages=stages, **extra)
+        SPLIT=split, GDC=int(gdc), DEQ=deq, num_warps=warps, **extra)
 
 
 # Run 232's Q6_K form, as run 231's: a block's 256 weights are 16 sub-blocks of 16, each an
@@ -1638,24 +1636,6 @@ def run_mma(res: dict[str, Any], form: str, w4: list[torch.Tensor], n: int, swig
         res[f"{label}_t{tokens}"] = runs
         top = runs[0]
         res[f"ratio_{label}_t{tokens}_to_ours"] = round(top["us"] / best16, 3)
-        # the best tile at other pipelining depths: if a program's walk over its blocks sets
-        # the time, more blocks in flight a program should shorten it (run 243)
-        depth = {}
-        for st in (2, 4, 6):
-            rows, split, warps = top["tile"]
-
-            def deep(w: Any, o: torch.Tensor, st: int = st, act: bool = act,
-                     add_: bool = add_, rows: int = rows, split: int = split,
-                     warps: int = warps) -> None:
-                q4km_product(xm, w, o, tokens=tokens, swiglu=act, add=add_, rows=rows,
-                             split=split, warps=warps, whole=form == "q4kdw",
-                             bits=form == "q4kdm", stages=st)
-
-            checked(deep, want, ws[0], outs[0], add_, f"{label} stages {st}", tol=1e-2)
-            depth[st] = chain_us(deep, ws, outs)
-        res[f"{label}_t{tokens}_stages"] = depth
-        say(f"{label} T = {tokens}, tile {top['tile']} by stages: 3 (default) {top['us']:.2f}, "
-            + ", ".join(f"{st} {us:.2f}" for st, us in depth.items()) + " us")
         say(f"{label} T = {tokens}: best {top['us']:.2f} us (bf16 verify {best16:.2f}: "
             f"{top['us'] / best16:.3f}x), tile {top['tile']}, err {top['err']:.1e} (against x "
             f"itself {top['err_x']:.1e}); next "
