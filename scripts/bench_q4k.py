@@ -679,6 +679,17 @@ def _rchunk_fma(q, h0, hs, xw_ptr, xs_ptr, xsum_ptr, b0, NB, jj, BB: tl.constexp
 
 
 @triton.jit
+def _rtile(M, RB: tl.constexpr, BB: tl.constexpr):
+    """A repacked product's program: its ids, its ``RB`` rows and their mask (masks, not a
+    clamp of the rows, keep their contiguity for 16-byte loads), the four pairs or groups
+    ``jj`` and a zeroed [BB, 1, 4, RB] accumulator."""
+    pid = tl.program_id(0)
+    rr = pid * RB + tl.arange(0, RB)
+    return (pid, tl.program_id(1), rr, rr < M, tl.arange(0, 4),
+            tl.zeros([BB, 1, 4, RB], tl.float32))
+
+
+@triton.jit
 def _q4kr_product(xw_ptr, xs_ptr, xsum_ptr, nib_ptr, hdr_ptr, out_ptr, qw_ptr, qs_ptr,
                   qsum_ptr, q16_ptr, M, NB, SWIGLU: tl.constexpr, ADD: tl.constexpr,
                   MODE: tl.constexpr, RB: tl.constexpr, BB: tl.constexpr, SPLIT: tl.constexpr,
@@ -691,12 +702,7 @@ def _q4kr_product(xw_ptr, xs_ptr, xsum_ptr, nib_ptr, hdr_ptr, out_ptr, qw_ptr, q
     64 rows: a program's 32 outputs one group) also writes its outputs quantized, as
     ``quantize_x``, into ``q*_ptr``: the next product's input with no quantizing kernel
     between."""
-    pid = tl.program_id(0)
-    sid = tl.program_id(1)
-    rr = pid * RB + tl.arange(0, RB)
-    rmask = rr < M  # (masks, not a clamp of rr, keep the rows' contiguity for 16-byte loads)
-    jj = tl.arange(0, 4)
-    acc = tl.zeros([BB, 1, 4, RB], tl.float32)
+    pid, sid, rr, rmask, jj, acc = _rtile(M, RB, BB)
     b_first = sid * BB
     b_start = b_first
     if MODE != 0 and GDC:
@@ -1103,12 +1109,7 @@ def _q6kr_product(xw_ptr, xs_ptr, s16_ptr, nib_ptr, hdr_ptr, out_ptr, M, NB,
                   SPLIT: tl.constexpr, DP4A: tl.constexpr = 1, GDC: tl.constexpr = 1):
     """out (+)= W . x over ``repack6``'s blocks and ``quantize_x``'s x, as ``_q4kr_product``
     (no SwiGLU: the file's Q6_K matrices are down projections, v and the output matrix)."""
-    pid = tl.program_id(0)
-    sid = tl.program_id(1)
-    rr = pid * RB + tl.arange(0, RB)
-    rmask = rr < M
-    jj = tl.arange(0, 4)
-    acc = tl.zeros([BB, 1, 4, RB], tl.float32)
+    pid, sid, rr, rmask, jj, acc = _rtile(M, RB, BB)
     b_first = sid * BB
     b_start = b_first
     if MODE != 0 and GDC:
@@ -1252,12 +1253,7 @@ def _q32r_product(xw_ptr, xs_ptr, s16_ptr, qs_ptr, hdr_ptr, out_ptr, qw_ptr, qs2
     """out (+)= W . x over ``repack32``'s blocks (``NS`` superblocks of 128) and
     ``quantize_x``'s x, as ``_q4kr_product``, but waiting first (MODE 1 only: a superblock's
     loads and arithmetic are one pass here)."""
-    pid = tl.program_id(0)
-    sid = tl.program_id(1)
-    rr = pid * RB + tl.arange(0, RB)
-    rmask = rr < M
-    jj = tl.arange(0, 4)
-    acc = tl.zeros([BB, 1, 4, RB], tl.float32)
+    pid, sid, rr, rmask, jj, acc = _rtile(M, RB, BB)
     if MODE != 0 and GDC:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()

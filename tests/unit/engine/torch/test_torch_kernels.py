@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Callable
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton sees any @jit: run on the CPU
 
@@ -1120,6 +1121,18 @@ def test_the_q4k_product_reads_gguf_blocks_as_llama_cpp_decodes_them(swiglu: boo
     assert torch.allclose(out, want, rtol=1e-4, atol=1e-5)
 
 
+def _assert_adds_into_the_residual(launch: Callable[[torch.Tensor, int], None],
+                                   want: torch.Tensor, splits: tuple[int, ...],
+                                   g: torch.Generator) -> None:
+    """A product that adds (``launch(out, split)``) must leave residual + its product, whole
+    or split over K."""
+    for split in splits:
+        base = torch.randn(want.numel(), generator=g)
+        out = base.clone()
+        launch(out, split)
+        assert torch.allclose(out, base + want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(("swiglu", "mode"), [(False, "pdl"), (False, "pre"), (True, "pre")])
 def test_the_repacked_q4k_product_computes_the_blocks_times_int8_x(swiglu: bool,
                                                                    mode: str) -> None:
@@ -1147,12 +1160,11 @@ def test_the_repacked_q4k_product_computes_the_blocks_times_int8_x(swiglu: bool,
     assert ((out - exact).norm() / exact.norm()).item() < 2e-2
     if swiglu:
         return
-    for split in (1, 2):
-        base = torch.randn(n, generator=g)
-        out = base.clone()
+    def q4kr(out: torch.Tensor, split: int) -> None:
         bq.q4kr_product(xq, packed, out, swiglu=False, add=True, mode=mode, rows=8, blocks=1,
                         split=split, warps=1, gdc=False)
-        assert torch.allclose(out, base + want, rtol=1e-5, atol=1e-5)
+
+    _assert_adds_into_the_residual(q4kr, want, (1, 2), g)
 
 
 @pytest.mark.parametrize("mode", ["pdl", "pre"])
@@ -1273,12 +1285,11 @@ def test_the_repacked_32_weight_blocks_compute_the_decode_times_int8_x(fmt: str,
                               atol=1e-6)
         assert torch.equal(qout[0], bq.quantize_x(out)[0])
         return
-    for split in (1, 3):
-        base = torch.randn(n, generator=g)
-        out = base.clone()
+    def q32r(out: torch.Tensor, split: int) -> None:
         bq.q32r_product(xq, packed, out, fmt=fmt, swiglu=False, add=True, rows=8, blocks=1,
                         split=split, warps=1, gdc=False)
-        assert torch.allclose(out, base + want, rtol=1e-5, atol=1e-5)
+
+    _assert_adds_into_the_residual(q32r, want, (1, 3), g)
     with pytest.raises(ValueError, match="do not match x"):
         bq.q32r_product(bq.quantize_x(torch.randn(256)), packed, out, fmt=fmt, swiglu=False,
                         add=True, rows=8, blocks=1, split=1, warps=1, gdc=False)
