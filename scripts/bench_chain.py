@@ -1,0 +1,325 @@
+"""Can a persistent step's hand-offs run under a weight stream at full rate? The skeleton of a
+one-token step (``scripts/chain_probe.cu``) at the default pair's byte counts, on the lent H200.
+
+Why: issue 7's one-token goals (80 % / 70 % of the floor) are out of reach of separate kernels
+(docs/gpu-notes.md, session 21: the 0.5B's product loops alone exceed what its goal leaves a
+layer), so what is left is one persistent launch. The one we built (``decode_step.cu``) ran at
+0.97x the Triton step, and its trace could not separate what any persistent design pays (a
+layer's chain of grid-wide hand-offs while DRAM is saturated by the stream) from what its own
+consumers paid per unit. This benchmark times only the first: a producer warp an SM streams
+each phase's share of the weights through decode_step.cu's TMA ring, consumer warps wait for
+every block to finish the phase before (a counter), load the input vector from L2, multiply the
+stages by it (8 FMAs a 16-byte word, the input read from shared memory), store their share of
+the output and count themselves done. Per layer: qkv, attention (3 dependent L2 round trips),
+merge (1), o-projection, gate/up, down; then the output projection.
+
+Variants, per model, each timed as ``--reps`` launches (CUDA events, median):
+
+    stream      no hand-offs (consumers never wait): the bytes and the consumers' work alone
+    step        every hand-off and the attention's round trips: the skeleton of a step
+    step5       the merge folded into the attention (5 hand-offs a layer, not 6)
+    step_t0     ``step`` without the attention's and the merge's extra round trips
+    step_ns4    ``step`` with a 4-stage ring (96 KB) instead of 7 (168 KB)
+    step_read   ``step`` with the stages read but not multiplied
+    chain       ``step`` with no weight bytes: the hand-offs alone
+
+and for ``step`` and ``chain`` the trace: per hand-off kind, the median over the middle layers
+of the imbalance (last block's arrival less the median block's) and the latency (the median
+block seeing every arrival, less the last arrival), and the median layer.
+
+Then, in the same process, today's default Triton one-token step at position 512 (random
+weights, its CUDA graph replayed; ``--no-triton`` leaves it out), the baseline each figure is
+a ratio to.
+
+"% of the floor" is over the floor the decode benchmarks use: the model's bf16 weight bytes
+and the K/V of 513 positions, over the copy bandwidth measured in the same run. The skeleton
+streams each phase rounded up to whole 24 KB stages (0.1-0.3 % more bytes than the model's, and
+no K/V), dealt to the blocks in shares that differ by one stage at most. Run on the lent H200, about a minute:
+
+    python3 scripts/bench_chain.py --out $OUT/chain
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import json
+import math
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gpu import copy_bandwidth, step_floor_ms  # noqa: E402  # the decode benchmarks' floor
+
+from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
+from openjarvis.engine.torch.cuda_step import (  # noqa: E402  # the decode step's build path
+    _check,
+    _driver,
+    compile_cached,
+    load_function,
+    with_ptx_helpers,
+)
+
+SOURCE = Path(__file__).with_name("chain_probe.cu")
+STAGE = 24576
+NCW = 8
+MODELS = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}
+#: Dependent L2 round trips the attention phase walks after its input (scores, softmax,
+#: values: the three rounds run 42's trace of decode_step.cu's attention shows), and the merge.
+ATT_TRIPS = 3
+MERGE_TRIPS = 1
+T0 = time.monotonic()
+
+
+def log(*a: object) -> None:
+    print(f"[{time.monotonic() - T0:6.1f}s]", *a, flush=True)
+
+
+@functools.cache
+def source() -> str:
+    """chain_probe.cu with decode_step.cu's ring PTX in place of its marker."""
+    return with_ptx_helpers(SOURCE.read_text())
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    """One phase of a layer: its weight bytes, input length, output length (floats), and the
+    dependent round trips after its input."""
+
+    name: str
+    nbytes: int
+    xlen: int
+    out: int
+    trips: int = 0
+
+
+def phases(a: ModelArgs, merge: bool = True) -> tuple[list[PhaseSpec], PhaseSpec]:
+    """The layer's phases in step order and the output projection, at bf16 byte counts."""
+    d, f = a.n_embd, a.n_ff
+    att = [PhaseSpec("attention", 0, a.qkv_dim, a.q_dim, ATT_TRIPS)]
+    if merge:
+        att.append(PhaseSpec("merge", 0, a.q_dim, a.q_dim, MERGE_TRIPS))
+    layer = [PhaseSpec("qkv", 2 * a.qkv_dim * d, d, a.qkv_dim), *att,
+             PhaseSpec("o", 2 * a.q_dim * d, a.q_dim, d),
+             PhaseSpec("gate/up", 2 * 2 * f * d, d, f),
+             PhaseSpec("down", 2 * f * d, f, d)]
+    return layer, PhaseSpec("output", 2 * a.n_vocab * d, d, 1)
+
+
+def weight_bytes(a: ModelArgs) -> int:
+    """The bf16 bytes a one-token step reads: every layer matrix and the output matrix."""
+    layer, out = phases(a)
+    return a.n_layer * sum(p.nbytes for p in layer) + out.nbytes
+
+
+def plan_words(a: ModelArgs, blocks: int, merge: bool, weights: bool,
+               trips: bool) -> tuple[list[int], int]:
+    """The kernel's plan (see the source) and the bytes it streams."""
+    layer, out = phases(a, merge)
+    words = [a.n_layer, len(layer)]
+    streamed = 0
+    for i, p in enumerate([*layer, out]):
+        stages = math.ceil(p.nbytes / STAGE) if weights else 0
+        words += [stages, p.xlen, math.ceil(p.out / blocks), p.trips if trips else 0]
+        streamed += stages * STAGE * (a.n_layer if i < len(layer) else 1)
+    return words, streamed
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    macros: tuple[tuple[str, int], ...]
+    merge: bool = True
+    weights: bool = True
+    trips: bool = True
+
+    def macros_dict(self) -> dict[str, int]:
+        return dict(self.macros)
+
+
+def variants() -> list[Variant]:
+    def m(**kw: int) -> tuple[tuple[str, int], ...]:
+        base = dict(NCW=NCW, NSTAGE=7, STAGE_BYTES=STAGE, COPY_BYTES=3072, HOPS=1, ARITH=1)
+        return tuple(sorted({**base, **kw}.items()))
+
+    return [
+        Variant("stream", m(HOPS=0), trips=False),
+        Variant("step", m()),
+        Variant("step5", m(), merge=False),
+        Variant("step_t0", m(), trips=False),
+        Variant("step_ns4", m(NSTAGE=4)),
+        Variant("step_read", m(ARITH=0)),
+        Variant("chain", m(), weights=False),
+    ]
+
+
+class Kernels:
+    """Builds (NVRTC, else nvcc; cached) and launches chain_step per macro set."""
+
+    def __init__(self, arch: str) -> None:
+        self.arch = arch
+        self.lib = _driver()
+        self.fns: dict[tuple[tuple[str, int], ...], tuple[ctypes.c_void_p, int, str]] = {}
+
+    def get(self, macros: tuple[tuple[str, int], ...]) -> tuple[ctypes.c_void_p, int, str]:
+        if macros not in self.fns:
+            m = dict(macros)
+            cubin, how = compile_cached(source(), m, self.arch, name="chain_probe")
+            mod = ctypes.c_void_p()
+            _check(self.lib, self.lib.cuModuleLoadData(ctypes.byref(mod), cubin), "loading")
+            smem = m["NSTAGE"] * (STAGE + 16) + (8960 + NCW) * 4
+            fn, occ = load_function(self.lib, mod, "chain_step", smem, (NCW + 1) * 32,
+                                    carveout=100)
+            if occ < 1:
+                raise RuntimeError(f"chain_step does not fit an SM with {smem} B")
+            self.fns[macros] = (fn, smem, how)
+        return self.fns[macros]
+
+    def launch(self, fn: ctypes.c_void_p, grid: int, smem: int, args: list[int]) -> None:
+        vals = [ctypes.c_uint64(x) for x in args]
+        argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        _check(self.lib, self.lib.cuLaunchKernel(fn, grid, 1, 1, (NCW + 1) * 32, 1, 1, smem,
+                                                 stream, argv, None), "launching")
+
+
+def hop_stats(tr: torch.Tensor, nph: int, layers: int,
+              names: list[str]) -> dict[str, Any]:
+    """From the trace [blocks, hops, 2] (ns): per hand-off kind, the medians over the middle
+    layers of the imbalance and the latency (µs), and the median layer (µs)."""
+    t = tr.to(torch.int64)
+    t = t - t[:, :, 0].min()  # int64 before any float: the timer is ns since the epoch
+    arrive, seen = t[:, :, 0].double(), t[:, :, 1].double()
+    last = arrive.max(dim=0).values
+    imbalance = last - arrive.median(dim=0).values
+    latency = seen.median(dim=0).values - last
+    mid = range(1, layers - 1)
+    out: dict[str, Any] = {}
+    for p, name in enumerate(names):
+        hs = [lay * nph + p for lay in mid]
+        out[name] = {"imbalance_us": statistics.median(imbalance[hs].tolist()) / 1e3,
+                     "latency_us": statistics.median(latency[hs].tolist()) / 1e3}
+    ends = [last[(lay + 1) * nph - 1].item() for lay in range(layers)]
+    out["layer_us"] = statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False)) / 1e3
+    return out
+
+
+def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
+              res: dict[str, Any], triton: bool) -> None:
+    a = MODELS[name]
+    floor = step_floor_ms(weight_bytes(a), a, 512, copy_Bps)
+    res[name] = {"floor_ms": floor, "variants": {}}
+    log(f"{name}: floor {floor:.3f} ms @512 ({weight_bytes(a) / 1e9:.3f} GB of weights)")
+    total = max(plan_words(a, blocks, v.merge, v.weights, v.trips)[1] for v in variants())
+    buf = torch.randint(1, 255, (total,), dtype=torch.uint8, device="cuda")
+    act = torch.ones(2 * 8960, dtype=torch.float32, device="cuda")
+    for v in variants():
+        r: dict[str, Any] = {}
+        res[name]["variants"][v.name] = r
+        try:
+            fn, smem, how = k.get(v.macros)
+            words, streamed = plan_words(a, blocks, v.merge, v.weights, v.trips)
+            nph = words[1]
+            nhop = a.n_layer * nph + 1
+            plan = torch.tensor(words, dtype=torch.int32, device="cuda")
+            ctr = torch.zeros(nhop, dtype=torch.int32, device="cuda")
+            trace = torch.zeros(blocks * nhop * 2, dtype=torch.int64, device="cuda")
+            args = [buf.data_ptr(), plan.data_ptr(), act.data_ptr(), ctr.data_ptr(),
+                    trace.data_ptr()]
+            ms: list[float] = []
+            for i in range(reps + 1):
+                ctr.zero_()
+                e0 = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                e1 = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                e0.record()
+                k.launch(fn, blocks, smem, args)
+                e1.record()
+                e1.synchronize()
+                if i:  # the first launch warms up
+                    ms.append(e0.elapsed_time(e1))
+            med = statistics.median(ms)
+            r.update(ms=med, ms_all=ms, streamed_bytes=streamed, compiler=how,
+                     pct_floor=100 * floor / med,
+                     stream_GBps=streamed / (med * 1e-3) / 1e9 if streamed else None)
+            names = [p.name for p in phases(a, v.merge)[0]]
+            if v.macros_dict().get("HOPS", 1):
+                r["trace"] = hop_stats(trace.view(blocks, nhop, 2)[:, : nhop - 1].cpu(), nph,
+                                       a.n_layer, names)
+            bw = f"{r['stream_GBps']:6.0f} GB/s" if streamed else " " * 11
+            lay = f"layer {r['trace']['layer_us']:6.2f} µs" if "trace" in r else ""
+            log(f"  {v.name:10s} {med:8.4f} ms  {r['pct_floor']:5.1f} % of the floor  {bw}  {lay}")
+            if "trace" in r:
+                log("    " + "; ".join(
+                    f"{n} {s['imbalance_us']:.2f}+{s['latency_us']:.2f}"
+                    for n, s in r["trace"].items() if n != "layer_us"))
+        except Exception:  # noqa: BLE001
+            r["error"] = traceback.format_exc(limit=3)
+            log(f"  {v.name}: failed: {r['error'].strip().splitlines()[-1]}")
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001
+                log("the CUDA context is lost: stopping")
+                raise
+    del buf
+    if triton:
+        from bench_gpu import time_ms
+        from bench_verify import runner_for
+
+        torch.cuda.empty_cache()
+        r, _ = runner_for(a, 576)
+        r.step(list(range(100, 101)), 512)
+        t1 = min(time_ms(lambda: r.replay(1)) for _ in range(3))
+        res[name]["triton_ms"] = t1
+        log(f"  triton default one-token step @512: {t1:.4f} ms "
+            f"({100 * floor / t1:.1f} % of the floor)")
+        for v, rv in res[name]["variants"].items():
+            if "ms" in rv:
+                rv["ratio_to_triton"] = rv["ms"] / t1
+                log(f"    {v:10s} {rv['ms'] / t1:.3f}x the Triton step")
+        del r
+        torch.cuda.empty_cache()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--models", default="1.5B,0.5B")
+    ap.add_argument("--reps", type=int, default=20, help="timed launches per variant")
+    ap.add_argument("--no-triton", action="store_true",
+                    help="leave out the Triton one-token step (the baseline)")
+    args = ap.parse_args()
+    for m in args.models.split(","):
+        if m not in MODELS:
+            ap.error(f"unknown model {m!r}: choose from {', '.join(MODELS)}")
+    if not torch.cuda.is_available():
+        ap.error("no CUDA device: run this on the lent H200 (the device tool)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    props = torch.cuda.get_device_properties(0)
+    cap = torch.cuda.get_device_capability(0)
+    res: dict[str, Any] = {"device": props.name, "sms": props.multi_processor_count,
+                           "date": time.strftime("%Y-%m-%d %H:%M")}
+    copy_Bps = copy_bandwidth()
+    res["copy_GBps"] = copy_Bps / 1e9
+    log(f"{props.name}, {props.multi_processor_count} SMs; copy bandwidth {copy_Bps / 1e9:.0f} GB/s")
+    torch.cuda.current_stream().synchronize()
+    k = Kernels(f"sm_{cap[0]}{cap[1]}")
+    path = args.out / "chain.json"
+    for m in args.models.split(","):
+        run_model(k, m, props.multi_processor_count, copy_Bps, args.reps, res, not args.no_triton)
+        path.write_text(json.dumps(res, indent=1, default=str))
+    log("done ->", path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

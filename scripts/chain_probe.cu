@@ -1,0 +1,258 @@
+// The skeleton of a persistent decode step on sm_90 (H200), driven by scripts/bench_chain.py.
+//
+// Why: every route to issue 7's one-token goals that is left runs through one persistent
+// launch (docs/gpu-notes.md, sessions 4-5, 15 and 21), and the one we built
+// (openjarvis/engine/torch/csrc/decode_step.cu) reached only 0.97x the Triton step. Its trace
+// blamed two things at once: the hand-offs between phases (grid barriers, the attention) and
+// its consumers' own work per unit (run 44: with no weight bytes at all it still took 0.79 ms
+// for the 1.5B). This kernel keeps only what any such design must do, so that the question
+// "can a layer's chain of hand-offs run under a weight stream at full rate?" gets an answer
+// apart from how decode_step.cu happens to do its units:
+//
+//   - one block an SM; a producer warp streams the block's share of every phase's weights, in
+//     step order, through decode_step.cu's own TMA ring (its PTX, spliced in by the host);
+//   - NCW consumer warps per phase: wait for the phase's input (HOPS=1: a counter every block
+//     adds to when it is done with the phase before, read with acquire), load the input vector
+//     from L2 into shared memory, walk `trips` more dependent L2 round trips (the attention's
+//     rounds, in the phase that models it), multiply each stage's bf16 words by the input
+//     (ARITH=1: 8 fused multiply-adds a 16-byte word, the input read from shared memory, as a
+//     GEMV's consumer does), reduce, store the block's share of the phase's output, and add
+//     themselves to the phase's counter with release semantics.
+//
+// Nothing here is a model: the arithmetic is not the product of any matrix. What it times is the
+// stream, the hand-offs and the consumers' reads of shared memory, at the model's byte counts.
+//
+// The plan (u32, global memory, prepared by the host):
+//   plan[0] layers, plan[1] phases a layer (NPH_MAX at most), then four words a phase
+//   (stages of the whole grid, input floats, output floats a block, extra round trips), phases
+//   of one layer first, then the one phase after the last layer (the output projection). A
+//   phase's stages are dealt to the blocks in contiguous shares that differ by one at most.
+// Counters: ctr[h] for hand-off h = layer * phases + phase (the last phase too), zeroed by the
+// host before each launch. Trace (u64): for each block and hand-off, when the block arrived and
+// when it saw every block arrive (HOPS=0: both the arrival).
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+#ifndef NCW  // consumer warps (the producer is one more)
+#define NCW 8
+#endif
+#ifndef NSTAGE  // ring depth
+#define NSTAGE 7
+#endif
+#ifndef STAGE_BYTES
+#define STAGE_BYTES 24576
+#endif
+#ifndef COPY_BYTES
+#define COPY_BYTES 3072
+#endif
+#ifndef HOPS  // 1: each phase waits for every block to finish the one before; 0: never waits
+#define HOPS 1
+#endif
+#ifndef ARITH  // 1: 8 FMAs a 16-byte word against the input in shared memory; 0: read only
+#define ARITH 1
+#endif
+#ifndef XMAX  // the longest input vector, floats
+#define XMAX 8960
+#endif
+#ifndef NPH_MAX
+#define NPH_MAX 8
+#endif
+#ifndef WATCHDOG_NS  // a wait longer than this traps instead of hanging the GPU
+#define WATCHDOG_NS 2000000000ull
+#endif
+
+#define NCT (NCW * 32)
+#define THREADS ((NCW + 1) * 32)
+#define NCOPY (STAGE_BYTES / COPY_BYTES)
+#define PER_WARP (STAGE_BYTES / 16 / NCW)  // 16-byte words of one warp's share of a stage
+
+static_assert(STAGE_BYTES % COPY_BYTES == 0, "a stage is a whole number of copies");
+static_assert(STAGE_BYTES % (16 * NCW) == 0, "every consumer warp reads the same share");
+static_assert(XMAX >= 1024 && XMAX % 4 == 0, "the arithmetic reads the first 1024 inputs");
+
+// @PTX_HELPERS@
+
+__device__ __forceinline__ u64 gtime() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
+
+// decode_step.cu's wait with a watchdog: a protocol error traps instead of spinning.
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+  u32 polls = 0;
+  u64 t0 = 0;
+  while (!mbar_try_wait(bar, parity)) {
+    if ((++polls & 4095u) == 0) {
+      const u64 t = gtime();
+      if (t0 == 0) t0 = t;
+      else if (t - t0 > WATCHDOG_NS) asm volatile("trap;");
+    }
+  }
+}
+
+__device__ __forceinline__ u64 evict_first_policy() {
+  u64 policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+__device__ __forceinline__ void csync() { asm volatile("bar.sync 1, %0;" ::"n"(NCT) : "memory"); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float ld_cg(const float* p) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ u32 ld_acquire(const u32* p) {
+  u32 v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Shared memory after the ring and its barriers: the input vector, then one float a warp.
+__device__ __forceinline__ float* xs() { return (float*)(smem + RING_BYTES + 16 * NSTAGE); }
+__device__ __forceinline__ float* red() { return xs() + XMAX; }
+
+struct Phase {
+  u32 stages, xlen, outb, trips;
+};
+
+// This block's share of ``n`` stages.
+__device__ __forceinline__ u32 share(u32 n) {
+  return (u32)(((u64)(blockIdx.x + 1) * n) / gridDim.x - ((u64)blockIdx.x * n) / gridDim.x);
+}
+
+__device__ __forceinline__ Phase phase_of(const u32* plan, u32 h, u32 nph, u32 layers) {
+  const u32 p = h < layers * nph ? h % nph : nph;
+  const u32* q = plan + 2 + 4 * p;
+  return Phase{share(q[0]), q[1], q[2], q[3]};
+}
+
+// A phase's input: every block's share of the phase before, ping-ponged between two vectors.
+__device__ __forceinline__ float* act_vec(float* act, u32 h) { return act + (h & 1u) * XMAX; }
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    chain_step(const unsigned char* buf, const u32* plan, float* act, u32* ctr, u64* trace) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const u32 layers = plan[0], nph = plan[1], nhop = layers * nph + 1;
+  u64 per_block = 0, before = 0;  // stages of this block over the step, and of those before it
+  for (u32 p = 0; p <= nph; ++p) {
+    const u64 n = plan[2 + 4 * p], times = p < nph ? layers : 1;
+    per_block += share((u32)n) * times;
+    before += ((u64)blockIdx.x * n) / gridDim.x * times;
+  }
+  if (threadIdx.x == 0) ring_init();
+  for (int i = threadIdx.x; i < XMAX + NCW; i += THREADS) xs()[i] = 0.f;
+  __syncthreads();
+
+  if (warp == NCW) {  // the producer: stage i of the block's contiguous range, in step order
+    const u64 policy = evict_first_policy();
+    const unsigned char* base = buf + before * STAGE_BYTES;
+    int slot = 0;
+    u32 parity = 0;
+    for (u64 i = 0; i < per_block; ++i) {
+      u64* bar = full_bar(slot);
+      if (lane == 0) {
+        mbar_wait(empty_bar(slot), parity ^ 1u);
+        mbar_expect_tx(bar, STAGE_BYTES);
+      }
+      __syncwarp();
+      const unsigned char* src = base + i * STAGE_BYTES;
+#pragma unroll
+      for (int c = lane; c < NCOPY; c += 32)
+        bulk_load(ring(slot) + c * COPY_BYTES, src + (u64)c * COPY_BYTES, COPY_BYTES, bar, policy);
+      if (++slot == NSTAGE) {
+        slot = 0;
+        parity ^= 1u;
+      }
+    }
+    return;
+  }
+
+  int slot = 0;
+  u32 parity = 0;
+  u64* tr = trace + (u64)blockIdx.x * nhop * 2;
+  for (u32 h = 0; h < nhop; ++h) {
+    const Phase ph = phase_of(plan, h, nph, layers);
+    // the input: every block done with the phase before (hand-off h - 1), then its vector
+    if (h > 0) {
+#if HOPS
+      if (threadIdx.x == 0) {
+        u32 polls = 0;
+        u64 t0 = 0;
+        while (ld_acquire(ctr + h - 1) < gridDim.x) {
+          if ((++polls & 1023u) == 0) {
+            const u64 t = gtime();
+            if (t0 == 0) t0 = t;
+            else if (t - t0 > WATCHDOG_NS) asm volatile("trap;");
+          }
+        }
+        tr[2 * (h - 1) + 1] = gtime();
+      }
+      csync();
+#else
+      if (threadIdx.x == 0) tr[2 * (h - 1) + 1] = tr[2 * (h - 1)];
+#endif
+      const float* in = act_vec(act, h - 1);
+      for (u32 i = threadIdx.x; i < ph.xlen; i += NCT) xs()[i] = ld_cg(in + i);
+      float v = 0.f;
+      for (u32 t = 0; t < ph.trips; ++t)  // dependent round trips: each address from the last
+        v = ld_cg(in + ((threadIdx.x + (u32)(v != 0.f) * 7u + t * 97u) % ph.xlen));
+      if (ph.trips && v == 12345.f) xs()[0] = v;  // keeps the chain live
+      csync();
+    }
+    // the phase's stages against the input
+    float acc = 0.f;
+    for (u32 s = 0; s < ph.stages; ++s) {
+      mbar_wait(full_bar(slot), parity);
+      const uint4* w = (const uint4*)ring(slot) + warp * PER_WARP;
+#pragma unroll 2
+      for (int k = lane; k < PER_WARP; k += 32) {
+        const uint4 q = w[k];
+#if ARITH
+        const float4* x = (const float4*)(xs() + ((warp * PER_WARP + k) * 8 & 1023));
+        const float4 a = x[0], b = x[1];
+        acc = fmaf(__uint_as_float(q.x << 16), a.x, acc);
+        acc = fmaf(__uint_as_float(q.x & 0xffff0000u), a.y, acc);
+        acc = fmaf(__uint_as_float(q.y << 16), a.z, acc);
+        acc = fmaf(__uint_as_float(q.y & 0xffff0000u), a.w, acc);
+        acc = fmaf(__uint_as_float(q.z << 16), b.x, acc);
+        acc = fmaf(__uint_as_float(q.z & 0xffff0000u), b.y, acc);
+        acc = fmaf(__uint_as_float(q.w << 16), b.z, acc);
+        acc = fmaf(__uint_as_float(q.w & 0xffff0000u), b.w, acc);
+#else
+        acc += __uint_as_float((q.x ^ q.y ^ q.z ^ q.w) & 0x3f7fffffu);
+#endif
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty_bar(slot));
+      if (++slot == NSTAGE) {
+        slot = 0;
+        parity ^= 1u;
+      }
+    }
+    // the block's share of the output, then the hand-off
+    acc = warp_sum(acc);
+    if (lane == 0) red()[warp] = acc;
+    csync();
+    float* out = act_vec(act, h);
+    for (u32 i = threadIdx.x; i < ph.outb; i += NCT) {
+      const u32 j = blockIdx.x * ph.outb + i;
+      if (j < XMAX) out[j] = red()[i % NCW] * 1e-30f + 1.f;
+    }
+    csync();  // the block's stores before thread 0's release
+    if (threadIdx.x == 0) {
+      tr[2 * h] = gtime();
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ctr + h) : "memory");
+    }
+  }
+}
