@@ -13,19 +13,30 @@ stages by it (8 FMAs a 16-byte word, the input read from shared memory), store t
 the output and count themselves done. Per layer: qkv, attention (3 dependent L2 round trips),
 merge (1), o-projection, gate/up, down; then the output projection.
 
-Variants, per model, each timed as ``--reps`` launches (CUDA events, median):
+Two hand-offs (``HOPS`` in the source): a counter every block adds to with release semantics
+and the next phase polls with acquire (decode_step.cu's grid barrier), or flags in the data
+(each output one 8-byte store of its value and the hand-off's tag, each reader polling its
+input's elements for the tag: NCCL's LL protocol, no fence and no counter). Variants, per model,
+each timed as ``--reps`` launches (CUDA events, median):
 
-    stream      no hand-offs (consumers never wait): the bytes and the consumers' work alone
-    step        every hand-off and the attention's round trips: the skeleton of a step
-    step5       the merge folded into the attention (5 hand-offs a layer, not 6)
-    step_t0     ``step`` without the attention's and the merge's extra round trips
-    step_ns4    ``step`` with a 4-stage ring (96 KB) instead of 7 (168 KB)
-    step_read   ``step`` with the stages read but not multiplied
-    chain       ``step`` with no weight bytes: the hand-offs alone
+    stream_bare   the stages alone: no inputs, round trips or outputs
+    stream        no waits: every phase's input load, round trips and outputs, never waiting
+                  (``stream_noin``: no input loads; ``stream_noout``: no outputs;
+                  ``*_in0``: each thread's input loads one at a time, load then store, as
+                  decode_step.cu's first version did, not all issued first)
+    step          counters: every hand-off and the attention's round trips
+    step5         the merge folded into the attention (5 hand-offs a layer, not 6)
+    step_t0       ``step`` without the attention's and the merge's extra round trips
+    step_ns4      ``step`` with a 4-stage ring (96 KB) instead of 7 (168 KB)
+    step_ll       flags in the data instead of counters
+    *_pf8, *_pf16 one more warp asks L2 for the stages up to 8 or 16 (192 or 384 KB) ahead of
+                  the producer, so DRAM streams on while the ring is full
+    chain         ``step`` with no weight bytes: the hand-offs alone (``chain_ll``)
 
-and for ``step`` and ``chain`` the trace: per hand-off kind, the median over the middle layers
-of the imbalance (last block's arrival less the median block's) and the latency (the median
-block seeing every arrival, less the last arrival), and the median layer.
+and for every variant that waits, the trace: per hand-off kind, the median over the middle
+layers of the imbalance (the last block's outputs stored, less the median block's) and the
+latency (the median block's next input in shared memory, less the last block's outputs
+stored), and the median layer.
 
 Then, in the same process, today's default Triton one-token step at position 512 (random
 weights, its CUDA graph replayed; ``--no-triton`` leaves it out), the baseline each figure is
@@ -153,14 +164,31 @@ def variants() -> list[Variant]:
         return tuple(sorted({**base, **kw}.items()))
 
     return [
+        Variant("stream_bare", m(HOPS=0, BARE=1), trips=False),
         Variant("stream", m(HOPS=0), trips=False),
+        Variant("stream_noin", m(HOPS=0, INPUT=0), trips=False),
+        Variant("stream_noout", m(HOPS=0, OUTPUT=0), trips=False),
+        Variant("stream_in0", m(HOPS=0, INLOAD=0), trips=False),
         Variant("step", m()),
         Variant("step5", m(), merge=False),
         Variant("step_t0", m(), trips=False),
+        Variant("step_in0", m(INLOAD=0)),
+        Variant("step5_in0", m(INLOAD=0), merge=False),
         Variant("step_ns4", m(NSTAGE=4)),
-        Variant("step_read", m(ARITH=0)),
+        Variant("step_ll", m(HOPS=2)),
+        Variant("stream_pf8", m(HOPS=0, PF=8), trips=False),
+        Variant("stream_pf16", m(HOPS=0, PF=16), trips=False),
+        Variant("step_pf8", m(PF=8)),
+        Variant("step_pf16", m(PF=16)),
         Variant("chain", m(), weights=False),
+        Variant("chain_in0", m(INLOAD=0), weights=False),
+        Variant("chain_ll", m(HOPS=2), weights=False),
     ]
+
+
+def threads(m: dict[str, int]) -> int:
+    """A block's threads: the consumers, the producer, and the prefetch warp where PF > 0."""
+    return (m["NCW"] + 1 + (m.get("PF", 0) > 0)) * 32
 
 
 class Kernels:
@@ -177,19 +205,19 @@ class Kernels:
             cubin, how = compile_cached(source(), m, self.arch, name="chain_probe")
             mod = ctypes.c_void_p()
             _check(self.lib, self.lib.cuModuleLoadData(ctypes.byref(mod), cubin), "loading")
-            smem = m["NSTAGE"] * (STAGE + 16) + (8960 + NCW) * 4
-            fn, occ = load_function(self.lib, mod, "chain_step", smem, (NCW + 1) * 32,
-                                    carveout=100)
+            smem = m["NSTAGE"] * (STAGE + 16) + (8960 + NCW + 1) * 4
+            fn, occ = load_function(self.lib, mod, "chain_step", smem, threads(m), carveout=100)
             if occ < 1:
                 raise RuntimeError(f"chain_step does not fit an SM with {smem} B")
             self.fns[macros] = (fn, smem, how)
         return self.fns[macros]
 
-    def launch(self, fn: ctypes.c_void_p, grid: int, smem: int, args: list[int]) -> None:
+    def launch(self, fn: ctypes.c_void_p, grid: int, smem: int, args: list[int],
+               nthreads: int) -> None:
         vals = [ctypes.c_uint64(x) for x in args]
         argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        _check(self.lib, self.lib.cuLaunchKernel(fn, grid, 1, 1, (NCW + 1) * 32, 1, 1, smem,
+        _check(self.lib, self.lib.cuLaunchKernel(fn, grid, 1, 1, nthreads, 1, 1, smem,
                                                  stream, argv, None), "launching")
 
 
@@ -215,15 +243,17 @@ def hop_stats(tr: torch.Tensor, nph: int, layers: int,
 
 
 def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
-              res: dict[str, Any], triton: bool) -> None:
+              res: dict[str, Any], triton: bool, chosen: list[str]) -> None:
     a = MODELS[name]
     floor = step_floor_ms(weight_bytes(a), a, 512, copy_Bps)
     res[name] = {"floor_ms": floor, "variants": {}}
     log(f"{name}: floor {floor:.3f} ms @512 ({weight_bytes(a) / 1e9:.3f} GB of weights)")
-    total = max(plan_words(a, blocks, v.merge, v.weights, v.trips)[1] for v in variants())
+    todo = [v for v in variants() if v.name in chosen]
+    total = max(plan_words(a, blocks, v.merge, v.weights, v.trips)[1] for v in todo)
     buf = torch.randint(1, 255, (total,), dtype=torch.uint8, device="cuda")
-    act = torch.ones(2 * 8960, dtype=torch.float32, device="cuda")
-    for v in variants():
+    act = torch.zeros(2 * 8960, dtype=torch.int64, device="cuda")
+    tag = 1
+    for v in todo:
         r: dict[str, Any] = {}
         res[name]["variants"][v.name] = r
         try:
@@ -234,15 +264,16 @@ def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
             plan = torch.tensor(words, dtype=torch.int32, device="cuda")
             ctr = torch.zeros(nhop, dtype=torch.int32, device="cuda")
             trace = torch.zeros(blocks * nhop * 2, dtype=torch.int64, device="cuda")
-            args = [buf.data_ptr(), plan.data_ptr(), act.data_ptr(), ctr.data_ptr(),
-                    trace.data_ptr()]
             ms: list[float] = []
             for i in range(reps + 1):
                 ctr.zero_()
+                args = [buf.data_ptr(), plan.data_ptr(), act.data_ptr(), ctr.data_ptr(),
+                        trace.data_ptr(), tag]
+                tag += nhop + 1  # no element of this launch matches the next one's tags
                 e0 = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                 e1 = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                 e0.record()
-                k.launch(fn, blocks, smem, args)
+                k.launch(fn, blocks, smem, args, threads(v.macros_dict()))
                 e1.record()
                 e1.synchronize()
                 if i:  # the first launch warms up
@@ -295,12 +326,19 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--models", default="1.5B,0.5B")
     ap.add_argument("--reps", type=int, default=20, help="timed launches per variant")
+    ap.add_argument("--variants", default="",
+                    help="comma-separated names of the variants to run (default: all)")
     ap.add_argument("--no-triton", action="store_true",
                     help="leave out the Triton one-token step (the baseline)")
     args = ap.parse_args()
     for m in args.models.split(","):
         if m not in MODELS:
             ap.error(f"unknown model {m!r}: choose from {', '.join(MODELS)}")
+    names = [v.name for v in variants()]
+    chosen = [v for v in args.variants.split(",") if v]
+    for v in chosen:
+        if v not in names:
+            ap.error(f"unknown variant {v!r}: choose from {', '.join(names)}")
     if not torch.cuda.is_available():
         ap.error("no CUDA device: run this on the lent H200 (the device tool)")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -315,7 +353,8 @@ def main() -> int:
     k = Kernels(f"sm_{cap[0]}{cap[1]}")
     path = args.out / "chain.json"
     for m in args.models.split(","):
-        run_model(k, m, props.multi_processor_count, copy_Bps, args.reps, res, not args.no_triton)
+        run_model(k, m, props.multi_processor_count, copy_Bps, args.reps, res,
+                  not args.no_triton, chosen or names)
         path.write_text(json.dumps(res, indent=1, default=str))
     log("done ->", path)
     return 0

@@ -11,13 +11,27 @@
 //
 //   - one block an SM; a producer warp streams the block's share of every phase's weights, in
 //     step order, through decode_step.cu's own TMA ring (its PTX, spliced in by the host);
-//   - NCW consumer warps per phase: wait for the phase's input (HOPS=1: a counter every block
-//     adds to when it is done with the phase before, read with acquire), load the input vector
-//     from L2 into shared memory, walk `trips` more dependent L2 round trips (the attention's
+//   - PF > 0: a prefetch warp asks L2 (cp.async.bulk.prefetch.L2) for each stage once the
+//     producer is fewer than PF stages behind it, so DRAM keeps streaming while the ring is
+//     full and the consumers wait (the ring's 168 KB cover ~5 µs of an SM's share);
+//   - NCW consumer warps per phase: wait for the phase's input and load it from L2 into shared
+//     memory, walk `trips` more dependent L2 round trips (the attention's
 //     rounds, in the phase that models it), multiply each stage's bf16 words by the input
 //     (ARITH=1: 8 fused multiply-adds a 16-byte word, the input read from shared memory, as a
 //     GEMV's consumer does), reduce, store the block's share of the phase's output, and add
 //     themselves to the phase's counter with release semantics.
+//
+// Two hand-offs (HOPS):
+//   1  a counter a hand-off: each block stores its outputs, meets its consumers at a block
+//      barrier, and thread 0 adds 1 with release semantics (which waits for the block's stores
+//      to be acknowledged); the next phase's thread 0 polls it with acquire until every block
+//      has added, then the block loads its input. decode_step.cu's grid barrier.
+//   2  flags in the data (NCCL's "LL" protocol): each output is one 8-byte store of the value
+//      and the hand-off's tag, and a reader polls each element of its input until the tag is
+//      the one it wants. No fence, no counter: an aligned 8-byte access is single-copy atomic,
+//      so a reader that sees the tag sees the value stored with it. The tag is the launch's
+//      base (a kernel argument the host advances) plus the hand-off's index, so no element of
+//      an earlier launch or hand-off matches.
 //
 // Nothing here is a model: the arithmetic is not the product of any matrix. What it times is the
 // stream, the hand-offs and the consumers' reads of shared memory, at the model's byte counts.
@@ -28,8 +42,10 @@
 //   of one layer first, then the one phase after the last layer (the output projection). A
 //   phase's stages are dealt to the blocks in contiguous shares that differ by one at most.
 // Counters: ctr[h] for hand-off h = layer * phases + phase (the last phase too), zeroed by the
-// host before each launch. Trace (u64): for each block and hand-off, when the block arrived and
-// when it saw every block arrive (HOPS=0: both the arrival).
+// host before each launch (HOPS 1). Activations: two vectors of XMAX float32 values (HOPS 2:
+// of XMAX 8-byte elements, the value in the low word and the tag in the high). Trace (u64): for each block and hand-off, when the
+// block had stored its outputs, and when it had its next phase's input in shared memory (HOPS
+// 0: both the former).
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -46,8 +62,23 @@ typedef unsigned int u32;
 #ifndef COPY_BYTES
 #define COPY_BYTES 3072
 #endif
-#ifndef HOPS  // 1: each phase waits for every block to finish the one before; 0: never waits
+#ifndef HOPS  // how a phase gets its input (below); 0: it never waits for it
 #define HOPS 1
+#endif
+#ifndef BARE  // 1 (with HOPS 0): no input loads, round trips or outputs: the stream alone
+#define BARE 0
+#endif
+#ifndef INPUT  // 0 (with HOPS 0): no input loads or round trips (outputs still stored)
+#define INPUT 1
+#endif
+#ifndef OUTPUT  // 0 (with HOPS 0): no outputs (inputs still loaded)
+#define OUTPUT 1
+#endif
+#ifndef INLOAD  // 1: a thread's input loads all issued before any is stored; 0: load, store, load...
+#define INLOAD 1
+#endif
+#ifndef PF  // > 0: one more warp asks L2 for the stages up to PF ahead of the producer's
+#define PF 0
 #endif
 #ifndef ARITH  // 1: 8 FMAs a 16-byte word against the input in shared memory; 0: read only
 #define ARITH 1
@@ -63,7 +94,7 @@ typedef unsigned int u32;
 #endif
 
 #define NCT (NCW * 32)
-#define THREADS ((NCW + 1) * 32)
+#define THREADS ((NCW + 1 + (PF > 0)) * 32)
 #define NCOPY (STAGE_BYTES / COPY_BYTES)
 #define PER_WARP (STAGE_BYTES / 16 / NCW)  // 16-byte words of one warp's share of a stage
 
@@ -106,10 +137,28 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-__device__ __forceinline__ float ld_cg(const float* p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+__device__ __forceinline__ float ld_cg(const u32* p) {
+  u32 v;
+  asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return __uint_as_float(v);
+}
+
+__device__ __forceinline__ u64 ld_relaxed(const u64* p) {
+  u64 v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
+}
+
+__device__ __forceinline__ void st_relaxed(u64* p, u64 v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ void watchdog(u32* polls, u64* t0) {
+  if ((++*polls & 1023u) == 0) {
+    const u64 t = gtime();
+    if (*t0 == 0) *t0 = t;
+    else if (t - *t0 > WATCHDOG_NS) asm volatile("trap;");
+  }
 }
 
 __device__ __forceinline__ u32 ld_acquire(const u32* p) {
@@ -121,6 +170,7 @@ __device__ __forceinline__ u32 ld_acquire(const u32* p) {
 // Shared memory after the ring and its barriers: the input vector, then one float a warp.
 __device__ __forceinline__ float* xs() { return (float*)(smem + RING_BYTES + 16 * NSTAGE); }
 __device__ __forceinline__ float* red() { return xs() + XMAX; }
+__device__ __forceinline__ u32* produced() { return (u32*)(red() + NCW); }  // stages issued
 
 struct Phase {
   u32 stages, xlen, outb, trips;
@@ -138,10 +188,12 @@ __device__ __forceinline__ Phase phase_of(const u32* plan, u32 h, u32 nph, u32 l
 }
 
 // A phase's input: every block's share of the phase before, ping-ponged between two vectors.
-__device__ __forceinline__ float* act_vec(float* act, u32 h) { return act + (h & 1u) * XMAX; }
+__device__ __forceinline__ u64* act_vec(u64* act, u32 h) { return act + (h & 1u) * XMAX; }
+
+#define MAXE ((XMAX + NCT - 1) / NCT)  // input elements a consumer thread loads, at most
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-    chain_step(const unsigned char* buf, const u32* plan, float* act, u32* ctr, u64* trace) {
+    chain_step(const unsigned char* buf, const u32* plan, u64* act, u32* ctr, u64* trace, u32 tag) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const u32 layers = plan[0], nph = plan[1], nhop = layers * nph + 1;
   u64 per_block = 0, before = 0;  // stages of this block over the step, and of those before it
@@ -151,7 +203,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     before += ((u64)blockIdx.x * n) / gridDim.x * times;
   }
   if (threadIdx.x == 0) ring_init();
-  for (int i = threadIdx.x; i < XMAX + NCW; i += THREADS) xs()[i] = 0.f;
+  for (int i = threadIdx.x; i < XMAX + NCW + 1; i += THREADS) xs()[i] = 0.f;
   __syncthreads();
 
   if (warp == NCW) {  // the producer: stage i of the block's contiguous range, in step order
@@ -170,11 +222,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
       for (int c = lane; c < NCOPY; c += 32)
         bulk_load(ring(slot) + c * COPY_BYTES, src + (u64)c * COPY_BYTES, COPY_BYTES, bar, policy);
+      if (PF && lane == 0)
+        asm volatile("st.volatile.shared.u32 [%0], %1;" ::"r"(smem_u32(produced())), "r"((u32)(i + 1))
+                     : "memory");
       if (++slot == NSTAGE) {
         slot = 0;
         parity ^= 1u;
       }
     }
+    return;
+  }
+  if (warp > NCW) {  // the prefetch warp (PF > 0): lane 0 stays at most PF stages ahead
+    const unsigned char* base = buf + before * STAGE_BYTES;
+    if (lane == 0)
+      for (u64 i = 0; i < per_block; ++i) {
+        u32 done;
+        do {
+          asm volatile("ld.volatile.shared.u32 %0, [%1];" : "=r"(done) : "r"(smem_u32(produced()))
+                       : "memory");
+        } while (done + PF <= i);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + i * STAGE_BYTES),
+                     "r"((u32)STAGE_BYTES)
+                     : "memory");
+      }
     return;
   }
 
@@ -183,32 +253,69 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   u64* tr = trace + (u64)blockIdx.x * nhop * 2;
   for (u32 h = 0; h < nhop; ++h) {
     const Phase ph = phase_of(plan, h, nph, layers);
-    // the input: every block done with the phase before (hand-off h - 1), then its vector
-    if (h > 0) {
-#if HOPS
+    // the input: every block's share of the phase before
+    if (h > 0 && !BARE && INPUT) {
+      const u64* in = act_vec(act, h - 1);
+      const u32* in32 = (const u32*)in;  // HOPS 0 and 1: 4-byte values, packed
+      // the input, and every element the phase before stored beyond it: with flags in the
+      // data, a block whose outputs no one read could fall two hand-offs behind and find its
+      // input overwritten by the next-but-one phase's (the vectors are ping-ponged)
+#if HOPS == 2
+      const u32 n = min((u32)XMAX, max(ph.xlen, gridDim.x * phase_of(plan, h - 1, nph, layers).outb));
+#else
+      const u32 n = ph.xlen;
+#endif
+#if HOPS == 1
       if (threadIdx.x == 0) {
         u32 polls = 0;
         u64 t0 = 0;
-        while (ld_acquire(ctr + h - 1) < gridDim.x) {
-          if ((++polls & 1023u) == 0) {
-            const u64 t = gtime();
-            if (t0 == 0) t0 = t;
-            else if (t - t0 > WATCHDOG_NS) asm volatile("trap;");
-          }
-        }
-        tr[2 * (h - 1) + 1] = gtime();
+        while (ld_acquire(ctr + h - 1) < gridDim.x) watchdog(&polls, &t0);
       }
       csync();
-#else
-      if (threadIdx.x == 0) tr[2 * (h - 1) + 1] = tr[2 * (h - 1)];
 #endif
-      const float* in = act_vec(act, h - 1);
-      for (u32 i = threadIdx.x; i < ph.xlen; i += NCT) xs()[i] = ld_cg(in + i);
-      float v = 0.f;
+#if HOPS == 2
+      const u32 want = tag + h - 1;
+      u64 v[MAXE];
+#pragma unroll
+      for (int e = 0; e < MAXE; ++e) {  // every element's first load in flight at once
+        const u32 i = threadIdx.x + e * NCT;
+        if (i < n) v[e] = ld_relaxed(in + i);
+      }
+#pragma unroll
+      for (int e = 0; e < MAXE; ++e) {
+        const u32 i = threadIdx.x + e * NCT;
+        if (i < n) {
+          u32 polls = 0;
+          u64 t0 = 0;
+          while ((u32)(v[e] >> 32) != want) {
+            watchdog(&polls, &t0);
+            v[e] = ld_relaxed(in + i);
+          }
+          xs()[i] = __uint_as_float((u32)v[e]);
+        }
+      }
+#elif INLOAD == 0
+      for (u32 i = threadIdx.x; i < n; i += NCT) xs()[i] = ld_cg(in32 + i);
+#else
+      u32 v[MAXE];  // every load issued before any is stored: one round trip, not MAXE
+#pragma unroll
+      for (int e = 0; e < MAXE; ++e) {
+        const u32 i = threadIdx.x + e * NCT;
+        if (i < n) v[e] = __ldcg(in32 + i);
+      }
+#pragma unroll
+      for (int e = 0; e < MAXE; ++e) {
+        const u32 i = threadIdx.x + e * NCT;
+        if (i < n) xs()[i] = __uint_as_float(v[e]);
+      }
+#endif
+      float x = 0.f;
       for (u32 t = 0; t < ph.trips; ++t)  // dependent round trips: each address from the last
-        v = ld_cg(in + ((threadIdx.x + (u32)(v != 0.f) * 7u + t * 97u) % ph.xlen));
-      if (ph.trips && v == 12345.f) xs()[0] = v;  // keeps the chain live
+        x = ld_cg(in32 + (HOPS == 2 ? 2u : 1u) *  // (HOPS 2: the value word of an element)
+                             ((threadIdx.x + (u32)(x != 0.f) * 7u + t * 97u) % ph.xlen));
+      if (ph.trips && x == 12345.f) xs()[0] = x;  // keeps the chain live
       csync();
+      if (threadIdx.x == 0) tr[2 * (h - 1) + 1] = HOPS ? gtime() : tr[2 * (h - 1)];
     }
     // the phase's stages against the input
     float acc = 0.f;
@@ -241,18 +348,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
     }
     // the block's share of the output, then the hand-off
+    if (BARE || !OUTPUT) continue;
     acc = warp_sum(acc);
     if (lane == 0) red()[warp] = acc;
     csync();
-    float* out = act_vec(act, h);
+    u64* out = act_vec(act, h);
     for (u32 i = threadIdx.x; i < ph.outb; i += NCT) {
       const u32 j = blockIdx.x * ph.outb + i;
-      if (j < XMAX) out[j] = red()[i % NCW] * 1e-30f + 1.f;
+      const u64 val = __float_as_uint(red()[i % NCW] * 1e-30f + 1.f);
+#if HOPS == 2
+      if (j < XMAX) st_relaxed(out + j, ((u64)(tag + h) << 32) | val);
+#else
+      if (j < XMAX) ((u32*)out)[j] = (u32)val;
+#endif
     }
+#if HOPS == 1
     csync();  // the block's stores before thread 0's release
     if (threadIdx.x == 0) {
       tr[2 * h] = gtime();
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ctr + h) : "memory");
     }
+#else
+    if (threadIdx.x == 0) tr[2 * h] = gtime();
+    csync();  // red[] is read before the next phase's warps overwrite it
+#endif
   }
 }

@@ -106,3 +106,91 @@ def test_the_hold_kernel_uses_the_cuda_steps_own_copy_code(bench_hold: ModuleTyp
     # the bulk copy and the mbarrier wait come from decode_step.cu, defined once
     assert src.count("void bulk_load(") == 1 and src.count("bool mbar_try_wait(") == 1
     assert 'extern "C" __global__ void __launch_bounds__(32) hold_kernel(' in src
+
+
+@pytest.fixture
+def bench_chain() -> ModuleType:
+    import bench_chain  # (see bench_verify above)
+
+    return bench_chain
+
+
+@pytest.mark.parametrize("name", ["1.5B", "0.5B"])
+def test_the_step_skeleton_streams_the_models_own_bytes(bench_chain: ModuleType, name: str) -> None:
+    # bench_chain.py's "% of the floor" compares its stream with the decode benchmarks' floor,
+    # so its phases must read the bf16 matrices a one-token step reads, no more than a stage's
+    # rounding a phase over, and dealt so that every byte is read once.
+    a = bench_chain.MODELS[name]
+    bias_and_norms = a.n_layer * (a.qkv_dim + 2 * a.n_embd) + a.n_embd
+    assert bench_chain.weight_bytes(a) == 2 * (a.n_params - bias_and_norms)
+    words, streamed = bench_chain.plan_words(a, 132, merge=True, weights=True, trips=True)
+    layers, nph = words[:2]
+    assert (layers, nph) == (a.n_layer, 6)
+    phases = [words[2 + 4 * p: 6 + 4 * p] for p in range(nph + 1)]
+    stages = [p[0] for p in phases]
+    assert stages[1] == stages[2] == 0  # the attention and its merge read no weights
+    assert streamed == bench_chain.STAGE * (layers * sum(stages[:nph]) + stages[nph])
+    over = streamed - bench_chain.weight_bytes(a)
+    assert 0 <= over < bench_chain.STAGE * (layers * 4 + 1)
+    # each phase's input is the length of what the phase before it wrote
+    assert [p[1] for p in phases] == [a.n_embd, a.qkv_dim, a.q_dim, a.q_dim, a.n_embd, a.n_ff,
+                                      a.n_embd]
+    assert [p[3] for p in phases] == [0, bench_chain.ATT_TRIPS, bench_chain.MERGE_TRIPS, 0, 0, 0, 0]
+    five, _ = bench_chain.plan_words(a, 132, merge=False, weights=True, trips=False)
+    assert five[1] == 5 and all(five[5 + 4 * p] == 0 for p in range(6))
+    none, nothing = bench_chain.plan_words(a, 132, merge=True, weights=False, trips=True)
+    assert nothing == 0 and all(none[2 + 4 * p] == 0 for p in range(7))
+
+
+def test_the_skeletons_trace_reads_imbalance_and_latency_per_hand_off(
+    bench_chain: ModuleType,
+) -> None:
+    # Three blocks, two phases a layer, four layers; the stamps near the epoch as the timer's.
+    import torch
+
+    blocks, nph, layers = 3, 2, 4
+    base = 1_800_000_000_000_000_000
+    tr = torch.zeros(blocks, layers * nph, 2, dtype=torch.int64)
+    t = base
+    for h in range(layers * nph):
+        arrive = [t, t + 100, t + 700 if h % nph else t + 300]  # block 2 is late
+        last = max(arrive)
+        for b in range(blocks):
+            tr[b, h, 0] = arrive[b]
+            tr[b, h, 1] = last + 400 + 10 * b  # every block has its input 400-420 ns later
+        t = last + 1000
+    got = bench_chain.hop_stats(tr, nph, layers, ["a", "b"])
+    assert got["a"] == {"imbalance_us": pytest.approx(0.2), "latency_us": pytest.approx(0.41)}
+    assert got["b"] == {"imbalance_us": pytest.approx(0.6), "latency_us": pytest.approx(0.41)}
+    # a layer: phase a (300 + 1000) then phase b (700 + 1000) from last arrival to last arrival
+    assert got["layer_us"] == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--models", "7B"], "unknown model '7B': choose from 1.5B, 0.5B"),
+    (["--variants", "step,stepp"], "unknown variant 'stepp': choose from stream_bare, "),
+])
+def test_the_skeleton_refuses_a_mistyped_name_before_it_looks_for_a_gpu(
+    bench_chain: ModuleType, argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr("sys.argv", ["bench_chain.py", *argv])
+    with pytest.raises(SystemExit):
+        bench_chain.main()
+    assert message in capsys.readouterr().err
+
+
+def test_the_skeleton_uses_the_cuda_steps_own_ring_code(bench_chain: ModuleType) -> None:
+    src = bench_chain.source()
+    assert "@PTX_HELPERS@" not in src
+    assert src.count("void bulk_load(") == 1 and src.count("bool mbar_try_wait(") == 1
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc is not installed")
+def test_every_skeleton_variant_builds_for_sm_90(bench_chain: ModuleType) -> None:
+    from openjarvis.engine.torch.cuda_step import compile_cached
+
+    for v in bench_chain.variants():
+        cubin, _ = compile_cached(bench_chain.source(), v.macros_dict(), "sm_90", "nvcc",
+                                  "chain_probe")
+        assert cubin[:4] == b"\x7fELF", v.name
