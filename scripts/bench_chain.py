@@ -27,6 +27,10 @@ each timed as ``--reps`` launches (CUDA events, median):
     step          counters: every hand-off and the attention's round trips
     step5         the merge folded into the attention (5 hand-offs a layer, not 6)
     step_t0       ``step`` without the attention's and the merge's extra round trips
+    step3_in0     3 hand-offs a layer (``phases``): the attention with the o-projection's
+                  columns of its heads, gate/up with the down projection's columns of its rows,
+                  each adding its partial outputs with float atomics (``stream3_in0``,
+                  ``chain3_in0``)
     step_ns4      ``step`` with a 4-stage ring (96 KB) instead of 7 (168 KB)
     step_ll       flags in the data instead of counters
     *_pf8, *_pf16 one more warp asks L2 for the stages up to 8 or 16 (192 or 384 KB) ahead of
@@ -112,15 +116,31 @@ class PhaseSpec:
     xlen: int
     out: int
     trips: int = 0
+    reduce: bool = False  # every block adds a partial of all ``out`` outputs (float atomics)
 
 
-def phases(a: ModelArgs, merge: bool = True) -> tuple[list[PhaseSpec], PhaseSpec]:
-    """The layer's phases in step order and the output projection, at bf16 byte counts."""
+def phases(a: ModelArgs, hops: int = 6) -> tuple[list[PhaseSpec], PhaseSpec]:
+    """The layer's phases in step order and the output projection, at bf16 byte counts.
+
+    ``hops`` a layer: 6 as the Triton step's kernels (qkv, attention, merge, o-projection,
+    gate/up, down); 5 with the merge folded into the attention; 3 where a block's own outputs
+    are the next product's K slice, so that product needs no hand-off before it: the
+    attention's heads and the o-projection's columns of those heads, gate/up's rows and the
+    down projection's columns of those rows, each block adding its partial of the whole output
+    vector with float atomics (the split-K form; the weights read the same)."""
     d, f = a.n_embd, a.n_ff
+    qkv = PhaseSpec("qkv", 2 * a.qkv_dim * d, d, a.qkv_dim)
+    if hops == 3:
+        layer = [qkv, PhaseSpec("attention+o", 2 * a.q_dim * d, a.qkv_dim, d,
+                                ATT_TRIPS + MERGE_TRIPS, reduce=True),
+                 PhaseSpec("gate/up+down", 2 * 3 * f * d, d, d, reduce=True)]
+        return layer, PhaseSpec("output", 2 * a.n_vocab * d, d, 1)
     att = [PhaseSpec("attention", 0, a.qkv_dim, a.q_dim, ATT_TRIPS)]
-    if merge:
+    if hops == 6:
         att.append(PhaseSpec("merge", 0, a.q_dim, a.q_dim, MERGE_TRIPS))
-    layer = [PhaseSpec("qkv", 2 * a.qkv_dim * d, d, a.qkv_dim), *att,
+    elif hops != 5:
+        raise ValueError(f"hand-offs a layer: 6, 5 or 3, not {hops}")
+    layer = [qkv, *att,
              PhaseSpec("o", 2 * a.q_dim * d, a.q_dim, d),
              PhaseSpec("gate/up", 2 * 2 * f * d, d, f),
              PhaseSpec("down", 2 * f * d, f, d)]
@@ -133,15 +153,21 @@ def weight_bytes(a: ModelArgs) -> int:
     return a.n_layer * sum(p.nbytes for p in layer) + out.nbytes
 
 
-def plan_words(a: ModelArgs, blocks: int, merge: bool, weights: bool,
+#: The plan's output word: the outputs a block stores, or (this bit set) the outputs every
+#: block adds to.
+REDUCE = 1 << 31
+
+
+def plan_words(a: ModelArgs, blocks: int, hops: int, weights: bool,
                trips: bool) -> tuple[list[int], int]:
     """The kernel's plan (see the source) and the bytes it streams."""
-    layer, out = phases(a, merge)
+    layer, out = phases(a, hops)
     words = [a.n_layer, len(layer)]
     streamed = 0
     for i, p in enumerate([*layer, out]):
         stages = math.ceil(p.nbytes / STAGE) if weights else 0
-        words += [stages, p.xlen, math.ceil(p.out / blocks), p.trips if trips else 0]
+        outs = REDUCE | p.out if p.reduce else math.ceil(p.out / blocks)
+        words += [stages, p.xlen, outs, p.trips if trips else 0]
         streamed += stages * STAGE * (a.n_layer if i < len(layer) else 1)
     return words, streamed
 
@@ -150,7 +176,7 @@ def plan_words(a: ModelArgs, blocks: int, merge: bool, weights: bool,
 class Variant:
     name: str
     macros: tuple[tuple[str, int], ...]
-    merge: bool = True
+    hops: int = 6
     weights: bool = True
     trips: bool = True
 
@@ -170,10 +196,12 @@ def variants() -> list[Variant]:
         Variant("stream_noout", m(HOPS=0, OUTPUT=0), trips=False),
         Variant("stream_in0", m(HOPS=0, INLOAD=0), trips=False),
         Variant("step", m()),
-        Variant("step5", m(), merge=False),
+        Variant("step5", m(), hops=5),
         Variant("step_t0", m(), trips=False),
         Variant("step_in0", m(INLOAD=0)),
-        Variant("step5_in0", m(INLOAD=0), merge=False),
+        Variant("step5_in0", m(INLOAD=0), hops=5),
+        Variant("step3_in0", m(INLOAD=0), hops=3),
+        Variant("stream3_in0", m(HOPS=0, INLOAD=0), hops=3, trips=False),
         Variant("step_ns4", m(NSTAGE=4)),
         Variant("step_ll", m(HOPS=2)),
         Variant("stream_pf8", m(HOPS=0, PF=8), trips=False),
@@ -182,6 +210,7 @@ def variants() -> list[Variant]:
         Variant("step_pf16", m(PF=16)),
         Variant("chain", m(), weights=False),
         Variant("chain_in0", m(INLOAD=0), weights=False),
+        Variant("chain3_in0", m(INLOAD=0), hops=3, weights=False),
         Variant("chain_ll", m(HOPS=2), weights=False),
     ]
 
@@ -249,7 +278,7 @@ def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
     res[name] = {"floor_ms": floor, "variants": {}}
     log(f"{name}: floor {floor:.3f} ms @512 ({weight_bytes(a) / 1e9:.3f} GB of weights)")
     todo = [v for v in variants() if v.name in chosen]
-    total = max(plan_words(a, blocks, v.merge, v.weights, v.trips)[1] for v in todo)
+    total = max(plan_words(a, blocks, v.hops, v.weights, v.trips)[1] for v in todo)
     buf = torch.randint(1, 255, (total,), dtype=torch.uint8, device="cuda")
     act = torch.zeros(2 * 8960, dtype=torch.int64, device="cuda")
     tag = 1
@@ -258,7 +287,7 @@ def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
         res[name]["variants"][v.name] = r
         try:
             fn, smem, how = k.get(v.macros)
-            words, streamed = plan_words(a, blocks, v.merge, v.weights, v.trips)
+            words, streamed = plan_words(a, blocks, v.hops, v.weights, v.trips)
             nph = words[1]
             nhop = a.n_layer * nph + 1
             plan = torch.tensor(words, dtype=torch.int32, device="cuda")
@@ -282,7 +311,7 @@ def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
             r.update(ms=med, ms_all=ms, streamed_bytes=streamed, compiler=how,
                      pct_floor=100 * floor / med,
                      stream_GBps=streamed / (med * 1e-3) / 1e9 if streamed else None)
-            names = [p.name for p in phases(a, v.merge)[0]]
+            names = [p.name for p in phases(a, v.hops)[0]]
             if v.macros_dict().get("HOPS", 1):
                 r["trace"] = hop_stats(trace.view(blocks, nhop, 2)[:, : nhop - 1].cpu(), nph,
                                        a.n_layer, names)

@@ -38,7 +38,8 @@
 //
 // The plan (u32, global memory, prepared by the host):
 //   plan[0] layers, plan[1] phases a layer (NPH_MAX at most), then four words a phase
-//   (stages of the whole grid, input floats, output floats a block, extra round trips), phases
+//   (stages of the whole grid, input floats, output floats a block or, with the top bit set,
+//   the outputs every block adds a partial of, extra round trips), phases
 //   of one layer first, then the one phase after the last layer (the output projection). A
 //   phase's stages are dealt to the blocks in contiguous shares that differ by one at most.
 // Counters: ctr[h] for hand-off h = layer * phases + phase (the last phase too), zeroed by the
@@ -190,7 +191,8 @@ __device__ __forceinline__ Phase phase_of(const u32* plan, u32 h, u32 nph, u32 l
 // A phase's input: every block's share of the phase before, ping-ponged between two vectors.
 __device__ __forceinline__ u64* act_vec(u64* act, u32 h) { return act + (h & 1u) * XMAX; }
 
-#define MAXE ((XMAX + NCT - 1) / NCT)  // input elements a consumer thread loads, at most
+#define MAXE ((XMAX + NCT - 1) / NCT)
+#define REDUCE_BIT 0x80000000u  // a phase's output word: every block adds to all its outputs  // input elements a consumer thread loads, at most
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     chain_step(const unsigned char* buf, const u32* plan, u64* act, u32* ctr, u64* trace, u32 tag) {
@@ -353,6 +355,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     if (lane == 0) red()[warp] = acc;
     csync();
     u64* out = act_vec(act, h);
+#if HOPS != 2
+    if (ph.outb & REDUCE_BIT) {  // a partial of every output, added (the split-K form)
+      const float r = red()[threadIdx.x % NCW] * 1e-30f;
+      for (u32 i = 4 * threadIdx.x; i + 3 < (ph.outb & ~REDUCE_BIT); i += 4 * NCT)
+        asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(
+                         (float*)out + i), "f"(r), "f"(r), "f"(r), "f"(r)
+                     : "memory");
+    } else
+#endif
     for (u32 i = threadIdx.x; i < ph.outb; i += NCT) {
       const u32 j = blockIdx.x * ph.outb + i;
       const u64 val = __float_as_uint(red()[i % NCW] * 1e-30f + 1.f);

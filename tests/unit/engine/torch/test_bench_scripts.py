@@ -123,7 +123,7 @@ def test_the_step_skeleton_streams_the_models_own_bytes(bench_chain: ModuleType,
     a = bench_chain.MODELS[name]
     bias_and_norms = a.n_layer * (a.qkv_dim + 2 * a.n_embd) + a.n_embd
     assert bench_chain.weight_bytes(a) == 2 * (a.n_params - bias_and_norms)
-    words, streamed = bench_chain.plan_words(a, 132, merge=True, weights=True, trips=True)
+    words, streamed = bench_chain.plan_words(a, 132, hops=6, weights=True, trips=True)
     layers, nph = words[:2]
     assert (layers, nph) == (a.n_layer, 6)
     phases = [words[2 + 4 * p: 6 + 4 * p] for p in range(nph + 1)]
@@ -136,10 +136,17 @@ def test_the_step_skeleton_streams_the_models_own_bytes(bench_chain: ModuleType,
     assert [p[1] for p in phases] == [a.n_embd, a.qkv_dim, a.q_dim, a.q_dim, a.n_embd, a.n_ff,
                                       a.n_embd]
     assert [p[3] for p in phases] == [0, bench_chain.ATT_TRIPS, bench_chain.MERGE_TRIPS, 0, 0, 0, 0]
-    five, _ = bench_chain.plan_words(a, 132, merge=False, weights=True, trips=False)
+    five, _ = bench_chain.plan_words(a, 132, hops=5, weights=True, trips=False)
     assert five[1] == 5 and all(five[5 + 4 * p] == 0 for p in range(6))
-    none, nothing = bench_chain.plan_words(a, 132, merge=True, weights=False, trips=True)
+    none, nothing = bench_chain.plan_words(a, 132, hops=6, weights=False, trips=True)
     assert nothing == 0 and all(none[2 + 4 * p] == 0 for p in range(7))
+    # three hand-offs: the same bytes, the last two products adding into the whole vector
+    three, streamed3 = bench_chain.plan_words(a, 132, hops=3, weights=True, trips=True)
+    assert three[1] == 3 and abs(streamed3 - streamed) <= 4 * a.n_layer * bench_chain.STAGE
+    assert [three[4 + 4 * p] for p in range(4)] == [
+        words[4], bench_chain.REDUCE | a.n_embd, bench_chain.REDUCE | a.n_embd, 1]
+    with pytest.raises(ValueError, match="6, 5 or 3, not 4"):
+        bench_chain.phases(a, 4)
 
 
 def test_the_skeletons_trace_reads_imbalance_and_latency_per_hand_off(
