@@ -290,7 +290,8 @@ def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
             words, streamed = plan_words(a, blocks, v.hops, v.weights, v.trips)
             nph = words[1]
             nhop = a.n_layer * nph + 1
-            plan = torch.tensor(words, dtype=torch.int32, device="cuda")
+            plan = torch.tensor([w - (1 << 32) if w & REDUCE else w for w in words],
+                                dtype=torch.int32, device="cuda")  # u32 words, as the kernel reads them
             ctr = torch.zeros(nhop, dtype=torch.int32, device="cuda")
             trace = torch.zeros(blocks * nhop * 2, dtype=torch.int64, device="cuda")
             ms: list[float] = []
