@@ -38,9 +38,9 @@ each timed as ``--reps`` launches (CUDA events, median):
     chain         ``step`` with no weight bytes: the hand-offs alone (``chain_ll``)
 
 and for every variant that waits, the trace: per hand-off kind, the median over the middle
-layers of the imbalance (the last block's outputs stored, less the median block's) and the
-latency (the median block's next input in shared memory, less the last block's outputs
-stored), and the median layer.
+layers of the imbalance (the last block's outputs stored, less the median block's), the
+latency (the median block's next input in shared memory, less the last block's outputs stored)
+and of it the part until the median block saw the count (counters only), and the median layer.
 
 Then, in the same process, today's default Triton one-token step at position 512 (random
 weights, its CUDA graph replayed; ``--no-triton`` leaves it out), the baseline each figure is
@@ -252,20 +252,23 @@ class Kernels:
 
 def hop_stats(tr: torch.Tensor, nph: int, layers: int,
               names: list[str]) -> dict[str, Any]:
-    """From the trace [blocks, hops, 2] (ns): per hand-off kind, the medians over the middle
-    layers of the imbalance and the latency (µs), and the median layer (µs)."""
+    """From the trace [blocks, hops, 3] (ns; see the source): per hand-off kind, the medians
+    over the middle layers of the imbalance, the latency and, of the latency, the part until
+    the count was seen (µs), and the median layer (µs)."""
     t = tr.to(torch.int64)
     t = t - t[:, :, 0].min()  # int64 before any float: the timer is ns since the epoch
-    arrive, seen = t[:, :, 0].double(), t[:, :, 1].double()
+    arrive, ready, seen = (t[:, :, i].double() for i in range(3))
     last = arrive.max(dim=0).values
     imbalance = last - arrive.median(dim=0).values
-    latency = seen.median(dim=0).values - last
+    latency = ready.median(dim=0).values - last
+    counted = seen.median(dim=0).values - last
     mid = range(1, layers - 1)
     out: dict[str, Any] = {}
     for p, name in enumerate(names):
         hs = [lay * nph + p for lay in mid]
         out[name] = {"imbalance_us": statistics.median(imbalance[hs].tolist()) / 1e3,
-                     "latency_us": statistics.median(latency[hs].tolist()) / 1e3}
+                     "latency_us": statistics.median(latency[hs].tolist()) / 1e3,
+                     "counted_us": statistics.median(counted[hs].tolist()) / 1e3}
     ends = [last[(lay + 1) * nph - 1].item() for lay in range(layers)]
     out["layer_us"] = statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False)) / 1e3
     return out
@@ -293,7 +296,7 @@ def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
             plan = torch.tensor([w - (1 << 32) if w & REDUCE else w for w in words],
                                 dtype=torch.int32, device="cuda")  # u32 words, as the kernel reads them
             ctr = torch.zeros(nhop, dtype=torch.int32, device="cuda")
-            trace = torch.zeros(blocks * nhop * 2, dtype=torch.int64, device="cuda")
+            trace = torch.zeros(blocks * nhop * 3, dtype=torch.int64, device="cuda")
             ms: list[float] = []
             for i in range(reps + 1):
                 ctr.zero_()
@@ -314,14 +317,15 @@ def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
                      stream_GBps=streamed / (med * 1e-3) / 1e9 if streamed else None)
             names = [p.name for p in phases(a, v.hops)[0]]
             if v.macros_dict().get("HOPS", 1):
-                r["trace"] = hop_stats(trace.view(blocks, nhop, 2)[:, : nhop - 1].cpu(), nph,
+                r["trace"] = hop_stats(trace.view(blocks, nhop, 3)[:, : nhop - 1].cpu(), nph,
                                        a.n_layer, names)
             bw = f"{r['stream_GBps']:6.0f} GB/s" if streamed else " " * 11
             lay = f"layer {r['trace']['layer_us']:6.2f} µs" if "trace" in r else ""
             log(f"  {v.name:10s} {med:8.4f} ms  {r['pct_floor']:5.1f} % of the floor  {bw}  {lay}")
             if "trace" in r:
                 log("    " + "; ".join(
-                    f"{n} {s['imbalance_us']:.2f}+{s['latency_us']:.2f}"
+                    f"{n} {s['imbalance_us']:.2f}+{s['latency_us']:.2f} "
+                    f"(counted {s['counted_us']:.2f})"
                     for n, s in r["trace"].items() if n != "layer_us"))
         except Exception:  # noqa: BLE001
             r["error"] = traceback.format_exc(limit=3)

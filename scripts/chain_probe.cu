@@ -44,9 +44,10 @@
 //   phase's stages are dealt to the blocks in contiguous shares that differ by one at most.
 // Counters: ctr[h] for hand-off h = layer * phases + phase (the last phase too), zeroed by the
 // host before each launch (HOPS 1). Activations: two vectors of XMAX float32 values (HOPS 2:
-// of XMAX 8-byte elements, the value in the low word and the tag in the high). Trace (u64): for each block and hand-off, when the
-// block had stored its outputs, and when it had its next phase's input in shared memory (HOPS
-// 0: both the former).
+// of XMAX 8-byte elements, the value in the low word and the tag in the high). Trace (u64),
+// three stamps for each block and hand-off: when the block had stored its outputs, when it had
+// its next phase's input in shared memory, and (HOPS 1) when its thread 0 saw every block's
+// count (HOPS 0: all three the first; HOPS 2: the last the second).
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -252,7 +253,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
   int slot = 0;
   u32 parity = 0;
-  u64* tr = trace + (u64)blockIdx.x * nhop * 2;
+  u64* tr = trace + (u64)blockIdx.x * nhop * 3;
   for (u32 h = 0; h < nhop; ++h) {
     const Phase ph = phase_of(plan, h, nph, layers);
     // the input: every block's share of the phase before
@@ -272,6 +273,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         u32 polls = 0;
         u64 t0 = 0;
         while (ld_acquire(ctr + h - 1) < gridDim.x) watchdog(&polls, &t0);
+        tr[3 * (h - 1) + 2] = gtime();
       }
       csync();
 #endif
@@ -317,7 +319,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                              ((threadIdx.x + (u32)(x != 0.f) * 7u + t * 97u) % ph.xlen));
       if (ph.trips && x == 12345.f) xs()[0] = x;  // keeps the chain live
       csync();
-      if (threadIdx.x == 0) tr[2 * (h - 1) + 1] = HOPS ? gtime() : tr[2 * (h - 1)];
+      if (threadIdx.x == 0) {
+        tr[3 * (h - 1) + 1] = HOPS ? gtime() : tr[3 * (h - 1)];
+        if (HOPS != 1) tr[3 * (h - 1) + 2] = tr[3 * (h - 1) + 1];
+      }
     }
     // the phase's stages against the input
     float acc = 0.f;
@@ -376,11 +381,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if HOPS == 1
     csync();  // the block's stores before thread 0's release
     if (threadIdx.x == 0) {
-      tr[2 * h] = gtime();
+      tr[3 * h] = gtime();
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ctr + h) : "memory");
     }
 #else
-    if (threadIdx.x == 0) tr[2 * h] = gtime();
+    if (threadIdx.x == 0) tr[3 * h] = gtime();
     csync();  // red[] is read before the next phase's warps overwrite it
 #endif
   }

@@ -157,18 +157,21 @@ def test_the_skeletons_trace_reads_imbalance_and_latency_per_hand_off(
 
     blocks, nph, layers = 3, 2, 4
     base = 1_800_000_000_000_000_000
-    tr = torch.zeros(blocks, layers * nph, 2, dtype=torch.int64)
+    tr = torch.zeros(blocks, layers * nph, 3, dtype=torch.int64)
     t = base
     for h in range(layers * nph):
         arrive = [t, t + 100, t + 700 if h % nph else t + 300]  # block 2 is late
         last = max(arrive)
         for b in range(blocks):
             tr[b, h, 0] = arrive[b]
-            tr[b, h, 1] = last + 400 + 10 * b  # every block has its input 400-420 ns later
+            tr[b, h, 1] = last + 400 + 10 * b  # every block has its input 400-420 ns later,
+            tr[b, h, 2] = last + 150 + 10 * b  # having seen the count 150-170 ns later
         t = last + 1000
     got = bench_chain.hop_stats(tr, nph, layers, ["a", "b"])
-    assert got["a"] == {"imbalance_us": pytest.approx(0.2), "latency_us": pytest.approx(0.41)}
-    assert got["b"] == {"imbalance_us": pytest.approx(0.6), "latency_us": pytest.approx(0.41)}
+    assert got["a"] == {"imbalance_us": pytest.approx(0.2), "latency_us": pytest.approx(0.41),
+                        "counted_us": pytest.approx(0.16)}
+    assert got["b"] == {"imbalance_us": pytest.approx(0.6), "latency_us": pytest.approx(0.41),
+                        "counted_us": pytest.approx(0.16)}
     # a layer: phase a (300 + 1000) then phase b (700 + 1000) from last arrival to last arrival
     assert got["layer_us"] == pytest.approx(3.0)
 
