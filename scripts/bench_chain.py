@@ -23,7 +23,8 @@ each timed as ``--reps`` launches (CUDA events, median):
     stream        no waits: every phase's input load, round trips and outputs, never waiting
                   (``stream_noin``: no input loads; ``stream_noout``: no outputs;
                   ``*_in0``: each thread's input loads one at a time, load then store, as
-                  decode_step.cu's first version did, not all issued first)
+                  decode_step.cu's first version did, not all issued first; ``*_in2``: all
+                  issued first, 16 bytes a load)
     step          counters: every hand-off and the attention's round trips
     step5         the merge folded into the attention (5 hand-offs a layer, not 6)
     step_t0       ``step`` without the attention's and the merge's extra round trips
@@ -201,6 +202,9 @@ def variants() -> list[Variant]:
         Variant("step_in0", m(INLOAD=0)),
         Variant("step5_in0", m(INLOAD=0), hops=5),
         Variant("step3_in0", m(INLOAD=0), hops=3),
+        Variant("step3_in2", m(INLOAD=2), hops=3),
+        Variant("step_in2", m(INLOAD=2)),
+        Variant("stream3_in2", m(HOPS=0, INLOAD=2), hops=3, trips=False),
         Variant("stream3_in0", m(HOPS=0, INLOAD=0), hops=3, trips=False),
         Variant("step_ns4", m(NSTAGE=4)),
         Variant("step_ll", m(HOPS=2)),
@@ -211,6 +215,7 @@ def variants() -> list[Variant]:
         Variant("chain", m(), weights=False),
         Variant("chain_in0", m(INLOAD=0), weights=False),
         Variant("chain3_in0", m(INLOAD=0), hops=3, weights=False),
+        Variant("chain3_in2", m(INLOAD=2), hops=3, weights=False),
         Variant("chain_ll", m(HOPS=2), weights=False),
     ]
 

@@ -76,8 +76,8 @@ typedef unsigned int u32;
 #ifndef OUTPUT  // 0 (with HOPS 0): no outputs (inputs still loaded)
 #define OUTPUT 1
 #endif
-#ifndef INLOAD  // 1: a thread's input loads all issued before any is stored; 0: load, store, load...
-#define INLOAD 1
+#ifndef INLOAD  // 1: a thread's input loads all issued before any is stored; 0: load, store, load...;
+#define INLOAD 1  // 2: as 1, 16 bytes a load (HOPS 0 and 1)
 #endif
 #ifndef PF  // > 0: one more warp asks L2 for the stages up to PF ahead of the producer's
 #define PF 0
@@ -300,6 +300,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
 #elif INLOAD == 0
       for (u32 i = threadIdx.x; i < n; i += NCT) xs()[i] = ld_cg(in32 + i);
+#elif INLOAD == 2
+      uint4 v[(MAXE + 3) / 4];  // 16 bytes a load, all issued before any is stored
+#pragma unroll
+      for (int e = 0; e < (MAXE + 3) / 4; ++e) {
+        const u32 i = 4 * (threadIdx.x + e * NCT);
+        if (i < n) v[e] = __ldcg((const uint4*)(in32 + i));
+      }
+#pragma unroll
+      for (int e = 0; e < (MAXE + 3) / 4; ++e) {
+        const u32 i = 4 * (threadIdx.x + e * NCT);
+        if (i < n) *(uint4*)(xs() + i) = v[e];
+      }
 #else
       u32 v[MAXE];  // every load issued before any is stored: one round trip, not MAXE
 #pragma unroll
