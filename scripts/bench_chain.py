@@ -16,31 +16,36 @@ merge (1), o-projection, gate/up, down; then the output projection.
 Two hand-offs (``HOPS`` in the source): a counter every block adds to with release semantics
 and the next phase polls with acquire (decode_step.cu's grid barrier), or flags in the data
 (each output one 8-byte store of its value and the hand-off's tag, each reader polling its
-input's elements for the tag: NCCL's LL protocol, no fence and no counter). Variants, per model,
-each timed as ``--reps`` launches (CUDA events, median):
+input's elements for the tag: NCCL's LL protocol, no fence and no counter). Every input is
+loaded 16 bytes at a time, all of a thread's loads issued before any is stored, unless a
+variant says otherwise. Variants, per model:
 
     stream_bare   the stages alone: no inputs, round trips or outputs
-    stream        no waits: every phase's input load, round trips and outputs, never waiting
-                  (``stream_noin``: no input loads; ``stream_noout``: no outputs;
-                  ``*_in0``: each thread's input loads one at a time, load then store, as
-                  decode_step.cu's first version did, not all issued first; ``*_in2``: all
-                  issued first, 16 bytes a load)
-    step          counters: every hand-off and the attention's round trips
-    step5         the merge folded into the attention (5 hand-offs a layer, not 6)
+    stream        never waiting: every phase's input load, round trips and outputs
+                  (``stream_noin``: no input loads or round trips; ``stream_noout``: no
+                  outputs), so ``step`` less ``stream`` is what the waits cost
+    step          counters: every hand-off (6 a layer) and the attention's round trips
+    step5         the merge folded into the attention (5 hand-offs a layer)
     step_t0       ``step`` without the attention's and the merge's extra round trips
-    step3_in0     3 hand-offs a layer (``phases``): the attention with the o-projection's
-                  columns of its heads, gate/up with the down projection's columns of its rows,
-                  each adding its partial outputs with float atomics (``stream3_in0``,
-                  ``chain3_in0``)
+    step_in0      each thread's input loads one at a time, load then store (as decode_step.cu's
+                  first version did; also ``step3_in0``)
     step_ns4      ``step`` with a 4-stage ring (96 KB) instead of 7 (168 KB)
+    step3         3 hand-offs a layer (``phases``): the attention with the o-projection's
+                  columns of its heads, gate/up with the down projection's columns of its rows,
+                  each block adding its partial of the whole output with float atomics; the
+                  merge is a round trip in the phase, not a hand-off, which is optimistic
+                  (``stream3`` never waits)
     step_ll       flags in the data instead of counters
-    *_pf8, *_pf16 one more warp asks L2 for the stages up to 8 or 16 (192 or 384 KB) ahead of
-                  the producer, so DRAM streams on while the ring is full
-    chain         ``step`` with no weight bytes: the hand-offs alone (``chain_ll``)
+    *_pf8         one more warp asks L2 for the stages up to 8 (192 KB) ahead of the producer,
+                  so DRAM streams on while the ring is full
+    chain         ``step`` with no weight bytes: the hand-offs alone (``chain3``, ``chain_ll``)
 
-and for every variant that waits, the trace: per hand-off kind, the median over the middle
-layers of the imbalance (the last block's outputs stored, less the median block's), the
-latency (the median block's next input in shared memory, less the last block's outputs stored)
+Each is timed as ``--reps`` launches queued back to back between two CUDA events (after one
+warm-up), in three batches, the best batch's mean: the host's launch path overlaps the GPU's
+work as the Triton step's graph replays do. For every variant that waits, the trace of the last
+launch: per hand-off kind, the median over the middle layers of the imbalance (the last block's
+outputs stored, less the median block's), the latency (the median block with its next input in
+shared memory and its phase's extra round trips walked, less the last block's outputs stored)
 and of it the part until the median block saw the count (counters only), and the median layer.
 
 Then, in the same process, today's default Triton one-token step at position 512 (random
@@ -49,8 +54,9 @@ a ratio to.
 
 "% of the floor" is over the floor the decode benchmarks use: the model's bf16 weight bytes
 and the K/V of 513 positions, over the copy bandwidth measured in the same run. The skeleton
-streams each phase rounded up to whole 24 KB stages (0.1-0.3 % more bytes than the model's, and
-no K/V), dealt to the blocks in shares that differ by one stage at most. Run on the lent H200, about a minute:
+streams each phase rounded up to whole 24 KB stages (under 0.1 % more bytes than the model's,
+and no K/V), dealt to the blocks in shares that differ by one stage at most. On the lent H200,
+about a minute:
 
     python3 scripts/bench_chain.py --out $OUT/chain
 """
@@ -154,18 +160,24 @@ def weight_bytes(a: ModelArgs) -> int:
     return a.n_layer * sum(p.nbytes for p in layer) + out.nbytes
 
 
-#: The plan's output word: the outputs a block stores, or (this bit set) the outputs every
-#: block adds to.
+#: The plan's output word: the outputs a block stores, or (this bit set: the kernel's
+#: REDUCE_BIT) the length of the vector every block adds a partial of. One word, so the kernel
+#: reads a phase's whole description in one place.
 REDUCE = 1 << 31
+#: The kernel's XMAX: the longest input or output vector (the 1.5B's feed-forward width).
+XMAX = 8960
 
 
 def plan_words(a: ModelArgs, blocks: int, hops: int, weights: bool,
                trips: bool) -> tuple[list[int], int]:
-    """The kernel's plan (see the source) and the bytes it streams."""
+    """The kernel's plan (see the source) and the bytes it streams. Stages are rounded up, so
+    every weight byte of the model is streamed (and under a stage more a phase)."""
     layer, out = phases(a, hops)
     words = [a.n_layer, len(layer)]
     streamed = 0
     for i, p in enumerate([*layer, out]):
+        if max(p.xlen, p.out) > XMAX or (p.reduce and p.out % 4):
+            raise ValueError(f"{p.name}: vectors of at most {XMAX} (a multiple of 4 where added)")
         stages = math.ceil(p.nbytes / STAGE) if weights else 0
         outs = REDUCE | p.out if p.reduce else math.ceil(p.out / blocks)
         words += [stages, p.xlen, outs, p.trips if trips else 0]
@@ -173,8 +185,19 @@ def plan_words(a: ModelArgs, blocks: int, hops: int, weights: bool,
     return words, streamed
 
 
+def plan_tensor(words: list[int]) -> torch.Tensor:
+    """The plan as the kernel reads it, u32 words; torch has no u32 tensors to build from
+    Python ints, so words with the top bit set go in as the int32 of the same bits."""
+    if any(not 0 <= w < 1 << 32 for w in words):
+        raise ValueError("plan words are u32")
+    return torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
+
+
 @dataclass(frozen=True)
 class Variant:
+    """One timed skeleton: the kernel's macros and the plan's shape (hand-offs a layer, weight
+    bytes or none, the attention's round trips or none)."""
+
     name: str
     macros: tuple[tuple[str, int], ...]
     hops: int = 6
@@ -186,38 +209,35 @@ class Variant:
 
 
 def variants() -> list[Variant]:
+    """Every variant ``--variants`` can name (the docstring says what each prices). Hand-offs
+    as flags in the data cannot add split-K partials, so no 3-hand-off variant uses them."""
     def m(**kw: int) -> tuple[tuple[str, int], ...]:
-        base = dict(NCW=NCW, NSTAGE=7, STAGE_BYTES=STAGE, COPY_BYTES=3072, HOPS=1, ARITH=1)
+        base = dict(NCW=NCW, NSTAGE=7, STAGE_BYTES=STAGE, COPY_BYTES=3072, HOPS=1, ARITH=1,
+                    INLOAD=2, XMAX=XMAX)
         return tuple(sorted({**base, **kw}.items()))
 
-    return [
+    out = [
         Variant("stream_bare", m(HOPS=0, BARE=1), trips=False),
-        Variant("stream", m(HOPS=0), trips=False),
-        Variant("stream_noin", m(HOPS=0, INPUT=0), trips=False),
-        Variant("stream_noout", m(HOPS=0, OUTPUT=0), trips=False),
-        Variant("stream_in0", m(HOPS=0, INLOAD=0), trips=False),
+        Variant("stream", m(HOPS=0)),
+        Variant("stream_noin", m(HOPS=0, INPUT=0)),
+        Variant("stream_noout", m(HOPS=0, OUTPUT=0)),
         Variant("step", m()),
         Variant("step5", m(), hops=5),
         Variant("step_t0", m(), trips=False),
         Variant("step_in0", m(INLOAD=0)),
-        Variant("step5_in0", m(INLOAD=0), hops=5),
-        Variant("step3_in0", m(INLOAD=0), hops=3),
-        Variant("step3_in2", m(INLOAD=2), hops=3),
-        Variant("step_in2", m(INLOAD=2)),
-        Variant("stream3_in2", m(HOPS=0, INLOAD=2), hops=3, trips=False),
-        Variant("stream3_in0", m(HOPS=0, INLOAD=0), hops=3, trips=False),
         Variant("step_ns4", m(NSTAGE=4)),
+        Variant("stream3", m(HOPS=0), hops=3),
+        Variant("step3", m(), hops=3),
+        Variant("step3_in0", m(INLOAD=0), hops=3),
         Variant("step_ll", m(HOPS=2)),
-        Variant("stream_pf8", m(HOPS=0, PF=8), trips=False),
-        Variant("stream_pf16", m(HOPS=0, PF=16), trips=False),
+        Variant("stream_pf8", m(HOPS=0, PF=8)),
         Variant("step_pf8", m(PF=8)),
-        Variant("step_pf16", m(PF=16)),
         Variant("chain", m(), weights=False),
-        Variant("chain_in0", m(INLOAD=0), weights=False),
-        Variant("chain3_in0", m(INLOAD=0), hops=3, weights=False),
-        Variant("chain3_in2", m(INLOAD=2), hops=3, weights=False),
+        Variant("chain3", m(), hops=3, weights=False),
         Variant("chain_ll", m(HOPS=2), weights=False),
     ]
+    assert not any(v.hops == 3 and v.macros_dict()["HOPS"] == 2 for v in out)
+    return out
 
 
 def threads(m: dict[str, int]) -> int:
@@ -234,12 +254,14 @@ class Kernels:
         self.fns: dict[tuple[tuple[str, int], ...], tuple[ctypes.c_void_p, int, str]] = {}
 
     def get(self, macros: tuple[tuple[str, int], ...]) -> tuple[ctypes.c_void_p, int, str]:
+        """The kernel of ``macros``, the shared memory it lays out, and how it was built; every
+        block must fit an SM alone, or the hand-offs would wait on blocks never started."""
         if macros not in self.fns:
             m = dict(macros)
             cubin, how = compile_cached(source(), m, self.arch, name="chain_probe")
             mod = ctypes.c_void_p()
             _check(self.lib, self.lib.cuModuleLoadData(ctypes.byref(mod), cubin), "loading")
-            smem = m["NSTAGE"] * (STAGE + 16) + (8960 + NCW + 1) * 4
+            smem = m["NSTAGE"] * (m["STAGE_BYTES"] + 16) + (m["XMAX"] + m["NCW"] + 1) * 4
             fn, occ = load_function(self.lib, mod, "chain_step", smem, threads(m), carveout=100)
             if occ < 1:
                 raise RuntimeError(f"chain_step does not fit an SM with {smem} B")
@@ -248,6 +270,8 @@ class Kernels:
 
     def launch(self, fn: ctypes.c_void_p, grid: int, smem: int, args: list[int],
                nthreads: int) -> None:
+        """One launch on PyTorch's stream; ``args`` are 64-bit words (the driver reads as many
+        bytes of each as the parameter has, so the u32 ones take the low half)."""
         vals = [ctypes.c_uint64(x) for x in args]
         argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
@@ -279,8 +303,38 @@ def hop_stats(tr: torch.Tensor, nph: int, layers: int,
     return out
 
 
+#: Batches of back-to-back launches a variant; its time is the best batch's mean, as the Triton
+#: step's baseline is the best of three means of replays (``bench_gpu.time_ms``).
+BATCHES = 3
+
+
+def time_variant(k: Kernels, v: Variant, blocks: int, reps: int, args: list[int],
+                 ctr: torch.Tensor, tag: int, nhop: int) -> tuple[list[float], int]:
+    """Per batch, the mean ms of ``reps`` launches queued back to back (after one warm-up), so
+    that the host's launch path overlaps the GPU's work as a graph replay's does; and the next
+    unused tag. The counters are zeroed once a batch, each launch waiting on its own epoch."""
+    fn, smem, _ = k.get(v.macros)
+    nthreads = threads(v.macros_dict())
+    means = []
+    for _ in range(BATCHES):
+        ctr.zero_()
+        e0 = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        e1 = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        for epoch in range(1, reps + 2):
+            if epoch == 2:
+                e0.record()
+            k.launch(fn, blocks, smem, [*args, tag, epoch], nthreads)
+            tag += nhop + 1  # no element of this launch matches the next one's tags
+        e1.record()
+        e1.synchronize()
+        means.append(e0.elapsed_time(e1) / reps)
+    return means, tag
+
+
 def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
               res: dict[str, Any], triton: bool, chosen: list[str]) -> None:
+    """Every chosen variant for one model, then today's Triton step as the baseline; results
+    into ``res[name]`` as they come, so a fault part-way keeps what ran."""
     a = MODELS[name]
     floor = step_floor_ms(weight_bytes(a), a, 512, copy_Bps)
     res[name] = {"floor_ms": floor, "variants": {}}
@@ -288,45 +342,32 @@ def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
     todo = [v for v in variants() if v.name in chosen]
     total = max(plan_words(a, blocks, v.hops, v.weights, v.trips)[1] for v in todo)
     buf = torch.randint(1, 255, (total,), dtype=torch.uint8, device="cuda")
-    act = torch.zeros(2 * 8960, dtype=torch.int64, device="cuda")
+    act = torch.zeros(2 * XMAX, dtype=torch.int64, device="cuda")
     tag = 1
     for v in todo:
         r: dict[str, Any] = {}
         res[name]["variants"][v.name] = r
         try:
-            fn, smem, how = k.get(v.macros)
             words, streamed = plan_words(a, blocks, v.hops, v.weights, v.trips)
             nph = words[1]
             nhop = a.n_layer * nph + 1
-            plan = torch.tensor([w - (1 << 32) if w & REDUCE else w for w in words],
-                                dtype=torch.int32, device="cuda")  # u32 words, as the kernel reads them
+            plan = plan_tensor(words).cuda()
             ctr = torch.zeros(nhop, dtype=torch.int32, device="cuda")
             trace = torch.zeros(blocks * nhop * 3, dtype=torch.int64, device="cuda")
-            ms: list[float] = []
-            for i in range(reps + 1):
-                ctr.zero_()
-                args = [buf.data_ptr(), plan.data_ptr(), act.data_ptr(), ctr.data_ptr(),
-                        trace.data_ptr(), tag]
-                tag += nhop + 1  # no element of this launch matches the next one's tags
-                e0 = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                e1 = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                e0.record()
-                k.launch(fn, blocks, smem, args, threads(v.macros_dict()))
-                e1.record()
-                e1.synchronize()
-                if i:  # the first launch warms up
-                    ms.append(e0.elapsed_time(e1))
-            med = statistics.median(ms)
-            r.update(ms=med, ms_all=ms, streamed_bytes=streamed, compiler=how,
-                     pct_floor=100 * floor / med,
-                     stream_GBps=streamed / (med * 1e-3) / 1e9 if streamed else None)
+            args = [buf.data_ptr(), plan.data_ptr(), act.data_ptr(), ctr.data_ptr(),
+                    trace.data_ptr()]
+            means, tag = time_variant(k, v, blocks, reps, args, ctr, tag, nhop)
+            best = min(means)
+            r.update(ms=best, ms_batches=means, streamed_bytes=streamed,
+                     compiler=k.get(v.macros)[2], pct_floor=100 * floor / best,
+                     stream_GBps=streamed / (best * 1e-3) / 1e9 if streamed else None)
             names = [p.name for p in phases(a, v.hops)[0]]
             if v.macros_dict().get("HOPS", 1):
                 r["trace"] = hop_stats(trace.view(blocks, nhop, 3)[:, : nhop - 1].cpu(), nph,
                                        a.n_layer, names)
             bw = f"{r['stream_GBps']:6.0f} GB/s" if streamed else " " * 11
             lay = f"layer {r['trace']['layer_us']:6.2f} µs" if "trace" in r else ""
-            log(f"  {v.name:10s} {med:8.4f} ms  {r['pct_floor']:5.1f} % of the floor  {bw}  {lay}")
+            log(f"  {v.name:12s} {best:8.4f} ms  {r['pct_floor']:5.1f} % of the floor  {bw}  {lay}")
             if "trace" in r:
                 log("    " + "; ".join(
                     f"{n} {s['imbalance_us']:.2f}+{s['latency_us']:.2f} "
@@ -346,30 +387,34 @@ def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
         from bench_verify import runner_for
 
         torch.cuda.empty_cache()
-        r, _ = runner_for(a, 576)
-        r.step(list(range(100, 101)), 512)
-        t1 = min(time_ms(lambda: r.replay(1)) for _ in range(3))
+        runner, _ = runner_for(a, 576)
+        runner.step(list(range(100, 101)), 512)
+        t1 = min(time_ms(lambda: runner.replay(1)) for _ in range(BATCHES))
         res[name]["triton_ms"] = t1
         log(f"  triton default one-token step @512: {t1:.4f} ms "
             f"({100 * floor / t1:.1f} % of the floor)")
-        for v, rv in res[name]["variants"].items():
+        for v_name, rv in res[name]["variants"].items():
             if "ms" in rv:
                 rv["ratio_to_triton"] = rv["ms"] / t1
-                log(f"    {v:10s} {rv['ms'] / t1:.3f}x the Triton step")
-        del r
+                log(f"    {v_name:12s} {rv['ms'] / t1:.3f}x the Triton step")
+        del runner
         torch.cuda.empty_cache()
 
 
 def main() -> int:
+    """Parse, refuse what cannot run (before looking for a GPU), then each model in turn."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--models", default="1.5B,0.5B")
-    ap.add_argument("--reps", type=int, default=20, help="timed launches per variant")
+    ap.add_argument("--reps", type=int, default=20,
+                    help=f"launches a batch, back to back ({BATCHES} batches a variant)")
     ap.add_argument("--variants", default="",
                     help="comma-separated names of the variants to run (default: all)")
     ap.add_argument("--no-triton", action="store_true",
                     help="leave out the Triton one-token step (the baseline)")
     args = ap.parse_args()
+    if args.reps < 1:
+        ap.error(f"--reps must be at least 1, not {args.reps}")
     for m in args.models.split(","):
         if m not in MODELS:
             ap.error(f"unknown model {m!r}: choose from {', '.join(MODELS)}")

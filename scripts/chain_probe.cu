@@ -37,17 +37,20 @@
 // stream, the hand-offs and the consumers' reads of shared memory, at the model's byte counts.
 //
 // The plan (u32, global memory, prepared by the host):
-//   plan[0] layers, plan[1] phases a layer (NPH_MAX at most), then four words a phase
+//   plan[0] layers, plan[1] phases a layer, then four words a phase
 //   (stages of the whole grid, input floats, output floats a block or, with the top bit set,
 //   the outputs every block adds a partial of, extra round trips), phases
 //   of one layer first, then the one phase after the last layer (the output projection). A
 //   phase's stages are dealt to the blocks in contiguous shares that differ by one at most.
 // Counters: ctr[h] for hand-off h = layer * phases + phase (the last phase too), zeroed by the
-// host before each launch (HOPS 1). Activations: two vectors of XMAX float32 values (HOPS 2:
-// of XMAX 8-byte elements, the value in the low word and the tag in the high). Trace (u64),
-// three stamps for each block and hand-off: when the block had stored its outputs, when it had
-// its next phase's input in shared memory, and (HOPS 1) when its thread 0 saw every block's
-// count (HOPS 0: all three the first; HOPS 2: the last the second).
+// host before a batch of launches; launch ``epoch`` (1, 2, ...) of the batch waits for each to
+// reach epoch x blocks, so launches run back to back with no reset between them (HOPS 1).
+// Activations: two vectors of XMAX float32 values (HOPS 2: of XMAX 8-byte elements, the value
+// in the low word and the tag in the high). Trace (u64),
+// three stamps for each block and hand-off (the batch's last launch): when the block had stored
+// its outputs, when it had its next phase's input in shared memory and had walked the phase's
+// extra round trips, and (HOPS 1) when its thread 0 saw every block's count (HOPS 0: all three
+// the first; HOPS 2: the last the second).
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -88,9 +91,6 @@ typedef unsigned int u32;
 #ifndef XMAX  // the longest input vector, floats
 #define XMAX 8960
 #endif
-#ifndef NPH_MAX
-#define NPH_MAX 8
-#endif
 #ifndef WATCHDOG_NS  // a wait longer than this traps instead of hanging the GPU
 #define WATCHDOG_NS 2000000000ull
 #endif
@@ -103,6 +103,8 @@ typedef unsigned int u32;
 static_assert(STAGE_BYTES % COPY_BYTES == 0, "a stage is a whole number of copies");
 static_assert(STAGE_BYTES % (16 * NCW) == 0, "every consumer warp reads the same share");
 static_assert(XMAX >= 1024 && XMAX % 4 == 0, "the arithmetic reads the first 1024 inputs");
+static_assert(HOPS == 0 || (INPUT && OUTPUT && !BARE),
+              "a hand-off needs every block's outputs and every reader's input");
 
 // @PTX_HELPERS@
 
@@ -192,11 +194,12 @@ __device__ __forceinline__ Phase phase_of(const u32* plan, u32 h, u32 nph, u32 l
 // A phase's input: every block's share of the phase before, ping-ponged between two vectors.
 __device__ __forceinline__ u64* act_vec(u64* act, u32 h) { return act + (h & 1u) * XMAX; }
 
-#define MAXE ((XMAX + NCT - 1) / NCT)
-#define REDUCE_BIT 0x80000000u  // a phase's output word: every block adds to all its outputs  // input elements a consumer thread loads, at most
+#define MAXE ((XMAX + NCT - 1) / NCT)  // input elements a consumer thread loads, at most
+#define REDUCE_BIT 0x80000000u  // a phase's output word: every block adds to all its outputs
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-    chain_step(const unsigned char* buf, const u32* plan, u64* act, u32* ctr, u64* trace, u32 tag) {
+    chain_step(const unsigned char* buf, const u32* plan, u64* act, u32* ctr, u64* trace, u32 tag,
+               u32 epoch) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const u32 layers = plan[0], nph = plan[1], nhop = layers * nph + 1;
   u64 per_block = 0, before = 0;  // stages of this block over the step, and of those before it
@@ -272,7 +275,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       if (threadIdx.x == 0) {
         u32 polls = 0;
         u64 t0 = 0;
-        while (ld_acquire(ctr + h - 1) < gridDim.x) watchdog(&polls, &t0);
+        while (ld_acquire(ctr + h - 1) < gridDim.x * epoch) watchdog(&polls, &t0);
         tr[3 * (h - 1) + 2] = gtime();
       }
       csync();
@@ -367,7 +370,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
     }
     // the block's share of the output, then the hand-off
-    if (BARE || !OUTPUT) continue;
+    if (BARE) continue;
+    if (!OUTPUT) {
+      csync();  // every warp done with the input before the next phase's loads overwrite it
+      continue;
+    }
     acc = warp_sum(acc);
     if (lane == 0) red()[warp] = acc;
     csync();

@@ -145,8 +145,28 @@ def test_the_step_skeleton_streams_the_models_own_bytes(bench_chain: ModuleType,
     assert three[1] == 3 and abs(streamed3 - streamed) <= 4 * a.n_layer * bench_chain.STAGE
     assert [three[4 + 4 * p] for p in range(4)] == [
         words[4], bench_chain.REDUCE | a.n_embd, bench_chain.REDUCE | a.n_embd, 1]
+    assert [three[3 + 4 * p] for p in range(4)] == [a.n_embd, a.qkv_dim, a.n_embd, a.n_embd]
+    assert [three[5 + 4 * p] for p in range(4)] == [
+        0, bench_chain.ATT_TRIPS + bench_chain.MERGE_TRIPS, 0, 0]
     with pytest.raises(ValueError, match="6, 5 or 3, not 4"):
         bench_chain.phases(a, 4)
+
+
+def test_the_plan_reaches_the_kernel_as_its_u32_words(bench_chain: ModuleType) -> None:
+    # Run 248 lost its 3-hand-off variants to an int32 overflow of the reduce bit.
+    words, _ = bench_chain.plan_words(bench_chain.MODELS["1.5B"], 132, hops=3, weights=True,
+                                      trips=True)
+    got = bench_chain.plan_tensor(words)
+    assert [w & 0xFFFFFFFF for w in got.tolist()] == words
+    with pytest.raises(ValueError, match="u32"):
+        bench_chain.plan_tensor([1 << 32])
+    # the host's bit and vector length are the kernel's
+    import re
+
+    src = bench_chain.source()
+    assert int(re.search(r"#define REDUCE_BIT (0x[0-9a-f]+)u", src).group(1), 16) == bench_chain.REDUCE
+    assert f"#define XMAX {bench_chain.XMAX}" in src
+    assert all(v.macros_dict()["XMAX"] == bench_chain.XMAX for v in bench_chain.variants())
 
 
 def test_the_skeletons_trace_reads_imbalance_and_latency_per_hand_off(
@@ -155,30 +175,36 @@ def test_the_skeletons_trace_reads_imbalance_and_latency_per_hand_off(
     # Three blocks, two phases a layer, four layers; the stamps near the epoch as the timer's.
     import torch
 
+    # Stamps near the epoch as the timer's; block 2 late by a different amount at each layer,
+    # so a mean over blocks, all layers or the first phase's end would each read otherwise.
     blocks, nph, layers = 3, 2, 4
     base = 1_800_000_000_000_000_000
     tr = torch.zeros(blocks, layers * nph, 3, dtype=torch.int64)
     t = base
     for h in range(layers * nph):
-        arrive = [t, t + 100, t + 700 if h % nph else t + 300]  # block 2 is late
+        lay, p = divmod(h, nph)
+        late = (700 if p else 300) + (5000 if lay in (0, layers - 1) else 0)
+        arrive = [t, t + 100, t + late]
         last = max(arrive)
         for b in range(blocks):
             tr[b, h, 0] = arrive[b]
-            tr[b, h, 1] = last + 400 + 10 * b  # every block has its input 400-420 ns later,
-            tr[b, h, 2] = last + 150 + 10 * b  # having seen the count 150-170 ns later
+            tr[b, h, 1] = last + 400 + 10 * b + 900 * (b == 2)  # the median block: +410 ns,
+            tr[b, h, 2] = last + 150 + 10 * b + 900 * (b == 2)  # having seen the count at +160
         t = last + 1000
     got = bench_chain.hop_stats(tr, nph, layers, ["a", "b"])
     assert got["a"] == {"imbalance_us": pytest.approx(0.2), "latency_us": pytest.approx(0.41),
                         "counted_us": pytest.approx(0.16)}
     assert got["b"] == {"imbalance_us": pytest.approx(0.6), "latency_us": pytest.approx(0.41),
                         "counted_us": pytest.approx(0.16)}
-    # a layer: phase a (300 + 1000) then phase b (700 + 1000) from last arrival to last arrival
+    # a middle layer: phase a (300 + 1000) then phase b (700 + 1000), last arrival to last
+    # arrival; the first and last layers' late block moves only their own layer times
     assert got["layer_us"] == pytest.approx(3.0)
 
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--models", "7B"], "unknown model '7B': choose from 1.5B, 0.5B"),
     (["--variants", "step,stepp"], "unknown variant 'stepp': choose from stream_bare, "),
+    (["--reps", "0"], "--reps must be at least 1, not 0"),
 ])
 def test_the_skeleton_refuses_a_mistyped_name_before_it_looks_for_a_gpu(
     bench_chain: ModuleType, argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch,
