@@ -35,10 +35,13 @@ variant says otherwise. Variants, per model:
                   each block adding its partial of the whole output with float atomics; the
                   merge is a round trip in the phase, not a hand-off, which is optimistic
                   (``stream3`` never waits)
+    step2         a bound below any Qwen2 layer: ``step3`` with q, k and v reaching the
+                  attention for free (2 hand-offs a layer; ``stream2``, ``chain2``)
     step_ll       flags in the data instead of counters
     *_pf8         one more warp asks L2 for the stages up to 8 (192 KB) ahead of the producer,
                   so DRAM streams on while the ring is full
-    chain         ``step`` with no weight bytes: the hand-offs alone (``chain3``, ``chain_ll``)
+    chain         ``step`` with no weight bytes: the hand-offs alone (``chain3``, ``chain2``,
+                  ``chain_ll``)
 
 Each is timed as ``--reps`` launches queued back to back between two CUDA events (after one
 warm-up), in three batches, the best batch's mean: the host's launch path overlaps the GPU's
@@ -134,9 +137,15 @@ def phases(a: ModelArgs, hops: int = 6) -> tuple[list[PhaseSpec], PhaseSpec]:
     are the next product's K slice, so that product needs no hand-off before it: the
     attention's heads and the o-projection's columns of those heads, gate/up's rows and the
     down projection's columns of those rows, each block adding its partial of the whole output
-    vector with float atomics (the split-K form; the weights read the same)."""
+    vector with float atomics (the split-K form; the weights read the same); 2, a bound below
+    any Qwen2 layer, as 3 with q, k and v reaching the attention's blocks with no hand-off."""
     d, f = a.n_embd, a.n_ff
     qkv = PhaseSpec("qkv", 2 * a.qkv_dim * d, d, a.qkv_dim)
+    if hops == 2:  # a bound, not a Qwen2 layer: q, k and v handed to the attention for free
+        layer = [PhaseSpec("qkv+attention+o", 2 * (a.qkv_dim + a.q_dim) * d, d, d,
+                           ATT_TRIPS + MERGE_TRIPS, reduce=True),
+                 PhaseSpec("gate/up+down", 2 * 3 * f * d, d, d, reduce=True)]
+        return layer, PhaseSpec("output", 2 * a.n_vocab * d, d, 1)
     if hops == 3:
         layer = [qkv, PhaseSpec("attention+o", 2 * a.q_dim * d, a.qkv_dim, d,
                                 ATT_TRIPS + MERGE_TRIPS, reduce=True),
@@ -146,7 +155,7 @@ def phases(a: ModelArgs, hops: int = 6) -> tuple[list[PhaseSpec], PhaseSpec]:
     if hops == 6:
         att.append(PhaseSpec("merge", 0, a.q_dim, a.q_dim, MERGE_TRIPS))
     elif hops != 5:
-        raise ValueError(f"hand-offs a layer: 6, 5 or 3, not {hops}")
+        raise ValueError(f"hand-offs a layer: 6, 5, 3 or 2, not {hops}")
     layer = [qkv, *att,
              PhaseSpec("o", 2 * a.q_dim * d, a.q_dim, d),
              PhaseSpec("gate/up", 2 * 2 * f * d, d, f),
@@ -229,14 +238,17 @@ def variants() -> list[Variant]:
         Variant("stream3", m(HOPS=0), hops=3),
         Variant("step3", m(), hops=3),
         Variant("step3_in0", m(INLOAD=0), hops=3),
+        Variant("stream2", m(HOPS=0), hops=2),
+        Variant("step2", m(), hops=2),
         Variant("step_ll", m(HOPS=2)),
         Variant("stream_pf8", m(HOPS=0, PF=8)),
         Variant("step_pf8", m(PF=8)),
         Variant("chain", m(), weights=False),
         Variant("chain3", m(), hops=3, weights=False),
+        Variant("chain2", m(), hops=2, weights=False),
         Variant("chain_ll", m(HOPS=2), weights=False),
     ]
-    assert not any(v.hops == 3 and v.macros_dict()["HOPS"] == 2 for v in out)
+    assert not any(v.hops < 5 and v.macros_dict()["HOPS"] == 2 for v in out)
     return out
 
 

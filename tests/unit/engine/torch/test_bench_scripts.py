@@ -148,7 +148,13 @@ def test_the_step_skeleton_streams_the_models_own_bytes(bench_chain: ModuleType,
     assert [three[3 + 4 * p] for p in range(4)] == [a.n_embd, a.qkv_dim, a.n_embd, a.n_embd]
     assert [three[5 + 4 * p] for p in range(4)] == [
         0, bench_chain.ATT_TRIPS + bench_chain.MERGE_TRIPS, 0, 0]
-    with pytest.raises(ValueError, match="6, 5 or 3, not 4"):
+    # two: the bound, the same bytes again, q, k and v with the o-projection in one phase
+    two, streamed2 = bench_chain.plan_words(a, 132, hops=2, weights=True, trips=True)
+    assert two[1] == 2 and abs(streamed2 - streamed) <= 4 * a.n_layer * bench_chain.STAGE
+    assert [two[3 + 4 * p] for p in range(3)] == [a.n_embd, a.n_embd, a.n_embd]
+    assert [two[4 + 4 * p] for p in range(3)] == [
+        bench_chain.REDUCE | a.n_embd, bench_chain.REDUCE | a.n_embd, 1]
+    with pytest.raises(ValueError, match="6, 5, 3 or 2, not 4"):
         bench_chain.phases(a, 4)
 
 
