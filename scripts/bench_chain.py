@@ -112,8 +112,11 @@ def log(*a: object) -> None:
 
 @functools.cache
 def source() -> str:
-    """chain_probe.cu with decode_step.cu's ring PTX in place of its marker."""
-    return with_ptx_helpers(SOURCE.read_text())
+    """chain_probe.cu with decode_step.cu's ring PTX and stream_probe.cu's probe helpers (the
+    timer, the watchdog wait, the evict-first policy) in place of its markers: each written once."""
+    probe = SOURCE.with_name("stream_probe.cu").read_text()
+    start, end = probe.index("// <probe-helpers>"), probe.index("// </probe-helpers>")
+    return with_ptx_helpers(SOURCE.read_text()).replace("// @PROBE_HELPERS@\n", probe[start:end], 1)
 
 
 @dataclass(frozen=True)

@@ -108,30 +108,9 @@ static_assert(HOPS == 0 || (INPUT && OUTPUT && !BARE),
 
 // @PTX_HELPERS@
 
-__device__ __forceinline__ u64 gtime() {
-  u64 t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-  return t;
-}
-
-// decode_step.cu's wait with a watchdog: a protocol error traps instead of spinning.
-__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
-  u32 polls = 0;
-  u64 t0 = 0;
-  while (!mbar_try_wait(bar, parity)) {
-    if ((++polls & 4095u) == 0) {
-      const u64 t = gtime();
-      if (t0 == 0) t0 = t;
-      else if (t - t0 > WATCHDOG_NS) asm volatile("trap;");
-    }
-  }
-}
-
-__device__ __forceinline__ u64 evict_first_policy() {
-  u64 policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
+// bench_chain.py puts stream_probe.cu's <probe-helpers> block (globaltimer, mbar_wait with a
+// watchdog, evict_first_policy) in place of the next line.
+// @PROBE_HELPERS@
 
 __device__ __forceinline__ void csync() { asm volatile("bar.sync 1, %0;" ::"n"(NCT) : "memory"); }
 
@@ -159,7 +138,7 @@ __device__ __forceinline__ void st_relaxed(u64* p, u64 v) {
 
 __device__ __forceinline__ void watchdog(u32* polls, u64* t0) {
   if ((++*polls & 1023u) == 0) {
-    const u64 t = gtime();
+    const u64 t = globaltimer();
     if (*t0 == 0) *t0 = t;
     else if (t - *t0 > WATCHDOG_NS) asm volatile("trap;");
   }
@@ -276,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         u32 polls = 0;
         u64 t0 = 0;
         while (ld_acquire(ctr + h - 1) < gridDim.x * epoch) watchdog(&polls, &t0);
-        tr[3 * (h - 1) + 2] = gtime();
+        tr[3 * (h - 1) + 2] = globaltimer();
       }
       csync();
 #endif
@@ -335,7 +314,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       if (ph.trips && x == 12345.f) xs()[0] = x;  // keeps the chain live
       csync();
       if (threadIdx.x == 0) {
-        tr[3 * (h - 1) + 1] = HOPS ? gtime() : tr[3 * (h - 1)];
+        tr[3 * (h - 1) + 1] = HOPS ? globaltimer() : tr[3 * (h - 1)];
         if (HOPS != 1) tr[3 * (h - 1) + 2] = tr[3 * (h - 1) + 1];
       }
     }
@@ -400,11 +379,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if HOPS == 1
     csync();  // the block's stores before thread 0's release
     if (threadIdx.x == 0) {
-      tr[3 * h] = gtime();
+      tr[3 * h] = globaltimer();
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ctr + h) : "memory");
     }
 #else
-    if (threadIdx.x == 0) tr[3 * h] = gtime();
+    if (threadIdx.x == 0) tr[3 * h] = globaltimer();
     csync();  // red[] is read before the next phase's warps overwrite it
 #endif
   }

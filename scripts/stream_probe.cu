@@ -82,6 +82,8 @@ static_assert(STAGE_BYTES < (1 << 20), "an mbarrier counts fewer than 2^20 trans
 // full_bar(), empty_bar(), ring_init()) in place of the next line.
 // @PTX_HELPERS@
 
+// <probe-helpers> (scripts/bench_chain.py builds chain_probe.cu with this block too: the
+// timer, the watchdog wait and the evict-first policy, written once for both probes)
 __device__ __forceinline__ u64 globaltimer() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
@@ -109,6 +111,7 @@ __device__ __forceinline__ u64 evict_first_policy() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   return policy;
 }
+// </probe-helpers>
 
 __device__ __forceinline__ void red_shared_add(u32* p, u32 v) {
   asm volatile("red.shared.add.u32 [%0], %1;" ::"r"(smem_u32(p)), "r"(v) : "memory");

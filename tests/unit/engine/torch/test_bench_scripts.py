@@ -226,6 +226,9 @@ def test_the_skeleton_uses_the_cuda_steps_own_ring_code(bench_chain: ModuleType)
     src = bench_chain.source()
     assert "@PTX_HELPERS@" not in src
     assert src.count("void bulk_load(") == 1 and src.count("bool mbar_try_wait(") == 1
+    # the timer and the watchdog wait are stream_probe.cu's, written once
+    assert "@PROBE_HELPERS@" not in src
+    assert src.count("void mbar_wait(") == 1 and src.count("u64 globaltimer()") == 1
 
 
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc is not installed")
