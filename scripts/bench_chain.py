@@ -42,6 +42,13 @@ variant says otherwise. Variants, per model:
                   so DRAM streams on while the ring is full
     chain         ``step`` with no weight bytes: the hand-offs alone (``chain3``, ``chain2``,
                   ``chain_ll``)
+    *_t9          a verify step's skeleton (k = 8: 9 tokens; ``stream_bare_t9``, ``stream3_t9``,
+                  ``step3_t9``, ``chain3_t9``, ``stream2_t9``, ``step2_t9``): every input and
+                  output 9 vectors (the inputs as bf16 in shared memory), each stage multiplied
+                  through matrix instructions (per 16 x 16 tile of weights one ldmatrix of them,
+                  one of 16 K of the 9 inputs, two m16n8k16 products), the split-K partials of
+                  all 9 tokens added. The question: would a persistent verify step reach the
+                  goal (k = 8 at most 1.15x the one-token step @4096)?
 
 Each is timed as ``--reps`` launches queued back to back between two CUDA events (after one
 warm-up), in three batches, the best batch's mean: the host's launch path overlaps the GPU's
@@ -51,17 +58,20 @@ outputs stored, less the median block's), the latency (the median block with its
 shared memory and its phase's extra round trips walked, less the last block's outputs stored)
 and of it the part until the median block saw the count (counters only), and the median layer.
 
-Then, in the same process, today's default Triton one-token step at position 512 (random
-weights, its CUDA graph replayed; ``--no-triton`` leaves it out), the baseline each figure is
-a ratio to.
+Then, in the same process, today's default Triton one-token step at ``--position`` (512;
+random weights, its CUDA graph replayed; ``--no-triton`` leaves it out), the baseline each
+figure is a ratio to, and where ``_t9`` variants ran, its 9-token verify step too.
 
 "% of the floor" is over the floor the decode benchmarks use: the model's bf16 weight bytes
-and the K/V of 513 positions, over the copy bandwidth measured in the same run. The skeleton
-streams each phase rounded up to whole 24 KB stages (under 0.1 % more bytes than the model's,
-and no K/V), dealt to the blocks in shares that differ by one stage at most. On the lent H200,
-about a minute:
+and the K/V of position + 1 positions, over the copy bandwidth measured in the same run. The
+skeleton streams each phase rounded up to whole 24 KB stages (under 0.1 % more bytes than the
+model's), the attention's phase with one layer's K/V of position + tokens positions (since
+session 30; run 252's skeleton streamed no K/V), dealt to the blocks in shares that differ by
+one stage at most. On the lent H200, about a minute a position:
 
     python3 scripts/bench_chain.py --out $OUT/chain
+    python3 scripts/bench_chain.py --out $OUT/c4096 --position 4096 \
+        --variants stream3,step3,stream3_t9,step3_t9
 """
 
 from __future__ import annotations
@@ -132,8 +142,12 @@ class PhaseSpec:
     reduce: bool = False  # every block adds a partial of all ``out`` outputs (float atomics)
 
 
-def phases(a: ModelArgs, hops: int = 6) -> tuple[list[PhaseSpec], PhaseSpec]:
-    """The layer's phases in step order and the output projection, at bf16 byte counts.
+def phases(a: ModelArgs, hops: int = 6, tokens: int = 1,
+           position: int = 0) -> tuple[list[PhaseSpec], PhaseSpec]:
+    """The layer's phases in step order and the output projection, at bf16 byte counts, for a
+    step of ``tokens`` tokens (1 decodes; k + 1 verifies k drafted tokens: every input and
+    output ``tokens`` vectors, the weights read once) whose attention reads the K/V of
+    ``position + tokens`` positions (streamed as its phase's bytes; 0: none, the weights only).
 
     ``hops`` a layer: 6 as the Triton step's kernels (qkv, attention, merge, o-projection,
     gate/up, down); 5 with the merge folded into the attention; 3 where a block's own outputs
@@ -142,28 +156,33 @@ def phases(a: ModelArgs, hops: int = 6) -> tuple[list[PhaseSpec], PhaseSpec]:
     down projection's columns of those rows, each block adding its partial of the whole output
     vector with float atomics (the split-K form; the weights read the same); 2, a bound below
     any Qwen2 layer, as 3 with q, k and v reaching the attention's blocks with no hand-off."""
-    d, f = a.n_embd, a.n_ff
-    qkv = PhaseSpec("qkv", 2 * a.qkv_dim * d, d, a.qkv_dim)
+    if hops not in (6, 5, 3, 2):
+        raise ValueError(f"hand-offs a layer: 6, 5, 3 or 2, not {hops}")
+    if tokens < 1 or (tokens > 1 and hops > 3):
+        # the down projection's input, 8,960 x tokens, would not fit shared memory
+        raise ValueError(f"{tokens} tokens: a verify step's skeleton hands off 3 or 2 times a layer")
+    d, f, t = a.n_embd, a.n_ff, tokens
+    kv = a.kv_bytes(position + t) // a.n_layer if position else 0  # one layer's K and V
+    qkv = PhaseSpec("qkv", 2 * a.qkv_dim * d, d * t, a.qkv_dim * t)
+    out = PhaseSpec("output", 2 * a.n_vocab * d, d * t, t)  # (the argmax of each token)
     if hops == 2:  # a bound, not a Qwen2 layer: q, k and v handed to the attention for free
-        layer = [PhaseSpec("qkv+attention+o", 2 * (a.qkv_dim + a.q_dim) * d, d, d,
+        layer = [PhaseSpec("qkv+attention+o", 2 * (a.qkv_dim + a.q_dim) * d + kv, d * t, d * t,
                            ATT_TRIPS + MERGE_TRIPS, reduce=True),
-                 PhaseSpec("gate/up+down", 2 * 3 * f * d, d, d, reduce=True)]
-        return layer, PhaseSpec("output", 2 * a.n_vocab * d, d, 1)
+                 PhaseSpec("gate/up+down", 2 * 3 * f * d, d * t, d * t, reduce=True)]
+        return layer, out
     if hops == 3:
-        layer = [qkv, PhaseSpec("attention+o", 2 * a.q_dim * d, a.qkv_dim, d,
+        layer = [qkv, PhaseSpec("attention+o", 2 * a.q_dim * d + kv, a.qkv_dim * t, d * t,
                                 ATT_TRIPS + MERGE_TRIPS, reduce=True),
-                 PhaseSpec("gate/up+down", 2 * 3 * f * d, d, d, reduce=True)]
-        return layer, PhaseSpec("output", 2 * a.n_vocab * d, d, 1)
-    att = [PhaseSpec("attention", 0, a.qkv_dim, a.q_dim, ATT_TRIPS)]
+                 PhaseSpec("gate/up+down", 2 * 3 * f * d, d * t, d * t, reduce=True)]
+        return layer, out
+    att = [PhaseSpec("attention", kv, a.qkv_dim, a.q_dim, ATT_TRIPS)]
     if hops == 6:
         att.append(PhaseSpec("merge", 0, a.q_dim, a.q_dim, MERGE_TRIPS))
-    elif hops != 5:
-        raise ValueError(f"hand-offs a layer: 6, 5, 3 or 2, not {hops}")
     layer = [qkv, *att,
              PhaseSpec("o", 2 * a.q_dim * d, a.q_dim, d),
              PhaseSpec("gate/up", 2 * 2 * f * d, d, f),
              PhaseSpec("down", 2 * f * d, f, d)]
-    return layer, PhaseSpec("output", 2 * a.n_vocab * d, d, 1)
+    return layer, out
 
 
 def weight_bytes(a: ModelArgs) -> int:
@@ -178,18 +197,24 @@ def weight_bytes(a: ModelArgs) -> int:
 REDUCE = 1 << 31
 #: The kernel's XMAX: the longest input or output vector (the 1.5B's feed-forward width).
 XMAX = 8960
+#: The verify step the issue's goal names (k = 8 drafted tokens), and its XMAX: the longest
+#: input of a 3-hand-off layer, the 1.5B's q, k and v, for each token.
+VERIFY_T = 9
+XMAX_VERIFY = VERIFY_T * QWEN25_1_5B.qkv_dim
 
 
-def plan_words(a: ModelArgs, blocks: int, hops: int, weights: bool,
-               trips: bool) -> tuple[list[int], int]:
+def plan_words(a: ModelArgs, blocks: int, hops: int, weights: bool, trips: bool,
+               tokens: int = 1, position: int = 0,
+               xmax: int = XMAX) -> tuple[list[int], int]:
     """The kernel's plan (see the source) and the bytes it streams. Stages are rounded up, so
-    every weight byte of the model is streamed (and under a stage more a phase)."""
-    layer, out = phases(a, hops)
+    every weight byte of the model (and the K/V of ``position``) is streamed, and under a stage
+    more a phase."""
+    layer, out = phases(a, hops, tokens, position)
     words = [a.n_layer, len(layer)]
     streamed = 0
     for i, p in enumerate([*layer, out]):
-        if max(p.xlen, p.out) > XMAX or (p.reduce and p.out % 4):
-            raise ValueError(f"{p.name}: vectors of at most {XMAX} (a multiple of 4 where added)")
+        if max(p.xlen, p.out) > xmax or (p.reduce and p.out % 4):
+            raise ValueError(f"{p.name}: vectors of at most {xmax} (a multiple of 4 where added)")
         stages = math.ceil(p.nbytes / STAGE) if weights else 0
         outs = REDUCE | p.out if p.reduce else math.ceil(p.out / blocks)
         words += [stages, p.xlen, outs, p.trips if trips else 0]
@@ -215,6 +240,10 @@ class Variant:
     hops: int = 6
     weights: bool = True
     trips: bool = True
+
+    @property
+    def tokens(self) -> int:
+        return self.macros_dict().get("TOK", 1)
 
     def macros_dict(self) -> dict[str, int]:
         return dict(self.macros)
@@ -251,8 +280,32 @@ def variants() -> list[Variant]:
         Variant("chain2", m(), hops=2, weights=False),
         Variant("chain_ll", m(HOPS=2), weights=False),
     ]
+    # a verify step's skeleton (``_t9``): 9 tokens through matrix instructions
+    def m9(**kw: int) -> tuple[tuple[str, int], ...]:
+        return m(TOK=VERIFY_T, ARITH=2, XMAX=XMAX_VERIFY, **kw)
+
+    out += [
+        Variant("stream_bare_t9", m9(HOPS=0, BARE=1), hops=3, trips=False),
+        Variant("stream3_t9", m9(HOPS=0), hops=3),
+        Variant("step3_t9", m9(), hops=3),
+        Variant("chain3_t9", m9(), hops=3, weights=False),
+        Variant("stream2_t9", m9(HOPS=0), hops=2),
+        Variant("step2_t9", m9(), hops=2),
+    ]
     assert not any(v.hops < 5 and v.macros_dict()["HOPS"] == 2 for v in out)
     return out
+
+
+def xs_floats(m: dict[str, int]) -> int:
+    """The kernel's XS_FLOATS: the input in shared memory, as float32 for one token and as
+    bf16 for more (the source's layout), in 4-byte words."""
+    return m["XMAX"] if m.get("TOK", 1) == 1 else m["XMAX"] // 2
+
+
+def smem_bytes(m: dict[str, int]) -> int:
+    """Shared memory a block lays out: the ring and its barriers, the input, one float a
+    consumer warp and the producer's progress word (the source's xs(), red(), produced())."""
+    return m["NSTAGE"] * (m["STAGE_BYTES"] + 16) + (xs_floats(m) + m["NCW"] + 1) * 4
 
 
 def threads(m: dict[str, int]) -> int:
@@ -276,7 +329,7 @@ class Kernels:
             cubin, how = compile_cached(source(), m, self.arch, name="chain_probe")
             mod = ctypes.c_void_p()
             _check(self.lib, self.lib.cuModuleLoadData(ctypes.byref(mod), cubin), "loading")
-            smem = m["NSTAGE"] * (m["STAGE_BYTES"] + 16) + (m["XMAX"] + m["NCW"] + 1) * 4
+            smem = smem_bytes(m)
             fn, occ = load_function(self.lib, mod, "chain_step", smem, threads(m), carveout=100)
             if occ < 1:
                 raise RuntimeError(f"chain_step does not fit an SM with {smem} B")
@@ -346,24 +399,32 @@ def time_variant(k: Kernels, v: Variant, blocks: int, reps: int, args: list[int]
     return means, tag
 
 
+def plan_of(v: Variant, a: ModelArgs, blocks: int, position: int) -> tuple[list[int], int]:
+    """``plan_words`` for variant ``v`` at ``position``: its hand-offs, tokens and XMAX."""
+    return plan_words(a, blocks, v.hops, v.weights, v.trips, v.tokens, position,
+                      v.macros_dict()["XMAX"])
+
+
 def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
-              res: dict[str, Any], triton: bool, chosen: list[str]) -> None:
-    """Every chosen variant for one model, then today's Triton step as the baseline; results
+              res: dict[str, Any], triton: bool, chosen: list[str], position: int) -> None:
+    """Every chosen variant for one model, then today's Triton steps as the baseline; results
     into ``res[name]`` as they come, so a fault part-way keeps what ran."""
     a = MODELS[name]
-    floor = step_floor_ms(weight_bytes(a), a, 512, copy_Bps)
-    res[name] = {"floor_ms": floor, "variants": {}}
-    log(f"{name}: floor {floor:.3f} ms @512 ({weight_bytes(a) / 1e9:.3f} GB of weights)")
+    floor = step_floor_ms(weight_bytes(a), a, position, copy_Bps)
+    res[name] = {"floor_ms": floor, "position": position, "variants": {}}
+    log(f"{name}: floor {floor:.3f} ms @{position} ({weight_bytes(a) / 1e9:.3f} GB of weights, "
+        f"{a.kv_bytes(position + 1) / 1e6:.1f} MB of K/V)")
     todo = [v for v in variants() if v.name in chosen]
-    total = max(plan_words(a, blocks, v.hops, v.weights, v.trips)[1] for v in todo)
+    total = max(plan_of(v, a, blocks, position)[1] for v in todo)
     buf = torch.randint(1, 255, (total,), dtype=torch.uint8, device="cuda")
-    act = torch.zeros(2 * XMAX, dtype=torch.int64, device="cuda")
+    act = torch.zeros(2 * max(v.macros_dict()["XMAX"] for v in todo), dtype=torch.int64,
+                      device="cuda")
     tag = 1
     for v in todo:
         r: dict[str, Any] = {}
         res[name]["variants"][v.name] = r
         try:
-            words, streamed = plan_words(a, blocks, v.hops, v.weights, v.trips)
+            words, streamed = plan_of(v, a, blocks, position)
             nph = words[1]
             nhop = a.n_layer * nph + 1
             plan = plan_tensor(words).cuda()
@@ -376,7 +437,7 @@ def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
             r.update(ms=best, ms_batches=means, streamed_bytes=streamed,
                      compiler=k.get(v.macros)[2], pct_floor=100 * floor / best,
                      stream_GBps=streamed / (best * 1e-3) / 1e9 if streamed else None)
-            names = [p.name for p in phases(a, v.hops)[0]]
+            names = [p.name for p in phases(a, v.hops, v.tokens)[0]]
             if v.macros_dict().get("HOPS", 1):
                 r["trace"] = hop_stats(trace.view(blocks, nhop, 3)[:, : nhop - 1].cpu(), nph,
                                        a.n_layer, names)
@@ -402,16 +463,24 @@ def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
         from bench_verify import runner_for
 
         torch.cuda.empty_cache()
-        runner, _ = runner_for(a, 576)
-        runner.step(list(range(100, 101)), 512)
-        t1 = min(time_ms(lambda: runner.replay(1)) for _ in range(BATCHES))
+        runner, _ = runner_for(a, position + 64)
+        tri: dict[int, float] = {}
+        for t in sorted({1, *(v.tokens for v in todo)}):
+            runner.step(list(range(100, 100 + t)), position)
+            tri[t] = min(time_ms(functools.partial(runner.replay, t)) for _ in range(BATCHES))
+            log(f"  triton default {t}-token step @{position}: {tri[t]:.4f} ms "
+                f"({tri[t] / tri[1]:.3f}x one token, {100 * floor / tri[t]:.1f} % of the floor)")
+        t1 = tri[1]
         res[name]["triton_ms"] = t1
-        log(f"  triton default one-token step @512: {t1:.4f} ms "
-            f"({100 * floor / t1:.1f} % of the floor)")
+        res[name]["triton_ms_by_tokens"] = tri
+        by_name = {v.name: v for v in todo}
         for v_name, rv in res[name]["variants"].items():
             if "ms" in rv:
+                t = by_name[v_name].tokens
                 rv["ratio_to_triton"] = rv["ms"] / t1
-                log(f"    {v_name:12s} {rv['ms'] / t1:.3f}x the Triton step")
+                rv["ratio_to_triton_same_tokens"] = rv["ms"] / tri[t]
+                log(f"    {v_name:14s} {rv['ms'] / t1:.3f}x the Triton one-token step, "
+                    f"{rv['ms'] / tri[t]:.3f}x its {t}-token step")
         del runner
         torch.cuda.empty_cache()
 
@@ -425,11 +494,17 @@ def main() -> int:
                     help=f"launches a batch, back to back ({BATCHES} batches a variant)")
     ap.add_argument("--variants", default="",
                     help="comma-separated names of the variants to run (default: all)")
+    ap.add_argument("--position", type=int, default=512,
+                    help="the step's position: its attention streams the K/V of this many "
+                         "positions (and the step's own), and the floor and the Triton steps "
+                         "are taken there")
     ap.add_argument("--no-triton", action="store_true",
-                    help="leave out the Triton one-token step (the baseline)")
+                    help="leave out the Triton steps (the baselines)")
     args = ap.parse_args()
     if args.reps < 1:
         ap.error(f"--reps must be at least 1, not {args.reps}")
+    if not 0 <= args.position <= 32768:
+        ap.error(f"--position must be 0 to 32768, not {args.position}")
     for m in args.models.split(","):
         if m not in MODELS:
             ap.error(f"unknown model {m!r}: choose from {', '.join(MODELS)}")
@@ -453,7 +528,7 @@ def main() -> int:
     path = args.out / "chain.json"
     for m in args.models.split(","):
         run_model(k, m, props.multi_processor_count, copy_Bps, args.reps, res,
-                  not args.no_triton, chosen or names)
+                  not args.no_triton, chosen or names, args.position)
         path.write_text(json.dumps(res, indent=1, default=str))
     log("done ->", path)
     return 0

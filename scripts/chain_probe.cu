@@ -19,7 +19,10 @@
 //     rounds, in the phase that models it), multiply each stage's bf16 words by the input
 //     (ARITH=1: 8 fused multiply-adds a 16-byte word, the input read from shared memory, as a
 //     GEMV's consumer does), reduce, store the block's share of the phase's output, and add
-//     themselves to the phase's counter with release semantics.
+//     themselves to the phase's counter with release semantics;
+//   - TOK > 1 (a verify step's skeleton): every vector is TOK tokens', the input kept as bf16
+//     in shared memory, and each stage multiplied through matrix instructions (ARITH=2:
+//     ldmatrix and mma.sync m16n8k16, as a verify product's consumer would).
 //
 // Two hand-offs (HOPS):
 //   1  a counter a hand-off: each block stores its outputs, meets its consumers at a block
@@ -85,10 +88,13 @@ typedef unsigned int u32;
 #ifndef PF  // > 0: one more warp asks L2 for the stages up to PF ahead of the producer's
 #define PF 0
 #endif
-#ifndef ARITH  // 1: 8 FMAs a 16-byte word against the input in shared memory; 0: read only
-#define ARITH 1
+#ifndef ARITH  // 1: 8 FMAs a 16-byte word against the input in shared memory; 0: read only;
+#define ARITH 1  // 2: TOK > 1, matrix instructions (below)
 #endif
-#ifndef XMAX  // the longest input vector, floats
+#ifndef TOK  // tokens a step: 1 decodes, k + 1 verifies k drafted tokens
+#define TOK 1
+#endif
+#ifndef XMAX  // the longest input (all TOK tokens' vectors), floats
 #define XMAX 8960
 #endif
 #ifndef WATCHDOG_NS  // a wait longer than this traps instead of hanging the GPU
@@ -105,6 +111,14 @@ static_assert(STAGE_BYTES % (16 * NCW) == 0, "every consumer warp reads the same
 static_assert(XMAX >= 1024 && XMAX % 4 == 0, "the arithmetic reads the first 1024 inputs");
 static_assert(HOPS == 0 || (INPUT && OUTPUT && !BARE),
               "a hand-off needs every block's outputs and every reader's input");
+static_assert((TOK == 1) == (ARITH != 2) && TOK >= 1 && TOK <= 16,
+              "matrix instructions serve 2-16 tokens, FMAs one");
+static_assert(TOK == 1 || (HOPS != 2 && INLOAD == 2), "tokens load 16 bytes at a time, counted");
+
+// The input as it sits in shared memory: one token's floats (TOK 1); for TOK > 1, bf16 in
+// chunks of 8 along K, each chunk's TOK tokens together ([k / 8][TOK][8]), so that one
+// ldmatrix row is one token's 16 bytes and the 8 rows of a matrix are contiguous.
+#define XS_FLOATS (TOK == 1 ? XMAX : XMAX / 2)
 
 // @PTX_HELPERS@
 
@@ -152,7 +166,15 @@ __device__ __forceinline__ u32 ld_acquire(const u32* p) {
 
 // Shared memory after the ring and its barriers: the input vector, then one float a warp.
 __device__ __forceinline__ float* xs() { return (float*)(smem + RING_BYTES + 16 * NSTAGE); }
-__device__ __forceinline__ float* red() { return xs() + XMAX; }
+__device__ __forceinline__ float* red() { return xs() + XS_FLOATS; }
+__device__ __forceinline__ unsigned short* xs16() { return (unsigned short*)xs(); }  // TOK > 1
+
+// Two floats' bits as one bf16x2 word, the first in the low half (round to nearest even).
+__device__ __forceinline__ u32 bf16x2(u32 lo, u32 hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(__uint_as_float(hi)), "f"(__uint_as_float(lo)));
+  return r;
+}
 __device__ __forceinline__ u32* produced() { return (u32*)(red() + NCW); }  // stages issued
 
 struct Phase {
@@ -188,7 +210,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     before += ((u64)blockIdx.x * n) / gridDim.x * times;
   }
   if (threadIdx.x == 0) ring_init();
-  for (int i = threadIdx.x; i < XMAX + NCW + 1; i += THREADS) xs()[i] = 0.f;
+  for (int i = threadIdx.x; i < XS_FLOATS + NCW + 1; i += THREADS) xs()[i] = 0.f;
   __syncthreads();
 
   if (warp == NCW) {  // the producer: stage i of the block's contiguous range, in step order
@@ -292,7 +314,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
       for (int e = 0; e < (MAXE + 3) / 4; ++e) {
         const u32 i = 4 * (threadIdx.x + e * NCT);
+#if TOK == 1
         if (i < n) *(uint4*)(xs() + i) = v[e];
+#else
+        if (i < n) {  // token t's k .. k + 3 as bf16, at their place in the chunked layout
+          const u32 len = n / TOK, t = i / len, k = i % len;
+          *(uint2*)(xs16() + ((k >> 3) * TOK + t) * 8 + (k & 7)) =
+              make_uint2(bf16x2(v[e].x, v[e].y), bf16x2(v[e].z, v[e].w));
+        }
+#endif
       }
 #else
       u32 v[MAXE];  // every load issued before any is stored: one round trip, not MAXE
@@ -320,8 +350,39 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     }
     // the phase's stages against the input
     float acc = 0.f;
+#if ARITH == 2
+    float c[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    const u32 chunks = max(2u, ph.xlen / TOK / 8);  // 8-wide K chunks of one token's input
+#endif
     for (u32 s = 0; s < ph.stages; ++s) {
       mbar_wait(full_bar(slot), parity);
+#if ARITH == 2
+      // The stage as tiles of [16 rows, 16 k] bf16 (512 bytes: four 8 x 8 matrices), the
+      // warps taking every NCW-th; per tile one ldmatrix of the weights, one of 16 K of the
+      // TOK inputs (token rows past TOK read again from the first), and two m16n8k16 products
+      // (tokens 0-7 and 8-15). As a verify product's consumer does, not a product of any matrix.
+      for (int j = warp; j < STAGE_BYTES / 512; j += NCW) {
+        u32 a0, a1, a2, a3, b0, b1, b2, b3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+                     : "r"(smem_u32(ring(slot) + j * 512 + lane * 16)));
+        const u32 kc = ((s * (STAGE_BYTES / 512) + j) * 2) % chunks + ((lane >> 3) & 1);
+        const u32 t = ((lane >> 4) * 8 + (lane & 7)) % TOK;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                     : "r"(smem_u32(xs16() + (kc % chunks * TOK + t) * 8)));
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(c[4]), "+f"(c[5]), "+f"(c[6]), "+f"(c[7])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b2), "r"(b3));
+      }
+#else
       const uint4* w = (const uint4*)ring(slot) + warp * PER_WARP;
 #pragma unroll 2
       for (int k = lane; k < PER_WARP; k += 32) {
@@ -341,6 +402,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         acc += __uint_as_float((q.x ^ q.y ^ q.z ^ q.w) & 0x3f7fffffu);
 #endif
       }
+#endif
       __syncwarp();
       if (lane == 0) mbar_arrive(empty_bar(slot));
       if (++slot == NSTAGE) {
@@ -348,6 +410,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         parity ^= 1u;
       }
     }
+#if ARITH == 2
+    acc = c[0] + c[1] + c[2] + c[3] + c[4] + c[5] + c[6] + c[7];
+#endif
     // the block's share of the output, then the hand-off
     if (BARE) continue;
     if (!OUTPUT) {

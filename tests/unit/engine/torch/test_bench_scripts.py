@@ -158,6 +158,37 @@ def test_the_step_skeleton_streams_the_models_own_bytes(bench_chain: ModuleType,
         bench_chain.phases(a, 4)
 
 
+@pytest.mark.parametrize("name", ["1.5B", "0.5B"])
+def test_the_verify_skeleton_carries_nine_tokens_and_the_caches_bytes(
+    bench_chain: ModuleType, name: str,
+) -> None:
+    # A verify step (k = 8) reads the weights once for 9 tokens: every input and output is 9
+    # vectors, and at position 4096 the attention streams the K/V of 4105 positions.
+    a, t, pos = bench_chain.MODELS[name], bench_chain.VERIFY_T, 4096
+    assert t == 9
+    one, streamed1 = bench_chain.plan_words(a, 132, hops=3, weights=True, trips=True)
+    words, streamed = bench_chain.plan_words(a, 132, hops=3, weights=True, trips=True, tokens=t,
+                                             position=pos, xmax=bench_chain.XMAX_VERIFY)
+    d = a.n_embd
+    assert [words[3 + 4 * p] for p in range(4)] == [d * t, a.qkv_dim * t, d * t, d * t]
+    assert [words[4 + 4 * p] for p in range(4)] == [
+        -(-a.qkv_dim * t // 132), bench_chain.REDUCE | d * t, bench_chain.REDUCE | d * t, 1]
+    kv = a.kv_bytes(pos + t)
+    assert 0 <= streamed - (bench_chain.weight_bytes(a) + kv) < bench_chain.STAGE * (3 * a.n_layer + 1)
+    # the same weight stages as one token's, the attention's phase longer by its K/V
+    assert words[2] == one[2] and words[10] == one[10] and words[14] == one[14]
+    assert words[6] - one[6] in (kv // a.n_layer // bench_chain.STAGE,
+                                 kv // a.n_layer // bench_chain.STAGE + 1)
+    # a plan too long for the kernel's vectors is refused, not overrun
+    with pytest.raises(ValueError, match="vectors of at most 8960"):
+        bench_chain.plan_words(a, 132, hops=3, weights=True, trips=True, tokens=t)
+    with pytest.raises(ValueError, match="9 tokens: a verify step's skeleton hands off 3 or 2"):
+        bench_chain.phases(a, 6, tokens=t)
+    variants = {v.name: v for v in bench_chain.variants()}
+    assert variants["step3_t9"].tokens == t and variants["step3"].tokens == 1
+    assert variants["step3_t9"].macros_dict()["ARITH"] == 2
+
+
 def test_the_plan_reaches_the_kernel_as_its_u32_words(bench_chain: ModuleType) -> None:
     # Run 248 lost its 3-hand-off variants to an int32 overflow of the reduce bit.
     words, _ = bench_chain.plan_words(bench_chain.MODELS["1.5B"], 132, hops=3, weights=True,
@@ -172,7 +203,13 @@ def test_the_plan_reaches_the_kernel_as_its_u32_words(bench_chain: ModuleType) -
     src = bench_chain.source()
     assert int(re.search(r"#define REDUCE_BIT (0x[0-9a-f]+)u", src).group(1), 16) == bench_chain.REDUCE
     assert f"#define XMAX {bench_chain.XMAX}" in src
-    assert all(v.macros_dict()["XMAX"] == bench_chain.XMAX for v in bench_chain.variants())
+    assert "#define XS_FLOATS (TOK == 1 ? XMAX : XMAX / 2)" in src  # bench_chain.xs_floats
+    for v in bench_chain.variants():
+        m = v.macros_dict()
+        assert m["XMAX"] == (bench_chain.XMAX if v.tokens == 1 else bench_chain.XMAX_VERIFY)
+        assert bench_chain.xs_floats(m) == (m["XMAX"] if v.tokens == 1 else m["XMAX"] // 2)
+        # every block fits an H200 SM's 227 KB of shared memory, or the launch fails
+        assert bench_chain.smem_bytes(m) <= 227 * 1024, v.name
 
 
 def test_the_skeletons_trace_reads_imbalance_and_latency_per_hand_off(
