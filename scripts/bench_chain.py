@@ -43,7 +43,12 @@ variant says otherwise. Variants, per model:
     chain         ``step`` with no weight bytes: the hand-offs alone (``chain3``, ``chain2``,
                   ``chain_ll``)
     *_t9          a verify step's skeleton (k = 8: 9 tokens; ``stream_bare_t9``, ``stream3_t9``,
-                  ``step3_t9``, ``chain3_t9``, ``stream2_t9``, ``step2_t9``): every input and
+                  ``step3_t9``, ``chain3_t9``, ``stream2_t9``, ``step2_t9``; and
+                  ``stream3_noin_t9`` and ``stream3_noout_t9`` as ``stream_noin`` and
+                  ``stream_noout`` are to ``stream``; ``*_cl2``, ``_cl4``, ``_cl8``: in clusters
+                  of that many blocks that sum their split-K partials through distributed
+                  shared memory before adding, each its slice; ``step3_cl4`` the one-token
+                  form; ``*_ns4`` the 4-stage ring they use): every input and
                   output 9 vectors (the inputs as bf16 in shared memory), each stage multiplied
                   through matrix instructions (per 16 x 16 tile of weights one ldmatrix of them,
                   one of 16 K of the 9 inputs, two m16n8k16 products), the split-K partials of
@@ -100,6 +105,8 @@ from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  
 from openjarvis.engine.torch.cuda_step import (  # noqa: E402  # the decode step's build path
     _check,
     _driver,
+    _LaunchAttr,
+    _LaunchConfig,
     compile_cached,
     load_function,
     with_ptx_helpers,
@@ -158,9 +165,8 @@ def phases(a: ModelArgs, hops: int = 6, tokens: int = 1,
     any Qwen2 layer, as 3 with q, k and v reaching the attention's blocks with no hand-off."""
     if hops not in (6, 5, 3, 2):
         raise ValueError(f"hand-offs a layer: 6, 5, 3 or 2, not {hops}")
-    if tokens < 1 or (tokens > 1 and hops > 3):
-        # the down projection's input, 8,960 x tokens, would not fit shared memory
-        raise ValueError(f"{tokens} tokens: a verify step's skeleton hands off 3 or 2 times a layer")
+    if tokens < 1:
+        raise ValueError(f"tokens a step: at least 1, not {tokens}")
     d, f, t = a.n_embd, a.n_ff, tokens
     kv = a.kv_bytes(position + t) // a.n_layer if position else 0  # one layer's K and V
     qkv = PhaseSpec("qkv", 2 * a.qkv_dim * d, d * t, a.qkv_dim * t)
@@ -175,13 +181,13 @@ def phases(a: ModelArgs, hops: int = 6, tokens: int = 1,
                                 ATT_TRIPS + MERGE_TRIPS, reduce=True),
                  PhaseSpec("gate/up+down", 2 * 3 * f * d, d * t, d * t, reduce=True)]
         return layer, out
-    att = [PhaseSpec("attention", kv, a.qkv_dim, a.q_dim, ATT_TRIPS)]
+    att = [PhaseSpec("attention", kv, a.qkv_dim * t, a.q_dim * t, ATT_TRIPS)]
     if hops == 6:
-        att.append(PhaseSpec("merge", 0, a.q_dim, a.q_dim, MERGE_TRIPS))
+        att.append(PhaseSpec("merge", 0, a.q_dim * t, a.q_dim * t, MERGE_TRIPS))
     layer = [qkv, *att,
-             PhaseSpec("o", 2 * a.q_dim * d, a.q_dim, d),
-             PhaseSpec("gate/up", 2 * 2 * f * d, d, f),
-             PhaseSpec("down", 2 * f * d, f, d)]
+             PhaseSpec("o", 2 * a.q_dim * d, a.q_dim * t, d * t),
+             PhaseSpec("gate/up", 2 * 2 * f * d, d * t, f * t),
+             PhaseSpec("down", 2 * f * d, f * t, d * t)]
     return layer, out
 
 
@@ -190,6 +196,12 @@ def weight_bytes(a: ModelArgs) -> int:
     layer, out = phases(a)
     return a.n_layer * sum(p.nbytes for p in layer) + out.nbytes
 
+
+#: ``CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION``: the value is the cluster's shape (x, y, z).
+CLUSTER_DIMENSION = 4
+
+#: A ring of 3 stages of 16 KB (48 KB), for the variants whose inputs need the room.
+RING48 = {"NSTAGE": 3, "STAGE_BYTES": 16384, "COPY_BYTES": 2048}
 
 #: The plan's output word: the outputs a block stores, or (this bit set: the kernel's
 #: REDUCE_BIT) the length of the vector every block adds a partial of. One word, so the kernel
@@ -201,11 +213,14 @@ XMAX = 8960
 #: input of a 3-hand-off layer, the 1.5B's q, k and v, for each token.
 VERIFY_T = 9
 XMAX_VERIFY = VERIFY_T * QWEN25_1_5B.qkv_dim
+#: With 6 hand-offs a layer, the longest is the down projection's (the 1.5B's 8,960) for each
+#: token: 161 KB as bf16 in shared memory, beside a ring of 3 stages of 16 KB.
+XMAX_VERIFY6 = VERIFY_T * XMAX
 
 
 def plan_words(a: ModelArgs, blocks: int, hops: int, weights: bool, trips: bool,
-               tokens: int = 1, position: int = 0,
-               xmax: int = XMAX) -> tuple[list[int], int]:
+               tokens: int = 1, position: int = 0, xmax: int = XMAX,
+               stage: int = STAGE) -> tuple[list[int], int]:
     """The kernel's plan (see the source) and the bytes it streams. Stages are rounded up, so
     every weight byte of the model (and the K/V of ``position``) is streamed, and under a stage
     more a phase."""
@@ -215,10 +230,10 @@ def plan_words(a: ModelArgs, blocks: int, hops: int, weights: bool, trips: bool,
     for i, p in enumerate([*layer, out]):
         if max(p.xlen, p.out) > xmax or (p.reduce and p.out % 4):
             raise ValueError(f"{p.name}: vectors of at most {xmax} (a multiple of 4 where added)")
-        stages = math.ceil(p.nbytes / STAGE) if weights else 0
+        stages = math.ceil(p.nbytes / stage) if weights else 0
         outs = REDUCE | p.out if p.reduce else math.ceil(p.out / blocks)
         words += [stages, p.xlen, outs, p.trips if trips else 0]
-        streamed += stages * STAGE * (a.n_layer if i < len(layer) else 1)
+        streamed += stages * stage * (a.n_layer if i < len(layer) else 1)
     return words, streamed
 
 
@@ -282,15 +297,31 @@ def variants() -> list[Variant]:
     ]
     # a verify step's skeleton (``_t9``): 9 tokens through matrix instructions
     def m9(**kw: int) -> tuple[tuple[str, int], ...]:
-        return m(TOK=VERIFY_T, ARITH=2, XMAX=XMAX_VERIFY, **kw)
+        return m(**{"TOK": VERIFY_T, "ARITH": 2, "XMAX": XMAX_VERIFY, **kw})
 
     out += [
         Variant("stream_bare_t9", m9(HOPS=0, BARE=1), hops=3, trips=False),
         Variant("stream3_t9", m9(HOPS=0), hops=3),
+        Variant("stream3_noin_t9", m9(HOPS=0, INPUT=0), hops=3),
+        Variant("stream3_noout_t9", m9(HOPS=0, OUTPUT=0), hops=3),
         Variant("step3_t9", m9(), hops=3),
         Variant("chain3_t9", m9(), hops=3, weights=False),
         Variant("stream2_t9", m9(HOPS=0), hops=2),
         Variant("step2_t9", m9(), hops=2),
+        # 6 hand-offs a layer, each block its rows' outputs (no split-K partials), with the
+        # ring cut to 48 KB so that the down projection's 9 inputs fit; its one-token control
+        Variant("stream_t9", m9(HOPS=0, XMAX=XMAX_VERIFY6, **RING48)),
+        Variant("step_t9", m9(XMAX=XMAX_VERIFY6, **RING48)),
+        Variant("step_r48", m(**RING48)),
+        # clusters of CL blocks summing their split-K partials through distributed shared
+        # memory before adding (CL times fewer atomics), beside a 4-stage ring for the room
+        Variant("step3_t9_ns4", m9(NSTAGE=4), hops=3),
+        Variant("stream3_t9_cl4", m9(HOPS=0, NSTAGE=4, CL=4), hops=3),
+        Variant("stream3_noin_t9_cl4", m9(HOPS=0, INPUT=0, NSTAGE=4, CL=4), hops=3),
+        Variant("step3_t9_cl2", m9(NSTAGE=4, CL=2), hops=3),
+        Variant("step3_t9_cl4", m9(NSTAGE=4, CL=4), hops=3),
+        Variant("step3_t9_cl8", m9(NSTAGE=4, CL=8), hops=3),
+        Variant("step3_cl4", m(CL=4), hops=3),
     ]
     assert not any(v.hops < 5 and v.macros_dict()["HOPS"] == 2 for v in out)
     return out
@@ -304,8 +335,13 @@ def xs_floats(m: dict[str, int]) -> int:
 
 def smem_bytes(m: dict[str, int]) -> int:
     """Shared memory a block lays out: the ring and its barriers, the input, one float a
-    consumer warp and the producer's progress word (the source's xs(), red(), produced())."""
-    return m["NSTAGE"] * (m["STAGE_BYTES"] + 16) + (xs_floats(m) + m["NCW"] + 1) * 4
+    consumer warp and the producer's progress word (the source's xs(), red(), produced()),
+    and in clusters the block's partial and two mbarriers (part(), cbar())."""
+    n = m["NSTAGE"] * (m["STAGE_BYTES"] + 16) + (xs_floats(m) + m["NCW"] + 1) * 4
+    if m.get("CL", 1) > 1:
+        n = m["NSTAGE"] * (m["STAGE_BYTES"] + 16) + -(-(xs_floats(m) + m["NCW"] + 1) // 4) * 16
+        n += m.get("PMAX", m.get("TOK", 1) * 1536) * 4 + 16
+    return n
 
 
 def threads(m: dict[str, int]) -> int:
@@ -336,12 +372,44 @@ class Kernels:
             self.fns[macros] = (fn, smem, how)
         return self.fns[macros]
 
+    def config(self, grid: int, nthreads: int, smem: int, cluster: int) -> _LaunchConfig:
+        """``cuLaunchKernelEx``'s configuration with clusters of ``cluster`` blocks."""
+        attr = _LaunchAttr(id=CLUSTER_DIMENSION, value=cluster)
+        ctypes.memmove(ctypes.addressof(attr) + _LaunchAttr.rest.offset,
+                       (ctypes.c_uint * 2)(1, 1), 8)  # y and z of the cluster's shape
+        self._attr = attr  # kept alive while the configuration may be read
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        return _LaunchConfig(grid, 1, 1, nthreads, 1, 1, smem, stream, ctypes.pointer(attr), 1)
+
+    def grid(self, macros: tuple[tuple[str, int], ...], sms: int) -> int:
+        """Blocks of a launch: one an SM, or in clusters as many whole clusters as the GPU
+        holds at once (every block must be resident, or the hand-offs wait on blocks never
+        started; a cluster lives in one GPC, so some SMs may stay idle)."""
+        m = dict(macros)
+        cl = m.get("CL", 1)
+        if cl == 1:
+            return sms
+        fn, smem, _ = self.get(macros)
+        n = ctypes.c_int()
+        cfg = self.config(cl * (sms // cl), threads(m), smem, cl)
+        _check(self.lib, self.lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), fn,
+                                                               ctypes.byref(cfg)),
+               "reading the clusters that fit")
+        if n.value < 1:
+            raise RuntimeError(f"no cluster of {cl} blocks of {smem} B fits")
+        return cl * min(n.value, sms // cl)
+
     def launch(self, fn: ctypes.c_void_p, grid: int, smem: int, args: list[int],
-               nthreads: int) -> None:
+               nthreads: int, cluster: int = 1) -> None:
         """One launch on PyTorch's stream; ``args`` are 64-bit words (the driver reads as many
         bytes of each as the parameter has, so the u32 ones take the low half)."""
         vals = [ctypes.c_uint64(x) for x in args]
         argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
+        if cluster > 1:
+            cfg = self.config(grid, nthreads, smem, cluster)
+            _check(self.lib, self.lib.cuLaunchKernelEx(ctypes.byref(cfg), fn, argv, None),
+                   "launching")
+            return
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         _check(self.lib, self.lib.cuLaunchKernel(fn, grid, 1, 1, nthreads, 1, 1, smem,
                                                  stream, argv, None), "launching")
@@ -383,6 +451,7 @@ def time_variant(k: Kernels, v: Variant, blocks: int, reps: int, args: list[int]
     unused tag. The counters are zeroed once a batch, each launch waiting on its own epoch."""
     fn, smem, _ = k.get(v.macros)
     nthreads = threads(v.macros_dict())
+    cluster = v.macros_dict().get("CL", 1)
     means = []
     for _ in range(BATCHES):
         ctr.zero_()
@@ -391,7 +460,7 @@ def time_variant(k: Kernels, v: Variant, blocks: int, reps: int, args: list[int]
         for epoch in range(1, reps + 2):
             if epoch == 2:
                 e0.record()
-            k.launch(fn, blocks, smem, [*args, tag, epoch], nthreads)
+            k.launch(fn, blocks, smem, [*args, tag, epoch], nthreads, cluster)
             tag += nhop + 1  # no element of this launch matches the next one's tags
         e1.record()
         e1.synchronize()
@@ -401,11 +470,12 @@ def time_variant(k: Kernels, v: Variant, blocks: int, reps: int, args: list[int]
 
 def plan_of(v: Variant, a: ModelArgs, blocks: int, position: int) -> tuple[list[int], int]:
     """``plan_words`` for variant ``v`` at ``position``: its hand-offs, tokens and XMAX."""
-    return plan_words(a, blocks, v.hops, v.weights, v.trips, v.tokens, position,
-                      v.macros_dict()["XMAX"])
+    m = v.macros_dict()
+    return plan_words(a, blocks, v.hops, v.weights, v.trips, v.tokens, position, m["XMAX"],
+                      m["STAGE_BYTES"])
 
 
-def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
+def run_model(k: Kernels, name: str, sms: int, copy_Bps: float, reps: int,
               res: dict[str, Any], triton: bool, chosen: list[str], position: int) -> None:
     """Every chosen variant for one model, then today's Triton steps as the baseline; results
     into ``res[name]`` as they come, so a fault part-way keeps what ran."""
@@ -415,7 +485,7 @@ def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
     log(f"{name}: floor {floor:.3f} ms @{position} ({weight_bytes(a) / 1e9:.3f} GB of weights, "
         f"{a.kv_bytes(position + 1) / 1e6:.1f} MB of K/V)")
     todo = [v for v in variants() if v.name in chosen]
-    total = max(plan_of(v, a, blocks, position)[1] for v in todo)
+    total = max(plan_of(v, a, sms, position)[1] for v in todo)
     buf = torch.randint(1, 255, (total,), dtype=torch.uint8, device="cuda")
     act = torch.zeros(2 * max(v.macros_dict()["XMAX"] for v in todo), dtype=torch.int64,
                       device="cuda")
@@ -424,6 +494,7 @@ def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
         r: dict[str, Any] = {}
         res[name]["variants"][v.name] = r
         try:
+            blocks = k.grid(v.macros, sms)
             words, streamed = plan_of(v, a, blocks, position)
             nph = words[1]
             nhop = a.n_layer * nph + 1
@@ -434,7 +505,7 @@ def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
                     trace.data_ptr()]
             means, tag = time_variant(k, v, blocks, reps, args, ctr, tag, nhop)
             best = min(means)
-            r.update(ms=best, ms_batches=means, streamed_bytes=streamed,
+            r.update(ms=best, ms_batches=means, streamed_bytes=streamed, blocks=blocks,
                      compiler=k.get(v.macros)[2], pct_floor=100 * floor / best,
                      stream_GBps=streamed / (best * 1e-3) / 1e9 if streamed else None)
             names = [p.name for p in phases(a, v.hops, v.tokens)[0]]
@@ -443,7 +514,9 @@ def run_model(k: Kernels, name: str, blocks: int, copy_Bps: float, reps: int,
                                        a.n_layer, names)
             bw = f"{r['stream_GBps']:6.0f} GB/s" if streamed else " " * 11
             lay = f"layer {r['trace']['layer_us']:6.2f} µs" if "trace" in r else ""
-            log(f"  {v.name:12s} {best:8.4f} ms  {r['pct_floor']:5.1f} % of the floor  {bw}  {lay}")
+            grid = f"  ({blocks} blocks)" if blocks != sms else ""
+            log(f"  {v.name:12s} {best:8.4f} ms  {r['pct_floor']:5.1f} % of the floor  {bw}  {lay}"
+                f"{grid}")
             if "trace" in r:
                 log("    " + "; ".join(
                     f"{n} {s['imbalance_us']:.2f}+{s['latency_us']:.2f} "

@@ -97,6 +97,12 @@ typedef unsigned int u32;
 #ifndef XMAX  // the longest input (all TOK tokens' vectors), floats
 #define XMAX 8960
 #endif
+#ifndef CL  // > 1: clusters of CL blocks sum their split-K partials in shared memory first
+#define CL 1
+#endif
+#ifndef PMAX  // CL > 1: the longest vector added (a 1.5B hidden state for each token), floats
+#define PMAX (TOK * 1536)
+#endif
 #ifndef WATCHDOG_NS  // a wait longer than this traps instead of hanging the GPU
 #define WATCHDOG_NS 2000000000ull
 #endif
@@ -114,6 +120,7 @@ static_assert(HOPS == 0 || (INPUT && OUTPUT && !BARE),
 static_assert((TOK == 1) == (ARITH != 2) && TOK >= 1 && TOK <= 16,
               "matrix instructions serve 2-16 tokens, FMAs one");
 static_assert(TOK == 1 || (HOPS != 2 && INLOAD == 2), "tokens load 16 bytes at a time, counted");
+static_assert(CL == 1 || (HOPS != 2 && CL <= 8 && PMAX % 4 == 0), "clusters add with counters");
 
 // The input as it sits in shared memory: one token's floats (TOK 1); for TOK > 1, bf16 in
 // chunks of 8 along K, each chunk's TOK tokens together ([k / 8][TOK][8]), so that one
@@ -158,6 +165,50 @@ __device__ __forceinline__ void watchdog(u32* polls, u64* t0) {
   }
 }
 
+// Clusters (CL > 1): after the input and the reduction's floats, the block's partial of the
+// vector it adds, then two mbarriers: every block's partial written (CL arrivals, one from
+// each block of the cluster), and every block done reading them (CL arrivals). Not the
+// cluster barrier: it waits for every thread that has not exited, the producer warp too,
+// which runs ahead through the ring and would never arrive in time.
+#if CL > 1
+__device__ __forceinline__ float* part() {
+  return (float*)(smem + RING_BYTES + 16 * NSTAGE + ((XS_FLOATS + NCW + 1 + 3) / 4) * 16);
+}
+__device__ __forceinline__ u64* cbar(int i) { return (u64*)(part() + PMAX) + i; }
+__device__ __forceinline__ u32 cta_rank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// The shared::cluster address of ``p`` (this block's shared memory) in block ``rank``.
+__device__ __forceinline__ u32 peer(const void* p, u32 rank) {
+  u32 a;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(p)), "r"(rank));
+  return a;
+}
+__device__ __forceinline__ void arrive_everywhere(u64* bar) {  // one arrival on each block's
+  for (u32 c = 0; c < CL; ++c)
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(peer(bar, c))
+                 : "memory");
+}
+__device__ __forceinline__ void cluster_wait(u64* bar, u32 parity) {
+  u32 polls = 0;
+  u64 t0 = 0;
+  for (;;) {
+    u32 done;
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+    if (done) return;
+    watchdog(&polls, &t0);
+  }
+}
+#endif
+
 __device__ __forceinline__ u32 ld_acquire(const u32* p) {
   u32 v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -196,6 +247,8 @@ __device__ __forceinline__ Phase phase_of(const u32* plan, u32 h, u32 nph, u32 l
 __device__ __forceinline__ u64* act_vec(u64* act, u32 h) { return act + (h & 1u) * XMAX; }
 
 #define MAXE ((XMAX + NCT - 1) / NCT)  // input elements a consumer thread loads, at most
+#define NV4 ((MAXE + 3) / 4)  // of them, 16-byte loads (INLOAD 2)
+#define GROUP4 (NV4 < 20 ? NV4 : 20)  // 16-byte loads in flight a thread at once
 #define REDUCE_BIT 0x80000000u  // a phase's output word: every block adds to all its outputs
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -210,8 +263,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     before += ((u64)blockIdx.x * n) / gridDim.x * times;
   }
   if (threadIdx.x == 0) ring_init();
+#if CL > 1
+  if (threadIdx.x == 0) {
+    mbar_init(cbar(0), CL);
+    mbar_init(cbar(1), CL);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+#endif
   for (int i = threadIdx.x; i < XS_FLOATS + NCW + 1; i += THREADS) xs()[i] = 0.f;
   __syncthreads();
+#if CL > 1  // every block's barriers initialized before any block arrives on them
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;"
+               ::: "memory");
+#endif
 
   if (warp == NCW) {  // the producer: stage i of the block's contiguous range, in step order
     const u64 policy = evict_first_policy();
@@ -257,6 +321,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
   int slot = 0;
   u32 parity = 0;
+  u32 nred = 0;  // reduce phases done (CL > 1: the parity of the cluster's mbarriers)
   u64* tr = trace + (u64)blockIdx.x * nhop * 3;
   for (u32 h = 0; h < nhop; ++h) {
     const Phase ph = phase_of(plan, h, nph, layers);
@@ -305,15 +370,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #elif INLOAD == 0
       for (u32 i = threadIdx.x; i < n; i += NCT) xs()[i] = ld_cg(in32 + i);
 #elif INLOAD == 2
-      uint4 v[(MAXE + 3) / 4];  // 16 bytes a load, all issued before any is stored
+      // 16 bytes a load, all issued before any is stored (in groups of at most 20 a thread:
+      // only a 6-hand-off verify step's 8,960 x 9 inputs take more than one)
+      for (int g = 0; g < NV4; g += GROUP4) {
+      uint4 v[GROUP4];
 #pragma unroll
-      for (int e = 0; e < (MAXE + 3) / 4; ++e) {
-        const u32 i = 4 * (threadIdx.x + e * NCT);
+      for (int e = 0; e < GROUP4; ++e) {
+        const u32 i = 4 * (threadIdx.x + (g + e) * NCT);
         if (i < n) v[e] = __ldcg((const uint4*)(in32 + i));
       }
 #pragma unroll
-      for (int e = 0; e < (MAXE + 3) / 4; ++e) {
-        const u32 i = 4 * (threadIdx.x + e * NCT);
+      for (int e = 0; e < GROUP4; ++e) {
+        const u32 i = 4 * (threadIdx.x + (g + e) * NCT);
 #if TOK == 1
         if (i < n) *(uint4*)(xs() + i) = v[e];
 #else
@@ -323,6 +391,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
               make_uint2(bf16x2(v[e].x, v[e].y), bf16x2(v[e].z, v[e].w));
         }
 #endif
+      }
       }
 #else
       u32 v[MAXE];  // every load issued before any is stored: one round trip, not MAXE
@@ -425,11 +494,42 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     u64* out = act_vec(act, h);
 #if HOPS != 2
     if (ph.outb & REDUCE_BIT) {  // a partial of every output, added (the split-K form)
+      const u32 n = ph.outb & ~REDUCE_BIT;
       const float r = red()[threadIdx.x % NCW] * 1e-30f;
-      for (u32 i = 4 * threadIdx.x; i + 3 < (ph.outb & ~REDUCE_BIT); i += 4 * NCT)
+#if CL > 1
+      // the cluster's partials summed through distributed shared memory, each block adding
+      // its slice of the sum: CL times fewer atomics
+      if (nred) cluster_wait(cbar(1), (nred - 1) & 1u);  // every block done with my last one
+      for (u32 i = 4 * threadIdx.x; i + 3 < n; i += 4 * NCT)
+        *(float4*)(part() + i) = make_float4(r, r, r, r);
+      csync();
+      if (threadIdx.x == 0) arrive_everywhere(cbar(0));
+      cluster_wait(cbar(0), nred & 1u);
+      const u32 slice = (n / CL + 3) & ~3u, lo = cta_rank() * slice, hi = min(n, lo + slice);
+      for (u32 i = lo + 4 * threadIdx.x; i + 3 < hi; i += 4 * NCT) {
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (u32 c = 0; c < CL; ++c) {
+          float4 v;
+          asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                       : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                       : "r"(peer(part() + i, c))
+                       : "memory");
+          sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+        }
+        asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(
+                         (float*)out + i), "f"(sum.x), "f"(sum.y), "f"(sum.z), "f"(sum.w)
+                     : "memory");
+      }
+      csync();
+      if (threadIdx.x == 0) arrive_everywhere(cbar(1));
+      ++nred;
+#else
+      for (u32 i = 4 * threadIdx.x; i + 3 < n; i += 4 * NCT)
         asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(
                          (float*)out + i), "f"(r), "f"(r), "f"(r), "f"(r)
                      : "memory");
+#endif
     } else
 #endif
     for (u32 i = threadIdx.x; i < ph.outb; i += NCT) {
@@ -452,4 +552,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     csync();  // red[] is read before the next phase's warps overwrite it
 #endif
   }
+#if CL > 1
+  if (nred) cluster_wait(cbar(1), (nred - 1) & 1u);  // my partial stays until every block read it
+#endif
 }

@@ -182,8 +182,13 @@ def test_the_verify_skeleton_carries_nine_tokens_and_the_caches_bytes(
     # a plan too long for the kernel's vectors is refused, not overrun
     with pytest.raises(ValueError, match="vectors of at most 8960"):
         bench_chain.plan_words(a, 132, hops=3, weights=True, trips=True, tokens=t)
-    with pytest.raises(ValueError, match="9 tokens: a verify step's skeleton hands off 3 or 2"):
-        bench_chain.phases(a, 6, tokens=t)
+    with pytest.raises(ValueError, match="tokens a step: at least 1, not 0"):
+        bench_chain.phases(a, 6, tokens=0)
+    # six hand-offs: the down projection's input is the feed-forward's width for each token
+    six, _ = bench_chain.plan_words(a, 132, hops=6, weights=True, trips=True, tokens=t,
+                                    xmax=bench_chain.XMAX_VERIFY6, stage=16384)
+    assert [six[3 + 4 * p] for p in range(7)] == [
+        d * t, a.qkv_dim * t, a.q_dim * t, a.q_dim * t, d * t, a.n_ff * t, d * t]
     variants = {v.name: v for v in bench_chain.variants()}
     assert variants["step3_t9"].tokens == t and variants["step3"].tokens == 1
     assert variants["step3_t9"].macros_dict()["ARITH"] == 2
@@ -206,7 +211,11 @@ def test_the_plan_reaches_the_kernel_as_its_u32_words(bench_chain: ModuleType) -
     assert "#define XS_FLOATS (TOK == 1 ? XMAX : XMAX / 2)" in src  # bench_chain.xs_floats
     for v in bench_chain.variants():
         m = v.macros_dict()
-        assert m["XMAX"] == (bench_chain.XMAX if v.tokens == 1 else bench_chain.XMAX_VERIFY)
+        assert m["XMAX"] in ((bench_chain.XMAX,) if v.tokens == 1 else (
+            bench_chain.XMAX_VERIFY, bench_chain.XMAX_VERIFY6))
+        # every model's plan fits the variant's vectors and stages (a plan_words refusal)
+        for a in bench_chain.MODELS.values():
+            bench_chain.plan_of(v, a, 132, 4096)
         assert bench_chain.xs_floats(m) == (m["XMAX"] if v.tokens == 1 else m["XMAX"] // 2)
         # every block fits an H200 SM's 227 KB of shared memory, or the launch fails
         assert bench_chain.smem_bytes(m) <= 227 * 1024, v.name
