@@ -22,7 +22,11 @@
 //     themselves to the phase's counter with release semantics;
 //   - TOK > 1 (a verify step's skeleton): every vector is TOK tokens', the input kept as bf16
 //     in shared memory, and each stage multiplied through matrix instructions (ARITH=2:
-//     ldmatrix and mma.sync m16n8k16, as a verify product's consumer would).
+//     ldmatrix and mma.sync m16n8k16, as a verify product's consumer would);
+//   - CL > 1: blocks in clusters of CL (the host launches them so) sum their split-K partials
+//     in shared memory across the cluster before adding them with atomics, each block its
+//     CL-th of the vector: CL times fewer atomics for an exchange through distributed shared
+//     memory.
 //
 // Two hand-offs (HOPS):
 //   1  a counter a hand-off: each block stores its outputs, meets its consumers at a block
