@@ -1,5 +1,6 @@
 """Can a persistent step's hand-offs run under a weight stream at full rate? The skeleton of a
-one-token step (``scripts/chain_probe.cu``) at the default pair's byte counts, on the lent H200.
+one-token step, or of a 9-token verify step (``scripts/chain_probe.cu``), at the default pair's
+byte counts, on the lent H200.
 
 Why: issue 7's one-token goals (80 % / 70 % of the floor) are out of reach of separate kernels
 (docs/gpu-notes.md, session 21: the 0.5B's product loops alone exceed what its goal leaves a
@@ -54,6 +55,12 @@ variant says otherwise. Variants, per model:
                   one of 16 K of the 9 inputs, two m16n8k16 products), the split-K partials of
                   all 9 tokens added. The question: would a persistent verify step reach the
                   goal (k = 8 at most 1.15x the one-token step @4096)?
+    stream_t9     (and ``step_t9``) 6 hand-offs a layer at 9 tokens, each block storing its
+                  rows' outputs (no partials), with a 48 KB ring (3 stages of 16 KB) so that the
+                  down projection's 9 inputs fit; ``step_r48`` one token with that ring
+    *_g120        on 120 blocks, as many as clusters of 4 or 8 leave resident (the control of
+                  the cluster variants); the ``stream*`` cluster variants wait on their cluster
+                  at each split-K phase, never on a hand-off
 
 Each is timed as ``--reps`` launches queued back to back between two CUDA events (after one
 warm-up), in three batches, the best batch's mean: the host's launch path overlaps the GPU's
@@ -69,10 +76,12 @@ figure is a ratio to, and where ``_t9`` variants ran, its 9-token verify step to
 
 "% of the floor" is over the floor the decode benchmarks use: the model's bf16 weight bytes
 and the K/V of position + 1 positions, over the copy bandwidth measured in the same run. The
-skeleton streams each phase rounded up to whole 24 KB stages (under 0.1 % more bytes than the
-model's), the attention's phase with one layer's K/V of position + tokens positions (since
-session 30; run 252's skeleton streamed no K/V), dealt to the blocks in shares that differ by
-one stage at most. On the lent H200, about a minute a position:
+skeleton streams each phase rounded up to whole stages (24 KB; 16 KB for the 48 KB ring: under
+0.1 % more bytes than the model's), the attention's phase with one layer's K/V of position +
+tokens positions (since session 30; run 252's skeleton streamed no K/V; at position 0 none),
+dealt to the blocks in shares that differ by one stage at most. Every block has an SM to itself
+(its shared memory asked for is at least half an SM's, so no two share one). On the lent H200,
+about a minute a position:
 
     python3 scripts/bench_chain.py --out $OUT/chain
     python3 scripts/bench_chain.py --out $OUT/c4096 --position 4096 \
@@ -322,6 +331,11 @@ def variants() -> list[Variant]:
         Variant("step3_t9_cl4", m9(NSTAGE=4, CL=4), hops=3),
         Variant("step3_t9_cl8", m9(NSTAGE=4, CL=8), hops=3),
         Variant("step3_cl4", m(CL=4), hops=3),
+        # their controls on the 120 blocks that clusters of 4 or 8 leave resident
+        Variant("step3_t9_ns4_g120", m9(NSTAGE=4, GRID=120), hops=3),
+        Variant("stream3_noin_t9_ns4", m9(HOPS=0, INPUT=0, NSTAGE=4), hops=3),
+        Variant("stream3_noin_t9_ns4_g120", m9(HOPS=0, INPUT=0, NSTAGE=4, GRID=120), hops=3),
+        Variant("step3_g120", m(GRID=120), hops=3),
     ]
     assert not any(v.hops < 5 and v.macros_dict()["HOPS"] == 2 for v in out)
     return out
@@ -333,6 +347,17 @@ def xs_floats(m: dict[str, int]) -> int:
     return m["XMAX"] if m.get("TOK", 1) == 1 else m["XMAX"] // 2
 
 
+#: Shared memory a launch asks for at least: over half an SM's 227 KB, so that no two blocks
+#: share an SM (the skeleton is one block an SM; a block laying out less, as the 48 KB ring's
+#: 85 KB, could otherwise be placed beside another and leave an SM idle).
+ONE_AN_SM = 116 * 1024
+
+
+def pmax(m: dict[str, int]) -> int:
+    """The kernel's PMAX: the longest vector a cluster's blocks sum in shared memory."""
+    return m.get("PMAX", m.get("TOK", 1) * 1536)
+
+
 def smem_bytes(m: dict[str, int]) -> int:
     """Shared memory a block lays out: the ring and its barriers, the input, one float a
     consumer warp and the producer's progress word (the source's xs(), red(), produced()),
@@ -340,13 +365,21 @@ def smem_bytes(m: dict[str, int]) -> int:
     n = m["NSTAGE"] * (m["STAGE_BYTES"] + 16) + (xs_floats(m) + m["NCW"] + 1) * 4
     if m.get("CL", 1) > 1:
         n = m["NSTAGE"] * (m["STAGE_BYTES"] + 16) + -(-(xs_floats(m) + m["NCW"] + 1) // 4) * 16
-        n += m.get("PMAX", m.get("TOK", 1) * 1536) * 4 + 16
+        n += pmax(m) * 4 + 16
     return n
 
 
 def threads(m: dict[str, int]) -> int:
     """A block's threads: the consumers, the producer, and the prefetch warp where PF > 0."""
     return (m["NCW"] + 1 + (m.get("PF", 0) > 0)) * 32
+
+
+def cluster_attr(cluster: int) -> _LaunchAttr:
+    """The launch attribute asking for clusters of ``cluster`` x 1 x 1 blocks: the union's
+    first three u32 words (``value`` and the first 8 bytes of ``rest``)."""
+    attr = _LaunchAttr(id=CLUSTER_DIMENSION, value=cluster)
+    ctypes.memmove(ctypes.addressof(attr) + _LaunchAttr.rest.offset, (ctypes.c_uint * 2)(1, 1), 8)
+    return attr
 
 
 class Kernels:
@@ -365,21 +398,19 @@ class Kernels:
             cubin, how = compile_cached(source(), m, self.arch, name="chain_probe")
             mod = ctypes.c_void_p()
             _check(self.lib, self.lib.cuModuleLoadData(ctypes.byref(mod), cubin), "loading")
-            smem = smem_bytes(m)
+            smem = max(smem_bytes(m), ONE_AN_SM)
             fn, occ = load_function(self.lib, mod, "chain_step", smem, threads(m), carveout=100)
-            if occ < 1:
-                raise RuntimeError(f"chain_step does not fit an SM with {smem} B")
+            if occ != 1:
+                raise RuntimeError(f"{occ} blocks of chain_step fit an SM with {smem} B, not 1")
             self.fns[macros] = (fn, smem, how)
         return self.fns[macros]
 
-    def config(self, grid: int, nthreads: int, smem: int, cluster: int) -> _LaunchConfig:
+    def config(self, grid: int, nthreads: int, smem: int, cluster: int,
+               stream: ctypes.c_void_p) -> _LaunchConfig:
         """``cuLaunchKernelEx``'s configuration with clusters of ``cluster`` blocks."""
-        attr = _LaunchAttr(id=CLUSTER_DIMENSION, value=cluster)
-        ctypes.memmove(ctypes.addressof(attr) + _LaunchAttr.rest.offset,
-                       (ctypes.c_uint * 2)(1, 1), 8)  # y and z of the cluster's shape
-        self._attr = attr  # kept alive while the configuration may be read
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        return _LaunchConfig(grid, 1, 1, nthreads, 1, 1, smem, stream, ctypes.pointer(attr), 1)
+        self._attr = cluster_attr(cluster)  # kept alive while the configuration may be read
+        return _LaunchConfig(grid, 1, 1, nthreads, 1, 1, smem, stream,
+                             ctypes.pointer(self._attr), 1)
 
     def grid(self, macros: tuple[tuple[str, int], ...], sms: int) -> int:
         """Blocks of a launch: one an SM, or in clusters as many whole clusters as the GPU
@@ -388,16 +419,16 @@ class Kernels:
         m = dict(macros)
         cl = m.get("CL", 1)
         if cl == 1:
-            return sms
+            return min(sms, m.get("GRID", sms))
         fn, smem, _ = self.get(macros)
         n = ctypes.c_int()
-        cfg = self.config(cl * (sms // cl), threads(m), smem, cl)
+        cfg = self.config(cl * (sms // cl), threads(m), smem, cl, ctypes.c_void_p())
         _check(self.lib, self.lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), fn,
                                                                ctypes.byref(cfg)),
                "reading the clusters that fit")
         if n.value < 1:
             raise RuntimeError(f"no cluster of {cl} blocks of {smem} B fits")
-        return cl * min(n.value, sms // cl)
+        return cl * min(n.value, sms // cl, m.get("GRID", sms) // cl)
 
     def launch(self, fn: ctypes.c_void_p, grid: int, smem: int, args: list[int],
                nthreads: int, cluster: int = 1) -> None:
@@ -406,7 +437,8 @@ class Kernels:
         vals = [ctypes.c_uint64(x) for x in args]
         argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         if cluster > 1:
-            cfg = self.config(grid, nthreads, smem, cluster)
+            stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+            cfg = self.config(grid, nthreads, smem, cluster, stream)
             _check(self.lib, self.lib.cuLaunchKernelEx(ctypes.byref(cfg), fn, argv, None),
                    "launching")
             return
@@ -471,6 +503,10 @@ def time_variant(k: Kernels, v: Variant, blocks: int, reps: int, args: list[int]
 def plan_of(v: Variant, a: ModelArgs, blocks: int, position: int) -> tuple[list[int], int]:
     """``plan_words`` for variant ``v`` at ``position``: its hand-offs, tokens and XMAX."""
     m = v.macros_dict()
+    if m.get("CL", 1) > 1:
+        for p in phases(a, v.hops, v.tokens)[0]:
+            if p.reduce and p.out > pmax(m):
+                raise ValueError(f"{p.name}: {p.out} partials, over the clusters' {pmax(m)}")
     return plan_words(a, blocks, v.hops, v.weights, v.trips, v.tokens, position, m["XMAX"],
                       m["STAGE_BYTES"])
 
@@ -569,8 +605,8 @@ def main() -> int:
                     help="comma-separated names of the variants to run (default: all)")
     ap.add_argument("--position", type=int, default=512,
                     help="the step's position: its attention streams the K/V of this many "
-                         "positions (and the step's own), and the floor and the Triton steps "
-                         "are taken there")
+                         "positions and the step's own tokens (none at 0), and the floor and "
+                         "the Triton steps are taken there")
     ap.add_argument("--no-triton", action="store_true",
                     help="leave out the Triton steps (the baselines)")
     args = ap.parse_args()

@@ -325,7 +325,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
   int slot = 0;
   u32 parity = 0;
-  u32 nred = 0;  // reduce phases done (CL > 1: the parity of the cluster's mbarriers)
+  [[maybe_unused]] u32 nred = 0;  // reduce phases done (CL > 1: the parity of the cluster's mbarriers)
   u64* tr = trace + (u64)blockIdx.x * nhop * 3;
   for (u32 h = 0; h < nhop; ++h) {
     const Phase ph = phase_of(plan, h, nph, layers);
@@ -509,7 +509,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       csync();
       if (threadIdx.x == 0) arrive_everywhere(cbar(0));
       cluster_wait(cbar(0), nred & 1u);
-      const u32 slice = (n / CL + 3) & ~3u, lo = cta_rank() * slice, hi = min(n, lo + slice);
+      const u32 slice = ((n + CL - 1) / CL + 3) & ~3u, lo = cta_rank() * slice, hi = min(n, lo + slice);
       for (u32 i = lo + 4 * threadIdx.x; i + 3 < hi; i += 4 * NCT) {
         float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
