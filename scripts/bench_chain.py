@@ -21,7 +21,10 @@ input's elements for the tag: NCCL's LL protocol, no fence and no counter). Ever
 loaded 16 bytes at a time, all of a thread's loads issued before any is stored, unless a
 variant says otherwise. Variants, per model:
 
-    stream_bare   the stages alone: no inputs, round trips or outputs
+    stream_bare   the stages alone: no inputs, round trips or outputs, and no arithmetic (ptxas
+                  drops sums nothing reads); ``stream_bare_fma`` with the one-token FMAs kept
+                  (``SINK``), as every bare ``_t9`` and ``_q4`` form keeps its products (since
+                  run 258; run 254's ``stream_bare_t9`` had none)
     stream        never waiting: every phase's input load, round trips and outputs
                   (``stream_noin``: no input loads or round trips; ``stream_noout``: no
                   outputs), so ``step`` less ``stream`` is what the waits cost
@@ -58,6 +61,11 @@ variant says otherwise. Variants, per model:
     stream_t9     (and ``step_t9``) 6 hand-offs a layer at 9 tokens, each block storing its
                   rows' outputs (no partials), with a 48 KB ring (3 stages of 16 KB) so that the
                   down projection's 9 inputs fit; ``step_r48`` one token with that ring
+    stream_bare_q4  (and ``_t9``) the stages as 4-bit weights repacked from Q4_K (0.625 bytes
+                  a weight: the matrices' bytes x 5/16), made bf16 in the consumers by their
+                  bits and one bf16x2 FMA a pair, then the same products: can a warp-
+                  specialized consumer keep up with the quantized stream (session 28's open
+                  question)? "% of the floor" stays the bf16 floor's; compare GB/s
     *_g120        on 120 blocks, as many as clusters of 4 or 8 leave resident (the control of
                   the cluster variants); the ``stream*`` cluster variants wait on their cluster
                   at each split-K phase, never on a hand-off
@@ -158,12 +166,13 @@ class PhaseSpec:
     reduce: bool = False  # every block adds a partial of all ``out`` outputs (float atomics)
 
 
-def phases(a: ModelArgs, hops: int = 6, tokens: int = 1,
-           position: int = 0) -> tuple[list[PhaseSpec], PhaseSpec]:
+def phases(a: ModelArgs, hops: int = 6, tokens: int = 1, position: int = 0,
+           weight_bits: int = 16) -> tuple[list[PhaseSpec], PhaseSpec]:
     """The layer's phases in step order and the output projection, at bf16 byte counts, for a
     step of ``tokens`` tokens (1 decodes; k + 1 verifies k drafted tokens: every input and
     output ``tokens`` vectors, the weights read once) whose attention reads the K/V of
-    ``position + tokens`` positions (streamed as its phase's bytes; 0: none, the weights only).
+    ``position + tokens`` positions (streamed as its phase's bytes; 0: none, the weights only),
+    the matrices at ``weight_bits`` a weight (16: bf16; 5: the 4-bit super-tiles' 0.625 bytes).
 
     ``hops`` a layer: 6 as the Triton step's kernels (qkv, attention, merge, o-projection,
     gate/up, down); 5 with the merge folded into the attention; 3 where a block's own outputs
@@ -177,26 +186,30 @@ def phases(a: ModelArgs, hops: int = 6, tokens: int = 1,
     if tokens < 1:
         raise ValueError(f"tokens a step: at least 1, not {tokens}")
     d, f, t = a.n_embd, a.n_ff, tokens
+
+    def w(n: int) -> int:  # bytes of n weights
+        return n * weight_bits // 8
+
     kv = a.kv_bytes(position + t) // a.n_layer if position else 0  # one layer's K and V
-    qkv = PhaseSpec("qkv", 2 * a.qkv_dim * d, d * t, a.qkv_dim * t)
-    out = PhaseSpec("output", 2 * a.n_vocab * d, d * t, t)  # (the argmax of each token)
+    qkv = PhaseSpec("qkv", w(a.qkv_dim * d), d * t, a.qkv_dim * t)
+    out = PhaseSpec("output", w(a.n_vocab * d), d * t, t)  # (the argmax of each token)
     if hops == 2:  # a bound, not a Qwen2 layer: q, k and v handed to the attention for free
-        layer = [PhaseSpec("qkv+attention+o", 2 * (a.qkv_dim + a.q_dim) * d + kv, d * t, d * t,
+        layer = [PhaseSpec("qkv+attention+o", w((a.qkv_dim + a.q_dim) * d) + kv, d * t, d * t,
                            ATT_TRIPS + MERGE_TRIPS, reduce=True),
-                 PhaseSpec("gate/up+down", 2 * 3 * f * d, d * t, d * t, reduce=True)]
+                 PhaseSpec("gate/up+down", w(3 * f * d), d * t, d * t, reduce=True)]
         return layer, out
     if hops == 3:
-        layer = [qkv, PhaseSpec("attention+o", 2 * a.q_dim * d + kv, a.qkv_dim * t, d * t,
+        layer = [qkv, PhaseSpec("attention+o", w(a.q_dim * d) + kv, a.qkv_dim * t, d * t,
                                 ATT_TRIPS + MERGE_TRIPS, reduce=True),
-                 PhaseSpec("gate/up+down", 2 * 3 * f * d, d * t, d * t, reduce=True)]
+                 PhaseSpec("gate/up+down", w(3 * f * d), d * t, d * t, reduce=True)]
         return layer, out
     att = [PhaseSpec("attention", kv, a.qkv_dim * t, a.q_dim * t, ATT_TRIPS)]
     if hops == 6:
         att.append(PhaseSpec("merge", 0, a.q_dim * t, a.q_dim * t, MERGE_TRIPS))
     layer = [qkv, *att,
-             PhaseSpec("o", 2 * a.q_dim * d, a.q_dim * t, d * t),
-             PhaseSpec("gate/up", 2 * 2 * f * d, d * t, f * t),
-             PhaseSpec("down", 2 * f * d, f * t, d * t)]
+             PhaseSpec("o", w(a.q_dim * d), a.q_dim * t, d * t),
+             PhaseSpec("gate/up", w(2 * f * d), d * t, f * t),
+             PhaseSpec("down", w(f * d), f * t, d * t)]
     return layer, out
 
 
@@ -205,6 +218,11 @@ def weight_bytes(a: ModelArgs) -> int:
     layer, out = phases(a)
     return a.n_layer * sum(p.nbytes for p in layer) + out.nbytes
 
+
+#: The source's Q4_SUPER (16 rows x 256 k of 4-bit weights with their scales), and a ring of
+#: 8 stages of 8 of them (160 KB), for the 4-bit variants.
+Q4_SUPER = 2560
+RING_Q4 = {"NSTAGE": 8, "STAGE_BYTES": 8 * Q4_SUPER, "COPY_BYTES": Q4_SUPER}
 
 #: ``CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION``: the value is the cluster's shape (x, y, z).
 CLUSTER_DIMENSION = 4
@@ -229,11 +247,11 @@ XMAX_VERIFY6 = VERIFY_T * XMAX
 
 def plan_words(a: ModelArgs, blocks: int, hops: int, weights: bool, trips: bool,
                tokens: int = 1, position: int = 0, xmax: int = XMAX,
-               stage: int = STAGE) -> tuple[list[int], int]:
+               stage: int = STAGE, weight_bits: int = 16) -> tuple[list[int], int]:
     """The kernel's plan (see the source) and the bytes it streams. Stages are rounded up, so
     every weight byte of the model (and the K/V of ``position``) is streamed, and under a stage
     more a phase."""
-    layer, out = phases(a, hops, tokens, position)
+    layer, out = phases(a, hops, tokens, position, weight_bits)
     words = [a.n_layer, len(layer)]
     streamed = 0
     for i, p in enumerate([*layer, out]):
@@ -283,6 +301,7 @@ def variants() -> list[Variant]:
 
     out = [
         Variant("stream_bare", m(HOPS=0, BARE=1), trips=False),
+        Variant("stream_bare_fma", m(HOPS=0, BARE=1, SINK=1), trips=False),
         Variant("stream", m(HOPS=0)),
         Variant("stream_noin", m(HOPS=0, INPUT=0)),
         Variant("stream_noout", m(HOPS=0, OUTPUT=0)),
@@ -309,7 +328,7 @@ def variants() -> list[Variant]:
         return m(**{"TOK": VERIFY_T, "ARITH": 2, "XMAX": XMAX_VERIFY, **kw})
 
     out += [
-        Variant("stream_bare_t9", m9(HOPS=0, BARE=1), hops=3, trips=False),
+        Variant("stream_bare_t9", m9(HOPS=0, BARE=1, SINK=1), hops=3, trips=False),
         Variant("stream3_t9", m9(HOPS=0), hops=3),
         Variant("stream3_noin_t9", m9(HOPS=0, INPUT=0), hops=3),
         Variant("stream3_noout_t9", m9(HOPS=0, OUTPUT=0), hops=3),
@@ -336,6 +355,10 @@ def variants() -> list[Variant]:
         Variant("stream3_noin_t9_ns4", m9(HOPS=0, INPUT=0, NSTAGE=4), hops=3),
         Variant("stream3_noin_t9_ns4_g120", m9(HOPS=0, INPUT=0, NSTAGE=4, GRID=120), hops=3),
         Variant("step3_g120", m(GRID=120), hops=3),
+        # the stream of 4-bit super-tiles, made bf16 in the consumers for the products
+        Variant("stream_bare_q4", m(HOPS=0, BARE=1, SINK=1, ARITH=3, **RING_Q4), trips=False),
+        Variant("stream_bare_q4_t9", m9(HOPS=0, BARE=1, SINK=1, ARITH=3, **RING_Q4), hops=3,
+                trips=False),
     ]
     assert not any(v.hops < 5 and v.macros_dict()["HOPS"] == 2 for v in out)
     return out
@@ -508,7 +531,7 @@ def plan_of(v: Variant, a: ModelArgs, blocks: int, position: int) -> tuple[list[
             if p.reduce and p.out > pmax(m):
                 raise ValueError(f"{p.name}: {p.out} partials, over the clusters' {pmax(m)}")
     return plan_words(a, blocks, v.hops, v.weights, v.trips, v.tokens, position, m["XMAX"],
-                      m["STAGE_BYTES"])
+                      m["STAGE_BYTES"], 5 if m["ARITH"] == 3 else 16)
 
 
 def run_model(k: Kernels, name: str, sms: int, copy_Bps: float, reps: int,

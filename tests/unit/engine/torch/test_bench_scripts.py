@@ -189,7 +189,20 @@ def test_the_verify_skeleton_carries_nine_tokens_and_the_caches_bytes(
                                     xmax=bench_chain.XMAX_VERIFY6, stage=16384)
     assert [six[3 + 4 * p] for p in range(7)] == [
         d * t, a.qkv_dim * t, a.q_dim * t, a.q_dim * t, d * t, a.n_ff * t, d * t]
+    # the 4-bit super-tiles stream 5/16 of the matrices' bf16 bytes, and the K/V as it is
+    q4, streamed_q4 = bench_chain.plan_words(a, 132, hops=3, weights=True, trips=False, tokens=t,
+                                             position=pos, xmax=bench_chain.XMAX_VERIFY,
+                                             stage=8 * bench_chain.Q4_SUPER, weight_bits=5)
+    want = bench_chain.weight_bytes(a) * 5 // 16 + kv
+    assert 0 <= streamed_q4 - want < 8 * bench_chain.Q4_SUPER * (3 * a.n_layer + 1)
     variants = {v.name: v for v in bench_chain.variants()}
+    q4v = variants["stream_bare_q4_t9"].macros_dict()
+    assert q4v["ARITH"] == 3 and q4v["STAGE_BYTES"] % bench_chain.Q4_SUPER == 0
+    assert f"#define Q4_SUPER {bench_chain.Q4_SUPER}" in bench_chain.source()
+    assert bench_chain.plan_of(variants["stream_bare_q4_t9"], a, 132, pos)[1] == streamed_q4
+    # every bare form that prices arithmetic keeps its sums live (ptxas drops unread ones)
+    assert all(v.macros_dict().get("SINK") == 1 for n, v in variants.items()
+               if n.startswith("stream_bare_") and n != "stream_bare")
     assert variants["step3_t9"].tokens == t and variants["step3"].tokens == 1
     assert variants["step3_t9"].macros_dict()["ARITH"] == 2
 
@@ -332,3 +345,29 @@ def test_every_skeleton_variant_builds_for_sm_90(bench_chain: ModuleType) -> Non
         cubin, _ = compile_cached(bench_chain.source(), v.macros_dict(), "sm_90", "nvcc",
                                   "chain_probe")
         assert cubin[:4] == b"\x7fELF", v.name
+        if v.name in ("stream_bare_t9", "stream_bare_q4", "stream_bare_fma"):
+            # a bare stream that prices arithmetic must still hold it after ptxas (run 254's
+            # 9-token one held none: nothing read its sums)
+            sass = _sass(cubin)
+            if sass is not None:
+                assert ("HMMA" in sass) if v.macros_dict()["ARITH"] >= 2 else ("FFMA" in sass), v.name
+
+
+def _sass(cubin: bytes) -> str | None:
+    """cuobjdump's SASS of ``cubin`` (Triton's bundled cuobjdump), or None where there is none."""
+    import subprocess
+    import tempfile
+    from pathlib import Path as P
+
+    try:
+        import triton
+    except ImportError:
+        return None
+    tool = P(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
