@@ -263,15 +263,17 @@ __device__ __forceinline__ u64* act_vec(u64* act, u32 h) { return act + (h & 1u)
 
 // One tile of 16 x 16 weights (A, in registers) times 16 K of the TOK inputs: tokens 0-7, and
 // 8-15 where there are more than 8 (token rows past TOK read again from the first). ``tile``
-// picks the inputs' K chunk (a pricing, not a product: the chunk wraps at ``chunks``).
+// picks the inputs' K chunk pair, wrapped by ``cmask`` (a power of two less one, so that the
+// address costs what a kernel walking K pays: a mask and a multiply-add, not a division; run
+// 258's first form divided twice a tile and could not keep up with the stream); ``boff`` is
+// the lane's row of the ldmatrix (``b_offset``, a shared-memory address: 32-bit arithmetic, as
+// every address of the consumers' loops).
 __device__ __forceinline__ void mma_tokens(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 tile,
-                                           u32 chunks, int lane) {
+                                           u32 cmask, u32 boff) {
   u32 b0, b1, b2, b3;
-  const u32 kc = (tile * 2) % chunks + ((lane >> 3) & 1);
-  const u32 t = ((lane >> 4) * 8 + (lane & 7)) % TOK;
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-               : "r"(smem_u32(xs16() + (kc % chunks * TOK + t) * 8)));
+               : "r"(boff + ((tile * 2) & cmask) * (TOK * 16)));
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
@@ -283,6 +285,12 @@ __device__ __forceinline__ void mma_tokens(float* c, u32 a0, u32 a1, u32 a2, u32
         "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
         : "+f"(c[4]), "+f"(c[5]), "+f"(c[6]), "+f"(c[7])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b2), "r"(b3));
+}
+
+// A lane's row of the inputs' ldmatrix in the chunked layout, in bf16 from a chunk pair's start:
+// matrices 0 and 2 (lanes 0-7, 16-23) the first chunk, 1 and 3 the second; 2 and 3 tokens 8-15.
+__device__ __forceinline__ u32 b_offset(int lane) {
+  return smem_u32(xs16()) + (((lane >> 3) & 1) * TOK + ((lane >> 4) * 8 + (lane & 7)) % TOK) * 16;
 }
 
 #define MAXE ((XMAX + NCT - 1) / NCT)  // input elements a consumer thread loads, at most
@@ -460,7 +468,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     float acc = 0.f;
 #if ARITH >= 2
     float c[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    const u32 chunks = max(2u, ph.xlen / TOK / 8);  // 8-wide K chunks of one token's input
+    // pairs of 8-wide K chunks of one token's input, as a power of two (at least one pair)
+    const u32 chunks = max(2u, ph.xlen / TOK / 8);
+    const u32 cmask = (1u << (31 - __clz(chunks))) - 2u;  // even chunk indices below it
+    const u32 boff = b_offset(lane);
 #endif
     for (u32 s = 0; s < ph.stages; ++s) {
       mbar_wait(full_bar(slot), parity);
@@ -469,30 +480,34 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       // warps taking every NCW-th; per tile one ldmatrix of the weights, one of 16 K of the
       // TOK inputs (token rows past TOK read again from the first), and two m16n8k16 products
       // (tokens 0-7 and 8-15). As a verify product's consumer does, not a product of any matrix.
+      const u32 stage = smem_u32(ring(slot)) + lane * 16;
       for (int j = warp; j < STAGE_BYTES / 512; j += NCW) {
         u32 a0, a1, a2, a3;
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                      : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
-                     : "r"(smem_u32(ring(slot) + j * 512 + lane * 16)));
-        mma_tokens(c, a0, a1, a2, a3, s * (STAGE_BYTES / 512) + j, chunks, lane);
+                     : "r"(stage + j * 512));
+        mma_tokens(c, a0, a1, a2, a3, s * (STAGE_BYTES / 512) + j, cmask, boff);
       }
 #elif ARITH == 3
       // Per super-tile and tile: the lane's 8 nibbles made bf16 by their bits (0x4300 | q is
       // the bf16 of 128 + q), scaled with one bf16x2 FMA a pair (the offset holds -128 x
       // scale less the min), then the products; each row's pair read once a sub-block.
       for (int j = warp; j < STAGE_BYTES / Q4_SUPER; j += NCW) {
-        const unsigned char* st = ring(slot) + j * Q4_SUPER;
+        const u32 st = smem_u32(ring(slot)) + j * Q4_SUPER;
         u32 sg = 0, og = 0, s8 = 0, o8 = 0;
 #pragma unroll 4
         for (int kt = 0; kt < 16; ++kt) {
           if ((kt & 1) == 0) {  // rows g and g + 8: (scale, offset) each
-            const uint2 so = *(const uint2*)(st + 2048 + (kt >> 1) * 64 + (lane >> 2) * 8);
+            uint2 so;
+            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(so.x), "=r"(so.y)
+                         : "r"(st + 2048 + (kt >> 1) * 64 + (lane >> 2) * 8));
             asm("prmt.b32 %0, %1, %1, 0x1010;" : "=r"(sg) : "r"(so.x));
             asm("prmt.b32 %0, %1, %1, 0x3232;" : "=r"(og) : "r"(so.x));
             asm("prmt.b32 %0, %1, %1, 0x1010;" : "=r"(s8) : "r"(so.y));
             asm("prmt.b32 %0, %1, %1, 0x3232;" : "=r"(o8) : "r"(so.y));
           }
-          const u32 q = *(const u32*)(st + kt * 128 + lane * 4);
+          u32 q;
+          asm volatile("ld.shared.u32 %0, [%1];" : "=r"(q) : "r"(st + kt * 128 + lane * 4));
           const u32 x0 = (q & 0x000f000fu) | 0x43004300u, x1 = ((q >> 4) & 0x000f000fu) | 0x43004300u;
           const u32 x2 = ((q >> 8) & 0x000f000fu) | 0x43004300u, x3 = ((q >> 12) & 0x000f000fu) | 0x43004300u;
           u32 a0, a1, a2, a3;
@@ -500,7 +515,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(a1) : "r"(x1), "r"(s8), "r"(o8));
           asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(a2) : "r"(x2), "r"(sg), "r"(og));
           asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(a3) : "r"(x3), "r"(s8), "r"(o8));
-          mma_tokens(c, a0, a1, a2, a3, (s * (STAGE_BYTES / Q4_SUPER) + j) * 16 + kt, chunks, lane);
+          mma_tokens(c, a0, a1, a2, a3, (s * (STAGE_BYTES / Q4_SUPER) + j) * 16 + kt, cmask, boff);
         }
       }
 #else
