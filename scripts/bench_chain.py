@@ -84,12 +84,12 @@ figure is a ratio to, and where ``_t9`` variants ran, its 9-token verify step to
 
 "% of the floor" is over the floor the decode benchmarks use: the model's bf16 weight bytes
 and the K/V of position + 1 positions, over the copy bandwidth measured in the same run. The
-skeleton streams each phase rounded up to whole stages (24 KB; 16 KB for the 48 KB ring: under
-0.1 % more bytes than the model's), the attention's phase with one layer's K/V of position +
-tokens positions (since session 30; run 252's skeleton streamed no K/V; at position 0 none),
-dealt to the blocks in shares that differ by one stage at most. Every block has an SM to itself
-(its shared memory asked for is at least half an SM's, so no two share one). On the lent H200,
-about a minute a position:
+skeleton streams each phase rounded up to whole stages (24 KB; 16 KB for the 48 KB ring, 20 KB
+for the 4-bit variants: under 0.1 % more bytes than the model's for bf16), the attention's
+phase with one layer's K/V of position + tokens positions (since session 30; run 252's
+skeleton streamed no K/V; at position 0 none), dealt to the blocks in shares that differ by
+one stage at most. Every block has an SM to itself (its shared memory asked for is at least
+half an SM's, so no two share one). On the lent H200, about a minute a position:
 
     python3 scripts/bench_chain.py --out $OUT/chain
     python3 scripts/bench_chain.py --out $OUT/c4096 --position 4096 \

@@ -22,7 +22,8 @@
 //     themselves to the phase's counter with release semantics;
 //   - TOK > 1 (a verify step's skeleton): every vector is TOK tokens', the input kept as bf16
 //     in shared memory, and each stage multiplied through matrix instructions (ARITH=2:
-//     ldmatrix and mma.sync m16n8k16, as a verify product's consumer would);
+//     ldmatrix and mma.sync m16n8k16, as a verify product's consumer would; ARITH=3, bare
+//     streams only: 4-bit weights made bf16 in registers for those products);
 //   - CL > 1: blocks in clusters of CL (the host launches them so) sum their split-K partials
 //     in shared memory across the cluster before adding them with atomics, each block its
 //     CL-th of the vector: CL times fewer atomics for an exchange through distributed shared
@@ -263,11 +264,12 @@ __device__ __forceinline__ u64* act_vec(u64* act, u32 h) { return act + (h & 1u)
 
 // One tile of 16 x 16 weights (A, in registers) times 16 K of the TOK inputs: tokens 0-7, and
 // 8-15 where there are more than 8 (token rows past TOK read again from the first). ``tile``
-// picks the inputs' K chunk pair, wrapped by ``cmask`` (a power of two less one, so that the
-// address costs what a kernel walking K pays: a mask and a multiply-add, not a division; run
-// 258's first form divided twice a tile and could not keep up with the stream); ``boff`` is
-// the lane's row of the ldmatrix (``b_offset``, a shared-memory address: 32-bit arithmetic, as
-// every address of the consumers' loops).
+// picks the inputs' K chunk pair, wrapped by ``cmask`` (a power of two less two: even chunk
+// indices, so that the address costs what a kernel walking K pays, a mask and a multiply-add,
+// not a division; the first form divided twice a tile and walked 64-bit generic pointers, and
+// could not keep up with the stream, run 258); ``boff`` is the lane's row of the ldmatrix
+// (``b_offset``, a shared-memory address: 32-bit arithmetic, as every address of the
+// consumers' loops).
 __device__ __forceinline__ void mma_tokens(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 tile,
                                            u32 cmask, u32 boff) {
   u32 b0, b1, b2, b3;
@@ -468,7 +470,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     float acc = 0.f;
 #if ARITH >= 2
     float c[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    // pairs of 8-wide K chunks of one token's input, as a power of two (at least one pair)
+    // 8-wide K chunks of one token's input (at least a pair), read below the largest power
+    // of two among them
     const u32 chunks = max(2u, ph.xlen / TOK / 8);
     const u32 cmask = (1u << (31 - __clz(chunks))) - 2u;  // even chunk indices below it
     const u32 boff = b_offset(lane);
@@ -478,8 +481,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if ARITH == 2
       // The stage as tiles of [16 rows, 16 k] bf16 (512 bytes: four 8 x 8 matrices), the
       // warps taking every NCW-th; per tile one ldmatrix of the weights, one of 16 K of the
-      // TOK inputs (token rows past TOK read again from the first), and two m16n8k16 products
-      // (tokens 0-7 and 8-15). As a verify product's consumer does, not a product of any matrix.
+      // TOK inputs (token rows past TOK read again from the first), and m16n8k16 products
+      // (tokens 0-7, and 8-15 where TOK > 8). As a verify product's consumer does, not a product
+      // of any matrix.
       const u32 stage = smem_u32(ring(slot)) + lane * 16;
       for (int j = warp; j < STAGE_BYTES / 512; j += NCW) {
         u32 a0, a1, a2, a3;
