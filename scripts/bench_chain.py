@@ -385,11 +385,11 @@ def smem_bytes(m: dict[str, int]) -> int:
     """Shared memory a block lays out: the ring and its barriers, the input, one float a
     consumer warp and the producer's progress word (the source's xs(), red(), produced()),
     and in clusters the block's partial and two mbarriers (part(), cbar())."""
-    n = m["NSTAGE"] * (m["STAGE_BYTES"] + 16) + (xs_floats(m) + m["NCW"] + 1) * 4
-    if m.get("CL", 1) > 1:
-        n = m["NSTAGE"] * (m["STAGE_BYTES"] + 16) + -(-(xs_floats(m) + m["NCW"] + 1) // 4) * 16
-        n += pmax(m) * 4 + 16
-    return n
+    ring = m["NSTAGE"] * (m["STAGE_BYTES"] + 16)
+    words = xs_floats(m) + m["NCW"] + 1
+    if m.get("CL", 1) == 1:
+        return ring + words * 4
+    return ring + -(-words // 4) * 16 + pmax(m) * 4 + 16  # part() 16-byte aligned, two cbar()
 
 
 def threads(m: dict[str, int]) -> int:
