@@ -65,7 +65,11 @@ variant says otherwise. Variants, per model:
                   a weight: the matrices' bytes x 5/16), made bf16 in the consumers by their
                   bits and one bf16x2 FMA a pair, then the same products: can a warp-
                   specialized consumer keep up with the quantized stream (session 28's open
-                  question)? "% of the floor" stays the bf16 floor's; compare GB/s
+                  question)? "% of the floor" stays the bf16 floor's; compare GB/s.
+                  ``stream_bare_r4``: the same ring and plan read with no decode or products
+                  (what the 4-bit consumers' arithmetic costs over the stream as dealt);
+                  ``*_w16``: both with 16 consumer warps over 4 stages of 16 super-tiles
+    step3_nost    ``step3`` without the stalls' timer reads (below): their price
     *_g120        on 120 blocks, as many as clusters of 4 or 8 leave resident (the control of
                   the cluster variants); the ``stream*`` cluster variants wait on their cluster
                   at each split-K phase, never on a hand-off
@@ -77,6 +81,12 @@ launch: per hand-off kind, the median over the middle layers of the imbalance (t
 outputs stored, less the median block's), the latency (the median block with its next input in
 shared memory and its phase's extra round trips walked, less the last block's outputs stored)
 and of it the part until the median block saw the count (counters only), and the median layer.
+And, since session 31, where each block waited (``STALLS``): the median block's time with its
+ring full (its producer waiting for a free slot), its consumers starved (waiting for a stage
+to land), in hand-offs, and in all. The question it answers: why a ring of 5 µs of an SM's
+share of the stream does not hide hand-offs of 2 µs (session 29: 4 stages and 7 ran a step
+alike). If the ring covered them, a step's consumers would starve less than the never-waiting
+stream's by about the hand-offs' time.
 
 Then, in the same process, today's default Triton one-token step at ``--position`` (512;
 random weights, its CUDA graph replayed; ``--no-triton`` leaves it out), the baseline each
@@ -223,6 +233,8 @@ def weight_bytes(a: ModelArgs) -> int:
 #: 8 stages of 8 of them (160 KB), for the 4-bit variants.
 Q4_SUPER = 2560
 RING_Q4 = {"NSTAGE": 8, "STAGE_BYTES": 8 * Q4_SUPER, "COPY_BYTES": Q4_SUPER}
+#: The same 160 KB as 4 stages of 16 super-tiles, for 16 consumer warps (one each a stage).
+RING_Q4W = {"NSTAGE": 4, "STAGE_BYTES": 16 * Q4_SUPER, "COPY_BYTES": Q4_SUPER}
 
 #: ``CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION``: the value is the cluster's shape (x, y, z).
 CLUSTER_DIMENSION = 4
@@ -282,6 +294,7 @@ class Variant:
     hops: int = 6
     weights: bool = True
     trips: bool = True
+    bits: int = 16  # bits a weight of the matrices streamed (5: the 4-bit super-tiles' bytes)
 
     @property
     def tokens(self) -> int:
@@ -296,7 +309,7 @@ def variants() -> list[Variant]:
     as flags in the data cannot add split-K partials, so no 3-hand-off variant uses them."""
     def m(**kw: int) -> tuple[tuple[str, int], ...]:
         base = dict(NCW=NCW, NSTAGE=7, STAGE_BYTES=STAGE, COPY_BYTES=3072, HOPS=1, ARITH=1,
-                    INLOAD=2, XMAX=XMAX)
+                    INLOAD=2, XMAX=XMAX, STALLS=1)
         return tuple(sorted({**base, **kw}.items()))
 
     out = [
@@ -312,6 +325,7 @@ def variants() -> list[Variant]:
         Variant("step_ns4", m(NSTAGE=4)),
         Variant("stream3", m(HOPS=0), hops=3),
         Variant("step3", m(), hops=3),
+        Variant("step3_nost", m(STALLS=0), hops=3),  # the stalls' timer reads priced
         Variant("step3_in0", m(INLOAD=0), hops=3),
         Variant("stream2", m(HOPS=0), hops=2),
         Variant("step2", m(), hops=2),
@@ -356,11 +370,21 @@ def variants() -> list[Variant]:
         Variant("stream3_noin_t9_ns4_g120", m9(HOPS=0, INPUT=0, NSTAGE=4, GRID=120), hops=3),
         Variant("step3_g120", m(GRID=120), hops=3),
         # the stream of 4-bit super-tiles, made bf16 in the consumers for the products
-        Variant("stream_bare_q4", m(HOPS=0, BARE=1, SINK=1, ARITH=3, **RING_Q4), trips=False),
+        Variant("stream_bare_q4", m(HOPS=0, BARE=1, SINK=1, ARITH=3, **RING_Q4), trips=False,
+                bits=5),
         Variant("stream_bare_q4_t9", m9(HOPS=0, BARE=1, SINK=1, ARITH=3, **RING_Q4), hops=3,
-                trips=False),
+                trips=False, bits=5),
+        # the same ring and plan read without the decode or the products (their control), and
+        # both with 16 consumer warps over stages of 16 super-tiles (a warp each a stage)
+        Variant("stream_bare_r4", m(HOPS=0, BARE=1, SINK=1, ARITH=0, **RING_Q4), trips=False,
+                bits=5),
+        Variant("stream_bare_q4_w16", m(HOPS=0, BARE=1, SINK=1, ARITH=3, NCW=16, **RING_Q4W),
+                trips=False, bits=5),
+        Variant("stream_bare_r4_w16", m(HOPS=0, BARE=1, SINK=1, ARITH=0, NCW=16, **RING_Q4W),
+                trips=False, bits=5),
     ]
     assert not any(v.hops < 5 and v.macros_dict()["HOPS"] == 2 for v in out)
+    assert all(v.bits == 5 for v in out if v.macros_dict()["ARITH"] == 3)
     return out
 
 
@@ -494,6 +518,25 @@ def hop_stats(tr: torch.Tensor, nph: int, layers: int,
     return out
 
 
+def stall_stats(st: torch.Tensor, hops: torch.Tensor | None) -> dict[str, float]:
+    """From the stalls [blocks, 4] (ns; see the source) and, for counters, the trace [blocks,
+    hops, 3]: the median block's time with its ring full (its producer waiting for a slot), its
+    consumers starved (waiting for a stage to land), in hand-offs (from its outputs stored to
+    its next input in shared memory, summed over the step) and in all (start to its consumers'
+    end), µs. Where the ring covers the hand-offs, the consumers starve less by about the
+    hand-offs' time than the same stream never waiting does; where it does not, they starve as
+    much and the hand-offs add."""
+    t = st.to(torch.int64)
+    handoff = (hops[:, :, 1] - hops[:, :, 0]).to(torch.int64).sum(dim=1) if hops is not None \
+        else torch.zeros(t.shape[0], dtype=torch.int64)
+
+    def med(x: torch.Tensor) -> float:
+        return statistics.median(x.double().tolist()) / 1e3
+
+    return {"ring_full_us": med(t[:, 0]), "starved_us": med(t[:, 1]),
+            "handoff_us": med(handoff), "block_us": med(t[:, 3] - t[:, 2])}
+
+
 #: Batches of back-to-back launches a variant; its time is the best batch's mean, as the Triton
 #: step's baseline is the best of three means of replays (``bench_gpu.time_ms``).
 BATCHES = 3
@@ -531,7 +574,7 @@ def plan_of(v: Variant, a: ModelArgs, blocks: int, position: int) -> tuple[list[
             if p.reduce and p.out > pmax(m):
                 raise ValueError(f"{p.name}: {p.out} partials, over the clusters' {pmax(m)}")
     return plan_words(a, blocks, v.hops, v.weights, v.trips, v.tokens, position, m["XMAX"],
-                      m["STAGE_BYTES"], 5 if m["ARITH"] == 3 else 16)
+                      m["STAGE_BYTES"], v.bits)
 
 
 def run_model(k: Kernels, name: str, sms: int, copy_Bps: float, reps: int,
@@ -559,7 +602,7 @@ def run_model(k: Kernels, name: str, sms: int, copy_Bps: float, reps: int,
             nhop = a.n_layer * nph + 1
             plan = plan_tensor(words).cuda()
             ctr = torch.zeros(nhop, dtype=torch.int32, device="cuda")
-            trace = torch.zeros(blocks * nhop * 3, dtype=torch.int64, device="cuda")
+            trace = torch.zeros(blocks * (nhop * 3 + 4), dtype=torch.int64, device="cuda")
             args = [buf.data_ptr(), plan.data_ptr(), act.data_ptr(), ctr.data_ptr(),
                     trace.data_ptr()]
             means, tag = time_variant(k, v, blocks, reps, args, ctr, tag, nhop)
@@ -568,14 +611,22 @@ def run_model(k: Kernels, name: str, sms: int, copy_Bps: float, reps: int,
                      compiler=k.get(v.macros)[2], pct_floor=100 * floor / best,
                      stream_GBps=streamed / (best * 1e-3) / 1e9 if streamed else None)
             names = [p.name for p in phases(a, v.hops, v.tokens)[0]]
+            hops_tr = trace[: blocks * nhop * 3].view(blocks, nhop, 3)[:, : nhop - 1].cpu()
             if v.macros_dict().get("HOPS", 1):
-                r["trace"] = hop_stats(trace.view(blocks, nhop, 3)[:, : nhop - 1].cpu(), nph,
-                                       a.n_layer, names)
+                r["trace"] = hop_stats(hops_tr, nph, a.n_layer, names)
+            if v.macros_dict().get("STALLS"):
+                r["stalls"] = stall_stats(trace[blocks * nhop * 3:].view(blocks, 4).cpu(),
+                                          hops_tr if v.macros_dict()["HOPS"] == 1 else None)
             bw = f"{r['stream_GBps']:6.0f} GB/s" if streamed else " " * 11
             lay = f"layer {r['trace']['layer_us']:6.2f} µs" if "trace" in r else ""
             grid = f"  ({blocks} blocks)" if blocks != sms else ""
             log(f"  {v.name:12s} {best:8.4f} ms  {r['pct_floor']:5.1f} % of the floor  {bw}  {lay}"
                 f"{grid}")
+            if "stalls" in r:
+                st = r["stalls"]
+                log(f"    stalls (median block, µs): ring full {st['ring_full_us']:.1f}, "
+                    f"consumers starved {st['starved_us']:.1f}, hand-offs "
+                    f"{st['handoff_us']:.1f}, block {st['block_us']:.1f}")
             if "trace" in r:
                 log("    " + "; ".join(
                     f"{n} {s['imbalance_us']:.2f}+{s['latency_us']:.2f} "

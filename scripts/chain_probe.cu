@@ -50,6 +50,12 @@
 //   the outputs every block adds a partial of, extra round trips), phases
 //   of one layer first, then the one phase after the last layer (the output projection). A
 //   phase's stages are dealt to the blocks in contiguous shares that differ by one at most.
+// Stalls (STALLS 1): after the trace, four u64 a block: the ns its producer's lane 0 spent
+// waiting for a free slot (the ring full: nothing more of this block's share can be asked of
+// DRAM), the ns its consumer thread 0 spent waiting for a stage to land (the consumers ahead of
+// the stream), the block's start and its consumers' end (globaltimer). A wait is timed only
+// when the barrier is not already complete, so a stream the consumers keep up with reads the
+// timer about twice a stage a warp.
 // Counters: ctr[h] for hand-off h = layer * phases + phase (the last phase too), zeroed by the
 // host before a batch of launches; launch ``epoch`` (1, 2, ...) of the batch waits for each to
 // reach epoch x blocks, so launches run back to back with no reset between them (HOPS 1).
@@ -110,6 +116,9 @@ typedef unsigned int u32;
 #endif
 #ifndef PMAX  // CL > 1: the longest vector added (a 1.5B hidden state for each token), floats
 #define PMAX (TOK * 1536)
+#endif
+#ifndef STALLS  // 1: each block records where its producer and its consumers waited (below)
+#define STALLS 0
 #endif
 #ifndef WATCHDOG_NS  // a wait longer than this traps instead of hanging the GPU
 #define WATCHDOG_NS 2000000000ull
@@ -225,6 +234,18 @@ __device__ __forceinline__ void cluster_wait(u64* bar, u32 parity) {
 }
 #endif
 
+// mbar_wait, adding the ns it blocked to ``*ns`` where STALLS asks (nothing when the barrier was
+// already complete).
+__device__ __forceinline__ void timed_wait(u64* bar, u32 parity, u64* ns) {
+  if (!STALLS || mbar_try_wait(bar, parity)) {
+    if (!STALLS) mbar_wait(bar, parity);
+    return;
+  }
+  const u64 t0 = globaltimer();
+  mbar_wait(bar, parity);
+  *ns += globaltimer() - t0;
+}
+
 __device__ __forceinline__ u32 ld_acquire(const u32* p) {
   u32 v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -305,6 +326,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                u32 epoch) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const u32 layers = plan[0], nph = plan[1], nhop = layers * nph + 1;
+  [[maybe_unused]] u64* stall = trace + ((u64)gridDim.x * nhop + blockIdx.x) * 3 + blockIdx.x;
+  [[maybe_unused]] u64 waited = 0;  // STALLS: this warp's ns blocked on the ring
+  if (STALLS && threadIdx.x == 0) stall[2] = globaltimer();
   u64 per_block = 0, before = 0;  // stages of this block over the step, and of those before it
   for (u32 p = 0; p <= nph; ++p) {
     const u64 n = plan[2 + 4 * p], times = p < nph ? layers : 1;
@@ -334,7 +358,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     for (u64 i = 0; i < per_block; ++i) {
       u64* bar = full_bar(slot);
       if (lane == 0) {
-        mbar_wait(empty_bar(slot), parity ^ 1u);
+        timed_wait(empty_bar(slot), parity ^ 1u, &waited);
         mbar_expect_tx(bar, STAGE_BYTES);
       }
       __syncwarp();
@@ -350,6 +374,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         parity ^= 1u;
       }
     }
+    if (STALLS && lane == 0) stall[0] = waited;
     return;
   }
   if (warp > NCW) {  // the prefetch warp (PF > 0): lane 0 stays at most PF stages ahead
@@ -477,7 +502,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const u32 boff = b_offset(lane);
 #endif
     for (u32 s = 0; s < ph.stages; ++s) {
-      mbar_wait(full_bar(slot), parity);
+      if (threadIdx.x == 0) timed_wait(full_bar(slot), parity, &waited);
+      else mbar_wait(full_bar(slot), parity);
 #if ARITH == 2
       // The stage as tiles of [16 rows, 16 k] bf16 (512 bytes: four 8 x 8 matrices), the
       // warps taking every NCW-th; per tile one ldmatrix of the weights, one of 16 K of the
@@ -629,4 +655,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #if CL > 1
   if (nred) cluster_wait(cbar(1), (nred - 1) & 1u);  // my partial stays until every block read it
 #endif
+  if (STALLS && threadIdx.x == 0) {
+    stall[1] = waited;
+    stall[3] = globaltimer();
+  }
 }

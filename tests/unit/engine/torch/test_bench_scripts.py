@@ -313,6 +313,42 @@ def test_the_skeletons_trace_reads_imbalance_and_latency_per_hand_off(
     assert got["layer_us"] == pytest.approx(3.0)
 
 
+def test_the_stalls_say_whether_the_ring_covered_the_hand_offs(bench_chain: ModuleType) -> None:
+    import torch
+
+    # Two blocks, three hand-offs; stamps near the epoch as the timer's (int64 before floats).
+    base = 1_800_000_000_000_000_000
+    hops = torch.zeros(2, 3, 3, dtype=torch.int64)
+    for b in range(2):
+        for h in range(3):
+            hops[b, h, 0] = base + 10_000 * h
+            hops[b, h, 1] = base + 10_000 * h + 1_500 + 500 * b  # 1.5 and 2.0 µs a hand-off
+    stalls = torch.tensor([[4_000, 9_000, base, base + 40_000],
+                           [6_000, 7_000, base + 100, base + 50_100]], dtype=torch.int64)
+    got = bench_chain.stall_stats(stalls, hops)
+    assert got == {"ring_full_us": pytest.approx(5.0), "starved_us": pytest.approx(8.0),
+                   "handoff_us": pytest.approx(5.25), "block_us": pytest.approx(45.0)}
+    # a stream that never waits has no hand-offs to sum
+    assert bench_chain.stall_stats(stalls, None)["handoff_us"] == 0.0
+
+
+def test_the_4_bit_controls_stream_what_the_4_bit_consumers_do(bench_chain: ModuleType) -> None:
+    by = {v.name: v for v in bench_chain.variants()}
+    a = bench_chain.MODELS["1.5B"]
+    q4 = bench_chain.plan_of(by["stream_bare_q4"], a, 132, 0)
+    # the read-only control: the same plan and bytes, no decode (ARITH 0)
+    assert bench_chain.plan_of(by["stream_bare_r4"], a, 132, 0) == q4
+    assert by["stream_bare_r4"].macros_dict()["ARITH"] == 0
+    # 0.625 bytes a weight: 5/16 of the bf16 stream (no K/V at position 0), rounded up to
+    # whole stages a phase
+    bf16 = bench_chain.plan_of(by["stream_bare"], a, 132, 0)[1]
+    assert 5 / 16 <= q4[1] / bf16 < 5 / 16 * 1.01
+    # 16 consumer warps get a super-tile each a stage: the same bytes in stages twice the size
+    w16 = by["stream_bare_q4_w16"].macros_dict()
+    assert w16["NCW"] == 16 and w16["STAGE_BYTES"] == 16 * bench_chain.Q4_SUPER
+    assert bench_chain.plan_of(by["stream_bare_q4_w16"], a, 132, 0)[1] >= q4[1]
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--models", "7B"], "unknown model '7B': choose from 1.5B, 0.5B"),
     (["--variants", "step,stepp"], "unknown variant 'stepp': choose from stream_bare, "),
@@ -345,7 +381,8 @@ def test_every_skeleton_variant_builds_for_sm_90(bench_chain: ModuleType) -> Non
         cubin, _ = compile_cached(bench_chain.source(), v.macros_dict(), "sm_90", "nvcc",
                                   "chain_probe")
         assert cubin[:4] == b"\x7fELF", v.name
-        if v.name in ("stream_bare_t9", "stream_bare_q4", "stream_bare_fma"):
+        if v.name in ("stream_bare_t9", "stream_bare_q4", "stream_bare_q4_w16",
+                      "stream_bare_fma"):
             # a bare stream that prices arithmetic must still hold it after ptxas (run 254's
             # 9-token one held none: nothing read its sums)
             sass = _sass(cubin)
