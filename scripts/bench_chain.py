@@ -25,6 +25,10 @@ variant says otherwise. Variants, per model:
                   drops sums nothing reads); ``stream_bare_fma`` with the one-token FMAs kept
                   (``SINK``), as every bare ``_t9`` and ``_q4`` form keeps its products (since
                   run 258; run 254's ``stream_bare_t9`` had none)
+    stream_bare_spin1  (``2``, ``4``) the bare stream of 3 phases a layer whose consumers idle
+                  1, 2 or 4 µs at the start of each phase after the first: a hand-off's time
+                  with none of its traffic. If the ring covers such a wait, these run as the
+                  bare stream; if not, 84 waits (1.5B) add their time
     stream        never waiting: every phase's input load, round trips and outputs
                   (``stream_noin``: no input loads or round trips; ``stream_noout``: no
                   outputs), so ``step`` less ``stream`` is what the waits cost
@@ -315,6 +319,9 @@ def variants() -> list[Variant]:
     out = [
         Variant("stream_bare", m(HOPS=0, BARE=1), trips=False),
         Variant("stream_bare_fma", m(HOPS=0, BARE=1, SINK=1), trips=False),
+        # the consumers idle 1, 2 or 4 µs at each of 3 phases a layer, with no traffic
+        *(Variant(f"stream_bare_spin{us}", m(HOPS=0, BARE=1, SINK=1, SPIN_NS=1000 * us), hops=3,
+                  trips=False) for us in (1, 2, 4)),
         Variant("stream", m(HOPS=0)),
         Variant("stream_noin", m(HOPS=0, INPUT=0)),
         Variant("stream_noout", m(HOPS=0, OUTPUT=0)),

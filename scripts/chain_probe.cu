@@ -117,6 +117,9 @@ typedef unsigned int u32;
 #ifndef PMAX  // CL > 1: the longest vector added (a 1.5B hidden state for each token), floats
 #define PMAX (TOK * 1536)
 #endif
+#ifndef SPIN_NS  // > 0: at each phase after the first the consumers wait this long, doing nothing
+#define SPIN_NS 0  // (a hand-off's time with none of its traffic: can the ring cover it?)
+#endif
 #ifndef STALLS  // 1: each block records where its producer and its consumers waited (below)
 #define STALLS 0
 #endif
@@ -399,6 +402,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   u64* tr = trace + (u64)blockIdx.x * nhop * 3;
   for (u32 h = 0; h < nhop; ++h) {
     const Phase ph = phase_of(plan, h, nph, layers);
+    if (SPIN_NS && h > 0) {
+      if (threadIdx.x == 0) {
+        const u64 t0 = globaltimer();
+        while (globaltimer() - t0 < SPIN_NS) {
+        }
+      }
+      csync();
+    }
     // the input: every block's share of the phase before
     if (h > 0 && !BARE && INPUT) {
       const u64* in = act_vec(act, h - 1);
