@@ -73,7 +73,9 @@ variant says otherwise. Variants, per model:
                   ``stream_bare_r4``: the same ring and plan read with no decode or products
                   (what the 4-bit consumers' arithmetic costs over the stream as dealt);
                   ``*_w16``: both with 16 consumer warps over 4 stages of 16 super-tiles
-    step3_nost    ``step3`` without the stalls' timer reads (below): their price
+    *_st          with ``STALLS`` (below): ``stream_bare_st``, ``stream_bare_spin2_st``,
+                  ``stream3_st``, ``step3_st``; the uninstrumented variant beside each prices
+                  the instrument
     *_g120        on 120 blocks, as many as clusters of 4 or 8 leave resident (the control of
                   the cluster variants); the ``stream*`` cluster variants wait on their cluster
                   at each split-K phase, never on a hand-off
@@ -85,7 +87,7 @@ launch: per hand-off kind, the median over the middle layers of the imbalance (t
 outputs stored, less the median block's), the latency (the median block with its next input in
 shared memory and its phase's extra round trips walked, less the last block's outputs stored)
 and of it the part until the median block saw the count (counters only), and the median layer.
-And, since session 31, where each block waited (``STALLS``): the median block's time with its
+And, for the ``_st`` variants (session 31), where each block waited (``STALLS``): the median block's time with its
 ring full (its producer waiting for a free slot), its consumers starved (waiting for a stage
 to land), in hand-offs, and in all. The question it answers: why a ring of 5 µs of an SM's
 share of the stream does not hide hand-offs of 2 µs (session 29: 4 stages and 7 ran a step
@@ -313,7 +315,7 @@ def variants() -> list[Variant]:
     as flags in the data cannot add split-K partials, so no 3-hand-off variant uses them."""
     def m(**kw: int) -> tuple[tuple[str, int], ...]:
         base = dict(NCW=NCW, NSTAGE=7, STAGE_BYTES=STAGE, COPY_BYTES=3072, HOPS=1, ARITH=1,
-                    INLOAD=2, XMAX=XMAX, STALLS=1)
+                    INLOAD=2, XMAX=XMAX)
         return tuple(sorted({**base, **kw}.items()))
 
     out = [
@@ -322,6 +324,12 @@ def variants() -> list[Variant]:
         # the consumers idle 1, 2 or 4 µs at each of 3 phases a layer, with no traffic
         *(Variant(f"stream_bare_spin{us}", m(HOPS=0, BARE=1, SINK=1, SPIN_NS=1000 * us), hops=3,
                   trips=False) for us in (1, 2, 4)),
+        # where each block waited (``STALLS``), beside the same variants uninstrumented
+        Variant("stream_bare_st", m(HOPS=0, BARE=1, SINK=1, STALLS=1), trips=False),
+        Variant("stream_bare_spin2_st", m(HOPS=0, BARE=1, SINK=1, SPIN_NS=2000, STALLS=1),
+                hops=3, trips=False),
+        Variant("stream3_st", m(HOPS=0, STALLS=1), hops=3),
+        Variant("step3_st", m(STALLS=1), hops=3),
         Variant("stream", m(HOPS=0)),
         Variant("stream_noin", m(HOPS=0, INPUT=0)),
         Variant("stream_noout", m(HOPS=0, OUTPUT=0)),
@@ -332,7 +340,6 @@ def variants() -> list[Variant]:
         Variant("step_ns4", m(NSTAGE=4)),
         Variant("stream3", m(HOPS=0), hops=3),
         Variant("step3", m(), hops=3),
-        Variant("step3_nost", m(STALLS=0), hops=3),  # the stalls' timer reads priced
         Variant("step3_in0", m(INLOAD=0), hops=3),
         Variant("stream2", m(HOPS=0), hops=2),
         Variant("step2", m(), hops=2),
@@ -526,22 +533,23 @@ def hop_stats(tr: torch.Tensor, nph: int, layers: int,
 
 
 def stall_stats(st: torch.Tensor, hops: torch.Tensor | None) -> dict[str, float]:
-    """From the stalls [blocks, 4] (ns; see the source) and, for counters, the trace [blocks,
-    hops, 3]: the median block's time with its ring full (its producer waiting for a slot), its
-    consumers starved (waiting for a stage to land), in hand-offs (from its outputs stored to
-    its next input in shared memory, summed over the step) and in all (start to its consumers'
-    end), µs. Where the ring covers the hand-offs, the consumers starve less by about the
-    hand-offs' time than the same stream never waiting does; where it does not, they starve as
-    much and the hand-offs add."""
+    """From the stalls [blocks, 4] (SM cycles, and the block's ns; see the source) and, for
+    counters, the trace [blocks, hops, 3] (ns): the median block's time with its ring full (its
+    producer waiting for a slot), its consumers starved (waiting for a stage to land), in
+    hand-offs (from its outputs stored to its next input in shared memory, summed over the
+    step) and in all, µs (cycles at each block's own cycles a ns). Where the ring covers the
+    hand-offs, the consumers starve less by about the hand-offs' time than the same stream
+    never waiting does; where it does not, they starve as much and the hand-offs add."""
     t = st.to(torch.int64)
+    ns_per_cycle = t[:, 3].double() / t[:, 2].clamp(min=1).double()
     handoff = (hops[:, :, 1] - hops[:, :, 0]).to(torch.int64).sum(dim=1) if hops is not None \
         else torch.zeros(t.shape[0], dtype=torch.int64)
 
     def med(x: torch.Tensor) -> float:
         return statistics.median(x.double().tolist()) / 1e3
 
-    return {"ring_full_us": med(t[:, 0]), "starved_us": med(t[:, 1]),
-            "handoff_us": med(handoff), "block_us": med(t[:, 3] - t[:, 2])}
+    return {"ring_full_us": med(t[:, 0] * ns_per_cycle), "starved_us": med(t[:, 1] * ns_per_cycle),
+            "handoff_us": med(handoff), "block_us": med(t[:, 3])}
 
 
 #: Batches of back-to-back launches a variant; its time is the best batch's mean, as the Triton

@@ -50,12 +50,13 @@
 //   the outputs every block adds a partial of, extra round trips), phases
 //   of one layer first, then the one phase after the last layer (the output projection). A
 //   phase's stages are dealt to the blocks in contiguous shares that differ by one at most.
-// Stalls (STALLS 1): after the trace, four u64 a block: the ns its producer's lane 0 spent
-// waiting for a free slot (the ring full: nothing more of this block's share can be asked of
-// DRAM), the ns its consumer thread 0 spent waiting for a stage to land (the consumers ahead of
-// the stream), the block's start and its consumers' end (globaltimer). A wait is timed only
-// when the barrier is not already complete, so a stream the consumers keep up with reads the
-// timer about twice a stage a warp.
+// Stalls (STALLS 1): after the trace, four u64 a block: the SM cycles its producer's lane 0
+// spent waiting for a free slot (the ring full: nothing more of this block's share can be asked
+// of DRAM), the cycles its consumer thread 0 spent waiting for a stage to land (the consumers
+// ahead of the stream), and the cycles and ns from the block's start to its consumers' end. A
+// wait is timed only when the barrier is not already complete, with the SM's cycle counter: the
+// first form read %globaltimer there, and those reads slowed every variant with phase
+// boundaries by 2-5 µs a phase (run 260).
 // Counters: ctr[h] for hand-off h = layer * phases + phase (the last phase too), zeroed by the
 // host before a batch of launches; launch ``epoch`` (1, 2, ...) of the batch waits for each to
 // reach epoch x blocks, so launches run back to back with no reset between them (HOPS 1).
@@ -237,16 +238,16 @@ __device__ __forceinline__ void cluster_wait(u64* bar, u32 parity) {
 }
 #endif
 
-// mbar_wait, adding the ns it blocked to ``*ns`` where STALLS asks (nothing when the barrier was
-// already complete).
-__device__ __forceinline__ void timed_wait(u64* bar, u32 parity, u64* ns) {
+// mbar_wait, adding the SM cycles it blocked to ``*cycles`` where STALLS asks (nothing when the
+// barrier was already complete).
+__device__ __forceinline__ void timed_wait(u64* bar, u32 parity, u64* cycles) {
   if (!STALLS || mbar_try_wait(bar, parity)) {
     if (!STALLS) mbar_wait(bar, parity);
     return;
   }
-  const u64 t0 = globaltimer();
+  const u64 t0 = clock64();
   mbar_wait(bar, parity);
-  *ns += globaltimer() - t0;
+  *cycles += clock64() - t0;
 }
 
 __device__ __forceinline__ u32 ld_acquire(const u32* p) {
@@ -330,8 +331,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const u32 layers = plan[0], nph = plan[1], nhop = layers * nph + 1;
   [[maybe_unused]] u64* stall = trace + ((u64)gridDim.x * nhop + blockIdx.x) * 3 + blockIdx.x;
-  [[maybe_unused]] u64 waited = 0;  // STALLS: this warp's ns blocked on the ring
-  if (STALLS && threadIdx.x == 0) stall[2] = globaltimer();
+  [[maybe_unused]] u64 waited = 0;  // STALLS: this warp's cycles blocked on the ring
+  [[maybe_unused]] const u64 c0 = STALLS ? clock64() : 0, g0 = STALLS ? globaltimer() : 0;
   u64 per_block = 0, before = 0;  // stages of this block over the step, and of those before it
   for (u32 p = 0; p <= nph; ++p) {
     const u64 n = plan[2 + 4 * p], times = p < nph ? layers : 1;
@@ -668,6 +669,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #endif
   if (STALLS && threadIdx.x == 0) {
     stall[1] = waited;
-    stall[3] = globaltimer();
+    stall[2] = clock64() - c0;
+    stall[3] = globaltimer() - g0;
   }
 }

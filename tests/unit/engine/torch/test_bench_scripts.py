@@ -318,13 +318,14 @@ def test_the_stalls_say_whether_the_ring_covered_the_hand_offs(bench_chain: Modu
 
     # Two blocks, three hand-offs; stamps near the epoch as the timer's (int64 before floats).
     base = 1_800_000_000_000_000_000
-    hops = torch.zeros(2, 3, 3, dtype=torch.int64)
+    hops = torch.zeros(2, 3, 3, dtype=torch.int64)  # ns
     for b in range(2):
         for h in range(3):
             hops[b, h, 0] = base + 10_000 * h
             hops[b, h, 1] = base + 10_000 * h + 1_500 + 500 * b  # 1.5 and 2.0 µs a hand-off
-    stalls = torch.tensor([[4_000, 9_000, base, base + 40_000],
-                           [6_000, 7_000, base + 100, base + 50_100]], dtype=torch.int64)
+    # SM cycles (ring full, starved, the block's) and the block's ns: block 0 at 2 cycles a ns
+    stalls = torch.tensor([[8_000, 18_000, 80_000, 40_000],
+                           [6_000, 7_000, 50_000, 50_000]], dtype=torch.int64)
     got = bench_chain.stall_stats(stalls, hops)
     assert got == {"ring_full_us": pytest.approx(5.0), "starved_us": pytest.approx(8.0),
                    "handoff_us": pytest.approx(5.25), "block_us": pytest.approx(45.0)}
