@@ -29,6 +29,9 @@ variant says otherwise. Variants, per model:
                   1, 2 or 4 µs at the start of each phase after the first: a hand-off's time
                   with none of its traffic. If the ring covers such a wait, these run as the
                   bare stream; if not, 84 waits (1.5B) add their time
+    stream_bare_spin2_ns2  (``_ns4``, ``_s12``) ``spin2`` with a ring of 2 or 4 stages of 24
+                  KB, or 14 of 12 KB (the same 168 KB in smaller stages)
+    stream_bare_c4  (``_c16``) the bare stream with 4 or 16 consumer warps, not 8
     stream        never waiting: every phase's input load, round trips and outputs
                   (``stream_noin``: no input loads or round trips; ``stream_noout``: no
                   outputs), so ``step`` less ``stream`` is what the waits cost
@@ -328,6 +331,14 @@ def variants() -> list[Variant]:
         Variant("stream_bare_st", m(HOPS=0, BARE=1, SINK=1, STALLS=1), trips=False),
         Variant("stream_bare_spin2_st", m(HOPS=0, BARE=1, SINK=1, SPIN_NS=2000, STALLS=1),
                 hops=3, trips=False),
+        # what a wait of 2 µs costs with other rings: 2 or 4 stages of 24 KB, 14 of 12 KB; and
+        # the bare stream with half or twice the consumer warps (is it the consumers' pace?)
+        *(Variant(f"stream_bare_spin2_{tag}", m(HOPS=0, BARE=1, SINK=1, SPIN_NS=2000, **ring),
+                  hops=3, trips=False)
+          for tag, ring in (("ns2", {"NSTAGE": 2}), ("ns4", {"NSTAGE": 4}),
+                            ("s12", {"NSTAGE": 14, "STAGE_BYTES": 12288, "COPY_BYTES": 3072}))),
+        Variant("stream_bare_c4", m(HOPS=0, BARE=1, SINK=1, NCW=4), trips=False),
+        Variant("stream_bare_c16", m(HOPS=0, BARE=1, SINK=1, NCW=16), trips=False),
         Variant("stream3_st", m(HOPS=0, STALLS=1), hops=3),
         Variant("step3_st", m(STALLS=1), hops=3),
         Variant("stream", m(HOPS=0)),

@@ -54,9 +54,11 @@
 // spent waiting for a free slot (the ring full: nothing more of this block's share can be asked
 // of DRAM), the cycles its consumer thread 0 spent waiting for a stage to land (the consumers
 // ahead of the stream), and the cycles and ns from the block's start to its consumers' end. A
-// wait is timed only when the barrier is not already complete, with the SM's cycle counter: the
-// first form read %globaltimer there, and those reads slowed every variant with phase
-// boundaries by 2-5 µs a phase (run 260).
+// wait is timed only when the barrier is not already complete, with the SM's cycle counter, by
+// every consumer thread alike (thread 0's count is kept). The first form timed thread 0 alone,
+// with %globaltimer (run 260) and then the cycle counter (run 261): lane 0 of warp 0 then took
+// another path than its 31 neighbours spinning on the barrier, and that divergence alone slowed
+// the bare stream 0.71 -> 1.11 ms.
 // Counters: ctr[h] for hand-off h = layer * phases + phase (the last phase too), zeroed by the
 // host before a batch of launches; launch ``epoch`` (1, 2, ...) of the batch waits for each to
 // reach epoch x blocks, so launches run back to back with no reset between them (HOPS 1).
@@ -514,8 +516,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const u32 boff = b_offset(lane);
 #endif
     for (u32 s = 0; s < ph.stages; ++s) {
-      if (threadIdx.x == 0) timed_wait(full_bar(slot), parity, &waited);
-      else mbar_wait(full_bar(slot), parity);
+      timed_wait(full_bar(slot), parity, &waited);  // every consumer thread the same path
 #if ARITH == 2
       // The stage as tiles of [16 rows, 16 k] bf16 (512 bytes: four 8 x 8 matrices), the
       // warps taking every NCW-th; per tile one ldmatrix of the weights, one of 16 K of the
