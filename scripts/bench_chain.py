@@ -31,6 +31,7 @@ variant says otherwise. Variants, per model:
                   bare stream; if not, 84 waits (1.5B) add their time
     stream_bare_spin2_ns2  (``_ns4``, ``_s12``) ``spin2`` with a ring of 2 or 4 stages of 24
                   KB, or 14 of 12 KB (the same 168 KB in smaller stages)
+    stream_bare_ns4  (``_s12``) the bare stream in those rings, without waits: their controls
     stream_bare_c4  (``_c16``) the bare stream with 4 or 16 consumer warps, not 8
     stream        never waiting: every phase's input load, round trips and outputs
                   (``stream_noin``: no input loads or round trips; ``stream_noout``: no
@@ -337,6 +338,9 @@ def variants() -> list[Variant]:
                   hops=3, trips=False)
           for tag, ring in (("ns2", {"NSTAGE": 2}), ("ns4", {"NSTAGE": 4}),
                             ("s12", {"NSTAGE": 14, "STAGE_BYTES": 12288, "COPY_BYTES": 3072}))),
+        Variant("stream_bare_ns4", m(HOPS=0, BARE=1, SINK=1, NSTAGE=4), trips=False),
+        Variant("stream_bare_s12", m(HOPS=0, BARE=1, SINK=1, NSTAGE=14, STAGE_BYTES=12288),
+                trips=False),
         Variant("stream_bare_c4", m(HOPS=0, BARE=1, SINK=1, NCW=4), trips=False),
         Variant("stream_bare_c16", m(HOPS=0, BARE=1, SINK=1, NCW=16), trips=False),
         Variant("stream3_st", m(HOPS=0, STALLS=1), hops=3),

@@ -241,9 +241,23 @@ __device__ __forceinline__ void cluster_wait(u64* bar, u32 parity) {
 #endif
 
 // mbar_wait, adding the SM cycles it blocked to ``*cycles`` where STALLS asks (nothing when the
-// barrier was already complete).
+// barrier was already complete). The check is test_wait, which never suspends: try_wait may
+// suspend the thread until the phase completes, so a wait it ends reads as no wait (run 262's
+// first form: no consumer starved at all).
+__device__ __forceinline__ bool mbar_test_wait(u64* bar, u32 parity) {  // never suspends
+  u32 done;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+      "selp.u32 %0, 1, 0, p;\n\t}"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
 __device__ __forceinline__ void timed_wait(u64* bar, u32 parity, u64* cycles) {
-  if (!STALLS || mbar_try_wait(bar, parity)) {
+  if (!STALLS || mbar_test_wait(bar, parity)) {
     if (!STALLS) mbar_wait(bar, parity);
     return;
   }
