@@ -32,7 +32,9 @@ variant says otherwise. Variants, per model:
     stream_bare_spin2_ns2  (``_ns4``, ``_s12``) ``spin2`` with a ring of 2 or 4 stages of 24
                   KB, or 14 of 12 KB (the same 168 KB in smaller stages)
     stream_bare_ns4  (``_s12``) the bare stream in those rings, without waits: their controls
-    stream_bare_c4  (``_c16``) the bare stream with 4 or 16 consumer warps, not 8
+    stream_bare_c4  (``_c16``) the bare stream with 4 or 16 consumer warps, not 8 (and their
+                  ``_st`` forms; ``stream_bare_read_st``: the stages read, not multiplied;
+                  ``stream_bare_wait_st``: waited for and released, neither read nor multiplied)
     stream        never waiting: every phase's input load, round trips and outputs
                   (``stream_noin``: no input loads or round trips; ``stream_noout``: no
                   outputs), so ``step`` less ``stream`` is what the waits cost
@@ -342,6 +344,11 @@ def variants() -> list[Variant]:
         Variant("stream_bare_s12", m(HOPS=0, BARE=1, SINK=1, NSTAGE=14, STAGE_BYTES=12288),
                 trips=False),
         Variant("stream_bare_c4", m(HOPS=0, BARE=1, SINK=1, NCW=4), trips=False),
+        Variant("stream_bare_c4_st", m(HOPS=0, BARE=1, SINK=1, NCW=4, STALLS=1), trips=False),
+        Variant("stream_bare_c16_st", m(HOPS=0, BARE=1, SINK=1, NCW=16, STALLS=1), trips=False),
+        Variant("stream_bare_read_st", m(HOPS=0, BARE=1, SINK=1, ARITH=0, STALLS=1),
+                trips=False),
+        Variant("stream_bare_wait_st", m(HOPS=0, BARE=1, STALLS=1), trips=False),
         Variant("stream_bare_c16", m(HOPS=0, BARE=1, SINK=1, NCW=16), trips=False),
         Variant("stream3_st", m(HOPS=0, STALLS=1), hops=3),
         Variant("step3_st", m(STALLS=1), hops=3),
@@ -552,7 +559,8 @@ def stall_stats(st: torch.Tensor, hops: torch.Tensor | None) -> dict[str, float]
     counters, the trace [blocks, hops, 3] (ns): the median block's time with its ring full (its
     producer waiting for a slot), its consumers starved (waiting for a stage to land), in
     hand-offs (from its outputs stored to its next input in shared memory, summed over the
-    step) and in all, µs (cycles at each block's own cycles a ns). Where the ring covers the
+    step) and in all, µs (cycles at each block's own cycles a ns), and the SM clock those
+    imply (GHz, the median block's). Where the ring covers the
     hand-offs, the consumers starve less by about the hand-offs' time than the same stream
     never waiting does; where it does not, they starve as much and the hand-offs add."""
     t = st.to(torch.int64)
@@ -564,7 +572,8 @@ def stall_stats(st: torch.Tensor, hops: torch.Tensor | None) -> dict[str, float]
         return statistics.median(x.double().tolist()) / 1e3
 
     return {"ring_full_us": med(t[:, 0] * ns_per_cycle), "starved_us": med(t[:, 1] * ns_per_cycle),
-            "handoff_us": med(handoff), "block_us": med(t[:, 3])}
+            "handoff_us": med(handoff), "block_us": med(t[:, 3]),
+            "sm_GHz": statistics.median((1 / ns_per_cycle).tolist())}
 
 
 #: Batches of back-to-back launches a variant; its time is the best batch's mean, as the Triton
@@ -656,7 +665,8 @@ def run_model(k: Kernels, name: str, sms: int, copy_Bps: float, reps: int,
                 st = r["stalls"]
                 log(f"    stalls (median block, µs): ring full {st['ring_full_us']:.1f}, "
                     f"consumers starved {st['starved_us']:.1f}, hand-offs "
-                    f"{st['handoff_us']:.1f}, block {st['block_us']:.1f}")
+                    f"{st['handoff_us']:.1f}, block {st['block_us']:.1f}; SM clock "
+                    f"{st['sm_GHz']:.2f} GHz")
             if "trace" in r:
                 log("    " + "; ".join(
                     f"{n} {s['imbalance_us']:.2f}+{s['latency_us']:.2f} "
