@@ -35,6 +35,10 @@ variant says otherwise. Variants, per model:
     stream_bare_c4  (``_c16``) the bare stream with 4 or 16 consumer warps, not 8 (and their
                   ``_st`` forms; ``stream_bare_read_st``: the stages read, not multiplied;
                   ``stream_bare_wait_st``: waited for and released, neither read nor multiplied)
+    stream_bare_spin2_wait  (``_read``, and ``spin4``) the idling consumers waiting only, or
+                  reading the stages: can the ring cover a wait when the consumers have room?
+    stream3_read  (``step3_read``, ``step3_read_st``) 3 phases a layer with consumers that read
+                  the stages and do no products: the hand-offs with consumers that have room
     stream        never waiting: every phase's input load, round trips and outputs
                   (``stream_noin``: no input loads or round trips; ``stream_noout``: no
                   outputs), so ``step`` less ``stream`` is what the waits cost
@@ -349,6 +353,14 @@ def variants() -> list[Variant]:
         Variant("stream_bare_read_st", m(HOPS=0, BARE=1, SINK=1, ARITH=0, STALLS=1),
                 trips=False),
         Variant("stream_bare_wait_st", m(HOPS=0, BARE=1, STALLS=1), trips=False),
+        # the waits again with consumers that have room (the FMA consumer reads its input
+        # from shared memory twice a weight word: its loop is busy ~90 % of the stream)
+        *(Variant(f"stream_bare_spin{us}_{tag}", m(HOPS=0, BARE=1, SPIN_NS=1000 * us, **kw),
+                  hops=3, trips=False)
+          for us in (2, 4) for tag, kw in (("wait", {}), ("read", {"SINK": 1, "ARITH": 0}))),
+        Variant("stream3_read", m(HOPS=0, ARITH=0), hops=3),
+        Variant("step3_read", m(ARITH=0), hops=3),
+        Variant("step3_read_st", m(ARITH=0, STALLS=1), hops=3),
         Variant("stream_bare_c16", m(HOPS=0, BARE=1, SINK=1, NCW=16), trips=False),
         Variant("stream3_st", m(HOPS=0, STALLS=1), hops=3),
         Variant("step3_st", m(STALLS=1), hops=3),
