@@ -39,6 +39,12 @@ variant says otherwise. Variants, per model:
                   reading the stages: can the ring cover a wait when the consumers have room?
     stream3_read  (``step3_read``, ``step3_read_st``) 3 phases a layer with consumers that read
                   the stages and do no products: the hand-offs with consumers that have room
+    *_lean        (``stream_bare_lean``, ``_lean_st``, ``stream_bare_spin2_lean``,
+                  ``stream3_lean``, ``step3_lean``, ``step3_lean_st``) the one-token FMAs with
+                  each consumer thread's 8 inputs held in registers, two accumulators
+                  (``ARITH`` 4): the products without re-reading the input from shared memory
+                  for every weight word. No row's sum is reduced across threads, which a real
+                  product's would be
     stream        never waiting: every phase's input load, round trips and outputs
                   (``stream_noin``: no input loads or round trips; ``stream_noout``: no
                   outputs), so ``step`` less ``stream`` is what the waits cost
@@ -358,6 +364,15 @@ def variants() -> list[Variant]:
         *(Variant(f"stream_bare_spin{us}_{tag}", m(HOPS=0, BARE=1, SPIN_NS=1000 * us, **kw),
                   hops=3, trips=False)
           for us in (2, 4) for tag, kw in (("wait", {}), ("read", {"SINK": 1, "ARITH": 0}))),
+        # the FMAs with each thread's inputs in registers (ARITH 4): products with room?
+        Variant("stream_bare_lean", m(HOPS=0, BARE=1, SINK=1, ARITH=4), trips=False),
+        Variant("stream_bare_lean_st", m(HOPS=0, BARE=1, SINK=1, ARITH=4, STALLS=1),
+                trips=False),
+        Variant("stream_bare_spin2_lean", m(HOPS=0, BARE=1, SINK=1, ARITH=4, SPIN_NS=2000),
+                hops=3, trips=False),
+        Variant("stream3_lean", m(HOPS=0, ARITH=4), hops=3),
+        Variant("step3_lean", m(ARITH=4), hops=3),
+        Variant("step3_lean_st", m(ARITH=4, STALLS=1), hops=3),
         Variant("stream3_read", m(HOPS=0, ARITH=0), hops=3),
         Variant("step3_read", m(ARITH=0), hops=3),
         Variant("step3_read_st", m(ARITH=0, STALLS=1), hops=3),

@@ -106,8 +106,8 @@ typedef unsigned int u32;
 #define PF 0
 #endif
 #ifndef ARITH  // 1: 8 FMAs a 16-byte word against the input in shared memory; 0: read only;
-#define ARITH 1  // 2: TOK > 1, matrix instructions; 3: 4-bit weights made bf16 for them (below)
-#endif
+#define ARITH 1  // 2: TOK > 1, matrix instructions; 3: 4-bit weights made bf16 for them (below);
+#endif           // 4: as 1 with each thread's 8 inputs held in registers, two accumulators
 #ifndef TOK  // tokens a step: 1 decodes, k + 1 verifies k drafted tokens
 #define TOK 1
 #endif
@@ -148,6 +148,7 @@ static_assert((TOK == 1 ? ARITH != 2 : ARITH >= 2) && TOK >= 1 && TOK <= 16,
 // and 32-k sub-block (512 bytes; the file's 6-bit scales and mins with d and dmin folded in at
 // load: 0.625 bytes a weight against the file's 0.5625). Only the stream is priced (BARE).
 #define Q4_SUPER 2560
+static_assert(ARITH != 4 || (TOK == 1 && PER_WARP % 64 == 0), "ARITH 4: one token, word pairs");
 static_assert(ARITH != 3 || (BARE && STAGE_BYTES % Q4_SUPER == 0),
               "4-bit super-tiles: whole ones a stage, the consumers' throughput alone");
 static_assert(TOK == 1 || (HOPS != 2 && INLOAD == 2), "tokens load 16 bytes at a time, counted");
@@ -521,7 +522,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     }
     // the phase's stages against the input
     float acc = 0.f;
-#if ARITH >= 2
+#if ARITH == 4
+    // A one-token consumer that keeps its share of the input in registers (as a product whose
+    // threads own a K slice across its rows does), not read from shared memory for every
+    // weight word as ARITH 1 does (72 KB of shared-memory reads a 24 KB stage: its consumers
+    // were busy ~90 % of the stream, run 264), and two accumulators instead of one chain.
+    float acc2 = 0.f;
+    const float4 xa = *(const float4*)(xs() + ((threadIdx.x * 8) & 1023)),
+                 xb = *(const float4*)(xs() + ((threadIdx.x * 8 + 4) & 1023));
+#endif
+#if ARITH == 2 || ARITH == 3
     float c[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     // 8-wide K chunks of one token's input (at least a pair), read below the largest power
     // of two among them
@@ -575,6 +585,27 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           mma_tokens(c, a0, a1, a2, a3, (s * (STAGE_BYTES / Q4_SUPER) + j) * 16 + kt, cmask, boff);
         }
       }
+#elif ARITH == 4
+      const uint4* w = (const uint4*)ring(slot) + warp * PER_WARP;
+      for (int k = lane; k < PER_WARP; k += 64) {
+        const uint4 q = w[k], r = w[k + 32];
+        acc = fmaf(__uint_as_float(q.x << 16), xa.x, acc);
+        acc2 = fmaf(__uint_as_float(r.x << 16), xa.x, acc2);
+        acc = fmaf(__uint_as_float(q.x & 0xffff0000u), xa.y, acc);
+        acc2 = fmaf(__uint_as_float(r.x & 0xffff0000u), xa.y, acc2);
+        acc = fmaf(__uint_as_float(q.y << 16), xa.z, acc);
+        acc2 = fmaf(__uint_as_float(r.y << 16), xa.z, acc2);
+        acc = fmaf(__uint_as_float(q.y & 0xffff0000u), xa.w, acc);
+        acc2 = fmaf(__uint_as_float(r.y & 0xffff0000u), xa.w, acc2);
+        acc = fmaf(__uint_as_float(q.z << 16), xb.x, acc);
+        acc2 = fmaf(__uint_as_float(r.z << 16), xb.x, acc2);
+        acc = fmaf(__uint_as_float(q.z & 0xffff0000u), xb.y, acc);
+        acc2 = fmaf(__uint_as_float(r.z & 0xffff0000u), xb.y, acc2);
+        acc = fmaf(__uint_as_float(q.w << 16), xb.z, acc);
+        acc2 = fmaf(__uint_as_float(r.w << 16), xb.z, acc2);
+        acc = fmaf(__uint_as_float(q.w & 0xffff0000u), xb.w, acc);
+        acc2 = fmaf(__uint_as_float(r.w & 0xffff0000u), xb.w, acc2);
+      }
 #else
       const uint4* w = (const uint4*)ring(slot) + warp * PER_WARP;
 #pragma unroll 2
@@ -603,8 +634,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         parity ^= 1u;
       }
     }
-#if ARITH >= 2
+#if ARITH == 2 || ARITH == 3
     acc = c[0] + c[1] + c[2] + c[3] + c[4] + c[5] + c[6] + c[7];
+#elif ARITH == 4
+    acc += acc2;
 #endif
     // the block's share of the output, then the hand-off
     if (BARE) {
