@@ -25,13 +25,16 @@ variant says otherwise. Variants, per model:
                   drops sums nothing reads); ``stream_bare_fma`` with the one-token FMAs kept
                   (``SINK``), as every bare ``_t9`` and ``_q4`` form keeps its products (since
                   run 258; run 254's ``stream_bare_t9`` had none)
-    stream_bare_spin1  (``2``, ``4``) the bare stream of 3 phases a layer whose consumers idle
-                  1, 2 or 4 µs at the start of each phase after the first: a hand-off's time
-                  with none of its traffic. If the ring covers such a wait, these run as the
-                  bare stream; if not, 84 waits (1.5B) add their time
+    stream_bare_spin1  (``2``, ``4``) the stream of 3 phases a layer whose consumers (those of
+                  ``stream_bare_fma``) idle 1, 2 or 4 µs at the start of each phase after the
+                  first: a hand-off's time with none of its traffic, and with no grid-wide
+                  wait (each block idles on its own). If the ring covers such a wait, these run
+                  as the bare stream; if not, 84 waits (1.5B; 72 for the 0.5B) add their time.
+                  A block's shares of the first two phases are a stage or two, so two of its
+                  three waits a layer come close together
     stream_bare_spin2_ns2  (``_ns4``, ``_s12``) ``spin2`` with a ring of 2 or 4 stages of 24
                   KB, or 14 of 12 KB (the same 168 KB in smaller stages)
-    stream_bare_ns4  (``_s12``) the bare stream in those rings, without waits: their controls
+    stream_bare_ns4  (``_s12``) the bare stream in the 4-stage and 12 KB rings, without waits
     stream_bare_c4  (``_c16``) the bare stream with 4 or 16 consumer warps, not 8 (and their
                   ``_st`` forms; ``stream_bare_read_st``: the stages read, not multiplied;
                   ``stream_bare_wait_st``: waited for and released, neither read nor multiplied)
@@ -89,9 +92,12 @@ variant says otherwise. Variants, per model:
                   ``stream_bare_r4``: the same ring and plan read with no decode or products
                   (what the 4-bit consumers' arithmetic costs over the stream as dealt);
                   ``*_w16``: both with 16 consumer warps over 4 stages of 16 super-tiles
-    *_st          with ``STALLS`` (below): ``stream_bare_st``, ``stream_bare_spin2_st``,
-                  ``stream3_st``, ``step3_st``; the uninstrumented variant beside each prices
-                  the instrument
+    *_st          with ``STALLS`` (below): ``stream_bare_st`` (its uninstrumented twin is
+                  ``stream_bare_fma``), ``stream_bare_spin2_st``, ``stream3_st``, ``step3_st``,
+                  ``stream_bare_c4_st``, ``_c16_st``, ``_read_st``, ``_wait_st``, ``_lean_st``,
+                  ``step3_read_st``, ``step3_lean_st``. Where a twin ran, the instrumented form
+                  was 0-8 % faster (16 of 20 pairs faster, runs 262-266): use its stalls, and
+                  the twin's time
     *_g120        on 120 blocks, as many as clusters of 4 or 8 leave resident (the control of
                   the cluster variants); the ``stream*`` cluster variants wait on their cluster
                   at each split-K phase, never on a hand-off
@@ -583,11 +589,13 @@ def hop_stats(tr: torch.Tensor, nph: int, layers: int,
 
 def stall_stats(st: torch.Tensor, hops: torch.Tensor | None) -> dict[str, float]:
     """From the stalls [blocks, 4] (SM cycles, and the block's ns; see the source) and, for
-    counters, the trace [blocks, hops, 3] (ns): the median block's time with its ring full (its
-    producer waiting for a slot), its consumers starved (waiting for a stage to land), in
-    hand-offs (from its outputs stored to its next input in shared memory, summed over the
-    step) and in all, µs (cycles at each block's own cycles a ns), and the SM clock those
-    imply (GHz, the median block's). Where the ring covers the
+    counters, the trace [blocks, hops, 3] (ns), each field's median over the blocks (so the
+    fields need not add up): the time a block's ring was full (its producer waiting for a
+    slot), its consumers starved (thread 0 waiting for a stage to land), in hand-offs (from its
+    outputs stored to its next input in shared memory with the phase's extra round trips
+    walked, summed over the step: the input load and round trips that a never-waiting stream
+    pays too are inside it) and in all, µs (cycles at each block's own cycles a ns), and the SM
+    clock those imply (GHz). Where the ring covers the
     hand-offs, the consumers starve less by about the hand-offs' time than the same stream
     never waiting does; where it does not, they starve as much and the hand-offs add."""
     t = st.to(torch.int64)

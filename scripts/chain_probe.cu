@@ -140,7 +140,7 @@ static_assert(STAGE_BYTES % (16 * NCW) == 0, "every consumer warp reads the same
 static_assert(XMAX >= 1024 && XMAX % 4 == 0, "the arithmetic reads the first 1024 inputs");
 static_assert(HOPS == 0 || (INPUT && OUTPUT && !BARE),
               "a hand-off needs every block's outputs and every reader's input");
-static_assert((TOK == 1 ? ARITH != 2 : ARITH >= 2) && TOK >= 1 && TOK <= 16,
+static_assert((TOK == 1 ? ARITH != 2 : ARITH == 2 || ARITH == 3) && TOK >= 1 && TOK <= 16,
               "bf16 matrix instructions serve 2-16 tokens, FMAs one");
 // ARITH 3: the stages as super-tiles of 16 rows x 256 k of 4-bit weights, repacked from Q4_K
 // blocks (bench_chain.py's Q4_SUPER): 2,048 bytes of nibbles (a tile of 16 x 16 weights in 128,
@@ -347,8 +347,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                u32 epoch) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const u32 layers = plan[0], nph = plan[1], nhop = layers * nph + 1;
-  [[maybe_unused]] u64* stall = trace + ((u64)gridDim.x * nhop + blockIdx.x) * 3 + blockIdx.x;
-  [[maybe_unused]] u64 waited = 0;  // STALLS: this warp's cycles blocked on the ring
+  [[maybe_unused]] u64* stall = trace + (u64)gridDim.x * nhop * 3 + 4 * blockIdx.x;
+  [[maybe_unused]] u64 waited = 0;  // STALLS: this thread's cycles blocked on the ring
   [[maybe_unused]] const u64 c0 = STALLS ? clock64() : 0, g0 = STALLS ? globaltimer() : 0;
   u64 per_block = 0, before = 0;  // stages of this block over the step, and of those before it
   for (u32 p = 0; p <= nph; ++p) {

@@ -334,6 +334,14 @@ def test_the_stalls_say_whether_the_ring_covered_the_hand_offs(bench_chain: Modu
                    "sm_GHz": pytest.approx(1.5)}  # the median of 2 and 1 cycles a ns
     # a stream that never waits has no hand-offs to sum
     assert bench_chain.stall_stats(stalls, None)["handoff_us"] == 0.0
+    # the kernel writes its four words where the host reads them: after the trace's
+    # blocks x hops x 3 stamps, four a block
+    import inspect
+
+    assert "u64* stall = trace + (u64)gridDim.x * nhop * 3 + 4 * blockIdx.x;" in bench_chain.source()
+    run = inspect.getsource(bench_chain.run_model)
+    assert "torch.zeros(blocks * (nhop * 3 + 4)" in run
+    assert "trace[blocks * nhop * 3:].view(blocks, 4)" in run
 
 
 def test_the_4_bit_controls_stream_what_the_4_bit_consumers_do(bench_chain: ModuleType) -> None:
