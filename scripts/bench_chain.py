@@ -95,7 +95,10 @@ variant says otherwise. Variants, per model:
     *_st          with ``STALLS`` (below): ``stream_bare_st`` (its uninstrumented twin is
                   ``stream_bare_fma``), ``stream_bare_spin2_st``, ``stream3_st``, ``step3_st``,
                   ``stream_bare_c4_st``, ``_c16_st``, ``_read_st``, ``_wait_st``, ``_lean_st``,
-                  ``step3_read_st``, ``step3_lean_st``. Where a twin ran, the instrumented form
+                  ``step3_read_st``, ``step3_lean_st``, ``stream3_lean_st``,
+                  ``stream3_read_st`` (the never-waiting controls of the last two: a step whose
+                  ring covers its hand-offs starves less than these by about the hand-offs'
+                  time). Where a twin ran, the instrumented form
                   was 0-8 % faster (16 of 20 pairs faster, runs 262-266): use its stalls, and
                   the twin's time
     *_g120        on 120 blocks, as many as clusters of 4 or 8 leave resident (the control of
@@ -379,6 +382,8 @@ def variants() -> list[Variant]:
         Variant("stream3_lean", m(HOPS=0, ARITH=4), hops=3),
         Variant("step3_lean", m(ARITH=4), hops=3),
         Variant("step3_lean_st", m(ARITH=4, STALLS=1), hops=3),
+        Variant("stream3_lean_st", m(HOPS=0, ARITH=4, STALLS=1), hops=3),
+        Variant("stream3_read_st", m(HOPS=0, ARITH=0, STALLS=1), hops=3),
         Variant("stream3_read", m(HOPS=0, ARITH=0), hops=3),
         Variant("step3_read", m(ARITH=0), hops=3),
         Variant("step3_read_st", m(ARITH=0, STALLS=1), hops=3),

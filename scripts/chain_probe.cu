@@ -278,6 +278,19 @@ __device__ __forceinline__ float* xs() { return (float*)(smem + RING_BYTES + 16 
 __device__ __forceinline__ float* red() { return xs() + XS_FLOATS; }
 __device__ __forceinline__ unsigned short* xs16() { return (unsigned short*)xs(); }  // TOK > 1
 
+// ``acc`` plus the 8 bf16 weights of one 16-byte word times 8 inputs (a, then b): one FMA a
+// weight, each bf16 made a float by its bits (the low half shifted up, the high half masked).
+__device__ __forceinline__ float dot8(uint4 q, float4 a, float4 b, float acc) {
+  acc = fmaf(__uint_as_float(q.x << 16), a.x, acc);
+  acc = fmaf(__uint_as_float(q.x & 0xffff0000u), a.y, acc);
+  acc = fmaf(__uint_as_float(q.y << 16), a.z, acc);
+  acc = fmaf(__uint_as_float(q.y & 0xffff0000u), a.w, acc);
+  acc = fmaf(__uint_as_float(q.z << 16), b.x, acc);
+  acc = fmaf(__uint_as_float(q.z & 0xffff0000u), b.y, acc);
+  acc = fmaf(__uint_as_float(q.w << 16), b.z, acc);
+  return fmaf(__uint_as_float(q.w & 0xffff0000u), b.w, acc);
+}
+
 // Two floats' bits as one bf16x2 word, the first in the low half (round to nearest even).
 __device__ __forceinline__ u32 bf16x2(u32 lo, u32 hi) {
   u32 r;
@@ -588,23 +601,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #elif ARITH == 4
       const uint4* w = (const uint4*)ring(slot) + warp * PER_WARP;
       for (int k = lane; k < PER_WARP; k += 64) {
-        const uint4 q = w[k], r = w[k + 32];
-        acc = fmaf(__uint_as_float(q.x << 16), xa.x, acc);
-        acc2 = fmaf(__uint_as_float(r.x << 16), xa.x, acc2);
-        acc = fmaf(__uint_as_float(q.x & 0xffff0000u), xa.y, acc);
-        acc2 = fmaf(__uint_as_float(r.x & 0xffff0000u), xa.y, acc2);
-        acc = fmaf(__uint_as_float(q.y << 16), xa.z, acc);
-        acc2 = fmaf(__uint_as_float(r.y << 16), xa.z, acc2);
-        acc = fmaf(__uint_as_float(q.y & 0xffff0000u), xa.w, acc);
-        acc2 = fmaf(__uint_as_float(r.y & 0xffff0000u), xa.w, acc2);
-        acc = fmaf(__uint_as_float(q.z << 16), xb.x, acc);
-        acc2 = fmaf(__uint_as_float(r.z << 16), xb.x, acc2);
-        acc = fmaf(__uint_as_float(q.z & 0xffff0000u), xb.y, acc);
-        acc2 = fmaf(__uint_as_float(r.z & 0xffff0000u), xb.y, acc2);
-        acc = fmaf(__uint_as_float(q.w << 16), xb.z, acc);
-        acc2 = fmaf(__uint_as_float(r.w << 16), xb.z, acc2);
-        acc = fmaf(__uint_as_float(q.w & 0xffff0000u), xb.w, acc);
-        acc2 = fmaf(__uint_as_float(r.w & 0xffff0000u), xb.w, acc2);
+        acc = dot8(w[k], xa, xb, acc);  // two independent chains, not one
+        acc2 = dot8(w[k + 32], xa, xb, acc2);
       }
 #else
       const uint4* w = (const uint4*)ring(slot) + warp * PER_WARP;
@@ -613,15 +611,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const uint4 q = w[k];
 #if ARITH
         const float4* x = (const float4*)(xs() + ((warp * PER_WARP + k) * 8 & 1023));
-        const float4 a = x[0], b = x[1];
-        acc = fmaf(__uint_as_float(q.x << 16), a.x, acc);
-        acc = fmaf(__uint_as_float(q.x & 0xffff0000u), a.y, acc);
-        acc = fmaf(__uint_as_float(q.y << 16), a.z, acc);
-        acc = fmaf(__uint_as_float(q.y & 0xffff0000u), a.w, acc);
-        acc = fmaf(__uint_as_float(q.z << 16), b.x, acc);
-        acc = fmaf(__uint_as_float(q.z & 0xffff0000u), b.y, acc);
-        acc = fmaf(__uint_as_float(q.w << 16), b.z, acc);
-        acc = fmaf(__uint_as_float(q.w & 0xffff0000u), b.w, acc);
+        acc = dot8(q, x[0], x[1], acc);
 #else
         acc += __uint_as_float((q.x ^ q.y ^ q.z ^ q.w) & 0x3f7fffffu);
 #endif
