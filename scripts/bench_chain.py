@@ -31,7 +31,9 @@ variant says otherwise. Variants, per model:
                   wait (each block idles on its own). If the ring covers such a wait, these run
                   as the bare stream; if not, 84 waits (1.5B; 72 for the 0.5B) add their time.
                   A block's shares of the first two phases are a stage or two, so two of its
-                  three waits a layer come close together
+                  three waits a layer come close together. Each block waits on its own, so
+                  its DRAM share goes to the others meanwhile: run 267 found the grid-wide
+                  waits of real hand-offs not covered where these were
     stream_bare_spin2_ns2  (``_ns4``, ``_s12``) ``spin2`` with a ring of 2 or 4 stages of 24
                   KB, or 14 of 12 KB (the same 168 KB in smaller stages)
     stream_bare_ns4  (``_s12``) the bare stream in the 4-stage and 12 KB rings, without waits
