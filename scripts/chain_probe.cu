@@ -539,7 +539,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     // A one-token consumer that keeps its share of the input in registers (as a product whose
     // threads own a K slice across its rows does), not read from shared memory for every
     // weight word as ARITH 1 does (72 KB of shared-memory reads a 24 KB stage: its consumers
-    // were busy ~90 % of the stream, run 264), and two accumulators instead of one chain.
+    // were not starved ~90 % of the stream, run 264), and two accumulators instead of one chain.
     float acc2 = 0.f;
     const float4 xa = *(const float4*)(xs() + ((threadIdx.x * 8) & 1023)),
                  xb = *(const float4*)(xs() + ((threadIdx.x * 8 + 4) & 1023));
