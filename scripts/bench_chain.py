@@ -37,9 +37,9 @@ variant says otherwise. Variants, per model:
     stream_bare_spin2_ns2  (``_ns4``, ``_s12``) ``spin2`` with a ring of 2 or 4 stages of 24
                   KB, or 14 of 12 KB (the same 168 KB in smaller stages)
     stream_bare_ns4  (``_s12``) the bare stream in the 4-stage and 12 KB rings, without waits
-    stream_bare_c4  (``_c16``) the bare stream with 4 or 16 consumer warps, not 8 (and their
-                  ``_st`` forms; ``stream_bare_read_st``: the stages read, not multiplied;
-                  ``stream_bare_wait_st``: waited for and released, neither read nor multiplied)
+    stream_bare_c4  (``_c16``) the bare stream with 4 or 16 consumer warps, not 8;
+                  ``stream_bare_read``: the stages read, not multiplied (``stream_bare`` itself
+                  only waits for each stage and releases it)
     stream_bare_spin2_wait  (``_read``, and ``spin4``) the idling consumers waiting only, or
                   reading the stages: can the ring cover a wait when the consumers have room?
     stream3_read  (``step3_read``, ``step3_read_st``) 3 phases a layer with consumers that read
@@ -94,15 +94,14 @@ variant says otherwise. Variants, per model:
                   ``stream_bare_r4``: the same ring and plan read with no decode or products
                   (what the 4-bit consumers' arithmetic costs over the stream as dealt);
                   ``*_w16``: both with 16 consumer warps over 4 stages of 16 super-tiles
-    *_st          with ``STALLS`` (below): ``stream_bare_st`` (its uninstrumented twin is
-                  ``stream_bare_fma``), ``stream_bare_spin2_st``, ``stream3_st``, ``step3_st``,
-                  ``stream_bare_c4_st``, ``_c16_st``, ``_read_st``, ``_wait_st``, ``_lean_st``,
-                  ``step3_read_st``, ``step3_lean_st``, ``stream3_lean_st``,
-                  ``stream3_read_st`` (the never-waiting controls of the last two: a step whose
-                  ring covers its hand-offs starves less than these by about the hand-offs'
-                  time). Where a twin ran, the instrumented form
-                  was 0-8 % faster (16 of 20 pairs faster, runs 262-266): use its stalls, and
-                  the twin's time
+    *_st          with ``STALLS`` (below): each a twin's kernel and plan with the instrument
+                  (``STALLED``: ``stream_bare_st``'s twin is ``stream_bare_fma``,
+                  ``stream_bare_wait_st``'s ``stream_bare``, the others' their name without
+                  ``_st``). ``stream3_lean_st`` and ``stream3_read_st`` are the never-waiting
+                  controls of ``step3_lean_st`` and ``step3_read_st``: a step whose ring covers
+                  its hand-offs starves less than these by about the hand-offs' time. Where a
+                  twin ran, the instrumented form was 0-8 % faster (16 of 20 pairs faster, runs
+                  262-266): use its stalls, and the twin's time
     *_g120        on 120 blocks, as many as clusters of 4 or 8 leave resident (the control of
                   the cluster variants); the ``stream*`` cluster variants wait on their cluster
                   at each split-K phase, never on a hand-off
@@ -114,9 +113,9 @@ launch: per hand-off kind, the median over the middle layers of the imbalance (t
 outputs stored, less the median block's), the latency (the median block with its next input in
 shared memory and its phase's extra round trips walked, less the last block's outputs stored)
 and of it the part until the median block saw the count (counters only), and the median layer.
-And, for the ``_st`` variants (session 31), where each block waited (``STALLS``): the median block's time with its
-ring full (its producer waiting for a free slot), its consumers starved (waiting for a stage
-to land), in hand-offs, and in all. The question it answers: why a ring of 5 µs of an SM's
+And, for the ``_st`` variants (session 31), where each block waited (``STALLS``), each the
+median over the blocks: the time its ring was full (its producer waiting for a free slot), its
+consumers starved (waiting for a stage to land), in hand-offs, and in all. The question: why a ring of 5 µs of an SM's
 share of the stream does not hide hand-offs of 2 µs (session 29: 4 stages and 7 ran a step
 alike). If the ring covered them, a step's consumers would starve less than the never-waiting
 stream's by about the hand-offs' time.
@@ -143,6 +142,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import functools
 import json
 import math
@@ -337,6 +337,17 @@ class Variant:
         return dict(self.macros)
 
 
+#: Each instrumented variant (``_st``) and its uninstrumented twin.
+STALLED = {
+    "stream_bare_st": "stream_bare_fma", "stream_bare_spin2_st": "stream_bare_spin2",
+    "stream3_st": "stream3", "step3_st": "step3", "stream_bare_c4_st": "stream_bare_c4",
+    "stream_bare_c16_st": "stream_bare_c16", "stream_bare_read_st": "stream_bare_read",
+    "stream_bare_wait_st": "stream_bare", "stream_bare_lean_st": "stream_bare_lean",
+    "step3_lean_st": "step3_lean", "stream3_lean_st": "stream3_lean",
+    "stream3_read_st": "stream3_read", "step3_read_st": "step3_read",
+}
+
+
 def variants() -> list[Variant]:
     """Every variant ``--variants`` can name (the docstring says what each prices). Hand-offs
     as flags in the data cannot add split-K partials, so no 3-hand-off variant uses them."""
@@ -351,10 +362,6 @@ def variants() -> list[Variant]:
         # the consumers idle 1, 2 or 4 µs at each of 3 phases a layer, with no traffic
         *(Variant(f"stream_bare_spin{us}", m(HOPS=0, BARE=1, SINK=1, SPIN_NS=1000 * us), hops=3,
                   trips=False) for us in (1, 2, 4)),
-        # where each block waited (``STALLS``), beside the same variants uninstrumented
-        Variant("stream_bare_st", m(HOPS=0, BARE=1, SINK=1, STALLS=1), trips=False),
-        Variant("stream_bare_spin2_st", m(HOPS=0, BARE=1, SINK=1, SPIN_NS=2000, STALLS=1),
-                hops=3, trips=False),
         # what a wait of 2 µs costs with other rings: 2 or 4 stages of 24 KB, 14 of 12 KB; and
         # the bare stream with half or twice the consumer warps (is it the consumers' pace?)
         *(Variant(f"stream_bare_spin2_{tag}", m(HOPS=0, BARE=1, SINK=1, SPIN_NS=2000, **ring),
@@ -365,11 +372,8 @@ def variants() -> list[Variant]:
         Variant("stream_bare_s12", m(HOPS=0, BARE=1, SINK=1, NSTAGE=14, STAGE_BYTES=12288),
                 trips=False),
         Variant("stream_bare_c4", m(HOPS=0, BARE=1, SINK=1, NCW=4), trips=False),
-        Variant("stream_bare_c4_st", m(HOPS=0, BARE=1, SINK=1, NCW=4, STALLS=1), trips=False),
-        Variant("stream_bare_c16_st", m(HOPS=0, BARE=1, SINK=1, NCW=16, STALLS=1), trips=False),
-        Variant("stream_bare_read_st", m(HOPS=0, BARE=1, SINK=1, ARITH=0, STALLS=1),
-                trips=False),
-        Variant("stream_bare_wait_st", m(HOPS=0, BARE=1, STALLS=1), trips=False),
+        Variant("stream_bare_c16", m(HOPS=0, BARE=1, SINK=1, NCW=16), trips=False),
+        Variant("stream_bare_read", m(HOPS=0, BARE=1, SINK=1, ARITH=0), trips=False),
         # the waits again with consumers that have room (the FMA consumer reads its input
         # from shared memory twice a weight word: its loop is busy ~90 % of the stream)
         *(Variant(f"stream_bare_spin{us}_{tag}", m(HOPS=0, BARE=1, SPIN_NS=1000 * us, **kw),
@@ -377,21 +381,12 @@ def variants() -> list[Variant]:
           for us in (2, 4) for tag, kw in (("wait", {}), ("read", {"SINK": 1, "ARITH": 0}))),
         # the FMAs with each thread's inputs in registers (ARITH 4): products with room?
         Variant("stream_bare_lean", m(HOPS=0, BARE=1, SINK=1, ARITH=4), trips=False),
-        Variant("stream_bare_lean_st", m(HOPS=0, BARE=1, SINK=1, ARITH=4, STALLS=1),
-                trips=False),
         Variant("stream_bare_spin2_lean", m(HOPS=0, BARE=1, SINK=1, ARITH=4, SPIN_NS=2000),
                 hops=3, trips=False),
         Variant("stream3_lean", m(HOPS=0, ARITH=4), hops=3),
         Variant("step3_lean", m(ARITH=4), hops=3),
-        Variant("step3_lean_st", m(ARITH=4, STALLS=1), hops=3),
-        Variant("stream3_lean_st", m(HOPS=0, ARITH=4, STALLS=1), hops=3),
-        Variant("stream3_read_st", m(HOPS=0, ARITH=0, STALLS=1), hops=3),
         Variant("stream3_read", m(HOPS=0, ARITH=0), hops=3),
         Variant("step3_read", m(ARITH=0), hops=3),
-        Variant("step3_read_st", m(ARITH=0, STALLS=1), hops=3),
-        Variant("stream_bare_c16", m(HOPS=0, BARE=1, SINK=1, NCW=16), trips=False),
-        Variant("stream3_st", m(HOPS=0, STALLS=1), hops=3),
-        Variant("step3_st", m(STALLS=1), hops=3),
         Variant("stream", m(HOPS=0)),
         Variant("stream_noin", m(HOPS=0, INPUT=0)),
         Variant("stream_noout", m(HOPS=0, OUTPUT=0)),
@@ -459,6 +454,12 @@ def variants() -> list[Variant]:
         Variant("stream_bare_r4_w16", m(HOPS=0, BARE=1, SINK=1, ARITH=0, NCW=16, **RING_Q4W),
                 trips=False, bits=5),
     ]
+    # where each block waited (``STALLS``): each instrumented variant is its twin's macros
+    # and plan with STALLS set, so the two time the same kernel but for the instrument
+    by = {v.name: v for v in out}
+    out += [dataclasses.replace(by[twin], name=name,
+                                macros=tuple(sorted({**by[twin].macros_dict(), "STALLS": 1}.items())))
+            for name, twin in STALLED.items()]
     assert not any(v.hops < 5 and v.macros_dict()["HOPS"] == 2 for v in out)
     assert all(v.bits == 5 for v in out if v.macros_dict()["ARITH"] == 3)
     return out
@@ -602,9 +603,9 @@ def stall_stats(st: torch.Tensor, hops: torch.Tensor | None) -> dict[str, float]
     outputs stored to its next input in shared memory with the phase's extra round trips
     walked, summed over the step: the input load and round trips that a never-waiting stream
     pays too are inside it) and in all, µs (cycles at each block's own cycles a ns), and the SM
-    clock those imply (GHz). Where the ring covers the
-    hand-offs, the consumers starve less by about the hand-offs' time than the same stream
-    never waiting does; where it does not, they starve as much and the hand-offs add."""
+    clock those imply (GHz). Where the ring covers the hand-offs, the consumers starve less by
+    about the hand-offs' time than the same stream never waiting does; where it does not, they
+    starve as much and the hand-offs add."""
     t = st.to(torch.int64)
     ns_per_cycle = t[:, 3].double() / t[:, 2].clamp(min=1).double()
     handoff = (hops[:, :, 1] - hops[:, :, 0]).to(torch.int64).sum(dim=1) if hops is not None \
@@ -692,10 +693,11 @@ def run_model(k: Kernels, name: str, sms: int, copy_Bps: float, reps: int,
                      compiler=k.get(v.macros)[2], pct_floor=100 * floor / best,
                      stream_GBps=streamed / (best * 1e-3) / 1e9 if streamed else None)
             names = [p.name for p in phases(a, v.hops, v.tokens)[0]]
-            hops_tr = trace[: blocks * nhop * 3].view(blocks, nhop, 3)[:, : nhop - 1].cpu()
-            if v.macros_dict().get("HOPS", 1):
+            hops_tr = None  # the hand-offs' stamps, copied only where a variant waits
+            if v.macros_dict()["HOPS"]:
+                hops_tr = trace[: blocks * nhop * 3].view(blocks, nhop, 3)[:, : nhop - 1].cpu()
                 r["trace"] = hop_stats(hops_tr, nph, a.n_layer, names)
-            if v.macros_dict().get("STALLS"):
+            if v.macros_dict().get("STALLS"):  # a hand-off's span is counters' (HOPS 1) only
                 r["stalls"] = stall_stats(trace[blocks * nhop * 3:].view(blocks, 4).cpu(),
                                           hops_tr if v.macros_dict()["HOPS"] == 1 else None)
             bw = f"{r['stream_GBps']:6.0f} GB/s" if streamed else " " * 11
