@@ -29,7 +29,7 @@ from openjarvis.engine.torch.model import Transformer
 
 if TYPE_CHECKING:  # importing megakernel imports triton: only where the step is used
     from openjarvis.engine.torch.cuda_step import DecodeStep
-    from openjarvis.engine.torch.kernels import LinearConfig
+    from openjarvis.engine.torch.kernels import LinearConfig, OutScreen, ScreenBuffers
     from openjarvis.engine.torch.megakernel import MegaConfig, Scratch
 
 _R = TypeVar("_R")
@@ -84,6 +84,9 @@ class Workspace:
     greedy: bool = False
     ids: torch.Tensor | None = None
     partials: torch.Tensor | None = None
+    #: ``Runner.screen_out``: the screen's bounds and the rescoring's partials (``partials``
+    #: is their ``partials``).
+    screen: ScreenBuffers | None = None
     #: ``Runner.graph_io``: the page-locked inputs the graph copies in as its first node, the
     #: greedy step's token ids in page-locked memory (its merge kernel writes them there, or
     #: a copy node after it: ``Runner.host_ids_direct``), and the event of the last replay
@@ -195,6 +198,14 @@ class Runner:
         self._arena: dict[str, torch.Tensor] = {}
         self._chains: dict[int, Chain] = {}  # ``draft``'s, by length
         self._greedy_cols = self.args.n_vocab
+        #: Greedy Triton steps pick their token through ``kernels.OutScreen``: the output
+        #: matrix read as int8 (half its bytes) for each logit's bounds, then the few rows whose
+        #: bound reaches the top read exactly; the same token as reading every row in bfloat16
+        #: (up to float32 rounding between near-equal logits), for one int8 copy of the output
+        #: matrix in memory (233 MB for the 1.5B). Set it before the first greedy step (or
+        #: ``drop_steps`` after): a built step keeps the path it was built with.
+        self.screen_out = kernels == "triton"
+        self._screen: tuple[int, Any] | None = None  # (greedy_cols, its OutScreen)
         #: On the GPU, ``host`` brings results of ``PINNED_MIN_BYTES`` or more (logits) down
         #: through page-locked memory.
         self.pinned_io = on_cuda
@@ -716,7 +727,14 @@ class Runner:
         elif bare:
             from openjarvis.engine.torch.kernels import argmax_partials
 
-            ws.partials = argmax_partials(t, self.greedy_cols, self._out_tile(t), dev)
+            if self.screen_out:
+                from openjarvis.engine.torch.kernels import screen_buffers
+
+                self.out_screen()  # (built here, never inside a capture)
+                ws.screen = screen_buffers(t, self.greedy_cols, self._screen_tile(t), dev)
+                ws.partials = ws.screen.partials
+            else:
+                ws.partials = argmax_partials(t, self.greedy_cols, self._out_tile(t), dev)
         steps[t] = ws
         return ws
 
@@ -923,9 +941,13 @@ class Runner:
             main.wait_stream(forked)  # a captured side stream must join
         if ws.greedy:
             assert ws.partials is not None and ws.ids is not None
-            K.linear(ws.h, w.out[: self.greedy_cols], ws.partials, mode=K.ARGMAX,
-                     norm=w.out_norm, eps=a.rms_eps, cfg=self._out_tile(t), pdl=pk("out"),
-                     evict=ev)
+            if ws.screen is not None:
+                K.screen(ws.h, w.out_norm, self.out_screen(), ws.screen, w.out, eps=a.rms_eps,
+                         cfg=self._screen_tile(t), pdl=pk("out"), evict=ev)
+            else:
+                K.linear(ws.h, w.out[: self.greedy_cols], ws.partials, mode=K.ARGMAX,
+                         norm=w.out_norm, eps=a.rms_eps, cfg=self._out_tile(t), pdl=pk("out"),
+                         evict=ev)
             return K.argmax_merge(ws.partials, ws.ids, pdl=1 if pk("out") % 4 in (1, 2) else 0,
                                   host=ws.host_ids if self.host_ids_direct else None,
                                   feed=ws.feed)
@@ -984,6 +1006,25 @@ class Runner:
         a = self.args
         return self.tiles("out", t) or K.default_linear_config(t, a.n_vocab, a.n_embd,
                                                                self.device.type == "cuda")
+
+    def _screen_tile(self, t: int) -> LinearConfig:
+        """The screen's tile (``linear_configs[("screen", t)]``, else
+        ``kernels.default_screen_config``): its programs' count sizes the step's buffers."""
+        from openjarvis.engine.torch import kernels as K
+
+        return self.tiles("screen", t) or K.default_screen_config(t, self.device.type == "cuda")
+
+    def out_screen(self) -> OutScreen:
+        """The int8 copy of the output matrix's first ``greedy_cols`` rows that greedy steps
+        screen with (``screen_out``), made at first use and again when ``greedy_cols``
+        changes."""
+        from openjarvis.engine.torch.kernels import screen_weights
+
+        n = self.greedy_cols
+        if self._screen is None or self._screen[0] != n:
+            self._screen = None  # (the old copy freed before the new one is made)
+            self._screen = (n, screen_weights(self.model.weights.out[:n]))
+        return self._screen[1]
 
     def _wo_tile(self, t: int) -> LinearConfig:
         """The o-projection's tile as its launch resolves it: the hand-off's slots are one a

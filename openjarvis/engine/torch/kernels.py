@@ -1274,6 +1274,236 @@ def argmax_merge(partials: torch.Tensor, ids: torch.Tensor, pdl: int = 0,
     return ids
 
 
+#: ``screen_weights``' allowance, as a fraction of a row's norm, for what float32 arithmetic
+#: adds to the bound: the screen's and the rescoring's sums of K products (each off by at most
+#: ~K * 2^-24 of the sum of their magnitudes, taken here four times over), and the verify
+#: steps' input split into two bfloat16 halves (2^-17 of x).
+SCREEN_SLACK_PER_K = 4 * 2.0 ** -24
+SCREEN_SLACK = 2.0 ** -14
+
+
+@dataclass(frozen=True, slots=True)
+class OutScreen:
+    """The output matrix in int8 for an exact greedy pick that reads half its bytes.
+
+    A greedy step needs only the largest logit, not all of them. Row v of W [V, K] is kept as
+    ``q`` (int8, one ``scale`` a row: W_v ~ scale_v * q_v) and ``err_v`` = ||W_v - scale_v *
+    q_v||_2 plus an allowance for float32 rounding (``SCREEN_SLACK``). For x = RMSNorm's
+    h * g, Cauchy-Schwarz bounds each true logit: |W_v . x - scale_v q_v . x| <= err_v ||x||.
+    So ``screen`` reads the int8 rows (1 byte a weight, against 2) and gives every row an
+    upper and a lower bound; only rows whose upper bound reaches the largest lower bound can
+    hold the maximum, and ``rescore`` computes those few exactly from the bfloat16 rows. The
+    pick is the argmax of exact logits, not an approximation (the real pair's output matrices
+    with real hidden states leave 1 row to rescore at the median, 12 at the 99th percentile
+    and 61 at most over 1,024 positions of the 1.5B: docs/gpu-notes.md, session 32)."""
+
+    q: torch.Tensor  # [V, K] int8
+    scale: torch.Tensor  # [V] float32
+    err: torch.Tensor  # [V] float32
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.q, self.scale, self.err))
+
+
+def screen_weights(w: torch.Tensor, rows_at_once: int = 8192) -> OutScreen:
+    """``OutScreen`` of W [V, K] (any float dtype), on W's device, a slice of rows at a time so
+    that the float32 copy it works in stays small next to a 151,936-row vocabulary."""
+    if w.dim() != 2 or not w.is_floating_point() or w.shape[0] == 0:
+        raise ValueError(f"screen_weights takes a float matrix [V, K]; got {w.dtype} "
+                         f"{tuple(w.shape)}")
+    v, k = w.shape
+    q = torch.empty(v, k, dtype=torch.int8, device=w.device)
+    scale = torch.empty(v, dtype=torch.float32, device=w.device)
+    err = torch.empty(v, dtype=torch.float32, device=w.device)
+    slack = SCREEN_SLACK_PER_K * k + SCREEN_SLACK
+    for r0 in range(0, v, rows_at_once):
+        wf = w[r0 : r0 + rows_at_once].float()
+        d = wf.abs().amax(1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+        qi = torch.round(wf / d[:, None]).clamp_(-127, 127)
+        q[r0 : r0 + rows_at_once] = qi.to(torch.int8)
+        scale[r0 : r0 + rows_at_once] = d
+        err[r0 : r0 + rows_at_once] = ((wf - qi * d[:, None]).norm(dim=1)
+                                       + slack * wf.norm(dim=1))
+    if not bool(torch.isfinite(err).all()):
+        raise ValueError("screen_weights: the output matrix holds a NaN or an infinity")
+    return OutScreen(q, scale, err)
+
+
+@triton.jit
+def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, T, N, K, stride_x,
+                   stride_up, stride_lo, eps, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, PDL: tl.constexpr, EVICT: tl.constexpr,
+                   HILO: tl.constexpr):
+    """``OutScreen``'s first pass over rows ``pid * BLOCK_N``..: each token's bounds of each
+    row's logit, the upper ones stored whole (``up`` [T, N]), the largest lower one a program
+    (``lo`` [T, programs]). x = RMSNorm(h) as the output projection takes it (h * g, times
+    1/RMS after the loop). T > 1 multiplies through ``tl.dot``: with ``HILO`` (the GPU) x as
+    two bfloat16 halves (x = hi + lo to 2^-17) against the int8 rows made bfloat16 (exact), so
+    the matrix instructions lose nothing the bound does not allow for; without (the
+    interpreter), in float32."""
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rt = tl.arange(0, BLOCK_T)
+    nmask = rn < N
+    tmask = rt < T
+    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+    xx = tl.zeros([BLOCK_T], dtype=tl.float32)
+    rk = tl.arange(0, BLOCK_K)
+    q = tl.load(q_ptr + rn[:, None] * K + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :],
+                other=0, eviction_policy=EVICT)  # (weights: safe to read before the wait)
+    _gdc(PDL)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        if k0 > 0:
+            q = tl.load(q_ptr + rn[:, None] * K + rk[None, :],
+                        mask=nmask[:, None] & kmask[None, :], other=0, eviction_policy=EVICT)
+        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        ss += tl.sum(x * x, axis=1)
+        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+        xx += tl.sum(x * x, axis=1)
+        if BLOCK_T == 1:
+            acc += tl.sum(x * q.to(tl.float32), axis=1)[None, :]
+        elif HILO:
+            qb = tl.trans(q.to(tl.bfloat16))
+            hi = x.to(tl.bfloat16)
+            acc = tl.dot(hi, qb, acc)
+            acc = tl.dot((x - hi.to(tl.float32)).to(tl.bfloat16), qb, acc)
+        else:
+            acc = tl.dot(x, tl.trans(q.to(tl.float32)), acc, input_precision="ieee")
+    _gdc_late(PDL)
+    inv = tl.rsqrt(ss / K + eps)
+    d = tl.load(d_ptr + rn, mask=nmask, other=0.0)
+    e = tl.load(e_ptr + rn, mask=nmask, other=0.0)
+    s = acc * d[None, :] * inv[:, None]
+    b = (inv * tl.sqrt(xx))[:, None] * e[None, :]
+    tl.store(up_ptr + rt[:, None] * stride_up + rn[None, :], s + b,
+             mask=tmask[:, None] & nmask[None, :])
+    lo = tl.max(tl.where(nmask[None, :], s - b, float("-inf")), axis=1)
+    tl.store(lo_ptr + rt * stride_lo + pid, lo, mask=tmask)
+
+
+@triton.jit
+def _rescore_kernel(x_ptr, g_ptr, w_ptr, up_ptr, lo_ptr, part_ptr, N, K, NLO, stride_x,
+                    stride_up, stride_lo, stride_p, eps, BLOCK_R: tl.constexpr,
+                    BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, C: tl.constexpr,
+                    PDL: tl.constexpr):
+    """``OutScreen``'s second pass, program (p, token t): the largest lower bound over the
+    screen's programs, then, of rows ``p * BLOCK_R``.., those whose upper bound reaches it,
+    their exact logits (bfloat16 rows . x in float32), ``C`` rows at a time in column order;
+    the largest and its first column go to ``part`` as an ``ARGMAX`` linear's program would
+    put them, for ``argmax_merge``. A program with no such row gives -inf at its first column
+    (the screen's largest lower bound is always some row's own, so some program has one)."""
+    p = tl.program_id(0)
+    t = tl.program_id(1)
+    _gdc(PDL)
+    lp = tl.arange(0, BLOCK_P)
+    lim = tl.max(tl.load(lo_ptr + t * stride_lo + lp, mask=lp < NLO, other=float("-inf")), 0)
+    for p0 in range(BLOCK_P, NLO, BLOCK_P):
+        lim = tl.maximum(lim, tl.max(tl.load(lo_ptr + t * stride_lo + p0 + lp,
+                                             mask=p0 + lp < NLO, other=float("-inf")), 0))
+    rk = tl.arange(0, BLOCK_K)
+    kmask = rk < K
+    h = tl.load(x_ptr + t * stride_x + rk, mask=kmask, other=0.0).to(tl.float32)
+    inv = tl.rsqrt(tl.sum(h * h, 0) / K + eps)
+    x = h * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+    r = p * BLOCK_R + tl.arange(0, BLOCK_R)
+    u = tl.load(up_ptr + t * stride_up + r, mask=r < N, other=float("-inf"))
+    cand = (u >= lim) & (r < N)
+    n = tl.sum(cand.to(tl.int32), 0)
+    slot_of = tl.cumsum(cand.to(tl.int32), 0) - 1
+    best = tl.max(tl.full([C], float("-inf"), tl.float32), 0)
+    first = tl.minimum(p * BLOCK_R, N - 1)
+    for c0 in range(0, n, C):
+        slot = c0 + tl.arange(0, C)
+        row = tl.sum(tl.where(cand[:, None] & (slot_of[:, None] == slot[None, :]),
+                              r[:, None], 0), axis=0)  # [C]: the candidates' columns, in order
+        ok = slot < n
+        w = tl.load(w_ptr + row[:, None] * K + rk[None, :], mask=ok[:, None] & kmask[None, :],
+                    other=0.0).to(tl.float32)
+        val = tl.where(ok, tl.sum(w * x[None, :], axis=1) * inv, float("-inf"))
+        cm = tl.max(val, 0)
+        ci = tl.min(tl.where(val == cm, row, 2147483647), 0)
+        first = tl.where(cm > best, ci, first)
+        best = tl.maximum(best, cm)
+    tl.store(part_ptr + t * stride_p + 2 * p, best)
+    tl.store(part_ptr + t * stride_p + 2 * p + 1, first.to(tl.float32))
+
+
+#: ``rescore``'s rows a program and candidates rescored at once.
+RESCORE_ROWS = 1024
+RESCORE_AT_ONCE = 4
+
+
+@dataclass(slots=True)
+class ScreenBuffers:
+    """What one greedy step's ``screen`` and ``rescore`` hand on: the upper bounds [T, V],
+    the largest lower bound of each screen program [T, programs], and ``rescore``'s partials
+    [T, 2 * its programs] (``argmax_merge``'s input)."""
+
+    up: torch.Tensor
+    lo: torch.Tensor
+    partials: torch.Tensor
+
+
+def screen_buffers(t: int, n: int, cfg: LinearConfig, device: torch.device | str,
+                   rows: int = RESCORE_ROWS) -> ScreenBuffers:
+    f32 = torch.float32
+    return ScreenBuffers(torch.empty(t, n, dtype=f32, device=device),
+                         torch.empty(t, triton.cdiv(n, cfg.block_n), dtype=f32, device=device),
+                         torch.empty(t, 2 * triton.cdiv(n, rows), dtype=f32, device=device))
+
+
+def default_screen_config(t: int, on_gpu: bool = True) -> LinearConfig:
+    """The screen's tile where ``tuning`` names none (int8 rows: 32 x 512 is 16 KB a tile)."""
+    if not on_gpu:
+        return LinearConfig(32, 64)
+    return LinearConfig(32, 512) if t == 1 else LinearConfig(64, 128, num_warps=4)
+
+
+def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuffers,
+           w: torch.Tensor, *, eps: float = 1e-6, cfg: LinearConfig | None = None,
+           pdl: int = 0, evict: str = "", rows: int = RESCORE_ROWS,
+           at_once: int = RESCORE_AT_ONCE) -> torch.Tensor:
+    """The greedy output projection through ``OutScreen`` (both passes): ``bufs.partials``
+    for ``argmax_merge``, which then gives the same column as an ``ARGMAX`` linear over
+    ``w`` (the bfloat16 rows ``scr`` was made from) up to float32 rounding between near-equal
+    logits. ``pdl`` is the screen's mode (the rescoring waits first and lets the merge go)."""
+    t, k = x.shape
+    n = scr.q.shape[0]
+    _check_evict(evict)
+    cfg = cfg or default_screen_config(t, x.device.type == "cuda")
+    if (scr.q.shape != (n, k) or w.shape[0] < n or w.shape[1] != k or not w.is_contiguous()
+            or norm.shape != (k,) or not scr.q.is_contiguous()):
+        raise ValueError(f"screen: x [T, {k}] needs an OutScreen of [V, {k}] int8 rows made "
+                         f"from w's first V rows and a norm of [{k}]; got q "
+                         f"{tuple(scr.q.shape)}, w {tuple(w.shape)}, norm {tuple(norm.shape)}")
+    nprog = triton.cdiv(n, cfg.block_n)
+    want = ((t, n), (t, nprog), (t, 2 * triton.cdiv(n, rows)))
+    got = (tuple(bufs.up.shape), tuple(bufs.lo.shape), tuple(bufs.partials.shape))
+    if got != want or not all(b.is_contiguous() and b.dtype == torch.float32
+                              for b in (bufs.up, bufs.lo, bufs.partials)):
+        raise ValueError(f"screen: buffers for T = {t}, {n} rows and this tile are float32 "
+                         f"{want} (screen_buffers); got {got}")
+    if k > 8192:
+        raise ValueError(f"screen: rows of {k} do not fit one rescoring tile (at most 8192)")
+    _screen_kernel[(nprog,)](
+        x, norm, scr.q, scr.scale, scr.err, bufs.up, bufs.lo, t, n, k, x.stride(0),
+        bufs.up.stride(0), bufs.lo.stride(0), eps, BLOCK_T=block_t(t), BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, PDL=pdl, EVICT=evict, HILO=x.is_cuda, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **_launch(pdl))
+    rpdl = 1 if pdl % 4 in (1, 2) else 0
+    _rescore_kernel[(triton.cdiv(n, rows), t)](
+        x, norm, w, bufs.up, bufs.lo, bufs.partials, n, k, nprog, x.stride(0),
+        bufs.up.stride(0), bufs.lo.stride(0), bufs.partials.stride(0), eps, BLOCK_R=rows,
+        BLOCK_K=triton.next_power_of_2(k), BLOCK_P=min(1024, triton.next_power_of_2(nprog)),
+        C=at_once, PDL=rpdl, num_warps=8 if k > 1024 else 4, **_launch(rpdl))
+    return bufs.partials
+
+
 def qkv_rope(
     x: torch.Tensor,  # [T, D] float32 residual
     wqkv: torch.Tensor,  # [(H + 2 Hkv) hd, D]

@@ -213,6 +213,7 @@ def test_greedy_steps_give_the_argmax_of_the_deterministic_logits_steps(
     model, _, toks, _ = pair
     r = Runner(model, 256)
     r.make_deterministic()
+    r.screen_out = False  # (the screened pick: the tests after this one)
     r.greedy_cols = A.n_vocab - 271  # the tokenizer's 151,665 of 151,936 rows
     r.logits(toks[:150], 0)
     for i in range(150, 190, t):
@@ -235,6 +236,83 @@ def test_greedy_steps_give_the_argmax_of_the_deterministic_logits_steps(
     assert r.greedy_tokens(toks[190 : 190 + t], 190) == want
     r.graph_io, r.host_ids_direct = True, False  # a copy node instead of the merge's own store
     assert r.greedy_tokens(toks[190 : 190 + t], 190) == want
+
+
+def _exact_logits(h: torch.Tensor, norm: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The output projection in float64 from the step's own final residual."""
+    return rms_norm(h.double(), norm.double(), A.rms_eps) @ w.double().T
+
+
+def _assert_exact_pick(ids: torch.Tensor, ref: torch.Tensor) -> None:
+    """``ids`` are the argmax of ``ref`` (float64 logits), except where its top two are
+    within float32 rounding of each other, and then a token of the top two."""
+    top2 = ref.topk(2, dim=-1)
+    picked = ref.gather(1, ids[:, None].long())[:, 0]
+    assert (picked >= top2.values[:, 0] - 1e-4 * top2.values[:, 0].abs().clamp_min(1)).all()
+    clear = (top2.values[:, 0] - top2.values[:, 1]) > 1e-3
+    assert (ids == top2.indices[:, 0])[clear].all()
+
+
+@pytest.mark.parametrize("t", [1, 9])
+def test_the_screen_picks_the_exact_argmax_in_every_pdl_mode(t: int) -> None:
+    """``kernels.screen`` on the 0.5B's real widths (896, the vocabulary's 151,936 rows) in
+    bf16, T = 9 through the matrix instructions on x's two bfloat16 halves: the exact argmax of
+    float64 logits, with rows the int8 copy cannot tell apart planted at the top."""
+    from openjarvis.engine.torch import kernels as K
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    n, k = A.n_vocab, A.n_embd
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+    h = torch.randn(t, k, device="cuda", generator=g) * 4
+    norm = torch.rand(k, device="cuda", generator=g) + 0.5
+    for j in range(1, 9):  # near-copies of row 5000, in different rescoring programs
+        w[5000 + 1100 * j] = w[5000] + (torch.randn(k, device="cuda", generator=g) * 1e-3
+                                        ).to(torch.bfloat16)
+    h[0] = w[5000].float() / norm * 3
+    scr = K.screen_weights(w)
+    ref = _exact_logits(h, norm, w)
+    for mode in pdl_modes():
+        cfg = K.default_screen_config(t)
+        bufs = K.screen_buffers(t, n, cfg, "cuda")
+        for b in (bufs.up, bufs.lo, bufs.partials):
+            b.fill_(float("nan"))
+        K.screen(h, norm, scr, bufs, w, eps=A.rms_eps, cfg=cfg, pdl=mode)
+        ids = K.argmax_merge(bufs.partials, torch.full((t,), -1, dtype=torch.int64,
+                                                        device="cuda"))
+        torch.cuda.synchronize()
+        assert not bufs.partials.isnan().any() and not bufs.up.isnan().any(), f"mode {mode}"
+        _assert_exact_pick(ids, ref)
+        assert int((bufs.up[0] >= bufs.lo[0].max()).sum()) >= 9  # all near-copies rescored
+
+
+@pytest.mark.parametrize("t", [1, 9])
+def test_screened_greedy_steps_pick_the_exact_argmax_of_their_final_residual(
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor], t: int) -> None:
+    """The default greedy Triton step (``Runner.screen_out``) over 40 positions: each token the
+    argmax of float64 logits of the step's own final residual, the graph replayed alike, and
+    the unscreened step's token wherever its own top two are clear of bf16 rounding."""
+    model, _, toks, _ = pair
+    r = Runner(model, 256)
+    assert r.screen_out
+    r.greedy_cols = A.n_vocab - 271
+    plain = Runner(model, 256)
+    plain.screen_out = False
+    plain.greedy_cols = r.greedy_cols
+    r.logits(toks[:150], 0)
+    plain.logits(toks[:150], 0)
+    w = model.weights
+    agree = total = 0
+    for i in range(150, 190, t):
+        ids = r.argmax(toks[i : i + t], i).clone()
+        ref = _exact_logits(r._greedy_steps[t].h, w.out_norm, w.out[: r.greedy_cols])
+        _assert_exact_pick(ids, ref)
+        r.replay(t, greedy=True)
+        assert r._greedy_steps[t].ids.tolist() == ids.tolist()
+        other = plain.argmax(toks[i : i + t], i)
+        agree += int((other == ids).sum())
+        total += t
+    assert r._greedy_steps[t].screen is not None and plain._greedy_steps[t].screen is None
+    assert agree >= total - 2  # (the plain step rounds x to bf16 at T = 9: a near-tie may flip)
 
 
 @pytest.mark.parametrize(("n", "prefetch"), [(1, False), (4, False), (16, False), (8, True)])

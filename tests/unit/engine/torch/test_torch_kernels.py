@@ -123,6 +123,70 @@ def test_an_argmax_it_cannot_write_is_refused_with_the_reason() -> None:
         K.argmax_merge(K.argmax_partials(1, 40, cfg, "cpu"), torch.zeros(1, dtype=torch.int32))
 
 
+def test_the_int8_screen_bounds_every_logit_of_the_rows_it_was_made_from() -> None:
+    w, x = g(300, 72, seed=2) * 0.1, g(50, 72, seed=1) * 3
+    w[7] = 0.0  # a row of zeros: scale at its floor, no error
+    scr = K.screen_weights(w, rows_at_once=64)  # (several slices)
+    assert scr.q.dtype == torch.int8 and scr.q.abs().max() == 127
+    exact = x.double() @ w.double().T
+    approx = (x.double() @ scr.q.double().T) * scr.scale.double()
+    bound = x.double().norm(dim=1, keepdim=True) * scr.err.double()
+    assert ((exact - approx).abs() <= bound).all()
+    assert (exact[:, 7] == approx[:, 7]).all()
+    assert float(((exact - approx).abs() / bound)[:, 8:].max()) > 0.05  # not a wild bound
+    assert scr.nbytes == 300 * 72 + 2 * 300 * 4
+
+
+@pytest.mark.parametrize(("t", "bn", "rows", "at_once", "near_first"),
+                         [(1, 8, 16, 2, False), (1, 32, 1024, 4, True), (3, 16, 32, 4, False),
+                          (17, 32, 64, 2, True)])
+def test_a_screened_greedy_projection_picks_the_exact_argmax(
+        t: int, bn: int, rows: int, at_once: int, near_first: bool) -> None:
+    n, k = 203, 72
+    h, w, norm = g(t, k, seed=1), g(n, k, seed=2), g(k, seed=3) + 1
+    w[150] = w[40]  # a maximum twice, in different rescoring programs: the first column wins
+    w[41] = w[40]  # and twice in one
+    for j in range(60, 68):  # rows the int8 screen cannot tell apart from row 90's
+        w[j] = w[90] + 1e-5 * g(k, seed=j)
+    w[64] = w[90] + 1e-4 * w[90].sign()  # the best of them by a hair, in exact arithmetic
+    tie, near = (1, 0) if near_first else (0, 1)
+    if tie < t:
+        h[tie] = w[40] / norm * 10
+    if near < t:
+        h[near] = w[90] / norm * 10
+    scr = K.screen_weights(w)
+    cfg = K.LinearConfig(block_n=bn, block_k=32)
+    bufs = K.screen_buffers(t, n, cfg, "cpu", rows=rows)
+    for b in (bufs.up, bufs.lo, bufs.partials):
+        b.fill_(POISON)
+    part = K.screen(h, norm, scr, bufs, w, eps=1e-6, cfg=cfg, rows=rows, at_once=at_once)
+    assert not part.isnan().any() and not bufs.lo.isnan().any()  # every program wrote
+    ids = K.argmax_merge(part, torch.full((t,), -1, dtype=torch.int64))
+    logits = rms_norm(h.double(), norm.double(), 1e-6) @ w.double().T
+    assert ids.tolist() == logits.argmax(-1).tolist()
+    if tie < t:
+        assert ids[tie] == 40
+    if near < t:
+        assert ids[near] == 64
+        assert int((bufs.up[near] >= bufs.lo[near].max()).sum()) >= 8  # all of them rescored
+
+
+def test_a_screen_it_cannot_run_is_refused_with_the_reason() -> None:
+    w, h, norm = g(40, 72, seed=2), g(1, 72, seed=1), g(72, seed=3)
+    scr = K.screen_weights(w)
+    cfg = K.LinearConfig(block_n=8, block_k=32)
+    with pytest.raises(ValueError, match=r"buffers for T = 1, 40 rows and this tile"):
+        K.screen(h, norm, scr, K.screen_buffers(1, 40, K.LinearConfig(16, 32), "cpu"), w,
+                 cfg=cfg)
+    with pytest.raises(ValueError, match=r"an OutScreen of \[V, 72\]"):
+        K.screen(h, norm, K.screen_weights(g(40, 64)), K.screen_buffers(1, 40, cfg, "cpu"), w,
+                 cfg=cfg)
+    bad = w.clone()
+    bad[3, 5] = float("inf")
+    with pytest.raises(ValueError, match="NaN or an infinity"):
+        K.screen_weights(bad)
+
+
 @pytest.mark.parametrize(("prefetch", "segments"), [(False, 1), (True, 1), (False, 4),
                                                     (True, 2)])
 @pytest.mark.parametrize(("peel", "split"), [(0, 1), (3, 1), (0, 3), (7, 2), (7, 4)])

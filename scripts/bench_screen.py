@@ -1,0 +1,196 @@
+"""The screened greedy output projection (``kernels.OutScreen``) against the plain one, on a GPU.
+
+A greedy step needs only the largest logit. The plain greedy step reads the whole bfloat16
+output matrix (the 1.5B's 467 MB, 15 % of its step's bytes; the 0.5B's 272 MB, 28 %); the
+screened one reads it as int8 with a bound a row and then only the rows whose bound reaches
+the top, exactly. This script times, in one process, each step kind over alternating rounds
+(random bf16 weights of the real shapes, CUDA graphs replayed back to back, ``bench_gpu``'s
+timer), at every position asked:
+
+- ``logits``: the one-token step that writes every logit (bench_gpu.py's "ours");
+- ``greedy``: the one-token greedy step with ``screen_out`` off (the ``ARGMAX`` linear);
+- ``screened``: the same with it on (the default), and each ``--tiles`` screen tile;
+- the same three kinds at T = 9 (a k = 8 verify step).
+
+A figure is the best over rounds; each ratio (screened / greedy) is the median over rounds of
+the ratio within a round. Then correctness at position 600: each screened greedy token against
+the float64 argmax of the step's own final residual, the plain greedy step's tokens, and how
+many rows each step rescored (random weights: the real pair's counts are in gpu-notes,
+session 32, measured on the CPU). Writes ``screen.json`` under ``--out``.
+
+    python3 scripts/bench_screen.py --out $OUT/s --models 1.5B,0.5B --positions 512,4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gpu import copy_bandwidth, log, step_floor_ms, time_ms  # noqa: E402
+
+from openjarvis.engine.torch import kernels as K  # noqa: E402
+from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
+from openjarvis.engine.torch.generate import Runner  # noqa: E402
+from openjarvis.engine.torch.model import Transformer, rms_norm  # noqa: E402
+from openjarvis.engine.torch.weights import random_weights  # noqa: E402
+
+MODELS = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}
+#: The tokenizer's columns (151,665 of the models' 151,936 rows), as the engine sets them.
+TOKENIZER_COLS = 151_665
+
+
+def parse_tile(s: str) -> tuple[int, K.LinearConfig]:
+    """"T:block_n,block_k,warps[,stages]" -> (T, tile)."""
+    t, rest = s.split(":")
+    nums = [int(x) for x in rest.split(",")]
+    if len(nums) not in (3, 4):
+        raise argparse.ArgumentTypeError(f"a tile is T:block_n,block_k,warps[,stages]; got {s}")
+    return int(t), K.LinearConfig(nums[0], nums[1], nums[2], nums[3] if len(nums) > 3 else 2)
+
+
+def runners(a: ModelArgs, n_ctx: int, tiles: list[tuple[int, K.LinearConfig]]
+            ) -> dict[str, Runner]:
+    """One Runner a variant over one set of weights (each with its own cache and graphs, so
+    no variant recaptures between rounds)."""
+    model = Transformer(a, random_weights(a, torch.bfloat16, "cuda", seed=0), n_pos=n_ctx + 64)
+    out: dict[str, Runner] = {}
+    for name in ("plain", "screened", *(f"tile{i}" for i in range(len(tiles)))):
+        r = Runner(model, n_ctx, kernels="triton", graphs=True)
+        r.greedy_cols = TOKENIZER_COLS
+        r.screen_out = name != "plain"
+        if name.startswith("tile"):
+            t, cfg = tiles[int(name[4:])]
+            r.linear_configs[("screen", t)] = cfg
+        out[name] = r
+    return out
+
+
+def timing(rs: dict[str, Runner], positions: list[int], rounds: int,
+           tiles: list[tuple[int, K.LinearConfig]], bw: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    toks = list(range(100, 109))
+    a = rs["plain"].args
+    weight_bytes = rs["plain"].model.weights.nbytes()
+    for pos in positions:
+        kinds: dict[str, tuple[str, int, bool]] = {}  # name -> (runner, T, greedy)
+        for t in (1, 9):
+            kinds[f"logits_t{t}"] = ("plain", t, False)
+            kinds[f"greedy_t{t}"] = ("plain", t, True)
+            kinds[f"screened_t{t}"] = ("screened", t, True)
+        for i, (t, cfg) in enumerate(tiles):
+            kinds[f"screened_t{t}_{cfg.block_n}x{cfg.block_k}w{cfg.num_warps}s{cfg.num_stages}"
+                  ] = (f"tile{i}", t, True)
+        best: dict[str, float] = {}
+        per_round: dict[str, list[float]] = {k: [] for k in kinds}
+        for rnd in range(rounds):
+            for name, (rn, t, greedy) in kinds.items():
+                r = rs[rn]
+                r.step(toks[:t], pos, greedy=greedy)
+                ms = time_ms(lambda r=r, t=t, greedy=greedy: r.replay(t, greedy=greedy),
+                             iters=50, reps=3)
+                best[name] = min(best.get(name, 1e9), ms)
+                per_round[name].append(ms)
+            log(f"round {rnd} @{pos}", {k: round(v, 4) for k, v in best.items()})
+
+        def ratio(x: str, y: str) -> float:
+            return statistics.median(p / q for p, q in zip(per_round[x], per_round[y], strict=True))
+
+        floor = step_floor_ms(weight_bytes, a, pos, bw)
+        row: dict[str, Any] = {
+            "ms": best, "floor_ms": floor,
+            "pct_floor": {k: 100 * floor / v for k, v in best.items() if k.endswith("_t1")
+                          or "_t1_" in k},
+            "screened_over_greedy_t1": ratio("screened_t1", "greedy_t1"),
+            "screened_over_greedy_t9": ratio("screened_t9", "greedy_t9"),
+            "greedy_over_logits_t1": ratio("greedy_t1", "logits_t1"),
+            "verify_ratio": {kind: ratio(f"{kind}_t9", f"{kind}_t1")
+                             for kind in ("logits", "greedy", "screened")},
+            "screened_t1_saved_us": 1e3 * (best["greedy_t1"] - best["screened_t1"]),
+        }
+        out[str(pos)] = row
+        log("timing", pos, json.dumps(row))
+    return out
+
+
+def correctness(rs: dict[str, Runner], n: int = 48) -> dict[str, Any]:
+    """Screened tokens against float64 argmax of their own final residual at 600 + i."""
+    r, plain = rs["screened"], rs["plain"]
+    a, w = r.args, r.model.weights
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, a.n_vocab, (600,), generator=gen).tolist()
+    toks = torch.randint(0, a.n_vocab, (n,), generator=gen).tolist()
+    out: dict[str, Any] = {}
+    for t in (1, 9):
+        r.logits(prompt, 0)
+        plain.logits(prompt, 0)
+        exact = agree = total = 0
+        counts: list[int] = []
+        gaps: list[float] = []
+        for i in range(0, n - t + 1, t):
+            ids = r.argmax(toks[i : i + t], 600 + i).clone()
+            ws = r._greedy_steps[t]
+            assert ws.screen is not None
+            ref = (rms_norm(ws.h.double(), w.out_norm.double(), a.rms_eps)
+                   @ w.out[: r.greedy_cols].double().T)
+            exact += int((ids == ref.argmax(-1)).sum())
+            top2 = ref.topk(2, dim=-1).values
+            gaps += (top2[:, 0] - top2[:, 1]).tolist()
+            counts += (ws.screen.up >= ws.screen.lo.max(dim=1, keepdim=True).values
+                       ).sum(1).tolist()
+            agree += int((plain.argmax(toks[i : i + t], 600 + i) == ids).sum())
+            total += t
+        cs = sorted(counts)
+        out[f"t{t}"] = {"tokens": total, "exact_argmax": exact, "plain_agrees": agree,
+                        "rescored_median": cs[len(cs) // 2], "rescored_max": cs[-1],
+                        "top2_gap_min": min(gaps)}
+        log("correct", t, out[f"t{t}"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("."), help="folder for screen.json")
+    ap.add_argument("--models", default="1.5B,0.5B", help="comma-separated: 1.5B, 0.5B")
+    ap.add_argument("--positions", default="512,4096", help="comma-separated positions")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    ap.add_argument("--tiles", type=parse_tile, nargs="*", default=[],
+                    help="extra screen tiles, each T:block_n,block_k,warps[,stages]")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_screen: needs a CUDA GPU (run it through the device tool)", file=sys.stderr)
+        return 2
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [m for m in names if m not in MODELS]
+    if bad:
+        print(f"bench_screen: unknown model {bad[0]!r}; choose from {sorted(MODELS)}",
+              file=sys.stderr)
+        return 2
+    positions = [int(p) for p in args.positions.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                           "bandwidth": copy_bandwidth()}
+    log("copy bandwidth", round(res["bandwidth"] / 1e9), "GB/s")
+    for name in names:
+        a = MODELS[name]
+        rs = runners(a, max(max(positions), 700) + 64, args.tiles)
+        res[name] = {"screen_mb": rs["screened"].out_screen().nbytes / 1e6,
+                     "correct": correctness(rs),
+                     "timing": timing(rs, positions, args.rounds, args.tiles, res["bandwidth"])}
+        del rs
+        torch.cuda.empty_cache()
+        (args.out / "screen.json").write_text(json.dumps(res, indent=1))
+    (args.out / "screen.json").write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
