@@ -101,8 +101,8 @@ def timing(rs: dict[str, Runner], positions: list[int], rounds: int,
                 per_round[name].append(ms)
             log(f"round {rnd} @{pos}", {k: round(v, 4) for k, v in best.items()})
 
-        def ratio(x: str, y: str) -> float:
-            return statistics.median(p / q for p, q in zip(per_round[x], per_round[y], strict=True))
+        def ratio(x: str, y: str, rounds: dict[str, list[float]] = per_round) -> float:
+            return statistics.median(p / q for p, q in zip(rounds[x], rounds[y], strict=True))
 
         floor = step_floor_ms(weight_bytes, a, pos, bw)
         row: dict[str, Any] = {
