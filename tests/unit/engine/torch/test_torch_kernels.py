@@ -519,14 +519,17 @@ def test_triton_runner_matches_the_reference_path(fuse: bool) -> None:
     assert rel(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("kernels", ["triton", "torch"])
+@pytest.mark.parametrize(("kernels", "screen"), [("triton", True), ("triton", False),
+                                                ("torch", False)])
 def test_greedy_steps_pick_the_argmax_of_the_logits_among_the_tokenizer_columns(
-        kernels: str) -> None:
+        kernels: str, screen: bool) -> None:
     model = _model()
     seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (40,), generator=torch.Generator())]
     full = Runner(model, 64, kernels=kernels, nsplit=4)  # type: ignore[arg-type]
     logits = full.logits(seq, 0)  # 40 tokens: two steps of MAX_STEP = 32 and 8
     fast = Runner(model, 64, kernels=kernels, nsplit=4)  # type: ignore[arg-type]
+    assert fast.screen_out == (kernels == "triton")  # the default
+    fast.screen_out = screen
     assert fast.argmax(seq[:-1], 0, last_only=True).tolist() == [int(logits[-2].argmax())]
     fast.drop_steps()  # (the same positions again, from the start)
     assert fast.argmax(seq, 0).tolist() == logits.argmax(-1).tolist()
@@ -539,6 +542,9 @@ def test_greedy_steps_pick_the_argmax_of_the_logits_among_the_tokenizer_columns(
     if kernels == "triton":  # its greedy steps hold per-program maxima, never the logits
         ws = fast._greedy_steps[3]
         assert ws.logits.numel() == 0 and ws.partials is not None
+        assert (ws.screen is not None) == screen
+        if screen:  # the int8 copy was made anew for the narrower columns
+            assert fast.out_screen().q.shape == (cols, ARGS.n_embd)
     with pytest.raises(ValueError, match="greedy_cols must be in 1..101"):
         fast.greedy_cols = 0
 
