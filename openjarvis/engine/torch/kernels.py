@@ -1293,9 +1293,10 @@ class OutScreen:
     So ``screen`` reads the int8 rows (1 byte a weight, against 2) and gives every row an
     upper and a lower bound; only rows whose upper bound reaches the largest lower bound can
     hold the maximum, and ``rescore`` computes those few exactly from the bfloat16 rows. The
-    pick is the argmax of exact logits, not an approximation (the real pair's output matrices
-    with real hidden states leave 1 row to rescore at the median, 12 at the 99th percentile
-    and 61 at most over 1,024 positions of the 1.5B: docs/gpu-notes.md, session 32)."""
+    pick is the argmax of exact logits, not an approximation. Over 1,024 positions of real
+    code the real pair's bounds leave 1 row to rescore at the median, 12-13 at the 99th
+    percentile and 44 (0.5B) or 70 (1.5B) at most (scripts/screen_candidates.py; a scale a
+    32 weights would leave fewer, for 6 % more bytes; int4 leaves thousands)."""
 
     q: torch.Tensor  # [V, K] int8
     scale: torch.Tensor  # [V] float32
