@@ -1388,16 +1388,21 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, T, N, K, s
 
 
 @triton.jit
-def _rescore_kernel(x_ptr, g_ptr, w_ptr, up_ptr, lo_ptr, part_ptr, N, K, NLO, stride_x,
-                    stride_up, stride_lo, stride_p, eps, BLOCK_R: tl.constexpr,
+def _rescore_kernel(x_ptr, g_ptr, w_ptr, up_ptr, lo_ptr, part_ptr, N, K, NLO, NPROG,
+                    stride_x, stride_up, stride_lo, stride_p, eps, BLOCK_R: tl.constexpr,
                     BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, C: tl.constexpr,
-                    PDL: tl.constexpr):
-    """``OutScreen``'s second pass, program (p, token t): the largest lower bound over the
-    screen's programs, then, of rows ``p * BLOCK_R``.., those whose upper bound reaches it,
-    their exact logits (bfloat16 rows . x in float32), ``C`` rows at a time in column order;
-    the largest and its first column go to ``part`` as an ``ARGMAX`` linear's program would
-    put them, for ``argmax_merge``. A program with no such row gives -inf at its first column
-    (the screen's largest lower bound is always some row's own, so some program has one)."""
+                    GRAIN: tl.constexpr, PDL: tl.constexpr):
+    """``OutScreen``'s second pass, program (p, token t) of ``NPROG`` a token: the largest
+    lower bound over the screen's programs, then, of its ``BLOCK_R`` rows, those whose upper
+    bound reaches it, their exact logits (bfloat16 rows . x in float32), ``C`` rows at a time
+    in column order; the largest and its first column go to ``part`` as an ``ARGMAX``
+    linear's program would put them, for ``argmax_merge``. Its rows are every ``NPROG``-th run
+    of ``GRAIN`` (a 32-byte sector of bounds), so that neighbouring candidates, where a
+    vocabulary keeps related tokens together, fall to different programs rather than queue
+    in one. A program with no such row gives -inf at its first column (the largest lower
+    bound is always some row's own, so some program has one). ``argmax_merge`` still gives
+    the first column of equal maxima: with at most its 2,048 programs in one chunk, it takes
+    the least column among them, whatever order the programs' columns are in."""
     p = tl.program_id(0)
     t = tl.program_id(1)
     _gdc(PDL)
@@ -1411,13 +1416,14 @@ def _rescore_kernel(x_ptr, g_ptr, w_ptr, up_ptr, lo_ptr, part_ptr, N, K, NLO, st
     h = tl.load(x_ptr + t * stride_x + rk, mask=kmask, other=0.0).to(tl.float32)
     inv = tl.rsqrt(tl.sum(h * h, 0) / K + eps)
     x = h * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
-    r = p * BLOCK_R + tl.arange(0, BLOCK_R)
+    j = tl.arange(0, BLOCK_R)
+    r = ((j // GRAIN) * NPROG + p) * GRAIN + j % GRAIN  # (rising with j)
     u = tl.load(up_ptr + t * stride_up + r, mask=r < N, other=float("-inf"))
     cand = (u >= lim) & (r < N)
     n = tl.sum(cand.to(tl.int32), 0)
     slot_of = tl.cumsum(cand.to(tl.int32), 0) - 1
     best = tl.max(tl.full([C], float("-inf"), tl.float32), 0)
-    first = tl.minimum(p * BLOCK_R, N - 1)
+    first = tl.minimum(p * GRAIN, N - 1)
     for c0 in range(0, n, C):
         slot = c0 + tl.arange(0, C)
         row = tl.sum(tl.where(cand[:, None] & (slot_of[:, None] == slot[None, :]),
@@ -1434,9 +1440,12 @@ def _rescore_kernel(x_ptr, g_ptr, w_ptr, up_ptr, lo_ptr, part_ptr, N, K, NLO, st
     tl.store(part_ptr + t * stride_p + 2 * p + 1, first.to(tl.float32))
 
 
-#: ``rescore``'s rows a program and candidates rescored at once.
+#: ``screen``'s second pass: rows a program (a power of two; at most 2,048 programs, as
+#: ``argmax_merge`` needs for the first of equal maxima), candidates rescored at once, and the
+#: runs of rows its programs take in turn.
 RESCORE_ROWS = 1024
-RESCORE_AT_ONCE = 4
+RESCORE_AT_ONCE = 8
+RESCORE_GRAIN = 8
 
 
 @dataclass(slots=True)
@@ -1491,17 +1500,22 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
                          f"{want} (screen_buffers); got {got}")
     if k > 8192:
         raise ValueError(f"screen: rows of {k} do not fit one rescoring tile (at most 8192)")
+    if rows & (rows - 1) or rows < RESCORE_GRAIN or triton.cdiv(n, rows) > 2048:
+        raise ValueError(f"screen: {rows} rows a rescoring program must be a power of two of "
+                         f"at least {RESCORE_GRAIN}, and at most 2,048 programs ({n} rows)")
     _screen_kernel[(nprog,)](
         x, norm, scr.q, scr.scale, scr.err, bufs.up, bufs.lo, t, n, k, x.stride(0),
         bufs.up.stride(0), bufs.lo.stride(0), eps, BLOCK_T=block_t(t), BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, PDL=pdl, EVICT=evict, HILO=x.is_cuda, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **_launch(pdl))
     rpdl = 1 if pdl % 4 in (1, 2) else 0
-    _rescore_kernel[(triton.cdiv(n, rows), t)](
-        x, norm, w, bufs.up, bufs.lo, bufs.partials, n, k, nprog, x.stride(0),
+    nres = triton.cdiv(n, rows)
+    _rescore_kernel[(nres, t)](
+        x, norm, w, bufs.up, bufs.lo, bufs.partials, n, k, nprog, nres, x.stride(0),
         bufs.up.stride(0), bufs.lo.stride(0), bufs.partials.stride(0), eps, BLOCK_R=rows,
         BLOCK_K=triton.next_power_of_2(k), BLOCK_P=min(1024, triton.next_power_of_2(nprog)),
-        C=at_once, PDL=rpdl, num_warps=8 if k > 1024 else 4, **_launch(rpdl))
+        C=at_once, GRAIN=RESCORE_GRAIN, PDL=rpdl, num_warps=8 if k > 1024 else 4,
+        **_launch(rpdl))
     return bufs.partials
 
 

@@ -138,7 +138,7 @@ def test_the_int8_screen_bounds_every_logit_of_the_rows_it_was_made_from() -> No
 
 
 @pytest.mark.parametrize(("t", "bn", "rows", "at_once", "near_first"),
-                         [(1, 8, 16, 2, False), (1, 32, 1024, 4, True), (3, 16, 32, 4, False),
+                         [(1, 8, 16, 2, False), (1, 32, 1024, 2, True), (3, 16, 32, 4, False),
                           (17, 32, 64, 2, True)])
 def test_a_screened_greedy_projection_picks_the_exact_argmax(
         t: int, bn: int, rows: int, at_once: int, near_first: bool) -> None:
@@ -181,6 +181,9 @@ def test_a_screen_it_cannot_run_is_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match=r"an OutScreen of \[V, 72\]"):
         K.screen(h, norm, K.screen_weights(g(40, 64)), K.screen_buffers(1, 40, cfg, "cpu"), w,
                  cfg=cfg)
+    with pytest.raises(ValueError, match="must be a power of two of at least 8"):
+        K.screen(h, norm, scr, K.screen_buffers(1, 40, cfg, "cpu", rows=12), w, cfg=cfg,
+                 rows=12)
     bad = w.clone()
     bad[3, 5] = float("inf")
     with pytest.raises(ValueError, match="NaN or an infinity"):
