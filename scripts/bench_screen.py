@@ -24,6 +24,7 @@ session 32, measured on the CPU). Writes ``screen.json`` under ``--out``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -35,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gpu import copy_bandwidth, log, step_floor_ms, time_ms  # noqa: E402
+from bench_gpu import copy_bandwidth, graph_us, log, step_floor_ms, time_ms  # noqa: E402
 
 from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
@@ -156,6 +157,76 @@ def correctness(rs: dict[str, Runner], n: int = 48) -> dict[str, Any]:
     return out
 
 
+#: ``--parts``: the plain greedy projection's tiles (tuning.py's "out" at T = 1, the swapped
+#: verify tile at T > 1) and the screen tiles swept beside the default.
+ARGMAX_TILES = {(1536, 1): K.LinearConfig(16, 256, 4, 2), (896, 1): K.LinearConfig(32, 128, 4, 2),
+                (1536, 9): K.LinearConfig(128, 64, 4, 3, swap=True),
+                (896, 9): K.LinearConfig(128, 64, 4, 3, swap=True)}
+PART_TILES = {1: [(16, 512, 4, 2), (32, 512, 4, 2), (16, 256, 4, 2), (32, 256, 4, 2),
+                  (8, 1024, 4, 2), (16, 1024, 8, 2), (64, 512, 8, 2)],
+              9: [(64, 128, 4, 3), (128, 64, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3),
+                  (128, 128, 8, 3)]}
+
+
+def parts(a: ModelArgs, per: int = 10) -> dict[str, Any]:
+    """Each pass alone, captured ``per`` times in a CUDA graph (so the matrices, 2-4x the L2,
+    come from DRAM every launch): the plain ``ARGMAX`` projection, its merge, the screen (its
+    int8 made float32 by bits or by the conversion instruction, and each tile of
+    ``PART_TILES``), the rescoring alone, and both passes; microseconds a launch."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    n, k = TOKENIZER_COLS, a.n_embd
+    w = (torch.randn(n, k, device="cuda", generator=gen) * 0.05).to(torch.bfloat16)
+    norm = torch.rand(k, device="cuda", generator=gen) + 0.5
+    scr = K.screen_weights(w)
+    out: dict[str, Any] = {}
+    for t in (1, 9):
+        x = torch.randn(t, k, device="cuda", generator=gen) * 4
+        out[f"t{t}"] = _parts_t(x, w, norm, scr, per)
+        log("parts", k, t, {key: round(v, 2) for key, v in out[f"t{t}"].items()})
+    return out
+
+
+def _parts_t(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, scr: K.OutScreen,
+             per: int) -> dict[str, float]:
+    t, k = x.shape
+    n = w.shape[0]
+    row: dict[str, float] = {}
+    acfg = ARGMAX_TILES[(k, t)]
+    part = K.argmax_partials(t, n, acfg, "cuda")
+    ids = torch.zeros(t, dtype=torch.int64, device="cuda")
+
+    def plain() -> None:
+        for _ in range(per):
+            K.linear(x, w, part, mode=K.ARGMAX, norm=norm, cfg=acfg, evict="evict_first")
+
+    def merge() -> None:
+        for _ in range(per):
+            K.argmax_merge(part, ids)
+
+    row["argmax"] = graph_us(plain, per)
+    row["argmax_merge"] = graph_us(merge, per)
+    cfg = K.default_screen_config(t)
+    bufs = K.screen_buffers(t, n, cfg, "cuda")
+
+    def job(passes: int, c: K.LinearConfig = cfg, b: K.ScreenBuffers = bufs) -> None:
+        for _ in range(per):
+            K.screen(x, norm, scr, b, w, cfg=c, evict="evict_first", passes=passes)
+
+    for cvt in (1, 0):
+        K.SCREEN_CVT = cvt
+        row[f"screen_cvt{cvt}"] = graph_us(functools.partial(job, 1), per)
+    K.SCREEN_CVT = 1
+    row["rescore"] = graph_us(functools.partial(job, 2), per)
+    row["both"] = graph_us(functools.partial(job, 3), per)
+    row["rescored_rows"] = int((bufs.up >= bufs.lo.max(dim=1, keepdim=True).values).sum())
+    for tile in PART_TILES[t]:
+        c = K.LinearConfig(*tile)
+        b = K.screen_buffers(t, n, c, "cuda")
+        row[f"screen_{tile[0]}x{tile[1]}w{tile[2]}s{tile[3]}"] = graph_us(
+            functools.partial(job, 1, c, b), per)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("."), help="folder for screen.json")
@@ -164,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     ap.add_argument("--tiles", type=parse_tile, nargs="*", default=[],
                     help="extra screen tiles, each T:block_n,block_k,warps[,stages]")
+    ap.add_argument("--parts", action="store_true",
+                    help="time each pass alone (and screen tiles) instead of whole steps")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_screen: needs a CUDA GPU (run it through the device tool)", file=sys.stderr)
@@ -181,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     log("copy bandwidth", round(res["bandwidth"] / 1e9), "GB/s")
     for name in names:
         a = MODELS[name]
+        if args.parts:
+            res[name] = {"parts": parts(a)}
+            (args.out / "screen.json").write_text(json.dumps(res, indent=1))
+            continue
         rs = runners(a, max(max(positions), 700) + 64, args.tiles)
         res[name] = {"screen_mb": rs["screened"].out_screen().nbytes / 1e6,
                      "correct": correctness(rs),

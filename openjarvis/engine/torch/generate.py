@@ -204,7 +204,7 @@ class Runner:
         #: (up to float32 rounding between near-equal logits), for one int8 copy of the output
         #: matrix in memory (233 MB for the 1.5B). Set it before the first greedy step (or
         #: ``drop_steps`` after): a built step keeps the path it was built with.
-        self.screen_out = kernels == "triton"
+        self.screen_out = self.kernels == "triton"
         self._screen: tuple[int, Any] | None = None  # (greedy_cols, its OutScreen)
         #: On the GPU, ``host`` brings results of ``PINNED_MIN_BYTES`` or more (logits) down
         #: through page-locked memory.

@@ -1335,7 +1335,7 @@ def screen_weights(w: torch.Tensor, rows_at_once: int = 8192) -> OutScreen:
 def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, T, N, K, stride_x,
                    stride_up, stride_lo, eps, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, PDL: tl.constexpr, EVICT: tl.constexpr,
-                   HILO: tl.constexpr):
+                   HILO: tl.constexpr, CVT: tl.constexpr = 1):
     """``OutScreen``'s first pass over rows ``pid * BLOCK_N``..: each token's bounds of each
     row's logit, the upper ones stored whole (``up`` [T, N]), the largest lower one a program
     (``lo`` [T, programs]). x = RMSNorm(h) as the output projection takes it (h * g, times
@@ -1366,15 +1366,19 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, T, N, K, s
         ss += tl.sum(x * x, axis=1)
         x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
         xx += tl.sum(x * x, axis=1)
+        if CVT:  # int8 -> float32 by its bits: 2^23 + 128 + q, less 2^23 + 128 (exact)
+            qf = (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+        else:  # (the conversion instruction: a quarter of the FMAs' rate, ``SCREEN_CVT``)
+            qf = q.to(tl.float32)
         if BLOCK_T == 1:
-            acc += tl.sum(x * q.to(tl.float32), axis=1)[None, :]
+            acc += tl.sum(x * qf, axis=1)[None, :]
         elif HILO:
-            qb = tl.trans(q.to(tl.bfloat16))
+            qb = tl.trans(qf.to(tl.bfloat16))
             hi = x.to(tl.bfloat16)
             acc = tl.dot(hi, qb, acc)
             acc = tl.dot((x - hi.to(tl.float32)).to(tl.bfloat16), qb, acc)
         else:
-            acc = tl.dot(x, tl.trans(q.to(tl.float32)), acc, input_precision="ieee")
+            acc = tl.dot(x, tl.trans(qf), acc, input_precision="ieee")
     _gdc_late(PDL)
     inv = tl.rsqrt(ss / K + eps)
     d = tl.load(d_ptr + rn, mask=nmask, other=0.0)
@@ -1446,6 +1450,9 @@ def _rescore_kernel(x_ptr, g_ptr, w_ptr, up_ptr, lo_ptr, part_ptr, N, K, NLO, NP
 RESCORE_ROWS = 1024
 RESCORE_AT_ONCE = 8
 RESCORE_GRAIN = 8
+#: How the screen makes its int8 weights float32: 1, by their bits (an integer add and a
+#: float add); 0, the conversion instruction (scripts/bench_screen.py --parts compares).
+SCREEN_CVT = 1
 
 
 @dataclass(slots=True)
@@ -1477,11 +1484,12 @@ def default_screen_config(t: int, on_gpu: bool = True) -> LinearConfig:
 def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuffers,
            w: torch.Tensor, *, eps: float = 1e-6, cfg: LinearConfig | None = None,
            pdl: int = 0, evict: str = "", rows: int = RESCORE_ROWS,
-           at_once: int = RESCORE_AT_ONCE) -> torch.Tensor:
+           at_once: int = RESCORE_AT_ONCE, passes: int = 3) -> torch.Tensor:
     """The greedy output projection through ``OutScreen`` (both passes): ``bufs.partials``
     for ``argmax_merge``, which then gives the same column as an ``ARGMAX`` linear over
     ``w`` (the bfloat16 rows ``scr`` was made from) up to float32 rounding between near-equal
-    logits. ``pdl`` is the screen's mode (the rescoring waits first and lets the merge go)."""
+    logits. ``pdl`` is the screen's mode (the rescoring waits first and lets the merge go).
+    ``passes`` (benchmarks): 1 launches the screen alone, 2 the rescoring alone."""
     t, k = x.shape
     n = scr.q.shape[0]
     _check_evict(evict)
@@ -1503,11 +1511,14 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
     if rows & (rows - 1) or rows < RESCORE_GRAIN or triton.cdiv(n, rows) > 2048:
         raise ValueError(f"screen: {rows} rows a rescoring program must be a power of two of "
                          f"at least {RESCORE_GRAIN}, and at most 2,048 programs ({n} rows)")
-    _screen_kernel[(nprog,)](
-        x, norm, scr.q, scr.scale, scr.err, bufs.up, bufs.lo, t, n, k, x.stride(0),
-        bufs.up.stride(0), bufs.lo.stride(0), eps, BLOCK_T=block_t(t), BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, PDL=pdl, EVICT=evict, HILO=x.is_cuda, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **_launch(pdl))
+    if passes & 1:
+        _screen_kernel[(nprog,)](
+            x, norm, scr.q, scr.scale, scr.err, bufs.up, bufs.lo, t, n, k, x.stride(0),
+            bufs.up.stride(0), bufs.lo.stride(0), eps, BLOCK_T=block_t(t), BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, PDL=pdl, EVICT=evict, HILO=x.is_cuda, CVT=SCREEN_CVT,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl))
+    if not passes & 2:
+        return bufs.partials
     rpdl = 1 if pdl % 4 in (1, 2) else 0
     nres = triton.cdiv(n, rows)
     _rescore_kernel[(nres, t)](
