@@ -202,9 +202,11 @@ class Runner:
         #: matrix read as int8 (half its bytes) for each logit's bounds, then the few rows whose
         #: bound reaches the top read exactly; the same token as reading every row in bfloat16
         #: (up to float32 rounding between near-equal logits), for one int8 copy of the output
-        #: matrix in memory (233 MB for the 1.5B). Set it before the first greedy step (or
-        #: ``drop_steps`` after): a built step keeps the path it was built with.
-        self.screen_out = self.kernels == "triton"
+        #: matrix in memory (233 MB for the 1.5B). Off by default: on the H200 the screen's
+        #: pass is bound by its arithmetic, not its bytes, and the step ran slower (session 32,
+        #: docs/gpu-notes.md). Set it before the first greedy step (or ``drop_steps`` after):
+        #: a built step keeps the path it was built with.
+        self.screen_out = False
         self._screen: tuple[int, Any] | None = None  # (greedy_cols, its OutScreen)
         #: On the GPU, ``host`` brings results of ``PINNED_MIN_BYTES`` or more (logits) down
         #: through page-locked memory.
