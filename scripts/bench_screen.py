@@ -162,17 +162,19 @@ def correctness(rs: dict[str, Runner], n: int = 48) -> dict[str, Any]:
 ARGMAX_TILES = {(1536, 1): K.LinearConfig(16, 256, 4, 2), (896, 1): K.LinearConfig(32, 128, 4, 2),
                 (1536, 9): K.LinearConfig(128, 64, 4, 3, swap=True),
                 (896, 9): K.LinearConfig(128, 64, 4, 3, swap=True)}
-PART_TILES = {1: [(16, 512, 4, 2), (32, 512, 4, 2), (16, 256, 4, 2), (32, 256, 4, 2),
-                  (8, 1024, 4, 2), (16, 1024, 8, 2), (64, 512, 8, 2)],
-              9: [(64, 128, 4, 3), (128, 64, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3),
-                  (128, 128, 8, 3)]}
+PART_TILES = {1: [(64, 128, 4, 3), (128, 256, 8, 3), (64, 256, 4, 3), (256, 128, 8, 3),
+                  (128, 64, 4, 4), (128, 128, 8, 3)],
+              9: [(64, 128, 4, 3), (128, 256, 8, 3), (64, 256, 4, 3), (256, 128, 8, 3),
+                  (128, 64, 4, 4), (128, 128, 8, 3)]}
+#: The float paths' best tiles of run 270 (``SCREEN_IMMA`` 0), for the record beside them.
+FLOAT_TILES = {1: K.LinearConfig(16, 512, 4, 2), 9: K.LinearConfig(128, 64, 8, 3)}
 
 
 def parts(a: ModelArgs, per: int = 10) -> dict[str, Any]:
     """Each pass alone, captured ``per`` times in a CUDA graph (so the matrices, 2-4x the L2,
-    come from DRAM every launch): the plain ``ARGMAX`` projection, its merge, the screen (its
-    int8 made float32 by bits or by the conversion instruction, and each tile of
-    ``PART_TILES``), the rescoring alone, and both passes; microseconds a launch."""
+    come from DRAM every launch): the plain ``ARGMAX`` projection, its merge, the screen (the
+    integer path at its default tile and at each of ``PART_TILES``, and the float path at
+    ``FLOAT_TILES``), the rescoring alone, and both passes; microseconds a launch."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     n, k = TOKENIZER_COLS, a.n_embd
     w = (torch.randn(n, k, device="cuda", generator=gen) * 0.05).to(torch.bfloat16)
@@ -212,10 +214,12 @@ def _parts_t(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, scr: K.OutScr
         for _ in range(per):
             K.screen(x, norm, scr, b, w, cfg=c, evict="evict_first", passes=passes)
 
-    for cvt in (1, 0):
-        K.SCREEN_CVT = cvt
-        row[f"screen_cvt{cvt}"] = graph_us(functools.partial(job, 1), per)
-    K.SCREEN_CVT = 1
+    row["screen"] = graph_us(functools.partial(job, 1), per)
+    K.SCREEN_IMMA = 0
+    fc = FLOAT_TILES[t]
+    row["screen_float"] = graph_us(functools.partial(
+        job, 1, fc, K.screen_buffers(t, n, fc, "cuda")), per)
+    K.SCREEN_IMMA = 1
     row["rescore"] = graph_us(functools.partial(job, 2), per)
     row["both"] = graph_us(functools.partial(job, 3), per)
     row["rescored_rows"] = int((bufs.up >= bufs.lo.max(dim=1, keepdim=True).values).sum())

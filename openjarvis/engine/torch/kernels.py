@@ -1332,17 +1332,91 @@ def screen_weights(w: torch.Tensor, rows_at_once: int = 8192) -> OutScreen:
 
 
 @triton.jit
+def _x_stats(x_ptr, g_ptr, rt, tmask, K, stride_x, BLOCK_T: tl.constexpr,
+             BLOCK_K: tl.constexpr):
+    """Per token: the sum of squares of h (the RMS) and of x = h * g (the bound's ||x||)."""
+    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+    xx = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        ss += tl.sum(x * x, axis=1)
+        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+        xx += tl.sum(x * x, axis=1)
+    return ss, xx
+
+
+@triton.jit
+def _limb(v):
+    """v (|v| <= 127.5) rounded to the nearest integer, as int8 and as float32 (by the bits
+    of 1.5 * 2^23 + v: no conversion instruction)."""
+    y = v + 12582912.0
+    f = y - 12582912.0
+    i = (y.to(tl.int32, bitcast=True) - 0x4B400000).to(tl.int8)
+    return i, f
+
+
+@triton.jit
+def _screen_imma(x_ptr, g_ptr, q_ptr, q, rn, rt, nmask, tmask, K, stride_x,
+                 EVICT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """``_screen_kernel``'s ``IMMA`` sums: acc [BT, BN] = x . (q_v) for every row, exact to the
+    limbs' 2^-23, with ``q`` the first K tile (loaded before the PDL wait)."""
+    am = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+        am = tl.maximum(am, tl.max(tl.abs(x), axis=1))
+    sc = tl.where(am > 0, am / 127.0, 1.0)
+    isc = 1.0 / sc
+    a1 = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.int32)
+    a2 = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.int32)
+    a3 = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        if k0 > 0:
+            q = tl.load(q_ptr + rn[:, None] * K + rk[None, :],
+                        mask=nmask[:, None] & kmask[None, :], other=0, eviction_policy=EVICT)
+        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+        v = x * isc[:, None]
+        l1, f1 = _limb(v)
+        v = (v - f1) * 254.0
+        l2, f2 = _limb(v)
+        l3, f3 = _limb((v - f2) * 254.0)
+        a1 = tl.dot(q, tl.trans(l1), a1, out_dtype=tl.int32)
+        a2 = tl.dot(q, tl.trans(l2), a2, out_dtype=tl.int32)
+        a3 = tl.dot(q, tl.trans(l3), a3, out_dtype=tl.int32)
+    acc = (a1.to(tl.float32) + a2.to(tl.float32) * (1.0 / 254.0)
+           + a3.to(tl.float32) * (1.0 / 64516.0))
+    return tl.trans(acc) * sc[:, None]
+
+
+@triton.jit
 def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, T, N, K, stride_x,
                    stride_up, stride_lo, eps, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, PDL: tl.constexpr, EVICT: tl.constexpr,
-                   HILO: tl.constexpr, CVT: tl.constexpr = 1):
+                   HILO: tl.constexpr, CVT: tl.constexpr = 1, IMMA: tl.constexpr = 0):
     """``OutScreen``'s first pass over rows ``pid * BLOCK_N``..: each token's bounds of each
     row's logit, the upper ones stored whole (``up`` [T, N]), the largest lower one a program
     (``lo`` [T, programs]). x = RMSNorm(h) as the output projection takes it (h * g, times
     1/RMS after the loop). T > 1 multiplies through ``tl.dot``: with ``HILO`` (the GPU) x as
     two bfloat16 halves (x = hi + lo to 2^-17) against the int8 rows made bfloat16 (exact), so
     the matrix instructions lose nothing the bound does not allow for; without (the
-    interpreter), in float32."""
+    interpreter), in float32.
+
+    ``IMMA`` (the GPU's default, ``SCREEN_IMMA``): no weight is converted at all. A first pass
+    over x takes each token's statistics and largest |x|; then each K tile of x, scaled to
+    127 at that largest, is split into three int8 limbs (x / s = l1 + l2 / 254 + l3 / 254^2
+    to 2^-23 of the largest, inside ``SCREEN_SLACK``) and the int8 rows multiply them through
+    integer matrix instructions into exact int32 sums, the rows as M (``BLOCK_T`` >= 16)."""
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rt = tl.arange(0, BLOCK_T)
@@ -1355,7 +1429,11 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, T, N, K, s
     q = tl.load(q_ptr + rn[:, None] * K + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :],
                 other=0, eviction_policy=EVICT)  # (weights: safe to read before the wait)
     _gdc(PDL)
-    for k0 in range(0, K, BLOCK_K):
+    if IMMA:
+        acc = _screen_imma(x_ptr, g_ptr, q_ptr, q, rn, rt, nmask, tmask, K, stride_x, EVICT,
+                           BLOCK_T, BLOCK_N, BLOCK_K)
+        ss, xx = _x_stats(x_ptr, g_ptr, rt, tmask, K, stride_x, BLOCK_T, BLOCK_K)
+    for k0 in range(0, K if IMMA == 0 else 0, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
         if k0 > 0:
@@ -1450,9 +1528,13 @@ def _rescore_kernel(x_ptr, g_ptr, w_ptr, up_ptr, lo_ptr, part_ptr, N, K, NLO, NP
 RESCORE_ROWS = 1024
 RESCORE_AT_ONCE = 8
 RESCORE_GRAIN = 8
-#: How the screen makes its int8 weights float32: 1, by their bits (an integer add and a
-#: float add); 0, the conversion instruction (scripts/bench_screen.py --parts compares).
+#: How the screen makes its int8 weights float32 where it does: 1, by their bits (an integer
+#: add and a float add); 0, the conversion instruction (scripts/bench_screen.py --parts).
 SCREEN_CVT = 1
+#: On the GPU, the screen multiplies the int8 rows by x's int8 limbs through integer matrix
+#: instructions (``_screen_kernel``'s ``IMMA``); 0: float32 (T = 1) or bfloat16 halves; 2:
+#: the integer path on the CPU too (tests: the interpreter runs it).
+SCREEN_IMMA = 1
 
 
 @dataclass(slots=True)
@@ -1475,10 +1557,11 @@ def screen_buffers(t: int, n: int, cfg: LinearConfig, device: torch.device | str
 
 
 def default_screen_config(t: int, on_gpu: bool = True) -> LinearConfig:
-    """The screen's tile where ``tuning`` names none (int8 rows: 32 x 512 is 16 KB a tile)."""
+    """The screen's tile where ``tuning`` names none: on the GPU the integer path's, the
+    rows as the matrix instructions' M (scripts/bench_screen.py --parts sweeps others)."""
     if not on_gpu:
         return LinearConfig(32, 64)
-    return LinearConfig(32, 512) if t == 1 else LinearConfig(64, 128, num_warps=4)
+    return LinearConfig(128, 128, num_warps=4, num_stages=3)
 
 
 def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuffers,
@@ -1511,12 +1594,14 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
     if rows & (rows - 1) or rows < RESCORE_GRAIN or triton.cdiv(n, rows) > 2048:
         raise ValueError(f"screen: {rows} rows a rescoring program must be a power of two of "
                          f"at least {RESCORE_GRAIN}, and at most 2,048 programs ({n} rows)")
+    imma = int(SCREEN_IMMA == 2 or (x.is_cuda and SCREEN_IMMA == 1))
     if passes & 1:
         _screen_kernel[(nprog,)](
             x, norm, scr.q, scr.scale, scr.err, bufs.up, bufs.lo, t, n, k, x.stride(0),
-            bufs.up.stride(0), bufs.lo.stride(0), eps, BLOCK_T=block_t(t), BLOCK_N=cfg.block_n,
+            bufs.up.stride(0), bufs.lo.stride(0), eps,
+            BLOCK_T=max(16, block_t(t)) if imma else block_t(t), BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, PDL=pdl, EVICT=evict, HILO=x.is_cuda, CVT=SCREEN_CVT,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl))
+            IMMA=imma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl))
     if not passes & 2:
         return bufs.partials
     rpdl = 1 if pdl % 4 in (1, 2) else 0

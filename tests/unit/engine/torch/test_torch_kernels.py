@@ -137,11 +137,15 @@ def test_the_int8_screen_bounds_every_logit_of_the_rows_it_was_made_from() -> No
     assert scr.nbytes == 300 * 72 + 2 * 300 * 4
 
 
-@pytest.mark.parametrize(("t", "bn", "rows", "at_once", "near_first"),
-                         [(1, 8, 16, 2, False), (1, 32, 1024, 2, True), (3, 16, 32, 4, False),
-                          (17, 32, 64, 2, True)])
+@pytest.mark.parametrize(("t", "bn", "rows", "at_once", "near_first", "imma"),
+                         [(1, 8, 16, 2, False, 0), (1, 32, 1024, 2, True, 0),
+                          (3, 16, 32, 4, False, 0), (17, 32, 64, 2, True, 0),
+                          (1, 64, 16, 2, False, 2), (3, 64, 1024, 2, True, 2)])
 def test_a_screened_greedy_projection_picks_the_exact_argmax(
-        t: int, bn: int, rows: int, at_once: int, near_first: bool) -> None:
+        t: int, bn: int, rows: int, at_once: int, near_first: bool, imma: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``imma`` 2: the GPU's integer path (x in three int8 limbs), run by the interpreter."""
+    monkeypatch.setattr(K, "SCREEN_IMMA", imma)
     n, k = 203, 72
     h, w, norm = g(t, k, seed=1), g(n, k, seed=2), g(k, seed=3) + 1
     w[150] = w[40]  # a maximum twice, in different rescoring programs: the first column wins
