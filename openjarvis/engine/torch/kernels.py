@@ -1359,11 +1359,11 @@ def _limb(v):
 
 
 @triton.jit
-def _screen_imma(x_ptr, g_ptr, q_ptr, q, rn, rt, nmask, tmask, K, stride_x,
+def _screen_imma(x_ptr, g_ptr, q_ptr, rn, rt, nmask, tmask, K, stride_x,
                  EVICT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr):
     """``_screen_kernel``'s ``IMMA`` sums: acc [BT, BN] = x . (q_v) for every row, exact to the
-    limbs' 2^-23, with ``q`` the first K tile (loaded before the PDL wait)."""
+    limbs' 2^-23."""
     am = tl.zeros([BLOCK_T], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
@@ -1380,9 +1380,8 @@ def _screen_imma(x_ptr, g_ptr, q_ptr, q, rn, rt, nmask, tmask, K, stride_x,
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
-        if k0 > 0:
-            q = tl.load(q_ptr + rn[:, None] * K + rk[None, :],
-                        mask=nmask[:, None] & kmask[None, :], other=0, eviction_policy=EVICT)
+        q = tl.load(q_ptr + rn[:, None] * K + rk[None, :],
+                    mask=nmask[:, None] & kmask[None, :], other=0, eviction_policy=EVICT)
         x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
                     mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
         x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
@@ -1426,11 +1425,14 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, T, N, K, s
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
     xx = tl.zeros([BLOCK_T], dtype=tl.float32)
     rk = tl.arange(0, BLOCK_K)
-    q = tl.load(q_ptr + rn[:, None] * K + rk[None, :], mask=nmask[:, None] & (rk < K)[None, :],
-                other=0, eviction_policy=EVICT)  # (weights: safe to read before the wait)
+    q = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.int8)
+    if IMMA == 0:  # (the integer path's loop loads every tile itself, so Triton pipelines it)
+        q = tl.load(q_ptr + rn[:, None] * K + rk[None, :],
+                    mask=nmask[:, None] & (rk < K)[None, :], other=0,
+                    eviction_policy=EVICT)  # (weights: safe to read before the wait)
     _gdc(PDL)
     if IMMA:
-        acc = _screen_imma(x_ptr, g_ptr, q_ptr, q, rn, rt, nmask, tmask, K, stride_x, EVICT,
+        acc = _screen_imma(x_ptr, g_ptr, q_ptr, rn, rt, nmask, tmask, K, stride_x, EVICT,
                            BLOCK_T, BLOCK_N, BLOCK_K)
         ss, xx = _x_stats(x_ptr, g_ptr, rt, tmask, K, stride_x, BLOCK_T, BLOCK_K)
     for k0 in range(0, K if IMMA == 0 else 0, BLOCK_K):
