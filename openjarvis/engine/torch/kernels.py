@@ -1334,14 +1334,9 @@ def screen_weights(w: torch.Tensor, rows_at_once: int = 8192) -> OutScreen:
 @triton.jit
 def _x_stats(x_ptr, g_ptr, rt, tmask, K, stride_x, BLOCK_T: tl.constexpr,
              BLOCK_K: tl.constexpr):
-    """Per token: the sum of squares of h (the RMS) and of x = h * g (the bound's ||x||), and
-    the largest |x| (the integer path's scale), in one pass of wide tiles: every program pays
-    this pass's round trips before its weights stream, so few of them (run 271: a pass of the
-    weights' own narrow tiles before the loop and another after it cost the 1.5B's screen 94
-    µs against ~55 for its bytes)."""
+    """Per token: the sum of squares of h (the RMS) and of x = h * g (the bound's ||x||)."""
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
     xx = tl.zeros([BLOCK_T], dtype=tl.float32)
-    am = tl.zeros([BLOCK_T], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
@@ -1350,8 +1345,7 @@ def _x_stats(x_ptr, g_ptr, rt, tmask, K, stride_x, BLOCK_T: tl.constexpr,
         ss += tl.sum(x * x, axis=1)
         x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
         xx += tl.sum(x * x, axis=1)
-        am = tl.maximum(am, tl.max(tl.abs(x), axis=1))
-    return ss, xx, am
+    return ss, xx
 
 
 @triton.jit
@@ -1365,11 +1359,19 @@ def _limb(v):
 
 
 @triton.jit
-def _screen_imma(x_ptr, g_ptr, q_ptr, am, rn, rt, nmask, tmask, K, stride_x,
+def _screen_imma(x_ptr, g_ptr, q_ptr, rn, rt, nmask, tmask, K, stride_x,
                  EVICT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr):
     """``_screen_kernel``'s ``IMMA`` sums: acc [BT, BN] = x . (q_v) for every row, exact to the
-    limbs' 2^-23, with ``am`` each token's largest |x| (``_x_stats``)."""
+    limbs' 2^-23."""
+    am = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+        am = tl.maximum(am, tl.max(tl.abs(x), axis=1))
     sc = tl.where(am > 0, am / 127.0, 1.0)
     isc = 1.0 / sc
     a1 = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.int32)
@@ -1400,8 +1402,7 @@ def _screen_imma(x_ptr, g_ptr, q_ptr, am, rn, rt, nmask, tmask, K, stride_x,
 def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, T, N, K, stride_x,
                    stride_up, stride_lo, eps, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, PDL: tl.constexpr, EVICT: tl.constexpr,
-                   HILO: tl.constexpr, CVT: tl.constexpr = 1, IMMA: tl.constexpr = 0,
-                   BLOCK_KX: tl.constexpr = 512):
+                   HILO: tl.constexpr, CVT: tl.constexpr = 1, IMMA: tl.constexpr = 0):
     """``OutScreen``'s first pass over rows ``pid * BLOCK_N``..: each token's bounds of each
     row's logit, the upper ones stored whole (``up`` [T, N]), the largest lower one a program
     (``lo`` [T, programs]). x = RMSNorm(h) as the output projection takes it (h * g, times
@@ -1431,9 +1432,9 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, T, N, K, s
                     eviction_policy=EVICT)  # (weights: safe to read before the wait)
     _gdc(PDL)
     if IMMA:
-        ss, xx, am = _x_stats(x_ptr, g_ptr, rt, tmask, K, stride_x, BLOCK_T, BLOCK_KX)
-        acc = _screen_imma(x_ptr, g_ptr, q_ptr, am, rn, rt, nmask, tmask, K, stride_x, EVICT,
+        acc = _screen_imma(x_ptr, g_ptr, q_ptr, rn, rt, nmask, tmask, K, stride_x, EVICT,
                            BLOCK_T, BLOCK_N, BLOCK_K)
+        ss, xx = _x_stats(x_ptr, g_ptr, rt, tmask, K, stride_x, BLOCK_T, BLOCK_K)
     for k0 in range(0, K if IMMA == 0 else 0, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
@@ -1602,8 +1603,7 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
             bufs.up.stride(0), bufs.lo.stride(0), eps,
             BLOCK_T=max(16, block_t(t)) if imma else block_t(t), BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, PDL=pdl, EVICT=evict, HILO=x.is_cuda, CVT=SCREEN_CVT,
-            IMMA=imma, BLOCK_KX=min(512, triton.next_power_of_2(k)), num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages, **_launch(pdl))
+            IMMA=imma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl))
     if not passes & 2:
         return bufs.partials
     rpdl = 1 if pdl % 4 in (1, 2) else 0
