@@ -733,8 +733,7 @@ class Runner:
                 from openjarvis.engine.torch.kernels import screen_buffers
 
                 self.out_screen()  # (built here, never inside a capture)
-                ws.screen = screen_buffers(t, self.greedy_cols, a.n_embd,
-                                           self._screen_tile(t), dev)
+                ws.screen = screen_buffers(t, self.greedy_cols, self._screen_tile(t), dev)
                 ws.partials = ws.screen.partials
             else:
                 ws.partials = argmax_partials(t, self.greedy_cols, self._out_tile(t), dev)

@@ -273,7 +273,7 @@ def test_the_screen_picks_the_exact_argmax_in_every_pdl_mode(t: int) -> None:
     ref = _exact_logits(h, norm, w)
     for mode in pdl_modes():
         cfg = K.default_screen_config(t)
-        bufs = K.screen_buffers(t, n, k, cfg, "cuda")
+        bufs = K.screen_buffers(t, n, cfg, "cuda")
         for b in (bufs.up, bufs.lo, bufs.partials):
             b.fill_(float("nan"))
         K.screen(h, norm, scr, bufs, w, eps=A.rms_eps, cfg=cfg, pdl=mode)
