@@ -9,7 +9,7 @@ timer), at every position asked:
 
 - ``logits``: the one-token step that writes every logit (bench_gpu.py's "ours");
 - ``greedy``: the one-token greedy step with ``screen_out`` off (the ``ARGMAX`` linear);
-- ``screened``: the same with it on (the default), and each ``--tiles`` screen tile;
+- ``screened``: the same with it on (off by default), and each ``--tiles`` screen tile;
 - the same three kinds at T = 9 (a k = 8 verify step).
 
 A figure is the best over rounds; each ratio (screened / greedy) is the median over rounds of
@@ -213,11 +213,13 @@ def _parts_t(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, scr: K.OutScr
             K.screen(x, norm, scr, b, w, cfg=c, evict="evict_first", passes=passes)
 
     row["screen"] = graph_us(functools.partial(job, 1), per)
-    K.SCREEN_IMMA = 0
-    fc = FLOAT_TILES[t]
-    row["screen_float"] = graph_us(functools.partial(
-        job, 1, fc, K.screen_buffers(t, n, fc, "cuda")), per)
-    K.SCREEN_IMMA = 1
+    saved, K.SCREEN_IMMA = K.SCREEN_IMMA, 0
+    try:
+        fc = FLOAT_TILES[t]
+        row["screen_float"] = graph_us(functools.partial(
+            job, 1, fc, K.screen_buffers(t, n, fc, "cuda")), per)
+    finally:
+        K.SCREEN_IMMA = saved
     row["rescore"] = graph_us(functools.partial(job, 2), per)
     row["both"] = graph_us(functools.partial(job, 3), per)
     row["rescored_rows"] = int((bufs.up >= bufs.lo.max(dim=1, keepdim=True).values).sum())

@@ -202,12 +202,14 @@ class Runner:
         #: matrix read as int8 (half its bytes) for each logit's bounds, then the few rows whose
         #: bound reaches the top read exactly; the same token as reading every row in bfloat16
         #: (up to float32 rounding between near-equal logits), for one int8 copy of the output
-        #: matrix in memory (233 MB for the 1.5B). Off by default: on the H200 the screen's
-        #: pass is bound by its arithmetic, not its bytes, and the step ran slower (session 32,
+        #: matrix in memory (234 MB for the 1.5B). Off by default: on the H200 only the 1.5B's
+        #: one-token step gains (1.2-1.4 %), its verify steps and the 0.5B's lose 2-5 %, the
+        #: screen's programs each walking x around their weights (session 32 run 274,
         #: docs/gpu-notes.md). Set it before the first greedy step (or ``drop_steps`` after):
-        #: a built step keeps the path it was built with.
+        #: a built step keeps the path it was built with; ``drop_steps`` with it off frees the
+        #: int8 copy.
         self.screen_out = False
-        self._screen: tuple[int, Any] | None = None  # (greedy_cols, its OutScreen)
+        self._screen: tuple[int, OutScreen] | None = None  # (greedy_cols, its OutScreen)
         #: On the GPU, ``host`` brings results of ``PINNED_MIN_BYTES`` or more (logits) down
         #: through page-locked memory.
         self.pinned_io = on_cuda
@@ -431,6 +433,8 @@ class Runner:
             self._greedy_steps.pop(t, None)
         if t in (None, 1):
             self._chains.clear()  # (they run the one-token greedy step's kernels and buffers)
+        if t is None and not self.screen_out:
+            self._screen = None  # (the int8 copy of the output matrix, no step using it now)
 
     def tiles(self, name: str, t: int) -> LinearConfig | None:
         """The tile the linear ``name`` ("wo", "w13", "w2", "out") of a T-token step runs with;
@@ -734,6 +738,8 @@ class Runner:
 
                 self.out_screen()  # (built here, never inside a capture)
                 ws.screen = screen_buffers(t, self.greedy_cols, self._screen_tile(t), dev)
+                # (the bounds, [T, V] float32, as views of the shared scratch like the logits)
+                ws.screen.up = self._scratch("screen_up", t, (t, self.greedy_cols), f32)
                 ws.partials = ws.screen.partials
             else:
                 ws.partials = argmax_partials(t, self.greedy_cols, self._out_tile(t), dev)

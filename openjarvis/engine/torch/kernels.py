@@ -283,6 +283,16 @@ def _w_tile(w_ptr, rn, row0, cols, wmask, K, EVICT: tl.constexpr):
 
 
 @triton.jit
+def _load_w(ptrs, mask, EVICT: tl.constexpr):
+    """A load of weights with their cache policy (``_w_tile``'s), masked lanes 0."""
+    if EVICT == ".cg":
+        w = tl.load(ptrs, mask=mask, other=0, cache_modifier=EVICT)
+    else:
+        w = tl.load(ptrs, mask=mask, other=0, eviction_policy=EVICT)
+    return w
+
+
+@triton.jit
 def _w_pair(w_ptr, rn, cols, wmask, N, K, MODE: tl.constexpr, EVICT: tl.constexpr):
     """``_w_tile`` and, for SwiGLU (MODE 2), its up half N rows on; otherwise the tile twice."""
     w = _w_tile(w_ptr, rn, 0, cols, wmask, K, EVICT)
@@ -1219,7 +1229,9 @@ def _argmax_merge_kernel(part_ptr, ids_ptr, host_ptr, feed_ptr, NP, stride_p,
                          BLOCK: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr,
                          FEED: tl.constexpr):
     """Program = token: the largest of the ``NP`` programs' maxima and its column. The
-    programs' columns rise with their index and each gave its first column of its maximum,
+    programs' columns rise with their index (``screen``'s rescoring interleaves them, but
+    stays within one chunk, where the least column of equal maxima wins whatever the order)
+    and each gave its first column of its maximum,
     so keeping the earlier chunk on equal values gives the first column overall, as
     ``torch.argmax`` and ``np.argmax`` do."""
     t = tl.program_id(0)
@@ -1372,7 +1384,7 @@ def _screen_imma(x_ptr, g_ptr, q_ptr, rn, rt, nmask, tmask, K, stride_x,
                     mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
         x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
         am = tl.maximum(am, tl.max(tl.abs(x), axis=1))
-    sc = tl.where(am > 0, am / 127.0, 1.0)
+    sc = tl.where(am > 1e-30, am / 127.0, 1.0)  # (a subnormal scale: 1/s would overflow)
     isc = 1.0 / sc
     a1 = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.int32)
     a2 = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.int32)
@@ -1380,8 +1392,8 @@ def _screen_imma(x_ptr, g_ptr, q_ptr, rn, rt, nmask, tmask, K, stride_x,
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
-        q = tl.load(q_ptr + rn[:, None] * K + rk[None, :],
-                    mask=nmask[:, None] & kmask[None, :], other=0, eviction_policy=EVICT)
+        q = _load_w(q_ptr + rn[:, None] * K + rk[None, :], nmask[:, None] & kmask[None, :],
+                    EVICT)
         x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
                     mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
         x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
@@ -1389,7 +1401,7 @@ def _screen_imma(x_ptr, g_ptr, q_ptr, rn, rt, nmask, tmask, K, stride_x,
         l1, f1 = _limb(v)
         v = (v - f1) * 254.0
         l2, f2 = _limb(v)
-        l3, f3 = _limb((v - f2) * 254.0)
+        l3, _ = _limb((v - f2) * 254.0)
         a1 = tl.dot(q, tl.trans(l1), a1, out_dtype=tl.int32)
         a2 = tl.dot(q, tl.trans(l2), a2, out_dtype=tl.int32)
         a3 = tl.dot(q, tl.trans(l3), a3, out_dtype=tl.int32)
@@ -1427,9 +1439,8 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, T, N, K, s
     rk = tl.arange(0, BLOCK_K)
     q = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.int8)
     if IMMA == 0:  # (the integer path's loop loads every tile itself, so Triton pipelines it)
-        q = tl.load(q_ptr + rn[:, None] * K + rk[None, :],
-                    mask=nmask[:, None] & (rk < K)[None, :], other=0,
-                    eviction_policy=EVICT)  # (weights: safe to read before the wait)
+        q = _load_w(q_ptr + rn[:, None] * K + rk[None, :],
+                    nmask[:, None] & (rk < K)[None, :], EVICT)  # (weights: before the wait)
     _gdc(PDL)
     if IMMA:
         acc = _screen_imma(x_ptr, g_ptr, q_ptr, rn, rt, nmask, tmask, K, stride_x, EVICT,
@@ -1439,8 +1450,8 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, T, N, K, s
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
         if k0 > 0:
-            q = tl.load(q_ptr + rn[:, None] * K + rk[None, :],
-                        mask=nmask[:, None] & kmask[None, :], other=0, eviction_policy=EVICT)
+            q = _load_w(q_ptr + rn[:, None] * K + rk[None, :],
+                        nmask[:, None] & kmask[None, :], EVICT)
         x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
                     mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
         ss += tl.sum(x * x, axis=1)
@@ -1484,7 +1495,8 @@ def _rescore_kernel(x_ptr, g_ptr, w_ptr, up_ptr, lo_ptr, part_ptr, N, K, NLO, NP
     of ``GRAIN`` (a 32-byte sector of bounds), so that neighbouring candidates, where a
     vocabulary keeps related tokens together, fall to different programs rather than queue
     in one. A program with no such row gives -inf at its first column (the largest lower
-    bound is always some row's own, so some program has one). ``argmax_merge`` still gives
+    bound is always some row's own, so some program has one; x = 0 makes every row one, and
+    NaN none, so token 0). ``argmax_merge`` still gives
     the first column of equal maxima: with at most its 2,048 programs in one chunk, it takes
     the least column among them, whatever order the programs' columns are in."""
     p = tl.program_id(0)
@@ -1530,8 +1542,9 @@ def _rescore_kernel(x_ptr, g_ptr, w_ptr, up_ptr, lo_ptr, part_ptr, N, K, NLO, NP
 RESCORE_ROWS = 1024
 RESCORE_AT_ONCE = 8
 RESCORE_GRAIN = 8
-#: How the screen makes its int8 weights float32 where it does: 1, by their bits (an integer
-#: add and a float add); 0, the conversion instruction (scripts/bench_screen.py --parts).
+#: How the float path (``SCREEN_IMMA`` 0, the interpreter's) makes int8 weights float32: 1, by
+#: their bits (an integer add and a float add); 0, the conversion instruction (session 32 run
+#: 270: 218 against 177 µs for the 1.5B's screen).
 SCREEN_CVT = 1
 #: On the GPU, the screen multiplies the int8 rows by x's int8 limbs through integer matrix
 #: instructions (``_screen_kernel``'s ``IMMA``); 0: float32 (T = 1) or bfloat16 halves; 2:

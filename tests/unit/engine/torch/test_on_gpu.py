@@ -293,9 +293,11 @@ def test_screened_greedy_steps_pick_the_exact_argmax_of_their_final_residual(
     the unscreened step's token within its bf16 rounding of the same maximum."""
     model, _, toks, _ = pair
     r = Runner(model, 256)
+    r.make_deterministic()  # (so the replay below sees the same final residual, bit for bit)
     r.screen_out = True
     r.greedy_cols = A.n_vocab - 271
     plain = Runner(model, 256)
+    plain.make_deterministic()
     plain.greedy_cols = r.greedy_cols
     r.logits(toks[:150], 0)
     plain.logits(toks[:150], 0)

@@ -148,8 +148,8 @@ def test_a_screened_greedy_projection_picks_the_exact_argmax(
     monkeypatch.setattr(K, "SCREEN_IMMA", imma)
     n, k = 203, 72
     h, w, norm = g(t, k, seed=1), g(n, k, seed=2), g(k, seed=3) + 1
-    w[150] = w[40]  # a maximum twice, in different rescoring programs: the first column wins
-    w[41] = w[40]  # and twice in one
+    w[150] = w[40]  # a maximum twice, far apart: the first column wins
+    w[41] = w[40]  # and twice side by side
     for j in range(60, 68):  # rows the int8 screen cannot tell apart from row 90's
         w[j] = w[90] + 1e-5 * g(k, seed=j)
     w[64] = w[90] + 1e-4 * w[90].sign()  # the best of them by a hair, in exact arithmetic
@@ -163,10 +163,20 @@ def test_a_screened_greedy_projection_picks_the_exact_argmax(
     bufs = K.screen_buffers(t, n, cfg, "cpu", rows=rows)
     for b in (bufs.up, bufs.lo, bufs.partials):
         b.fill_(POISON)
-    part = K.screen(h, norm, scr, bufs, w, eps=1e-6, cfg=cfg, rows=rows, at_once=at_once)
+    part = K.screen(h, norm, scr, bufs, w, eps=1e-6, cfg=cfg, rows=rows, at_once=at_once,
+                    evict=".cg" if imma else "")
     assert not part.isnan().any() and not bufs.lo.isnan().any()  # every program wrote
     ids = K.argmax_merge(part, torch.full((t,), -1, dtype=torch.int64))
     logits = rms_norm(h.double(), norm.double(), 1e-6) @ w.double().T
+    # the bounds themselves, against float64: int8 logit +- err * ||x|| (x = h * g), * 1/RMS
+    inv = torch.rsqrt(h.double().pow(2).mean(-1, keepdim=True) + 1e-6)
+    xg = h.double() * norm.double()
+    s8 = inv * (xg @ (scr.q.double() * scr.scale.double()[:, None]).T)
+    b8 = inv * xg.norm(dim=1, keepdim=True) * scr.err.double()
+    tol = 1e-5 * (s8.abs() + b8)
+    assert ((bufs.up.double() - (s8 + b8)).abs() <= tol).all()
+    lo8 = (s8 - b8)[:, : (n // bn) * bn].reshape(t, n // bn, bn).max(-1).values
+    assert ((bufs.lo.double()[:, : n // bn] - lo8).abs() <= 1e-5 * lo8.abs() + 1e-9).all()
     assert ids.tolist() == logits.argmax(-1).tolist()
     if tie < t:
         assert ids[tie] == 40
@@ -551,7 +561,11 @@ def test_greedy_steps_pick_the_argmax_of_the_logits_among_the_tokenizer_columns(
         assert ws.logits.numel() == 0 and ws.partials is not None
         assert (ws.screen is not None) == screen
         if screen:  # the int8 copy was made anew for the narrower columns
-            assert fast.out_screen().q.shape == (cols, ARGS.n_embd)
+            assert fast._screen is not None and fast._screen[0] == cols
+            assert ws.screen is not None and ws.screen.up.shape == (3, cols)
+            fast.screen_out = False
+            fast.drop_steps()  # (which frees the copy, no step using it now)
+            assert fast._screen is None
     with pytest.raises(ValueError, match="greedy_cols must be in 1..101"):
         fast.greedy_cols = 0
 
