@@ -267,6 +267,16 @@ def _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE: tl.conste
 
 
 @triton.jit
+def _load_w(ptrs, mask, EVICT: tl.constexpr):
+    """A load of weights with their cache policy (``_w_tile`` says which), masked lanes 0."""
+    if EVICT == ".cg":  # (a constexpr branch: only the taken one compiles)
+        w = tl.load(ptrs, mask=mask, other=0, cache_modifier=EVICT)
+    else:
+        w = tl.load(ptrs, mask=mask, other=0, eviction_policy=EVICT)
+    return w
+
+
+@triton.jit
 def _w_tile(w_ptr, rn, row0, cols, wmask, K, EVICT: tl.constexpr):
     """Rows ``row0 + rn`` of W [*, K], columns ``cols`` ([1, BK], or a row's own for each row):
     a [BN, BK] weight tile (``row0`` N for the up half of a SwiGLU pair), loaded with the
@@ -274,22 +284,7 @@ def _w_tile(w_ptr, rn, row0, cols, wmask, K, EVICT: tl.constexpr):
     only, so the streamed weights take no L1 lines from the activations every row of a program
     reads again; session 20 run 190: one-token steps 1-5 % slower than "evict_first", as
     with no hint: the L2 hint is what pays)."""
-    ptrs = w_ptr + (rn[:, None] + row0) * K + cols
-    if EVICT == ".cg":  # (a constexpr branch: only the taken one compiles)
-        w = tl.load(ptrs, mask=wmask, other=0.0, cache_modifier=EVICT)
-    else:
-        w = tl.load(ptrs, mask=wmask, other=0.0, eviction_policy=EVICT)
-    return w
-
-
-@triton.jit
-def _load_w(ptrs, mask, EVICT: tl.constexpr):
-    """A load of weights with their cache policy (``_w_tile``'s), masked lanes 0."""
-    if EVICT == ".cg":
-        w = tl.load(ptrs, mask=mask, other=0, cache_modifier=EVICT)
-    else:
-        w = tl.load(ptrs, mask=mask, other=0, eviction_policy=EVICT)
-    return w
+    return _load_w(w_ptr + (rn[:, None] + row0) * K + cols, wmask, EVICT)
 
 
 @triton.jit
