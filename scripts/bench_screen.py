@@ -206,7 +206,7 @@ def _parts_t(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, scr: K.OutScr
     row["argmax"] = graph_us(plain, per)
     row["argmax_merge"] = graph_us(merge, per)
     cfg = K.default_screen_config(t)
-    bufs = K.screen_buffers(t, n, cfg, "cuda")
+    bufs = K.screen_buffers(t, n, k, cfg, "cuda")
 
     def job(passes: int, c: K.LinearConfig = cfg, b: K.ScreenBuffers = bufs) -> None:
         for _ in range(per):
@@ -217,7 +217,7 @@ def _parts_t(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, scr: K.OutScr
     try:
         fc = FLOAT_TILES[t]
         row["screen_float"] = graph_us(functools.partial(
-            job, 1, fc, K.screen_buffers(t, n, fc, "cuda")), per)
+            job, 1, fc, K.screen_buffers(t, n, k, fc, "cuda")), per)
     finally:
         K.SCREEN_IMMA = saved
     row["rescore"] = graph_us(functools.partial(job, 2), per)
@@ -225,7 +225,7 @@ def _parts_t(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, scr: K.OutScr
     row["rescored_rows"] = int((bufs.up >= bufs.lo.max(dim=1, keepdim=True).values).sum())
     for tile in PART_TILES[t]:
         c = K.LinearConfig(*tile)
-        b = K.screen_buffers(t, n, c, "cuda")
+        b = K.screen_buffers(t, n, k, c, "cuda")
         row[f"screen_{tile[0]}x{tile[1]}w{tile[2]}s{tile[3]}"] = graph_us(
             functools.partial(job, 1, c, b), per)
     return row

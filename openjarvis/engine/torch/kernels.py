@@ -1339,20 +1339,44 @@ def screen_weights(w: torch.Tensor, rows_at_once: int = 8192) -> OutScreen:
 
 
 @triton.jit
-def _x_stats(x_ptr, g_ptr, rt, tmask, K, stride_x, BLOCK_T: tl.constexpr,
-             BLOCK_K: tl.constexpr):
-    """Per token: the sum of squares of h (the RMS) and of x = h * g (the bound's ||x||)."""
-    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    xx = tl.zeros([BLOCK_T], dtype=tl.float32)
+def _screen_prep_kernel(x_ptr, g_ptr, lim_ptr, st_ptr, T, K, stride_x, eps,
+                        BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """The integer screen's input, once a step (program = token), so that none of the
+    screen's ~1,200 programs walks x itself before or after its weights stream (session 32
+    run 272: such walks held the 1.5B's screen at 94 µs against ~55 for its bytes): x = h * g
+    as three int8 limbs [3, T, K] (``_screen_kernel``'s ``IMMA``), and 1/RMS, ||x|| and the
+    limbs' scale at ``st`` [T, 4]."""
+    t = tl.program_id(0)
+    _gdc(PDL)
+    ss = tl.zeros([BLOCK_K], dtype=tl.float32)
+    xx = tl.zeros([BLOCK_K], dtype=tl.float32)
+    am = tl.zeros([BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
-        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
-                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-        ss += tl.sum(x * x, axis=1)
-        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
-        xx += tl.sum(x * x, axis=1)
-    return ss, xx
+        h = tl.load(x_ptr + t * stride_x + rk, mask=kmask, other=0.0).to(tl.float32)
+        x = h * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+        ss += h * h
+        xx += x * x
+        am = tl.maximum(am, tl.abs(x))
+    big = tl.max(am, 0)
+    sc = tl.where(big > 1e-30, big / 127.0, 1.0)  # (a subnormal scale: 1/s would overflow)
+    isc = 1.0 / sc
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        h = tl.load(x_ptr + t * stride_x + rk, mask=kmask, other=0.0).to(tl.float32)
+        v = h * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32) * isc
+        l1, f1 = _limb(v)
+        v = (v - f1) * 254.0
+        l2, f2 = _limb(v)
+        l3, _ = _limb((v - f2) * 254.0)
+        tl.store(lim_ptr + t * K + rk, l1, mask=kmask)
+        tl.store(lim_ptr + (T + t) * K + rk, l2, mask=kmask)
+        tl.store(lim_ptr + (2 * T + t) * K + rk, l3, mask=kmask)
+    tl.store(st_ptr + t * 4, tl.rsqrt(tl.sum(ss, 0) / K + eps))
+    tl.store(st_ptr + t * 4 + 1, tl.sqrt(tl.sum(xx, 0)))
+    tl.store(st_ptr + t * 4 + 2, sc)
 
 
 @triton.jit
@@ -1366,21 +1390,11 @@ def _limb(v):
 
 
 @triton.jit
-def _screen_imma(x_ptr, g_ptr, q_ptr, rn, rt, nmask, tmask, K, stride_x,
+def _screen_imma(lim_ptr, q_ptr, rn, rt, nmask, tmask, T, K,
                  EVICT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr):
-    """``_screen_kernel``'s ``IMMA`` sums: acc [BT, BN] = x . (q_v) for every row, exact to the
-    limbs' 2^-23."""
-    am = tl.zeros([BLOCK_T], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        kmask = rk < K
-        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
-                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
-        am = tl.maximum(am, tl.max(tl.abs(x), axis=1))
-    sc = tl.where(am > 1e-30, am / 127.0, 1.0)  # (a subnormal scale: 1/s would overflow)
-    isc = 1.0 / sc
+    """``_screen_kernel``'s ``IMMA`` sums: acc [BT, BN] = (x / s) . q_v for every row, exact to
+    the limbs' 2^-23 (``_screen_prep_kernel`` wrote them; the rows past T load as zeros)."""
     a1 = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.int32)
     a2 = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.int32)
     a3 = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.int32)
@@ -1389,25 +1403,20 @@ def _screen_imma(x_ptr, g_ptr, q_ptr, rn, rt, nmask, tmask, K, stride_x,
         kmask = rk < K
         q = _load_w(q_ptr + rn[:, None] * K + rk[None, :], nmask[:, None] & kmask[None, :],
                     EVICT)
-        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
-                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
-        v = x * isc[:, None]
-        l1, f1 = _limb(v)
-        v = (v - f1) * 254.0
-        l2, f2 = _limb(v)
-        l3, _ = _limb((v - f2) * 254.0)
-        a1 = tl.dot(q, tl.trans(l1), a1, out_dtype=tl.int32)
-        a2 = tl.dot(q, tl.trans(l2), a2, out_dtype=tl.int32)
-        a3 = tl.dot(q, tl.trans(l3), a3, out_dtype=tl.int32)
+        lp = lim_ptr + rt[:, None] * K + rk[None, :]
+        lm = tmask[:, None] & kmask[None, :]
+        a1 = tl.dot(q, tl.trans(tl.load(lp, mask=lm, other=0)), a1, out_dtype=tl.int32)
+        a2 = tl.dot(q, tl.trans(tl.load(lp + T * K, mask=lm, other=0)), a2, out_dtype=tl.int32)
+        a3 = tl.dot(q, tl.trans(tl.load(lp + 2 * T * K, mask=lm, other=0)), a3,
+                    out_dtype=tl.int32)
     acc = (a1.to(tl.float32) + a2.to(tl.float32) * (1.0 / 254.0)
            + a3.to(tl.float32) * (1.0 / 64516.0))
-    return tl.trans(acc) * sc[:, None]
+    return tl.trans(acc)
 
 
 @triton.jit
-def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, T, N, K, stride_x,
-                   stride_up, stride_lo, eps, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, st_ptr, T, N, K,
+                   stride_x, stride_up, stride_lo, eps, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, PDL: tl.constexpr, EVICT: tl.constexpr,
                    HILO: tl.constexpr, CVT: tl.constexpr = 1, IMMA: tl.constexpr = 0):
     """``OutScreen``'s first pass over rows ``pid * BLOCK_N``..: each token's bounds of each
@@ -1418,11 +1427,11 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, T, N, K, s
     the matrix instructions lose nothing the bound does not allow for; without (the
     interpreter), in float32.
 
-    ``IMMA`` (the GPU's default, ``SCREEN_IMMA``): no weight is converted at all. A first pass
-    over x takes each token's statistics and largest |x|; then each K tile of x, scaled to
-    127 at that largest, is split into three int8 limbs (x / s = l1 + l2 / 254 + l3 / 254^2
-    to 2^-23 of the largest, inside ``SCREEN_SLACK``) and the int8 rows multiply them through
-    integer matrix instructions into exact int32 sums, the rows as M (``BLOCK_T`` >= 16)."""
+    ``IMMA`` (the GPU's default, ``SCREEN_IMMA``): no weight is converted at all.
+    ``_screen_prep_kernel`` has written x, scaled to 127 at its largest, as three int8 limbs
+    (x / s = l1 + l2 / 254 + l3 / 254^2 to 2^-23 of the largest, inside ``SCREEN_SLACK``) and
+    each token's 1/RMS, ||x|| and s; the int8 rows multiply the limbs through integer matrix
+    instructions into exact int32 sums, the rows as M (``BLOCK_T`` >= 16)."""
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rt = tl.arange(0, BLOCK_T)
@@ -1438,9 +1447,8 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, T, N, K, s
                     nmask[:, None] & (rk < K)[None, :], EVICT)  # (weights: before the wait)
     _gdc(PDL)
     if IMMA:
-        acc = _screen_imma(x_ptr, g_ptr, q_ptr, rn, rt, nmask, tmask, K, stride_x, EVICT,
-                           BLOCK_T, BLOCK_N, BLOCK_K)
-        ss, xx = _x_stats(x_ptr, g_ptr, rt, tmask, K, stride_x, BLOCK_T, BLOCK_K)
+        acc = _screen_imma(lim_ptr, q_ptr, rn, rt, nmask, tmask, T, K, EVICT, BLOCK_T,
+                           BLOCK_N, BLOCK_K)
     for k0 in range(0, K if IMMA == 0 else 0, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
@@ -1466,11 +1474,17 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, T, N, K, s
         else:
             acc = tl.dot(x, tl.trans(qf), acc, input_precision="ieee")
     _gdc_late(PDL)
-    inv = tl.rsqrt(ss / K + eps)
+    if IMMA:
+        inv = tl.load(st_ptr + rt * 4, mask=tmask, other=0.0)
+        xn = tl.load(st_ptr + rt * 4 + 1, mask=tmask, other=0.0)
+        acc = acc * tl.load(st_ptr + rt * 4 + 2, mask=tmask, other=0.0)[:, None]
+    else:
+        inv = tl.rsqrt(ss / K + eps)
+        xn = tl.sqrt(xx)
     d = tl.load(d_ptr + rn, mask=nmask, other=0.0)
     e = tl.load(e_ptr + rn, mask=nmask, other=0.0)
     s = acc * d[None, :] * inv[:, None]
-    b = (inv * tl.sqrt(xx))[:, None] * e[None, :]
+    b = (inv * xn)[:, None] * e[None, :]
     tl.store(up_ptr + rt[:, None] * stride_up + rn[None, :], s + b,
              mask=tmask[:, None] & nmask[None, :])
     lo = tl.max(tl.where(nmask[None, :], s - b, float("-inf")), axis=1)
@@ -1549,21 +1563,27 @@ SCREEN_IMMA = 1
 
 @dataclass(slots=True)
 class ScreenBuffers:
-    """What one greedy step's ``screen`` and ``rescore`` hand on: the upper bounds [T, V],
-    the largest lower bound of each screen program [T, programs], and ``rescore``'s partials
-    [T, 2 * its programs] (``argmax_merge``'s input)."""
+    """What one greedy step's passes hand on: the integer path's limbs of x [3, T, K] int8 and
+    per-token statistics [T, 4], the upper bounds [T, V], the largest lower bound of each
+    screen program [T, programs], and ``rescore``'s partials [T, 2 * its programs]
+    (``argmax_merge``'s input)."""
 
     up: torch.Tensor
     lo: torch.Tensor
     partials: torch.Tensor
+    limbs: torch.Tensor
+    stats: torch.Tensor
 
 
-def screen_buffers(t: int, n: int, cfg: LinearConfig, device: torch.device | str,
+def screen_buffers(t: int, n: int, k: int, cfg: LinearConfig, device: torch.device | str,
                    rows: int = RESCORE_ROWS) -> ScreenBuffers:
+    """``screen``'s buffers for T tokens, n rows of k and the screen tile ``cfg``."""
     f32 = torch.float32
     return ScreenBuffers(torch.empty(t, n, dtype=f32, device=device),
                          torch.empty(t, triton.cdiv(n, cfg.block_n), dtype=f32, device=device),
-                         torch.empty(t, 2 * triton.cdiv(n, rows), dtype=f32, device=device))
+                         torch.empty(t, 2 * triton.cdiv(n, rows), dtype=f32, device=device),
+                         torch.empty(3, t, k, dtype=torch.int8, device=device),
+                         torch.empty(t, 4, dtype=f32, device=device))
 
 
 def default_screen_config(t: int, on_gpu: bool = True) -> LinearConfig:
@@ -1582,7 +1602,8 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
     for ``argmax_merge``, which then gives the same column as an ``ARGMAX`` linear over
     ``w`` (the bfloat16 rows ``scr`` was made from) up to float32 rounding between near-equal
     logits. ``pdl`` is the screen's mode (the rescoring waits first and lets the merge go).
-    ``passes`` (benchmarks): 1 launches the screen alone, 2 the rescoring alone."""
+    ``passes`` (benchmarks): 1 launches the screen alone (with, on the integer path, the
+    limbs' kernel before it), 2 the rescoring alone."""
     t, k = x.shape
     n = scr.q.shape[0]
     _check_evict(evict)
@@ -1593,11 +1614,12 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
                          f"from w's first V rows and a norm of [{k}]; got q "
                          f"{tuple(scr.q.shape)}, w {tuple(w.shape)}, norm {tuple(norm.shape)}")
     nprog = triton.cdiv(n, cfg.block_n)
-    want = ((t, n), (t, nprog), (t, 2 * triton.cdiv(n, rows)))
-    got = (tuple(bufs.up.shape), tuple(bufs.lo.shape), tuple(bufs.partials.shape))
-    if got != want or not all(b.is_contiguous() and b.dtype == torch.float32
-                              for b in (bufs.up, bufs.lo, bufs.partials)):
-        raise ValueError(f"screen: buffers for T = {t}, {n} rows and this tile are float32 "
+    want = ((t, n), (t, nprog), (t, 2 * triton.cdiv(n, rows)), (3, t, k), (t, 4))
+    got = tuple(tuple(b.shape) for b in (bufs.up, bufs.lo, bufs.partials, bufs.limbs,
+                                         bufs.stats))
+    if got != want or not all(b.is_contiguous() for b in (bufs.up, bufs.lo, bufs.partials,
+                                                           bufs.limbs, bufs.stats)):
+        raise ValueError(f"screen: buffers for T = {t}, {n} rows of {k} and this tile are "
                          f"{want} (screen_buffers); got {got}")
     if k > 8192:
         raise ValueError(f"screen: rows of {k} do not fit one rescoring tile (at most 8192)")
@@ -1605,13 +1627,20 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
         raise ValueError(f"screen: {rows} rows a rescoring program must be a power of two of "
                          f"at least {RESCORE_GRAIN}, and at most 2,048 programs ({n} rows)")
     imma = int(SCREEN_IMMA == 2 or (x.is_cuda and SCREEN_IMMA == 1))
+    spdl = pdl
+    if passes & 1 and imma:
+        _screen_prep_kernel[(t,)](x, norm, bufs.limbs, bufs.stats, t, k, x.stride(0), eps,
+                                  BLOCK_K=min(1024, triton.next_power_of_2(k)), PDL=pdl,
+                                  num_warps=4, **_launch(pdl))
+        spdl = 1 if pdl % 4 in (1, 2) else 0
     if passes & 1:
         _screen_kernel[(nprog,)](
-            x, norm, scr.q, scr.scale, scr.err, bufs.up, bufs.lo, t, n, k, x.stride(0),
+            x, norm, scr.q, scr.scale, scr.err, bufs.up, bufs.lo, bufs.limbs, bufs.stats, t, n,
+            k, x.stride(0),
             bufs.up.stride(0), bufs.lo.stride(0), eps,
             BLOCK_T=max(16, block_t(t)) if imma else block_t(t), BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, PDL=pdl, EVICT=evict, HILO=x.is_cuda, CVT=SCREEN_CVT,
-            IMMA=imma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl))
+            BLOCK_K=cfg.block_k, PDL=spdl, EVICT=evict, HILO=x.is_cuda, CVT=SCREEN_CVT,
+            IMMA=imma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(spdl))
     if not passes & 2:
         return bufs.partials
     rpdl = 1 if pdl % 4 in (1, 2) else 0

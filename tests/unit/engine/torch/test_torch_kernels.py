@@ -160,7 +160,7 @@ def test_a_screened_greedy_projection_picks_the_exact_argmax(
         h[near] = w[90] / norm * 10
     scr = K.screen_weights(w)
     cfg = K.LinearConfig(block_n=bn, block_k=32)
-    bufs = K.screen_buffers(t, n, cfg, "cpu", rows=rows)
+    bufs = K.screen_buffers(t, n, k, cfg, "cpu", rows=rows)
     for b in (bufs.up, bufs.lo, bufs.partials):
         b.fill_(POISON)
     part = K.screen(h, norm, scr, bufs, w, eps=1e-6, cfg=cfg, rows=rows, at_once=at_once,
@@ -189,14 +189,14 @@ def test_a_screen_it_cannot_run_is_refused_with_the_reason() -> None:
     w, h, norm = g(40, 72, seed=2), g(1, 72, seed=1), g(72, seed=3)
     scr = K.screen_weights(w)
     cfg = K.LinearConfig(block_n=8, block_k=32)
-    with pytest.raises(ValueError, match=r"buffers for T = 1, 40 rows and this tile"):
-        K.screen(h, norm, scr, K.screen_buffers(1, 40, K.LinearConfig(16, 32), "cpu"), w,
+    with pytest.raises(ValueError, match=r"buffers for T = 1, 40 rows of 72 and this tile"):
+        K.screen(h, norm, scr, K.screen_buffers(1, 40, 72, K.LinearConfig(16, 32), "cpu"), w,
                  cfg=cfg)
     with pytest.raises(ValueError, match=r"an OutScreen of \[V, 72\]"):
-        K.screen(h, norm, K.screen_weights(g(40, 64)), K.screen_buffers(1, 40, cfg, "cpu"), w,
+        K.screen(h, norm, K.screen_weights(g(40, 64)), K.screen_buffers(1, 40, 72, cfg, "cpu"), w,
                  cfg=cfg)
     with pytest.raises(ValueError, match="must be a power of two of at least 8"):
-        K.screen(h, norm, scr, K.screen_buffers(1, 40, cfg, "cpu", rows=12), w, cfg=cfg,
+        K.screen(h, norm, scr, K.screen_buffers(1, 40, 72, cfg, "cpu", rows=12), w, cfg=cfg,
                  rows=12)
     bad = w.clone()
     bad[3, 5] = float("inf")
