@@ -202,12 +202,12 @@ class Runner:
         #: matrix read as int8 (half its bytes) for each logit's bounds, then the few rows whose
         #: bound reaches the top read exactly; the same token as reading every row in bfloat16
         #: (up to float32 rounding between near-equal logits), for one int8 copy of the output
-        #: matrix in memory (234 MB for the 1.5B). Off by default: on the H200 only the 1.5B's
-        #: one-token step gains (1.2-1.4 %), its verify steps and the 0.5B's lose 2-5 %, the
-        #: screen's programs each walking x around their weights (session 32 run 274,
-        #: docs/gpu-notes.md). Set it before the first greedy step (or ``drop_steps`` after):
-        #: a built step keeps the path it was built with; ``drop_steps`` with it off frees the
-        #: int8 copy.
+        #: matrix in memory (234 MB for the 1.5B). On by default on the GPU for the shapes in
+        #: ``tuning.SCREEN_OUT`` (the 1.5B: its one-token step 0.96x, session 33 run 277,
+        #: docs/gpu-notes.md); off elsewhere (the 0.5B's one-token step lost 1.6 % @512; on
+        #: the CPU the interpreter's float path only costs). Set it before the first greedy
+        #: step (or ``drop_steps`` after): a built step keeps the path it was built with;
+        #: ``drop_steps`` with it off frees the int8 copy.
         self.screen_out = False
         self._screen: tuple[int, OutScreen] | None = None  # (greedy_cols, its OutScreen)
         #: On the GPU, ``host`` brings results of ``PINNED_MIN_BYTES`` or more (logits) down
@@ -316,6 +316,7 @@ class Runner:
                 PDL_PROLOGUE,
                 QKV_SPLIT,
                 QKV_WARPS,
+                SCREEN_OUT,
                 VERIFY_ATTENTION,
                 VERIFY_HANDOFF,
                 VERIFY_PDL,
@@ -341,6 +342,7 @@ class Runner:
                 self.weight_evict = WEIGHT_EVICT
             self.nsplit, self.attn_block_s = ATTENTION.get(shape, (nsplit, self.attn_block_s))
             self.l2_prefetch = L2_PREFETCH.get(shape)
+            self.screen_out = shape in SCREEN_OUT
 
     @property
     def graph_io(self) -> bool:

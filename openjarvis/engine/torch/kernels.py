@@ -1345,37 +1345,27 @@ def _screen_prep_kernel(x_ptr, g_ptr, lim_ptr, st_ptr, T, K, stride_x, eps,
     screen's ~1,200 programs walks x itself before or after its weights stream (session 32
     run 272: such walks held the 1.5B's screen at 94 µs against ~55 for its bytes): x = h * g
     as three int8 limbs [3, T, K] (``_screen_kernel``'s ``IMMA``), and 1/RMS, ||x|| and the
-    limbs' scale at ``st`` [T, 4]."""
+    limbs' scale at ``st`` [T, 4]. One tile holds the whole row (``BLOCK_K`` >= K, which
+    ``screen`` keeps to 8192), so x is read once: this launch sits between the last layer and
+    the screen, and its latency is the step's."""
     t = tl.program_id(0)
     _gdc(PDL)
-    ss = tl.zeros([BLOCK_K], dtype=tl.float32)
-    xx = tl.zeros([BLOCK_K], dtype=tl.float32)
-    am = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        kmask = rk < K
-        h = tl.load(x_ptr + t * stride_x + rk, mask=kmask, other=0.0).to(tl.float32)
-        x = h * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
-        ss += h * h
-        xx += x * x
-        am = tl.maximum(am, tl.abs(x))
-    big = tl.max(am, 0)
+    rk = tl.arange(0, BLOCK_K)
+    kmask = rk < K
+    h = tl.load(x_ptr + t * stride_x + rk, mask=kmask, other=0.0).to(tl.float32)
+    x = h * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+    big = tl.max(tl.abs(x), 0)
     sc = tl.where(big > 1e-30, big / 127.0, 1.0)  # (a subnormal scale: 1/s would overflow)
-    isc = 1.0 / sc
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        kmask = rk < K
-        h = tl.load(x_ptr + t * stride_x + rk, mask=kmask, other=0.0).to(tl.float32)
-        v = h * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32) * isc
-        l1, f1 = _limb(v)
-        v = (v - f1) * 254.0
-        l2, f2 = _limb(v)
-        l3, _ = _limb((v - f2) * 254.0)
-        tl.store(lim_ptr + t * K + rk, l1, mask=kmask)
-        tl.store(lim_ptr + (T + t) * K + rk, l2, mask=kmask)
-        tl.store(lim_ptr + (2 * T + t) * K + rk, l3, mask=kmask)
-    tl.store(st_ptr + t * 4, tl.rsqrt(tl.sum(ss, 0) / K + eps))
-    tl.store(st_ptr + t * 4 + 1, tl.sqrt(tl.sum(xx, 0)))
+    v = x * (1.0 / sc)
+    l1, f1 = _limb(v)
+    v = (v - f1) * 254.0
+    l2, f2 = _limb(v)
+    l3, _ = _limb((v - f2) * 254.0)
+    tl.store(lim_ptr + t * K + rk, l1, mask=kmask)
+    tl.store(lim_ptr + (T + t) * K + rk, l2, mask=kmask)
+    tl.store(lim_ptr + (2 * T + t) * K + rk, l3, mask=kmask)
+    tl.store(st_ptr + t * 4, tl.rsqrt(tl.sum(h * h, 0) / K + eps))
+    tl.store(st_ptr + t * 4 + 1, tl.sqrt(tl.sum(x * x, 0)))
     tl.store(st_ptr + t * 4 + 2, sc)
 
 
@@ -1591,7 +1581,7 @@ def default_screen_config(t: int, on_gpu: bool = True) -> LinearConfig:
     rows as the matrix instructions' M (scripts/bench_screen.py --parts sweeps others)."""
     if not on_gpu:
         return LinearConfig(32, 64)
-    return LinearConfig(128, 128, num_warps=4, num_stages=3)
+    return LinearConfig(128, 128, num_warps=4, num_stages=2)  # (run 277: s2 <= s3)
 
 
 def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuffers,
@@ -1630,8 +1620,8 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
     spdl = pdl
     if passes & 1 and imma:
         _screen_prep_kernel[(t,)](x, norm, bufs.limbs, bufs.stats, t, k, x.stride(0), eps,
-                                  BLOCK_K=min(1024, triton.next_power_of_2(k)), PDL=pdl,
-                                  num_warps=4, **_launch(pdl))
+                                  BLOCK_K=triton.next_power_of_2(k), PDL=pdl,
+                                  num_warps=4 if k <= 2048 else 8, **_launch(pdl))
         spdl = 1 if pdl % 4 in (1, 2) else 0
     if passes & 1:
         _screen_kernel[(nprog,)](

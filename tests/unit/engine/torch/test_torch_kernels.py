@@ -536,10 +536,15 @@ def test_triton_runner_matches_the_reference_path(fuse: bool) -> None:
     assert rel(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize(("kernels", "screen"), [("triton", True), ("triton", False),
-                                                ("torch", False)])
+@pytest.mark.parametrize(("kernels", "screen", "imma"),
+                         [("triton", True, 0), ("triton", True, 2), ("triton", False, 0),
+                          ("torch", False, 0)])
 def test_greedy_steps_pick_the_argmax_of_the_logits_among_the_tokenizer_columns(
-        kernels: str, screen: bool) -> None:
+        kernels: str, screen: bool, imma: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy steps (with the screen: its float path, and its integer path with x's limbs
+    written by ``_screen_prep_kernel`` as on the GPU) against the argmax of the logits."""
+    if imma:
+        monkeypatch.setattr(K, "SCREEN_IMMA", imma)
     model = _model()
     seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (40,), generator=torch.Generator())]
     full = Runner(model, 64, kernels=kernels, nsplit=4)  # type: ignore[arg-type]
