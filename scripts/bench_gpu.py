@@ -17,6 +17,12 @@ Run on the lent H200 (the device tool), once, with everything in it:
 5. speculative tokens/s composed from those step times and a per-token acceptance rate measured
    for the real pair on the CPU (``--accept``): see ``compose``.
 
+Items 3-5 time logits steps (every logit written), as every run since session 1 has. Beside
+them, ``ours_greedy`` and ``verify_k*_greedy`` time the default's greedy steps, the ones plain
+and speculative decoding run (only the argmax leaves the GPU; the 1.5B's through the int8
+screen of the output matrix, ``tuning.SCREEN_OUT``), and the speculative figure is composed
+from those too (``speculative.pos*.greedy``).
+
 The last lines printed are a table; ``bench.json`` under ``--out`` holds every number. ``--smoke``
 runs the same code on tiny shapes (on the CPU where no GPU is present) to catch errors for free.
 """
@@ -212,6 +218,18 @@ def hf_compiled_subprocess(name: str, positions: list[int]) -> dict[int, float]:
 def ours_step_ms(runner: Runner, t: int, pos: int, reps: int = 7) -> float:
     runner.step(list(range(100, 100 + t)), pos)
     return time_ms(lambda: runner.replay(t), iters=50, reps=reps)
+
+
+def ours_greedy_ms(runner: Runner, t: int, pos: int, reps: int = 3) -> float:
+    """A greedy step (what plain and speculative decoding run for their tokens: only the
+    argmax leaves the GPU), replayed as ``ours_step_ms`` replays the logits step."""
+    runner.argmax(list(range(100, 100 + t)), pos)
+    return time_ms(lambda: runner.replay(t, greedy=True), iters=50, reps=reps)
+
+
+#: The tokenizer's columns of the pair's 151,936 output rows: greedy steps pick among these
+#: only, as the engine sets ``Runner.greedy_cols``.
+TOKENIZER_COLS = 151_665
 
 
 #: Rounds in which ``bench_model`` times each of its step variants once in turn (3 repetitions
@@ -489,6 +507,7 @@ def bench_model(name: str, a: ModelArgs, bw: float, positions: list[int], smoke:
     default = Runner(model, n_ctx, kernels="triton", graphs=True)
     if not PDL_OK:
         default.uniform_pdl(0)
+    default.greedy_cols = min(TOKENIZER_COLS, a.n_vocab)  # (the screen on where tuning says)
     variants = {"ours_default": default, "ours_triton_graph": fast}
     for mode in (1, 2) if pdl_ok else ():
         r = Runner(model, n_ctx, kernels="triton", graphs=True)
@@ -536,6 +555,16 @@ def bench_model(name: str, a: ModelArgs, bw: float, positions: list[int], smoke:
             else:
                 row[f"verify_k{k}"] = times[main_v]
                 row[f"verify_k{k}_variants"] = times
+        # The default's greedy steps, as the speculator runs them (the rows above are logits
+        # steps, comparable with every earlier run): one token and the verify sizes.
+        for t in (1, 5, 9, 17):
+            key = "ours_greedy" if t == 1 else f"verify_k{t - 1}_greedy"
+            try:
+                row[key] = statistics.median(ours_greedy_ms(default, t, pos)
+                                             for _ in range(ROUNDS))
+            except Exception:
+                log(name, "greedy", t, "failed:", traceback.format_exc(limit=3))
+        row["greedy_screened"] = default.screen_out
         res[f"pos{pos}"] = row
         if not smoke:
             row["breakdown_us"] = breakdown(fast, pos)
@@ -1237,6 +1266,16 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"both_gpu": compose(args.accept, k, d["ours_best"], t_ver),
                              "cpu_drafter": compose(args.accept, k, args.cpu_draft_ms, t_ver)})
             spec[f"pos{pos}"] = {"plain_tok_s": 1e3 / v["ours_best"], "rounds": rows}
+            if all(key in v for key in ("ours_greedy", "verify_k4_greedy", "verify_k8_greedy",
+                                        "verify_k16_greedy")) and "ours_greedy" in d:
+                # the same composition from the greedy steps the speculator runs
+                spec[f"pos{pos}"]["greedy"] = {
+                    "plain_tok_s": 1e3 / v["ours_greedy"],
+                    "rounds": [{"both_gpu": compose(args.accept, k, d["ours_greedy"],
+                                                    v[f"verify_k{k}_greedy"]),
+                                "cpu_drafter": compose(args.accept, k, args.cpu_draft_ms,
+                                                       v[f"verify_k{k}_greedy"])}
+                               for k in (4, 8, 16)]}
     RESULTS["speculative"] = spec
     save(args.out, "bench", RESULTS)
     table(RESULTS, positions)
@@ -1266,6 +1305,12 @@ def table(r: dict[str, Any], positions: list[int]) -> None:
             one = row["ours_best"]
             parts.append("verify (default step) " + " ".join(
                 f"k{k} {row[f'verify_k{k}'] / one:.2f}x" for k in (4, 8, 16)))
+            if "ours_greedy" in row:
+                g = row["ours_greedy"]
+                parts.append(f"greedy{' (screened)' if row.get('greedy_screened') else ''} "
+                             f"{g:.3f} ms ({100 * fl / g:.1f}%), verify " + " ".join(
+                                 f"k{k} {row[f'verify_k{k}_greedy'] / g:.2f}x"
+                                 for k in (4, 8, 16) if f"verify_k{k}_greedy" in row))
             print(" | ".join(parts))
     for pos, s in (r.get("speculative") or {}).items():
         if not isinstance(s, dict):
@@ -1273,6 +1318,11 @@ def table(r: dict[str, Any], positions: list[int]) -> None:
         print(f"spec {pos}: plain {s['plain_tok_s']:.0f} tok/s; " + "; ".join(
             f"k{x['both_gpu']['k']} gpu+gpu {x['both_gpu']['tok_s']:.0f} "
             f"cpu+gpu {x['cpu_drafter']['tok_s']:.0f}" for x in s["rounds"]))
+        if "greedy" in s:
+            gs = s["greedy"]
+            print(f"spec {pos} (greedy steps): plain {gs['plain_tok_s']:.0f} tok/s; " + "; ".join(
+                f"k{x['both_gpu']['k']} gpu+gpu {x['both_gpu']['tok_s']:.0f} "
+                f"cpu+gpu {x['cpu_drafter']['tok_s']:.0f}" for x in gs["rounds"]))
 
 
 if __name__ == "__main__":
