@@ -84,8 +84,8 @@ class Workspace:
     greedy: bool = False
     ids: torch.Tensor | None = None
     partials: torch.Tensor | None = None
-    #: ``Runner.screen_out``: the screen's bounds and the rescoring's partials (``partials``
-    #: is their ``partials``).
+    #: ``Runner.screen_out``: x's int8 limbs and statistics, the screen's bounds and the
+    #: rescoring's partials (``partials`` is their ``partials``).
     screen: ScreenBuffers | None = None
     #: ``Runner.graph_io``: the page-locked inputs the graph copies in as its first node, the
     #: greedy step's token ids in page-locked memory (its merge kernel writes them there, or

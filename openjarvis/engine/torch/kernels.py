@@ -1365,8 +1365,12 @@ def _screen_prep_kernel(x_ptr, g_ptr, lim_ptr, st_ptr, T, K, stride_x, eps,
     tl.store(lim_ptr + (T + t) * K + rk, l2, mask=kmask)
     tl.store(lim_ptr + (2 * T + t) * K + rk, l3, mask=kmask)
     tl.store(st_ptr + t * 4, tl.rsqrt(tl.sum(h * h, 0) / K + eps))
-    tl.store(st_ptr + t * 4 + 1, tl.sqrt(tl.sum(x * x, 0)))
+    # ||x|| from the scaled row (|v| <= 127): x * x itself underflows for |x| below ~1e-19,
+    # which would make the bound's width 0 and leave the true argmax unread
+    v = x * (1.0 / sc)
+    tl.store(st_ptr + t * 4 + 1, sc * tl.sqrt(tl.sum(v * v, 0)))
     tl.store(st_ptr + t * 4 + 2, sc)
+    tl.store(st_ptr + t * 4 + 3, 0.0)  # (unused: written so that the buffer is all defined)
 
 
 @triton.jit
@@ -1591,7 +1595,9 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
     """The greedy output projection through ``OutScreen`` (both passes): ``bufs.partials``
     for ``argmax_merge``, which then gives the same column as an ``ARGMAX`` linear over
     ``w`` (the bfloat16 rows ``scr`` was made from) up to float32 rounding between near-equal
-    logits. ``pdl`` is the screen's mode (the rescoring waits first and lets the merge go).
+    logits. ``pdl`` is the mode of the pass's first launch: on the integer path the limbs'
+    kernel (the screen after it then waits first, mode 1, or runs without PDL), otherwise the
+    screen; the rescoring waits first and lets the merge go.
     ``passes`` (benchmarks): 1 launches the screen alone (with, on the integer path, the
     limbs' kernel before it), 2 the rescoring alone."""
     t, k = x.shape
@@ -1605,12 +1611,14 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
                          f"{tuple(scr.q.shape)}, w {tuple(w.shape)}, norm {tuple(norm.shape)}")
     nprog = triton.cdiv(n, cfg.block_n)
     want = ((t, n), (t, nprog), (t, 2 * triton.cdiv(n, rows)), (3, t, k), (t, 4))
-    got = tuple(tuple(b.shape) for b in (bufs.up, bufs.lo, bufs.partials, bufs.limbs,
-                                         bufs.stats))
-    if got != want or not all(b.is_contiguous() for b in (bufs.up, bufs.lo, bufs.partials,
-                                                           bufs.limbs, bufs.stats)):
+    bl = (bufs.up, bufs.lo, bufs.partials, bufs.limbs, bufs.stats)
+    got = tuple(tuple(b.shape) for b in bl)
+    dtypes = (torch.float32,) * 3 + (torch.int8, torch.float32)
+    if got != want or not all(b.is_contiguous() and b.dtype == d
+                              for b, d in zip(bl, dtypes, strict=True)):
         raise ValueError(f"screen: buffers for T = {t}, {n} rows of {k} and this tile are "
-                         f"{want} (screen_buffers); got {got}")
+                         f"{want}, contiguous, float32 but the int8 limbs (screen_buffers); "
+                         f"got {got}, {[str(b.dtype) for b in bl]}")
     if k > 8192:
         raise ValueError(f"screen: rows of {k} do not fit one rescoring tile (at most 8192)")
     if rows & (rows - 1) or rows < RESCORE_GRAIN or triton.cdiv(n, rows) > 2048:

@@ -274,13 +274,15 @@ def test_the_screen_picks_the_exact_argmax_in_every_pdl_mode(t: int) -> None:
     for mode in pdl_modes():
         cfg = K.default_screen_config(t)
         bufs = K.screen_buffers(t, n, k, cfg, "cuda")
-        for b in (bufs.up, bufs.lo, bufs.partials):
+        for b in (bufs.up, bufs.lo, bufs.partials, bufs.stats):
             b.fill_(float("nan"))
+        bufs.limbs.fill_(-128)  # (no limb is ever -128: a screen reading these would show)
         K.screen(h, norm, scr, bufs, w, eps=A.rms_eps, cfg=cfg, pdl=mode)
         ids = K.argmax_merge(bufs.partials, torch.full((t,), -1, dtype=torch.int64,
                                                         device="cuda"))
         torch.cuda.synchronize()
         assert not bufs.partials.isnan().any() and not bufs.up.isnan().any(), f"mode {mode}"
+        assert not (bufs.limbs == -128).any() and not bufs.stats.isnan().any(), f"mode {mode}"
         _assert_exact_pick(ids, ref)
         assert int((bufs.up[0] >= bufs.lo[0].max()).sum()) >= 9  # all near-copies rescored
 
@@ -299,7 +301,7 @@ def test_screened_greedy_steps_pick_the_exact_argmax_of_their_final_residual(
     r.greedy_cols = A.n_vocab - 271
     plain = Runner(model, 256)
     plain.make_deterministic()
-    plain.screen_out = False  # (the 1.5B's default is on: tuning.SCREEN_OUT)
+    plain.screen_out = False  # (explicit: tuning.SCREEN_OUT turns it on for some shapes)
     plain.greedy_cols = r.greedy_cols
     r.logits(toks[:150], 0)
     plain.logits(toks[:150], 0)
@@ -313,7 +315,12 @@ def test_screened_greedy_steps_pick_the_exact_argmax_of_their_final_residual(
         assert ws.screen is not None
         first = [b.clone() for b in (ws.screen.up, ws.screen.lo, ws.screen.limbs,
                                      ws.screen.stats)]
-        for _ in range(5 if i > 150 else 50):  # (a race between the passes would show here)
+        for _ in range(5 if i > 150 else 50):
+            # poisoned first (no limb is ever -128), so that a pass reading a buffer before
+            # the one before it has written it gives another bound or token here
+            for b in (ws.screen.up, ws.screen.lo, ws.screen.stats):
+                b.fill_(float("nan"))
+            ws.screen.limbs.fill_(-128)
             r.replay(t, greedy=True)
             assert ws.ids.tolist() == ids.tolist()
             for a, b in zip(first, (ws.screen.up, ws.screen.lo, ws.screen.limbs,

@@ -137,14 +137,17 @@ def test_the_int8_screen_bounds_every_logit_of_the_rows_it_was_made_from() -> No
     assert scr.nbytes == 300 * 72 + 2 * 300 * 4
 
 
-@pytest.mark.parametrize(("t", "bn", "rows", "at_once", "near_first", "imma"),
-                         [(1, 8, 16, 2, False, 0), (1, 32, 1024, 2, True, 0),
-                          (3, 16, 32, 4, False, 0), (17, 32, 64, 2, True, 0),
-                          (1, 64, 16, 2, False, 2), (3, 64, 1024, 2, True, 2)])
+@pytest.mark.parametrize(("t", "bn", "rows", "at_once", "near_first", "imma", "scale"),
+                         [(1, 8, 16, 2, False, 0, 1.0), (1, 32, 1024, 2, True, 0, 1.0),
+                          (3, 16, 32, 4, False, 0, 1.0), (17, 32, 64, 2, True, 0, 1.0),
+                          (1, 64, 16, 2, False, 2, 1.0), (3, 64, 1024, 2, True, 2, 1.0),
+                          (3, 64, 16, 2, False, 2, 1e-25)])
 def test_a_screened_greedy_projection_picks_the_exact_argmax(
-        t: int, bn: int, rows: int, at_once: int, near_first: bool, imma: int,
+        t: int, bn: int, rows: int, at_once: int, near_first: bool, imma: int, scale: float,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``imma`` 2: the GPU's integer path (x in three int8 limbs), run by the interpreter."""
+    """``imma`` 2: the GPU's integer path (x in three int8 limbs), run by the interpreter.
+    ``scale``: a final residual so small that x * x underflows float32 (the bound's ||x||
+    must not)."""
     monkeypatch.setattr(K, "SCREEN_IMMA", imma)
     n, k = 203, 72
     h, w, norm = g(t, k, seed=1), g(n, k, seed=2), g(k, seed=3) + 1
@@ -158,14 +161,18 @@ def test_a_screened_greedy_projection_picks_the_exact_argmax(
         h[tie] = w[40] / norm * 10
     if near < t:
         h[near] = w[90] / norm * 10
+    h *= scale
     scr = K.screen_weights(w)
     cfg = K.LinearConfig(block_n=bn, block_k=32)
     bufs = K.screen_buffers(t, n, k, cfg, "cpu", rows=rows)
-    for b in (bufs.up, bufs.lo, bufs.partials):
+    for b in (bufs.up, bufs.lo, bufs.partials, bufs.stats):
         b.fill_(POISON)
+    bufs.limbs.fill_(-128)  # (no limb is ever -128)
     part = K.screen(h, norm, scr, bufs, w, eps=1e-6, cfg=cfg, rows=rows, at_once=at_once,
                     evict=".cg" if imma else "")
     assert not part.isnan().any() and not bufs.lo.isnan().any()  # every program wrote
+    if imma:  # the limbs' kernel wrote every limb and statistic
+        assert not (bufs.limbs == -128).any() and not bufs.stats.isnan().any()
     ids = K.argmax_merge(part, torch.full((t,), -1, dtype=torch.int64))
     logits = rms_norm(h.double(), norm.double(), 1e-6) @ w.double().T
     # the bounds themselves, against float64: int8 logit +- err * ||x|| (x = h * g), * 1/RMS
