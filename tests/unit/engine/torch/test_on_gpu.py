@@ -253,15 +253,17 @@ def _assert_exact_pick(ids: torch.Tensor, ref: torch.Tensor) -> None:
     assert (ids == top2.indices[:, 0])[clear].all()
 
 
+@pytest.mark.parametrize("k", [896, 1536, 3584])
 @pytest.mark.parametrize("t", [1, 9])
-def test_the_screen_picks_the_exact_argmax_in_every_pdl_mode(t: int) -> None:
-    """``kernels.screen`` on the 0.5B's real widths (896, the vocabulary's 151,936 rows) in
-    bf16, T = 9 through the matrix instructions on x's two bfloat16 halves: the exact argmax of
+def test_the_screen_picks_the_exact_argmax_in_every_pdl_mode(t: int, k: int) -> None:
+    """``kernels.screen`` on the vocabulary's 151,936 rows of the 0.5B's and the 1.5B's widths
+    (896, 1536: the screen is on by default for the 1.5B) and a wider one (3584: the limbs'
+    kernel on 8 warps), in bf16 through the integer matrix instructions: the exact argmax of
     float64 logits, with rows the int8 copy cannot tell apart planted at the top."""
     from openjarvis.engine.torch import kernels as K
 
     g = torch.Generator(device="cuda").manual_seed(1)
-    n, k = A.n_vocab, A.n_embd
+    n = A.n_vocab
     w = (torch.randn(n, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
     h = torch.randn(t, k, device="cuda", generator=g) * 4
     norm = torch.rand(k, device="cuda", generator=g) + 0.5
