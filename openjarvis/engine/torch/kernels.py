@@ -1433,7 +1433,8 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, s
     tmask = rt < T
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    xx = tl.zeros([BLOCK_T], dtype=tl.float32)
+    xx = tl.zeros([BLOCK_T], dtype=tl.float32)  # sum of (x / mx)^2: ||x|| = mx * sqrt(xx)
+    mx = tl.zeros([BLOCK_T], dtype=tl.float32)  # the largest |x| so far
     rk = tl.arange(0, BLOCK_K)
     q = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.int8)
     if IMMA == 0:  # (the integer path's loop loads every tile itself, so Triton pipelines it)
@@ -1453,7 +1454,13 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, s
                     mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
         ss += tl.sum(x * x, axis=1)
         x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
-        xx += tl.sum(x * x, axis=1)
+        # ||x|| by a running largest |x| (x * x itself underflows below ~1e-19, and a bound
+        # of width 0 would leave the true argmax unread)
+        nm = tl.maximum(mx, tl.max(tl.abs(x), axis=1))
+        sn = tl.where(nm > 0, nm, 1.0)
+        xs = x / sn[:, None]
+        xx = xx * (mx / sn) * (mx / sn) + tl.sum(xs * xs, axis=1)
+        mx = nm
         if CVT:  # int8 -> float32 by its bits: 2^23 + 128 + q, less 2^23 + 128 (exact)
             qf = (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
         else:  # (the conversion instruction: a quarter of the FMAs' rate, ``SCREEN_CVT``)
@@ -1474,7 +1481,7 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, s
         acc = acc * tl.load(st_ptr + rt * 4 + 2, mask=tmask, other=0.0)[:, None]
     else:
         inv = tl.rsqrt(ss / K + eps)
-        xn = tl.sqrt(xx)
+        xn = mx * tl.sqrt(xx)
     d = tl.load(d_ptr + rn, mask=nmask, other=0.0)
     e = tl.load(e_ptr + rn, mask=nmask, other=0.0)
     s = acc * d[None, :] * inv[:, None]

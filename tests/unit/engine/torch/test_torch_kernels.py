@@ -141,7 +141,7 @@ def test_the_int8_screen_bounds_every_logit_of_the_rows_it_was_made_from() -> No
                          [(1, 8, 16, 2, False, 0, 1.0), (1, 32, 1024, 2, True, 0, 1.0),
                           (3, 16, 32, 4, False, 0, 1.0), (17, 32, 64, 2, True, 0, 1.0),
                           (1, 64, 16, 2, False, 2, 1.0), (3, 64, 1024, 2, True, 2, 1.0),
-                          (3, 64, 16, 2, False, 2, 1e-25)])
+                          (3, 64, 16, 2, False, 2, 1e-25), (3, 16, 32, 2, True, 0, 1e-25)])
 def test_a_screened_greedy_projection_picks_the_exact_argmax(
         t: int, bn: int, rows: int, at_once: int, near_first: bool, imma: int, scale: float,
         monkeypatch: pytest.MonkeyPatch) -> None:
