@@ -1602,9 +1602,9 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
     """The greedy output projection through ``OutScreen`` (both passes): ``bufs.partials``
     for ``argmax_merge``, which then gives the same column as an ``ARGMAX`` linear over
     ``w`` (the bfloat16 rows ``scr`` was made from) up to float32 rounding between near-equal
-    logits. ``pdl`` is the mode of the pass's first launch: on the integer path the limbs'
-    kernel (the screen after it then waits first, mode 1, or runs without PDL), otherwise the
-    screen; the rescoring waits first and lets the merge go.
+    logits. ``pdl`` is the screen's mode (on the integer path the limbs' kernel before it
+    waits first and lets the screen go at once, or runs without PDL where ``pdl`` has none);
+    the rescoring waits first and lets the merge go.
     ``passes`` (benchmarks): 1 launches the screen alone (with, on the integer path, the
     limbs' kernel before it), 2 the rescoring alone."""
     t, k = x.shape
@@ -1634,10 +1634,13 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
     imma = int(SCREEN_IMMA == 2 or (x.is_cuda and SCREEN_IMMA == 1))
     spdl = pdl
     if passes & 1 and imma:
+        # it lets the screen launch at its start (one program a token leaves the SMs free for
+        # the screen's to wait on); the screen then runs in the caller's mode, so that with
+        # PDL_LATE the rescoring's programs take no SM slots before the screen's loop is done
+        ppdl = 1 if pdl % 4 in (1, 2) else 0
         _screen_prep_kernel[(t,)](x, norm, bufs.limbs, bufs.stats, t, k, x.stride(0), eps,
-                                  BLOCK_K=triton.next_power_of_2(k), PDL=pdl,
-                                  num_warps=4 if k <= 2048 else 8, **_launch(pdl))
-        spdl = 1 if pdl % 4 in (1, 2) else 0
+                                  BLOCK_K=triton.next_power_of_2(k), PDL=ppdl,
+                                  num_warps=4 if k <= 2048 else 8, **_launch(ppdl))
     if passes & 1:
         _screen_kernel[(nprog,)](
             x, norm, scr.q, scr.scale, scr.err, bufs.up, bufs.lo, bufs.limbs, bufs.stats, t, n,
