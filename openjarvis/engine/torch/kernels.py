@@ -1356,19 +1356,18 @@ def _screen_prep_kernel(x_ptr, g_ptr, lim_ptr, st_ptr, T, K, stride_x, eps,
     x = h * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
     big = tl.max(tl.abs(x), 0)
     sc = tl.where(big > 1e-30, big / 127.0, 1.0)  # (a subnormal scale: 1/s would overflow)
-    v = x * (1.0 / sc)
-    l1, f1 = _limb(v)
-    v = (v - f1) * 254.0
+    xs = x * (1.0 / sc)
+    l1, f1 = _limb(xs)
+    v = (xs - f1) * 254.0
     l2, f2 = _limb(v)
     l3, _ = _limb((v - f2) * 254.0)
     tl.store(lim_ptr + t * K + rk, l1, mask=kmask)
     tl.store(lim_ptr + (T + t) * K + rk, l2, mask=kmask)
     tl.store(lim_ptr + (2 * T + t) * K + rk, l3, mask=kmask)
     tl.store(st_ptr + t * 4, tl.rsqrt(tl.sum(h * h, 0) / K + eps))
-    # ||x|| from the scaled row (|v| <= 127): x * x itself underflows for |x| below ~1e-19,
+    # ||x|| from the scaled row (|xs| <= 127): x * x itself underflows for |x| below ~1e-19,
     # which would make the bound's width 0 and leave the true argmax unread
-    v = x * (1.0 / sc)
-    tl.store(st_ptr + t * 4 + 1, sc * tl.sqrt(tl.sum(v * v, 0)))
+    tl.store(st_ptr + t * 4 + 1, sc * tl.sqrt(tl.sum(xs * xs, 0)))
     tl.store(st_ptr + t * 4 + 2, sc)
     tl.store(st_ptr + t * 4 + 3, 0.0)  # (unused: written so that the buffer is all defined)
 
@@ -1632,7 +1631,6 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
         raise ValueError(f"screen: {rows} rows a rescoring program must be a power of two of "
                          f"at least {RESCORE_GRAIN}, and at most 2,048 programs ({n} rows)")
     imma = int(SCREEN_IMMA == 2 or (x.is_cuda and SCREEN_IMMA == 1))
-    spdl = pdl
     if passes & 1 and imma:
         # it lets the screen launch at its start (one program a token leaves the SMs free for
         # the screen's to wait on); the screen then runs in the caller's mode, so that with
@@ -1644,11 +1642,10 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
     if passes & 1:
         _screen_kernel[(nprog,)](
             x, norm, scr.q, scr.scale, scr.err, bufs.up, bufs.lo, bufs.limbs, bufs.stats, t, n,
-            k, x.stride(0),
-            bufs.up.stride(0), bufs.lo.stride(0), eps,
+            k, x.stride(0), bufs.up.stride(0), bufs.lo.stride(0), eps,
             BLOCK_T=max(16, block_t(t)) if imma else block_t(t), BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, PDL=spdl, EVICT=evict, HILO=x.is_cuda, CVT=SCREEN_CVT,
-            IMMA=imma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(spdl))
+            BLOCK_K=cfg.block_k, PDL=pdl, EVICT=evict, HILO=x.is_cuda, CVT=SCREEN_CVT,
+            IMMA=imma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl))
     if not passes & 2:
         return bufs.partials
     rpdl = 1 if pdl % 4 in (1, 2) else 0

@@ -150,9 +150,9 @@ WEIGHT_EVICT = "evict_first"
 #: or the attention's by more than gate/up gained (runs 127-129); the 0.5B lost in every form.
 L2_PREFETCH: dict[tuple[int, int], tuple[float, int, int]] = {(1536, 8960): (8.0, 128, 0)}
 #: (n_embd, n_ff) whose greedy steps pick through the int8 screen of the output matrix
-#: (``Runner.screen_out``; session 33 run 277, the 1.5B's shapes with random weights: one
-#: token 1.0247 -> 0.9866 ms @512 (0.963x), 0.960x @4096; T = 9 0.994x / 0.993x. The 0.5B's one
-#: token lost 1.6 % @512 and gained 3.3 % @4096, T = 9 even: left off).
+#: (``Runner.screen_out``; session 33 run 282, the 1.5B's shapes with random weights: one
+#: token 1.0284 -> 0.9865 ms @512 (0.959x), 0.956x @4096; T = 9 0.990x. The 0.5B's one token
+#: even @512 (1.003x; runs 277-278 1.007-1.016x) and 0.960x @4096, T = 9 0.99x: left off).
 SCREEN_OUT: frozenset[tuple[int, int]] = frozenset({(1536, 8960)})
 #: (n_embd, n_ff) -> (attention splits, keys per block). The 1.5B's one-token step in 64
 #: splits of 32-key blocks with its merge in 4 programs a head (``COMBINE_COLS``), against 32
