@@ -740,10 +740,10 @@ class Runner:
                 from openjarvis.engine.torch.kernels import screen_buffers
 
                 self.out_screen()  # (built here, never inside a capture)
-                ws.screen = screen_buffers(t, self.greedy_cols, a.n_embd,
-                                           self._screen_tile(t), dev)
                 # (the bounds, [T, V] float32, as views of the shared scratch like the logits)
-                ws.screen.up = self._scratch("screen_up", t, (t, self.greedy_cols), f32)
+                ws.screen = screen_buffers(
+                    t, self.greedy_cols, a.n_embd, self._screen_tile(t), dev,
+                    up=self._scratch("screen_up", t, (t, self.greedy_cols), f32))
                 ws.partials = ws.screen.partials
             else:
                 ws.partials = argmax_partials(t, self.greedy_cols, self._out_tile(t), dev)

@@ -1576,10 +1576,12 @@ class ScreenBuffers:
 
 
 def screen_buffers(t: int, n: int, k: int, cfg: LinearConfig, device: torch.device | str,
-                   rows: int = RESCORE_ROWS) -> ScreenBuffers:
-    """``screen``'s buffers for T tokens, n rows of k and the screen tile ``cfg``."""
+                   rows: int = RESCORE_ROWS, up: torch.Tensor | None = None) -> ScreenBuffers:
+    """``screen``'s buffers for T tokens, n rows of k and the screen tile ``cfg``; ``up``, the
+    [T, n] float32 bounds, where the caller shares one buffer between step sizes (the
+    Runner's scratch: the largest of them, 0.6 MB a token for the vocabulary)."""
     f32 = torch.float32
-    return ScreenBuffers(torch.empty(t, n, dtype=f32, device=device),
+    return ScreenBuffers(up if up is not None else torch.empty(t, n, dtype=f32, device=device),
                          torch.empty(t, triton.cdiv(n, cfg.block_n), dtype=f32, device=device),
                          torch.empty(t, 2 * triton.cdiv(n, rows), dtype=f32, device=device),
                          torch.empty(3, t, k, dtype=torch.int8, device=device),
