@@ -1341,11 +1341,11 @@ def screen_weights(w: torch.Tensor, rows_at_once: int = 8192) -> OutScreen:
 @triton.jit
 def _screen_prep_kernel(x_ptr, g_ptr, lim_ptr, st_ptr, T, K, stride_x, eps,
                         BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    """The integer screen's input, once a step (program = token), so that none of the
-    screen's ~1,200 programs walks x itself before or after its weights stream (session 32
-    run 272: such walks held the 1.5B's screen at 94 µs against ~55 for its bytes): x = h * g
-    as three int8 limbs [3, T, K] (``_screen_kernel``'s ``IMMA``), and 1/RMS, ||x|| and the
-    limbs' scale at ``st`` [T, 4]. One tile holds the whole row (``BLOCK_K`` >= K, which
+    """The screen's input, once a step (program = token), so that none of the screen's
+    ~1,200 programs walks x itself before or after its weights stream (session 32 run 272:
+    such walks held the 1.5B's screen at 94 µs against ~55 for its bytes): x = h * g as three
+    int8 limbs [3, T, K] (``_screen_kernel``'s ``IMMA``), and 1/RMS, ||x|| (both paths take
+    these two from here) and the limbs' scale at ``st`` [T, 4]. One tile holds the whole row (``BLOCK_K`` >= K, which
     ``screen`` keeps to 8192), so x is read once: this launch sits between the last layer and
     the screen, and its latency is the step's."""
     t = tl.program_id(0)
@@ -1409,16 +1409,16 @@ def _screen_imma(lim_ptr, q_ptr, rn, rt, nmask, tmask, T, K,
 
 @triton.jit
 def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, st_ptr, T, N, K,
-                   stride_x, stride_up, stride_lo, eps, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+                   stride_x, stride_up, stride_lo, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, PDL: tl.constexpr, EVICT: tl.constexpr,
                    HILO: tl.constexpr, CVT: tl.constexpr = 1, IMMA: tl.constexpr = 0):
     """``OutScreen``'s first pass over rows ``pid * BLOCK_N``..: each token's bounds of each
     row's logit, the upper ones stored whole (``up`` [T, N]), the largest lower one a program
     (``lo`` [T, programs]). x = RMSNorm(h) as the output projection takes it (h * g, times
-    1/RMS after the loop). T > 1 multiplies through ``tl.dot``: with ``HILO`` (the GPU) x as
-    two bfloat16 halves (x = hi + lo to 2^-17) against the int8 rows made bfloat16 (exact), so
-    the matrix instructions lose nothing the bound does not allow for; without (the
-    interpreter), in float32.
+    1/RMS after the loop; 1/RMS and ||x|| are ``_screen_prep_kernel``'s). T > 1 multiplies
+    through ``tl.dot``: with ``HILO`` (the GPU) x as two bfloat16 halves (x = hi + lo to
+    2^-17) against the int8 rows made bfloat16 (exact), so the matrix instructions lose
+    nothing the bound does not allow for; without (the interpreter), in float32.
 
     ``IMMA`` (the GPU's default, ``SCREEN_IMMA``): no weight is converted at all.
     ``_screen_prep_kernel`` has written x, scaled to 127 at its largest, as three int8 limbs
@@ -1431,9 +1431,6 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, s
     nmask = rn < N
     tmask = rt < T
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    xx = tl.zeros([BLOCK_T], dtype=tl.float32)  # sum of (x / mx)^2: ||x|| = mx * sqrt(xx)
-    mx = tl.zeros([BLOCK_T], dtype=tl.float32)  # the largest |x| so far
     rk = tl.arange(0, BLOCK_K)
     q = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.int8)
     if IMMA == 0:  # (the integer path's loop loads every tile itself, so Triton pipelines it)
@@ -1451,15 +1448,7 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, s
                         nmask[:, None] & kmask[None, :], EVICT)
         x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
                     mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-        ss += tl.sum(x * x, axis=1)
         x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
-        # ||x|| by a running largest |x| (x * x itself underflows below ~1e-19, and a bound
-        # of width 0 would leave the true argmax unread)
-        nm = tl.maximum(mx, tl.max(tl.abs(x), axis=1))
-        sn = tl.where(nm > 0, nm, 1.0)
-        xs = x / sn[:, None]
-        xx = xx * (mx / sn) * (mx / sn) + tl.sum(xs * xs, axis=1)
-        mx = nm
         if CVT:  # int8 -> float32 by its bits: 2^23 + 128 + q, less 2^23 + 128 (exact)
             qf = (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
         else:  # (the conversion instruction: a quarter of the FMAs' rate, ``SCREEN_CVT``)
@@ -1474,13 +1463,10 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, s
         else:
             acc = tl.dot(x, tl.trans(qf), acc, input_precision="ieee")
     _gdc_late(PDL)
-    if IMMA:
-        inv = tl.load(st_ptr + rt * 4, mask=tmask, other=0.0)
-        xn = tl.load(st_ptr + rt * 4 + 1, mask=tmask, other=0.0)
+    inv = tl.load(st_ptr + rt * 4, mask=tmask, other=0.0)  # (``_screen_prep_kernel``'s)
+    xn = tl.load(st_ptr + rt * 4 + 1, mask=tmask, other=0.0)
+    if IMMA:  # (the limbs' sums are of x / s)
         acc = acc * tl.load(st_ptr + rt * 4 + 2, mask=tmask, other=0.0)[:, None]
-    else:
-        inv = tl.rsqrt(ss / K + eps)
-        xn = mx * tl.sqrt(xx)
     d = tl.load(d_ptr + rn, mask=nmask, other=0.0)
     e = tl.load(e_ptr + rn, mask=nmask, other=0.0)
     s = acc * d[None, :] * inv[:, None]
@@ -1563,8 +1549,8 @@ SCREEN_IMMA = 1
 
 @dataclass(slots=True)
 class ScreenBuffers:
-    """What one greedy step's passes hand on: the integer path's limbs of x [3, T, K] int8 and
-    per-token statistics [T, 4], the upper bounds [T, V], the largest lower bound of each
+    """What one greedy step's passes hand on: x's limbs [3, T, K] int8 (the integer path's)
+    and per-token statistics [T, 4] (both paths'), the upper bounds [T, V], the largest lower bound of each
     screen program [T, programs], and ``rescore``'s partials [T, 2 * its programs]
     (``argmax_merge``'s input)."""
 
@@ -1603,11 +1589,11 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
     """The greedy output projection through ``OutScreen`` (both passes): ``bufs.partials``
     for ``argmax_merge``, which then gives the same column as an ``ARGMAX`` linear over
     ``w`` (the bfloat16 rows ``scr`` was made from) up to float32 rounding between near-equal
-    logits. ``pdl`` is the screen's mode (on the integer path the limbs' kernel before it
-    waits first and lets the screen go at once, or runs without PDL where ``pdl`` has none);
-    the rescoring waits first and lets the merge go.
-    ``passes`` (benchmarks): 1 launches the screen alone (with, on the integer path, the
-    limbs' kernel before it), 2 the rescoring alone."""
+    logits. ``pdl`` is the screen's mode (the limbs' kernel before it waits first and lets
+    the screen go at once, or runs without PDL where ``pdl`` has none); the rescoring waits
+    first and lets the merge go.
+    ``passes`` (benchmarks): 1 launches the screen alone (with the limbs' kernel before it),
+    2 the rescoring alone."""
     t, k = x.shape
     n = scr.q.shape[0]
     _check_evict(evict)
@@ -1633,8 +1619,9 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
         raise ValueError(f"screen: {rows} rows a rescoring program must be a power of two of "
                          f"at least {RESCORE_GRAIN}, and at most 2,048 programs ({n} rows)")
     imma = int(SCREEN_IMMA == 2 or (x.is_cuda and SCREEN_IMMA == 1))
-    if passes & 1 and imma:
-        # it lets the screen launch at its start (one program a token leaves the SMs free for
+    if passes & 1:
+        # the statistics of both paths (and the integer path's limbs), in one place; it lets
+        # the screen launch at its start (one program a token leaves the SMs free for
         # the screen's to wait on); the screen then runs in the caller's mode, so that with
         # PDL_LATE the rescoring's programs take no SM slots before the screen's loop is done
         ppdl = 1 if pdl % 4 in (1, 2) else 0
@@ -1644,7 +1631,7 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
     if passes & 1:
         _screen_kernel[(nprog,)](
             x, norm, scr.q, scr.scale, scr.err, bufs.up, bufs.lo, bufs.limbs, bufs.stats, t, n,
-            k, x.stride(0), bufs.up.stride(0), bufs.lo.stride(0), eps,
+            k, x.stride(0), bufs.up.stride(0), bufs.lo.stride(0),
             BLOCK_T=max(16, block_t(t)) if imma else block_t(t), BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, PDL=pdl, EVICT=evict, HILO=x.is_cuda, CVT=SCREEN_CVT,
             IMMA=imma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl))
