@@ -50,12 +50,21 @@ TOKENIZER_COLS = 151_665
 
 
 def parse_tile(s: str) -> tuple[int, K.LinearConfig]:
-    """"T:block_n,block_k,warps[,stages]" -> (T, tile)."""
+    """"T:block_n,block_k,warps[,stages[,spread]]" -> (T, tile); spread: that many programs,
+    each a span of rows (``LinearConfig.spread``)."""
     t, rest = s.split(":")
     nums = [int(x) for x in rest.split(",")]
-    if len(nums) not in (3, 4):
-        raise argparse.ArgumentTypeError(f"a tile is T:block_n,block_k,warps[,stages]; got {s}")
-    return int(t), K.LinearConfig(nums[0], nums[1], nums[2], nums[3] if len(nums) > 3 else 2)
+    if len(nums) not in (3, 4, 5):
+        raise argparse.ArgumentTypeError(
+            f"a tile is T:block_n,block_k,warps[,stages[,spread]]; got {s}")
+    return int(t), K.LinearConfig(nums[0], nums[1], nums[2], nums[3] if len(nums) > 3 else 2,
+                                  spread=nums[4] if len(nums) > 4 else 0)
+
+
+def tile_name(cfg: K.LinearConfig) -> str:
+    """A screen tile as the figures name it: 128x128w4s2, and p528 for 528 programs."""
+    return (f"{cfg.block_n}x{cfg.block_k}w{cfg.num_warps}s{cfg.num_stages}"
+            + (f"p{cfg.spread}" if cfg.spread else ""))
 
 
 def runners(a: ModelArgs, n_ctx: int, tiles: list[tuple[int, K.LinearConfig]]
@@ -88,8 +97,7 @@ def timing(rs: dict[str, Runner], positions: list[int], rounds: int,
             kinds[f"greedy_t{t}"] = ("plain", t, True)
             kinds[f"screened_t{t}"] = ("screened", t, True)
         for i, (t, cfg) in enumerate(tiles):
-            kinds[f"screened_t{t}_{cfg.block_n}x{cfg.block_k}w{cfg.num_warps}s{cfg.num_stages}"
-                  ] = (f"tile{i}", t, True)
+            kinds[f"screened_t{t}_{tile_name(cfg)}"] = (f"tile{i}", t, True)
         best: dict[str, float] = {}
         per_round: dict[str, list[float]] = {k: [] for k in kinds}
         for rnd in range(rounds):
@@ -119,6 +127,53 @@ def timing(rs: dict[str, Runner], positions: list[int], rounds: int,
         }
         out[str(pos)] = row
         log("timing", pos, json.dumps(row))
+    return out
+
+
+def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
+                  n_ctx: int, tiles: list[tuple[int, K.LinearConfig]]) -> dict[str, Any]:
+    """``--copies``: the one-token greedy step, plain, screened and screened in each one-token
+    tile of ``tiles``, each in ``copies`` Runners over one set of weights, every Runner timed
+    once a round in a shuffled order.
+
+    Why: where a kernel's programs land on the SMs differs between captures of the same step
+    (session 34 run 283's traces: the 0.5B's plain step @512 with qkv 20 an SM on 53 SMs and
+    gate/up 16 on 96, its layers 18 µs slower than the screened Runner's). With one Runner a
+    variant, that decides a ratio as much as the variant does; over several Runners a variant,
+    the median of their best times compares the variants, and the spread within a variant
+    shows how much a capture alone moves a step."""
+    model = Transformer(a, random_weights(a, torch.bfloat16, "cuda", seed=0), n_pos=n_ctx + 64)
+    variants: dict[str, K.LinearConfig | None] = {"plain": None, "screened": None}
+    variants.update({f"screened_{tile_name(c)}": c for t, c in tiles if t == 1})
+    rs: dict[str, Runner] = {}
+    for i in range(copies):
+        for name, cfg in variants.items():
+            r = Runner(model, n_ctx, kernels="triton", graphs=True)
+            r.greedy_cols = TOKENIZER_COLS
+            r.screen_out = name != "plain"
+            if cfg is not None:
+                r.linear_configs[("screen", 1)] = cfg
+            r.step([100], 0, greedy=True)  # captured here, in this order
+            rs[f"{name}:{i}"] = r
+    gen = torch.Generator().manual_seed(34)
+    out: dict[str, Any] = {}
+    for pos in positions:
+        per: dict[str, list[float]] = {k: [] for k in rs}
+        for _ in range(rounds):
+            order = [list(rs)[j] for j in torch.randperm(len(rs), generator=gen).tolist()]
+            for key in order:
+                r = rs[key]
+                r.step([100], pos, greedy=True)
+                per[key].append(time_ms(lambda r=r: r.replay(1, greedy=True), iters=50,
+                                        reps=3))
+        best = {k: min(v) for k, v in per.items()}
+        by = {name: [best[f"{name}:{i}"] for i in range(copies)] for name in variants}
+        med = {name: statistics.median(v) for name, v in by.items()}
+        row = {"per_round_ms": per, "best_ms": best, "median_ms": med,
+               "range_ms": {name: [min(v), max(v)] for name, v in by.items()},
+               "over_plain": {name: med[name] / med["plain"] for name in variants}}
+        out[str(pos)] = row
+        log("copies", pos, json.dumps({k: v for k, v in row.items() if k != "per_round_ms"}))
     return out
 
 
@@ -168,11 +223,13 @@ PART_TILES = {t: [(64, 128, 4, 3), (128, 128, 4, 3), (128, 128, 8, 3), (256, 128
 FLOAT_TILES = {1: K.LinearConfig(16, 512, 4, 2), 9: K.LinearConfig(128, 64, 8, 3)}
 
 
-def parts(a: ModelArgs, per: int = 10) -> dict[str, Any]:
+def parts(a: ModelArgs, extra: list[tuple[int, K.LinearConfig]], sweep: bool = True,
+          per: int = 10) -> dict[str, Any]:
     """Each pass alone, captured ``per`` times in a CUDA graph (so the matrices, 2-4x the L2,
     come from DRAM every launch): the plain ``ARGMAX`` projection, its merge, the screen (the
     integer path at its default tile and at each of ``PART_TILES``, and the float path at
-    ``FLOAT_TILES``), the rescoring alone, and both passes; microseconds a launch."""
+    ``FLOAT_TILES``), the rescoring alone, and both passes; microseconds a launch. ``extra``:
+    more screen tiles (``--tiles``); ``sweep`` False leaves ``PART_TILES`` out."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     n, k = TOKENIZER_COLS, a.n_embd
     w = (torch.randn(n, k, device="cuda", generator=gen) * 0.05).to(torch.bfloat16)
@@ -181,13 +238,14 @@ def parts(a: ModelArgs, per: int = 10) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for t in (1, 9):
         x = torch.randn(t, k, device="cuda", generator=gen) * 4
-        out[f"t{t}"] = _parts_t(x, w, norm, scr, per)
+        out[f"t{t}"] = _parts_t(x, w, norm, scr, per, extra, sweep)
         log("parts", k, t, {key: round(v, 2) for key, v in out[f"t{t}"].items()})
     return out
 
 
 def _parts_t(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, scr: K.OutScreen,
-             per: int) -> dict[str, float]:
+             per: int, extra: list[tuple[int, K.LinearConfig]],
+             sweep: bool) -> dict[str, float]:
     t, k = x.shape
     n = w.shape[0]
     row: dict[str, float] = {}
@@ -223,11 +281,10 @@ def _parts_t(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, scr: K.OutScr
     row["rescore"] = graph_us(functools.partial(job, 2), per)
     row["both"] = graph_us(functools.partial(job, 3), per)
     row["rescored_rows"] = int((bufs.up >= bufs.lo.max(dim=1, keepdim=True).values).sum())
-    for tile in PART_TILES[t]:
-        c = K.LinearConfig(*tile)
+    cfgs = [K.LinearConfig(*tile) for tile in PART_TILES[t]] if sweep else []
+    for c in cfgs + [c for tt, c in extra if tt == t]:
         b = K.screen_buffers(t, n, k, c, "cuda")
-        row[f"screen_{tile[0]}x{tile[1]}w{tile[2]}s{tile[3]}"] = graph_us(
-            functools.partial(job, 1, c, b), per)
+        row[f"screen_{tile_name(c)}"] = graph_us(functools.partial(job, 1, c, b), per)
     return row
 
 
@@ -238,7 +295,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--positions", default="512,4096", help="comma-separated positions")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     ap.add_argument("--tiles", type=parse_tile, nargs="*", default=[],
-                    help="extra screen tiles, each T:block_n,block_k,warps[,stages]")
+                    help="extra screen tiles, each T:block_n,block_k,warps[,stages[,spread]] "
+                         "(spread: that many programs, each a span of rows)")
+    ap.add_argument("--no-sweep", action="store_true",
+                    help="--parts: time only the default and --tiles, not PART_TILES")
+    ap.add_argument("--copies", type=int, default=0,
+                    help="instead of the rounds above: the one-token greedy step, plain and "
+                         "screened, each in this many Runners (captures), timed in shuffled "
+                         "rounds")
     ap.add_argument("--parts", action="store_true",
                     help="time each pass alone (and screen tiles) instead of whole steps")
     args = ap.parse_args(argv)
@@ -259,7 +323,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         a = MODELS[name]
         if args.parts:
-            res[name] = {"parts": parts(a)}
+            res[name] = {"parts": parts(a, args.tiles, not args.no_sweep)}
+            (args.out / "screen.json").write_text(json.dumps(res, indent=1))
+            continue
+        if args.copies > 0:
+            res[name] = {"copies": copies_timing(a, positions, args.rounds, args.copies,
+                                                 max(positions) + 64, args.tiles)}
+            torch.cuda.empty_cache()
             (args.out / "screen.json").write_text(json.dumps(res, indent=1))
             continue
         rs = runners(a, max(max(positions), 700) + 64, args.tiles)

@@ -56,6 +56,11 @@ KINDS = ("qkv", "attn", "merge", "wo", "w13", "w2")
 #: A verify step's launches a layer (T > 1): qkv is ``kernels.qkv_split``'s two.
 VERIFY_KINDS = ("qkv", "rope", "attn", "merge", "wo", "w13", "w2")
 PROGS = 16384  # programs recorded a launch (the output projection has ~9.5k)
+#: The launches after the last layer, by the step's kind (``--greedy``): a logits step's
+#: output projection; a greedy step's ``ARGMAX`` projection and its merge; a screened greedy
+#: step's limbs' kernel, screen, rescoring and merge (``kernels.screen``).
+TAILS = {"logits": ("out",), "plain": ("out", "pick"),
+         "screened": ("prep", "screen", "rescore", "pick")}
 
 
 def variant_settings(spec: str) -> dict[str, Any]:
@@ -114,7 +119,9 @@ def timer_tick(stamps: torch.Tensor) -> int:
 def trace(a: ModelArgs, pos: int, replays: int,
           l2_prefetch: tuple[float, int, int] | None | bool = True,
           t: int = 1, variant: dict[str, Any] | None = None,
-          carveout: int | None = None) -> dict[str, Any]:
+          carveout: int | None = None, kind: str = "logits") -> dict[str, Any]:
+    """One step's trace (module docstring). ``kind``: a logits step, or a greedy one with the
+    output matrix's screen off ("plain") or on ("screened"), whatever the Runner's default."""
     if variant:  # bench_verify's own Runner and settings, so the variant means the same there
         r, base = runner_for(a, pos + 64)
         configure(r, variant, base)
@@ -123,32 +130,39 @@ def trace(a: ModelArgs, pos: int, replays: int,
         r = Runner(Transformer(a, w, n_pos=pos + 128), pos + 64, kernels="triton", graphs=True)
     if l2_prefetch is not True:  # True: the default's (its side-stream kernel is not traced)
         r.l2_prefetch = l2_prefetch  # type: ignore[assignment]
+    if kind not in TAILS:
+        raise SystemExit(f"trace_step: a step is one of {sorted(TAILS)}, not {kind!r}")
+    greedy = kind != "logits"
+    if greedy:
+        r.screen_out = kind == "screened"
+    tails = TAILS[kind]
     kinds = KINDS if t == 1 else VERIFY_KINDS
     nk = len(kinds)
     toks = list(range(100, 100 + t))
-    r.step(toks, pos)
+    step = functools.partial(r.step, toks, pos, greedy=greedy)
+    step()
     if carveout is not None:  # every kernel compiled so far, then the step captured anew
         K.set_carveout(carveout)
         r.drop_steps()
-        r.step(toks, pos)
-    replay = functools.partial(r.replay, t)
+        step()
+    replay = functools.partial(r.replay, t, greedy=greedy)
     plain_ms = time_ms(replay)
-    n_launch = nk * a.n_layer + 1
+    n_launch = nk * a.n_layer + len(tails)
     with K.tracing(n_launch, PROGS, "cuda") as buf:
         r.drop_steps()
-        r.step(toks, pos)  # captured traced: its replays stamp into buf
+        step()  # captured traced: its replays stamp into buf
         if carveout is not None:  # the traced kernels were compiled in that capture
             K.set_carveout(carveout)
             r.drop_steps()
-            r.step(toks, pos)
+            step()
         if K.TRACE["next"] != n_launch:  # (a step without split-K qkv, say: misindexed)
             raise SystemExit(f"trace_step: the step made {K.TRACE['next']} traced launches, "
-                             f"expected {n_launch} ({nk} a layer and the output)")
+                             f"expected {n_launch} ({nk} a layer and {', '.join(tails)})")
     traced_ms = time_ms(replay)
     rows: dict[str, list[float]] = {}
     for _ in range(replays):
         buf.zero_()
-        r.replay(t)
+        r.replay(t, greedy=greedy)
         torch.cuda.synchronize()
         rec = buf.view(n_launch, PROGS, K.TRACE_WIDTH).cpu()
         raw, sm = rec[:, :, :4], rec[:, :, K.TRACE_SM]
@@ -175,14 +189,26 @@ def trace(a: ModelArgs, pos: int, replays: int,
                     rows.setdefault(f"{kind}.{name}", []).append(val)
             rows.setdefault("layer", []).append(
                 float(last[nk * li + nk - 1, 3] - last[nk * li - 1, 3]))
-        j = n_launch - 1
-        rows.setdefault("out.release", []).append(float(first[j, 1] - last[j - 1, 3]))
-        rows.setdefault("out.loop", []).append(float(last[j, 2] - first[j, 1]))
+        for i, name in enumerate(tails):  # the launches after the last layer
+            j = nk * a.n_layer + i
+            for part, val in (("release", first[j, 1] - last[j - 1, 3]),
+                              ("lead", first[j, 1] - first[j, 0]),
+                              ("wait_spread", last[j, 1] - first[j, 1]),
+                              ("loop", last[j, 2] - first[j, 1]),
+                              ("tail", last[j, 3] - last[j, 2])):
+                rows.setdefault(f"{name}.{part}", []).append(float(val))
+            for part, val in placement(st[j], sm[j], seen[j], last[j - 1, 3] * 1e3):
+                rows.setdefault(f"{name}.{part}", []).append(val)
+        end = nk * a.n_layer - 1  # the last layer's down projection
+        rows.setdefault("after_layers", []).append(float(last[n_launch - 1, 3]
+                                                         - last[end, 3]))
+        rows.setdefault("layers", []).append(float(last[end, 3]))
         rows.setdefault("step_span", []).append(float(last[:, 3].max()))
     if carveout is not None:
         K.set_carveout(K.CARVEOUT_DEFAULT)
     med = {k: round(statistics.median(v), 3) for k, v in rows.items()}
-    return {"t": t, "ms": plain_ms, "traced_ms": traced_ms, "median_us": med}
+    return {"t": t, "kind": kind, "tails": list(tails), "ms": plain_ms, "traced_ms": traced_ms,
+            "median_us": med}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,10 +225,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="default",
                     help="comma-separated: default, or SET:NAME for a variant of bench_verify.py's "
                          "--set SET; each is traced in a Runner of its own")
+    ap.add_argument("--greedy", default="logits",
+                    help="comma-separated step kinds: logits (every logit written), plain (a "
+                         "greedy step, the output matrix read in bfloat16) or screened (a "
+                         "greedy step through its int8 screen); each traced in a Runner of "
+                         "its own")
     ap.add_argument("--carveout", type=int, default=None,
                     help="every kernel prefers this %% of L1 as shared memory "
                          "(kernels.set_carveout); default: the driver's choice per kernel")
     args = ap.parse_args(argv)
+    step_kinds = args.greedy.split(",")
+    if bad := [k for k in step_kinds if k not in TAILS]:
+        raise SystemExit(f"trace_step: --greedy takes {', '.join(TAILS)}; got {bad[0]!r}")
     variants = {spec: variant_settings(spec) for spec in args.variants.split(",")}
     if not torch.cuda.is_available():
         print("trace_step needs a CUDA GPU", file=sys.stderr)
@@ -219,13 +253,14 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {}
     for name in args.models.split(","):
         for pos in (int(p) for p in args.positions.split(",")):
-            for t, (spec, v) in ((int(x), sv) for x in args.tokens.split(",")
-                                 for sv in variants.items()):
-                out = trace(models[name], pos, args.replays, prefetch, t, v, args.carveout)
+            for t, (spec, v), sk in ((int(x), sv, sk) for x in args.tokens.split(",")
+                                     for sv in variants.items() for sk in step_kinds):
+                out = trace(models[name], pos, args.replays, prefetch, t, v, args.carveout, sk)
                 key = (f"{name}@{pos}" + (f"_T{t}" if t > 1 else "")
-                       + (f"_c{args.carveout}" if args.carveout is not None else ""))
+                       + (f"_c{args.carveout}" if args.carveout is not None else "")
+                       + ("" if sk == "logits" else f"_{sk}"))
                 res[key if spec == "default" else f"{key}_{spec}"] = out
-                print(name, pos, t, spec, json.dumps(out), flush=True)
+                print(name, pos, t, spec, sk, json.dumps(out), flush=True)
                 args.out.mkdir(parents=True, exist_ok=True)
                 (args.out / "trace.json").write_text(json.dumps(res, indent=1))
                 torch.cuda.empty_cache()
@@ -238,9 +273,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{kind:6s} " + " ".join(f"{m[f'{kind}.{x}']:7.2f}"
                                            for x in ("release", "lead", "wait_spread", "loop",
                                                      "tail")))
-        print(f"out    {m['out.release']:7.2f}                      {m['out.loop']:7.2f}")
+        for kind in out["tails"]:
+            print(f"{kind:6s} " + " ".join(f"{m[f'{kind}.{x}']:7.2f}"
+                                           for x in ("release", "lead", "wait_spread", "loop",
+                                                     "tail")))
+        print(f"the layers {m['layers']:.2f} us, after them {m['after_layers']:.2f} us")
         print("kind    programs an SM: most  SMs used  early  most early  on the last SM")
-        for kind in KINDS if out["t"] == 1 else VERIFY_KINDS:
+        for kind in (*(KINDS if out["t"] == 1 else VERIFY_KINDS), *out["tails"]):
             print(f"{kind:6s} " + " ".join(f"{m.get(f'{kind}.{x}', float('nan')):9.1f}"
                                            for x in ("sm_max", "sm_used", "early_n",
                                                      "early_max", "late_n")))

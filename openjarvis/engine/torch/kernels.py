@@ -85,6 +85,10 @@ class LinearConfig:
     #: (With the norm in the loop, its squares are still summed across the warp every tile;
     #: the 1.5B's gate/up reads the norm hand-off, so its loop has no shuffle left.)
     lanes: bool = False
+    #: The screen (``screen``) only: this many programs, each a contiguous, balanced span of
+    #: rows in ``block_n`` tiles, instead of one tile a program; 0: one tile a program. With
+    #: as many programs as the SMs hold at once, none waits for a later wave.
+    spread: int = 0
 
     def __post_init__(self) -> None:
         if self.prefetch and not self.rows:
@@ -1220,9 +1224,9 @@ def argmax_partials(t: int, n: int, cfg: LinearConfig, device: torch.device | st
 
 
 @triton.jit
-def _argmax_merge_kernel(part_ptr, ids_ptr, host_ptr, feed_ptr, NP, stride_p,
+def _argmax_merge_kernel(part_ptr, ids_ptr, host_ptr, feed_ptr, NP, stride_p, tr_ptr, tr_base,
                          BLOCK: tl.constexpr, PDL: tl.constexpr, HOST: tl.constexpr,
-                         FEED: tl.constexpr):
+                         FEED: tl.constexpr, TRACE: tl.constexpr = 0):
     """Program = token: the largest of the ``NP`` programs' maxima and its column. The
     programs' columns rise with their index (``screen``'s rescoring interleaves them, but
     stays within one chunk, where the least column of equal maxima wins whatever the order)
@@ -1230,7 +1234,9 @@ def _argmax_merge_kernel(part_ptr, ids_ptr, host_ptr, feed_ptr, NP, stride_p,
     so keeping the earlier chunk on equal values gives the first column overall, as
     ``torch.argmax`` and ``np.argmax`` do."""
     t = tl.program_id(0)
+    _stamp(tr_ptr, tr_base, t, 0, TRACE)
     _gdc(PDL)
+    _stamp(tr_ptr, tr_base, t, 1, TRACE)
     row = part_ptr + t * stride_p
     p = tl.arange(0, BLOCK)
     v = tl.load(row + 2 * p, mask=p < NP, other=float("-inf"))
@@ -1246,11 +1252,13 @@ def _argmax_merge_kernel(part_ptr, ids_ptr, host_ptr, feed_ptr, NP, stride_p,
         first = tl.where(cm > best, ci, first)
         best = tl.maximum(best, cm)
     first = tl.where(first < 3.0e38, first, 0.0)  # (all NaN: still a column)
+    _stamp(tr_ptr, tr_base, t, 2, TRACE)
     tl.store(ids_ptr + t, first.to(ids_ptr.dtype.element_ty))
     if HOST:  # page-locked host memory, written straight over the bus
         tl.store(host_ptr + t, first.to(host_ptr.dtype.element_ty))
     if FEED:  # the next step's input token (``Runner.draft``)
         tl.store(feed_ptr + t, first.to(feed_ptr.dtype.element_ty))
+    _stamp(tr_ptr, tr_base, t, 3, TRACE)
 
 
 def argmax_merge(partials: torch.Tensor, ids: torch.Tensor, pdl: int = 0,
@@ -1274,10 +1282,11 @@ def argmax_merge(partials: torch.Tensor, ids: torch.Tensor, pdl: int = 0,
         raise ValueError(f"argmax_merge feeds int64 [{t}] on the ids' device; got "
                          f"{feed.dtype} {tuple(feed.shape)} on {feed.device}")
     block = min(2048, triton.next_power_of_2(width // 2))
+    tr, trc = _trace(partials)
     _argmax_merge_kernel[(t,)](partials, ids, ids if host is None else host,
                                ids if feed is None else feed, width // 2, partials.stride(0),
-                               BLOCK=block, PDL=_wait(pdl), HOST=host is not None,
-                               FEED=feed is not None, num_warps=4, **_launch(pdl))
+                               *tr, BLOCK=block, PDL=_wait(pdl), HOST=host is not None,
+                               FEED=feed is not None, num_warps=4, **_launch(pdl), **trc)
     return ids
 
 
@@ -1339,8 +1348,8 @@ def screen_weights(w: torch.Tensor, rows_at_once: int = 8192) -> OutScreen:
 
 
 @triton.jit
-def _screen_prep_kernel(x_ptr, g_ptr, lim_ptr, st_ptr, T, K, stride_x, eps,
-                        BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _screen_prep_kernel(x_ptr, g_ptr, lim_ptr, st_ptr, T, K, stride_x, eps, tr_ptr, tr_base,
+                        BLOCK_K: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr = 0):
     """The screen's input, once a step (program = token), so that none of the screen's
     ~1,200 programs walks x itself before or after its weights stream (session 32 run 272:
     such walks held the 1.5B's screen at 94 µs against ~55 for its bytes): x = h * g as three
@@ -1349,7 +1358,9 @@ def _screen_prep_kernel(x_ptr, g_ptr, lim_ptr, st_ptr, T, K, stride_x, eps,
     ``screen`` keeps to 8192), so x is read once: this launch sits between the last layer and
     the screen, and its latency is the step's."""
     t = tl.program_id(0)
+    _stamp(tr_ptr, tr_base, t, 0, TRACE)
     _gdc(PDL)
+    _stamp(tr_ptr, tr_base, t, 1, TRACE)
     rk = tl.arange(0, BLOCK_K)
     kmask = rk < K
     h = tl.load(x_ptr + t * stride_x + rk, mask=kmask, other=0.0).to(tl.float32)
@@ -1361,6 +1372,7 @@ def _screen_prep_kernel(x_ptr, g_ptr, lim_ptr, st_ptr, T, K, stride_x, eps,
     v = (xs - f1) * 254.0
     l2, f2 = _limb(v)
     l3, _ = _limb((v - f2) * 254.0)
+    _stamp(tr_ptr, tr_base, t, 2, TRACE)
     tl.store(lim_ptr + t * K + rk, l1, mask=kmask)
     tl.store(lim_ptr + (T + t) * K + rk, l2, mask=kmask)
     tl.store(lim_ptr + (2 * T + t) * K + rk, l3, mask=kmask)
@@ -1370,6 +1382,7 @@ def _screen_prep_kernel(x_ptr, g_ptr, lim_ptr, st_ptr, T, K, stride_x, eps,
     tl.store(st_ptr + t * 4 + 1, sc * tl.sqrt(tl.sum(xs * xs, 0)))
     tl.store(st_ptr + t * 4 + 2, sc)
     tl.store(st_ptr + t * 4 + 3, 0.0)  # (unused: written so that the buffer is all defined)
+    _stamp(tr_ptr, tr_base, t, 3, TRACE)
 
 
 @triton.jit
@@ -1408,10 +1421,47 @@ def _screen_imma(lim_ptr, q_ptr, rn, rt, nmask, tmask, T, K,
 
 
 @triton.jit
+def _screen_span(q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, st_ptr, T, N, K, stride_up,
+                 stride_lo, pid, tr_ptr, tr_base, BLOCK_T: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+                 EVICT: tl.constexpr, TRACE: tl.constexpr):
+    """``_screen_kernel``'s ``SPREAD`` program: its span of rows, a tile at a time, each
+    tile's upper bounds stored and the largest lower bound of the span kept per token."""
+    n_prog = tl.num_programs(0)
+    start = (pid * N) // n_prog  # (``screen`` keeps N * programs below 2^31)
+    end = ((pid + 1) * N) // n_prog
+    rt = tl.arange(0, BLOCK_T)
+    tmask = rt < T
+    _gdc(PDL)
+    _stamp(tr_ptr, tr_base, pid, 1, TRACE)
+    inv = tl.load(st_ptr + rt * 4, mask=tmask, other=0.0)  # (``_screen_prep_kernel``'s)
+    xn = tl.load(st_ptr + rt * 4 + 1, mask=tmask, other=0.0)
+    sc = tl.load(st_ptr + rt * 4 + 2, mask=tmask, other=0.0)
+    lo = tl.full([BLOCK_T], float("-inf"), tl.float32)
+    for r0 in range(start, end, BLOCK_N):
+        rn = r0 + tl.arange(0, BLOCK_N)
+        nmask = rn < end
+        acc = _screen_imma(lim_ptr, q_ptr, rn, rt, nmask, tmask, T, K, EVICT, BLOCK_T,
+                           BLOCK_N, BLOCK_K) * sc[:, None]
+        d = tl.load(d_ptr + rn, mask=nmask, other=0.0)
+        e = tl.load(e_ptr + rn, mask=nmask, other=0.0)
+        s = acc * d[None, :] * inv[:, None]
+        b = (inv * xn)[:, None] * e[None, :]
+        tl.store(up_ptr + rt[:, None] * stride_up + rn[None, :], s + b,
+                 mask=tmask[:, None] & nmask[None, :])
+        lo = tl.maximum(lo, tl.max(tl.where(nmask[None, :], s - b, float("-inf")), axis=1))
+    _stamp(tr_ptr, tr_base, pid, 2, TRACE)
+    _gdc_late(PDL)
+    tl.store(lo_ptr + rt * stride_lo + pid, lo, mask=tmask)
+    _stamp(tr_ptr, tr_base, pid, 3, TRACE)
+
+
+@triton.jit
 def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, st_ptr, T, N, K,
-                   stride_x, stride_up, stride_lo, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, PDL: tl.constexpr, EVICT: tl.constexpr,
-                   HILO: tl.constexpr, CVT: tl.constexpr = 1, IMMA: tl.constexpr = 0):
+                   stride_x, stride_up, stride_lo, tr_ptr, tr_base, BLOCK_T: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+                   EVICT: tl.constexpr, HILO: tl.constexpr, CVT: tl.constexpr = 1,
+                   IMMA: tl.constexpr = 0, TRACE: tl.constexpr = 0, SPREAD: tl.constexpr = 0):
     """``OutScreen``'s first pass over rows ``pid * BLOCK_N``..: each token's bounds of each
     row's logit, the upper ones stored whole (``up`` [T, N]), the largest lower one a program
     (``lo`` [T, programs]). x = RMSNorm(h) as the output projection takes it (h * g, times
@@ -1424,64 +1474,80 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, s
     ``_screen_prep_kernel`` has written x, scaled to 127 at its largest, as three int8 limbs
     (x / s = l1 + l2 / 254 + l3 / 254^2 to 2^-23 of the largest, inside ``SCREEN_SLACK``) and
     each token's 1/RMS, ||x|| and s; the int8 rows multiply the limbs through integer matrix
-    instructions into exact int32 sums, the rows as M (``BLOCK_T`` >= 16)."""
+    instructions into exact int32 sums, the rows as M (``BLOCK_T`` >= 16).
+
+    ``SPREAD`` (the integer path only): the program takes rows [pid N / P, (pid + 1) N / P)
+    of the P launched, in ``BLOCK_N`` tiles (the last one part-masked), so that P programs
+    the SMs hold at once each stream the same bytes: with one tile a program, the 1.5B's
+    1,185 programs ran 4 an SM in 2.2 waves, the last one a quarter full (session 34 run
+    283's trace: programs passed their wait over 54 of the loop's 74 µs)."""
     pid = tl.program_id(0)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rt = tl.arange(0, BLOCK_T)
-    nmask = rn < N
-    tmask = rt < T
-    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-    rk = tl.arange(0, BLOCK_K)
-    q = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.int8)
-    if IMMA == 0:  # (the integer path's loop loads every tile itself, so Triton pipelines it)
-        q = _load_w(q_ptr + rn[:, None] * K + rk[None, :],
-                    nmask[:, None] & (rk < K)[None, :], EVICT)  # (weights: before the wait)
-    _gdc(PDL)
-    if IMMA:
-        acc = _screen_imma(lim_ptr, q_ptr, rn, rt, nmask, tmask, T, K, EVICT, BLOCK_T,
-                           BLOCK_N, BLOCK_K)
-    for k0 in range(0, K if IMMA == 0 else 0, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        kmask = rk < K
-        if k0 > 0:
+    _stamp(tr_ptr, tr_base, pid, 0, TRACE)
+    if SPREAD:
+        _screen_span(q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, st_ptr, T, N, K, stride_up,
+                     stride_lo, pid, tr_ptr, tr_base, BLOCK_T, BLOCK_N, BLOCK_K, PDL, EVICT,
+                     TRACE)
+    else:
+        rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        rt = tl.arange(0, BLOCK_T)
+        nmask = rn < N
+        tmask = rt < T
+        acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+        rk = tl.arange(0, BLOCK_K)
+        q = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.int8)
+        if IMMA == 0:  # (the integer path's loop loads every tile itself, so Triton pipelines it)
             q = _load_w(q_ptr + rn[:, None] * K + rk[None, :],
-                        nmask[:, None] & kmask[None, :], EVICT)
-        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
-                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
-        if CVT:  # int8 -> float32 by its bits: 2^23 + 128 + q, less 2^23 + 128 (exact)
-            qf = (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
-        else:  # (the conversion instruction: a quarter of the FMAs' rate, ``SCREEN_CVT``)
-            qf = q.to(tl.float32)
-        if BLOCK_T == 1:
-            acc += tl.sum(x * qf, axis=1)[None, :]
-        elif HILO:
-            qb = tl.trans(qf.to(tl.bfloat16))
-            hi = x.to(tl.bfloat16)
-            acc = tl.dot(hi, qb, acc)
-            acc = tl.dot((x - hi.to(tl.float32)).to(tl.bfloat16), qb, acc)
-        else:
-            acc = tl.dot(x, tl.trans(qf), acc, input_precision="ieee")
-    _gdc_late(PDL)
-    inv = tl.load(st_ptr + rt * 4, mask=tmask, other=0.0)  # (``_screen_prep_kernel``'s)
-    xn = tl.load(st_ptr + rt * 4 + 1, mask=tmask, other=0.0)
-    if IMMA:  # (the limbs' sums are of x / s)
-        acc = acc * tl.load(st_ptr + rt * 4 + 2, mask=tmask, other=0.0)[:, None]
-    d = tl.load(d_ptr + rn, mask=nmask, other=0.0)
-    e = tl.load(e_ptr + rn, mask=nmask, other=0.0)
-    s = acc * d[None, :] * inv[:, None]
-    b = (inv * xn)[:, None] * e[None, :]
-    tl.store(up_ptr + rt[:, None] * stride_up + rn[None, :], s + b,
-             mask=tmask[:, None] & nmask[None, :])
-    lo = tl.max(tl.where(nmask[None, :], s - b, float("-inf")), axis=1)
-    tl.store(lo_ptr + rt * stride_lo + pid, lo, mask=tmask)
+                        nmask[:, None] & (rk < K)[None, :], EVICT)  # (weights: before the wait)
+        _gdc(PDL)
+        _stamp(tr_ptr, tr_base, pid, 1, TRACE)
+        if IMMA:
+            acc = _screen_imma(lim_ptr, q_ptr, rn, rt, nmask, tmask, T, K, EVICT, BLOCK_T,
+                               BLOCK_N, BLOCK_K)
+        for k0 in range(0, K if IMMA == 0 else 0, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            kmask = rk < K
+            if k0 > 0:
+                q = _load_w(q_ptr + rn[:, None] * K + rk[None, :],
+                            nmask[:, None] & kmask[None, :], EVICT)
+            x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                        mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+            if CVT:  # int8 -> float32 by its bits: 2^23 + 128 + q, less 2^23 + 128 (exact)
+                qf = (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+            else:  # (the conversion instruction: a quarter of the FMAs' rate, ``SCREEN_CVT``)
+                qf = q.to(tl.float32)
+            if BLOCK_T == 1:
+                acc += tl.sum(x * qf, axis=1)[None, :]
+            elif HILO:
+                qb = tl.trans(qf.to(tl.bfloat16))
+                hi = x.to(tl.bfloat16)
+                acc = tl.dot(hi, qb, acc)
+                acc = tl.dot((x - hi.to(tl.float32)).to(tl.bfloat16), qb, acc)
+            else:
+                acc = tl.dot(x, tl.trans(qf), acc, input_precision="ieee")
+        _stamp(tr_ptr, tr_base, pid, 2, TRACE)
+        _gdc_late(PDL)
+        inv = tl.load(st_ptr + rt * 4, mask=tmask, other=0.0)  # (``_screen_prep_kernel``'s)
+        xn = tl.load(st_ptr + rt * 4 + 1, mask=tmask, other=0.0)
+        if IMMA:  # (the limbs' sums are of x / s)
+            acc = acc * tl.load(st_ptr + rt * 4 + 2, mask=tmask, other=0.0)[:, None]
+        d = tl.load(d_ptr + rn, mask=nmask, other=0.0)
+        e = tl.load(e_ptr + rn, mask=nmask, other=0.0)
+        s = acc * d[None, :] * inv[:, None]
+        b = (inv * xn)[:, None] * e[None, :]
+        tl.store(up_ptr + rt[:, None] * stride_up + rn[None, :], s + b,
+                 mask=tmask[:, None] & nmask[None, :])
+        lo = tl.max(tl.where(nmask[None, :], s - b, float("-inf")), axis=1)
+        tl.store(lo_ptr + rt * stride_lo + pid, lo, mask=tmask)
+        _stamp(tr_ptr, tr_base, pid, 3, TRACE)
 
 
 @triton.jit
 def _rescore_kernel(x_ptr, g_ptr, w_ptr, up_ptr, lo_ptr, part_ptr, N, K, NLO, NPROG,
-                    stride_x, stride_up, stride_lo, stride_p, eps, BLOCK_R: tl.constexpr,
-                    BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, C: tl.constexpr,
-                    GRAIN: tl.constexpr, PDL: tl.constexpr):
+                    stride_x, stride_up, stride_lo, stride_p, eps, tr_ptr, tr_base,
+                    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
+                    C: tl.constexpr, GRAIN: tl.constexpr, PDL: tl.constexpr,
+                    TRACE: tl.constexpr = 0):
     """``OutScreen``'s second pass, program (p, token t) of ``NPROG`` a token: the largest
     lower bound over the screen's programs, then, of its ``BLOCK_R`` rows, those whose upper
     bound reaches it, their exact logits (bfloat16 rows . x in float32), ``C`` rows at a time
@@ -1496,7 +1562,10 @@ def _rescore_kernel(x_ptr, g_ptr, w_ptr, up_ptr, lo_ptr, part_ptr, N, K, NLO, NP
     the least column among them, whatever order the programs' columns are in."""
     p = tl.program_id(0)
     t = tl.program_id(1)
+    tp = t * NPROG + p  # (the trace's record: every program of every token)
+    _stamp(tr_ptr, tr_base, tp, 0, TRACE)
     _gdc(PDL)
+    _stamp(tr_ptr, tr_base, tp, 1, TRACE)
     lp = tl.arange(0, BLOCK_P)
     lim = tl.max(tl.load(lo_ptr + t * stride_lo + lp, mask=lp < NLO, other=float("-inf")), 0)
     for p0 in range(BLOCK_P, NLO, BLOCK_P):
@@ -1527,8 +1596,10 @@ def _rescore_kernel(x_ptr, g_ptr, w_ptr, up_ptr, lo_ptr, part_ptr, N, K, NLO, NP
         ci = tl.min(tl.where(val == cm, row, 2147483647), 0)
         first = tl.where(cm > best, ci, first)
         best = tl.maximum(best, cm)
+    _stamp(tr_ptr, tr_base, tp, 2, TRACE)
     tl.store(part_ptr + t * stride_p + 2 * p, best)
     tl.store(part_ptr + t * stride_p + 2 * p + 1, first.to(tl.float32))
+    _stamp(tr_ptr, tr_base, tp, 3, TRACE)
 
 
 #: ``screen``'s second pass: rows a program (a power of two; at most 2,048 programs, as
@@ -1561,6 +1632,13 @@ class ScreenBuffers:
     stats: torch.Tensor
 
 
+def screen_programs(n: int, cfg: LinearConfig) -> int:
+    """The screen's programs for n rows in tile ``cfg``: one a tile, or ``cfg.spread`` (at
+    most one a tile), each taking a span of rows."""
+    tiles = triton.cdiv(n, cfg.block_n)
+    return min(cfg.spread, tiles) if cfg.spread > 0 else tiles
+
+
 def screen_buffers(t: int, n: int, k: int, cfg: LinearConfig, device: torch.device | str,
                    rows: int = RESCORE_ROWS, up: torch.Tensor | None = None) -> ScreenBuffers:
     """``screen``'s buffers for T tokens, n rows of k and the screen tile ``cfg``; ``up``, the
@@ -1568,7 +1646,7 @@ def screen_buffers(t: int, n: int, k: int, cfg: LinearConfig, device: torch.devi
     Runner's scratch: the largest of them, 0.6 MB a token for the vocabulary)."""
     f32 = torch.float32
     return ScreenBuffers(up if up is not None else torch.empty(t, n, dtype=f32, device=device),
-                         torch.empty(t, triton.cdiv(n, cfg.block_n), dtype=f32, device=device),
+                         torch.empty(t, screen_programs(n, cfg), dtype=f32, device=device),
                          torch.empty(t, 2 * triton.cdiv(n, rows), dtype=f32, device=device),
                          torch.empty(3, t, k, dtype=torch.int8, device=device),
                          torch.empty(t, 4, dtype=f32, device=device))
@@ -1603,7 +1681,7 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
         raise ValueError(f"screen: x [T, {k}] needs an OutScreen of [V, {k}] int8 rows made "
                          f"from w's first V rows and a norm of [{k}]; got q "
                          f"{tuple(scr.q.shape)}, w {tuple(w.shape)}, norm {tuple(norm.shape)}")
-    nprog = triton.cdiv(n, cfg.block_n)
+    nprog = screen_programs(n, cfg)
     want = ((t, n), (t, nprog), (t, 2 * triton.cdiv(n, rows)), (3, t, k), (t, 4))
     bl = (bufs.up, bufs.lo, bufs.partials, bufs.limbs, bufs.stats)
     got = tuple(tuple(b.shape) for b in bl)
@@ -1619,32 +1697,43 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
         raise ValueError(f"screen: {rows} rows a rescoring program must be a power of two of "
                          f"at least {RESCORE_GRAIN}, and at most 2,048 programs ({n} rows)")
     imma = int(SCREEN_IMMA == 2 or (x.is_cuda and SCREEN_IMMA == 1))
+    if cfg.spread and not imma:
+        raise ValueError("screen: spans of rows a program (spread) run on the integer path "
+                         "only (SCREEN_IMMA)")
+    if cfg.spread < 0 or n * nprog >= 2**31:
+        raise ValueError(f"screen: spread must be 0 or a count of programs whose spans of "
+                         f"{n} rows the kernel can index (n * programs < 2^31); got "
+                         f"{cfg.spread}")
     if passes & 1:
         # the statistics of both paths (and the integer path's limbs), in one place; it lets
         # the screen launch at its start (one program a token leaves the SMs free for
         # the screen's to wait on); the screen then runs in the caller's mode, so that with
         # PDL_LATE the rescoring's programs take no SM slots before the screen's loop is done
         ppdl = 1 if pdl % 4 in (1, 2) else 0
-        _screen_prep_kernel[(t,)](x, norm, bufs.limbs, bufs.stats, t, k, x.stride(0), eps,
+        tr, trc = _trace(bufs.stats)
+        _screen_prep_kernel[(t,)](x, norm, bufs.limbs, bufs.stats, t, k, x.stride(0), eps, *tr,
                                   BLOCK_K=triton.next_power_of_2(k), PDL=ppdl,
-                                  num_warps=4 if k <= 2048 else 8, **_launch(ppdl))
+                                  num_warps=4 if k <= 2048 else 8, **_launch(ppdl), **trc)
     if passes & 1:
+        tr, trc = _trace(bufs.lo)
         _screen_kernel[(nprog,)](
             x, norm, scr.q, scr.scale, scr.err, bufs.up, bufs.lo, bufs.limbs, bufs.stats, t, n,
-            k, x.stride(0), bufs.up.stride(0), bufs.lo.stride(0),
+            k, x.stride(0), bufs.up.stride(0), bufs.lo.stride(0), *tr,
             BLOCK_T=max(16, block_t(t)) if imma else block_t(t), BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, PDL=pdl, EVICT=evict, HILO=x.is_cuda, CVT=SCREEN_CVT,
-            IMMA=imma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl))
+            IMMA=imma, SPREAD=int(cfg.spread > 0), num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, **_launch(pdl), **trc)
     if not passes & 2:
         return bufs.partials
     rpdl = 1 if pdl % 4 in (1, 2) else 0
     nres = triton.cdiv(n, rows)
+    tr, trc = _trace(bufs.partials)
     _rescore_kernel[(nres, t)](
         x, norm, w, bufs.up, bufs.lo, bufs.partials, n, k, nprog, nres, x.stride(0),
-        bufs.up.stride(0), bufs.lo.stride(0), bufs.partials.stride(0), eps, BLOCK_R=rows,
+        bufs.up.stride(0), bufs.lo.stride(0), bufs.partials.stride(0), eps, *tr, BLOCK_R=rows,
         BLOCK_K=triton.next_power_of_2(k), BLOCK_P=min(1024, triton.next_power_of_2(nprog)),
         C=at_once, GRAIN=RESCORE_GRAIN, PDL=rpdl, num_warps=8 if k > 1024 else 4,
-        **_launch(rpdl))
+        **_launch(rpdl), **trc)
     return bufs.partials
 
 

@@ -7,6 +7,8 @@ timings; these assert them. Run on the lent H200 with
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -253,13 +255,16 @@ def _assert_exact_pick(ids: torch.Tensor, ref: torch.Tensor) -> None:
     assert (ids == top2.indices[:, 0])[clear].all()
 
 
-@pytest.mark.parametrize("k", [896, 1536, 3584])
+@pytest.mark.parametrize(("k", "spread"), [(896, 0), (1536, 0), (3584, 0), (896, 528),
+                                           (1536, 528), (1536, 263)])
 @pytest.mark.parametrize("t", [1, 9])
-def test_the_screen_picks_the_exact_argmax_in_every_pdl_mode(t: int, k: int) -> None:
+def test_the_screen_picks_the_exact_argmax_in_every_pdl_mode(t: int, k: int,
+                                                             spread: int) -> None:
     """``kernels.screen`` on the vocabulary's 151,936 rows of the 0.5B's and the 1.5B's widths
     (896, 1536: the screen is on by default for the 1.5B) and a wider one (3584: the limbs'
     kernel on 8 warps), in bf16 through the integer matrix instructions: the exact argmax of
-    float64 logits, with rows the int8 copy cannot tell apart planted at the top."""
+    float64 logits, with rows the int8 copy cannot tell apart planted at the top. ``spread``:
+    that many programs, each a span of rows (263: spans of 577-578, no multiple of a tile)."""
     from openjarvis.engine.torch import kernels as K
 
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -274,7 +279,7 @@ def test_the_screen_picks_the_exact_argmax_in_every_pdl_mode(t: int, k: int) -> 
     scr = K.screen_weights(w)
     ref = _exact_logits(h, norm, w)
     for mode in pdl_modes():
-        cfg = K.default_screen_config(t)
+        cfg = dataclasses.replace(K.default_screen_config(t), spread=spread)
         bufs = K.screen_buffers(t, n, k, cfg, "cuda")
         for b in (bufs.up, bufs.lo, bufs.partials, bufs.stats):
             b.fill_(float("nan"))
@@ -447,6 +452,50 @@ def test_a_traced_step_stamps_every_program_in_order_and_computes_the_same(
     r.logits(toks[p2:p2 + t], p2)
     torch.cuda.synchronize()
     assert not buf.any()  # captured untraced: no stamps
+
+
+@pytest.mark.parametrize("screened", [False, True])
+@pytest.mark.parametrize("t", [1, 9])
+def test_a_traced_greedy_step_stamps_its_pick_launches_and_picks_the_same(
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor], t: int,
+        screened: bool) -> None:
+    """``trace_step.py --greedy``: a greedy step's launches after the last layer (the
+    ``ARGMAX`` projection and its merge; or the limbs' kernel, the screen, the rescoring and
+    the merge) stamp every program's four events in order, as the layers' do, and the traced
+    step picks the tokens the untraced one picks."""
+    from openjarvis.engine.torch import kernels as K
+
+    model, _, toks, _ = pair
+    r = Runner(model, 256)
+    r.make_deterministic()  # (the traced and untraced steps then see the same residual)
+    r.screen_out = screened
+    r.logits(toks[:170], 0)
+    p0 = 170
+    want = r.argmax(toks[p0 : p0 + t], p0).clone()
+    progs = 16384
+    tails = 4 if screened else 2
+    # (6 a layer at every T: a deterministic verify step runs the per-pair qkv, not split-K)
+    n_launch = 6 * model.args.n_layer + tails
+    with K.tracing(n_launch, progs, "cuda") as buf:
+        r.drop_steps(t)
+        r.argmax(toks[p0 : p0 + t], p0)  # captured with tracing
+        assert K.TRACE["next"] == n_launch
+    buf.zero_()
+    got = r.argmax(toks[p0 : p0 + t], p0).clone()  # a replay of the traced graph
+    torch.cuda.synchronize()
+    assert got.tolist() == want.tolist()
+    st = buf.view(n_launch, progs, K.TRACE_WIDTH)[-tails:, :, :4]
+    seen = st[:, :, 0] > 0
+    assert seen.any(1).all()  # every pick launch stamped
+    assert seen[-1].sum() == t  # the merge: a program a token
+    if screened:
+        assert seen[0].sum() == t  # the limbs' kernel: a program a token
+    stamped = st[seen]
+    assert (stamped > 0).all()
+    assert (stamped[:, 1:] >= stamped[:, :-1]).all()  # entry <= waited <= looped <= done
+    first_in = st[:, :, 1].masked_fill(~seen, 2**62).amin(1)
+    last_done = st[:, :, 3].amax(1)
+    assert (first_in[1:] >= last_done[:-1]).all()  # each past its wait after the one before
 
 
 def test_a_shared_memory_floor_caps_the_programs_an_sm_takes_and_computes_the_same(
