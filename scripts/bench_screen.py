@@ -50,21 +50,17 @@ TOKENIZER_COLS = 151_665
 
 
 def parse_tile(s: str) -> tuple[int, K.LinearConfig]:
-    """"T:block_n,block_k,warps[,stages[,spread]]" -> (T, tile); spread: that many programs,
-    each a span of rows (``LinearConfig.spread``)."""
+    """"T:block_n,block_k,warps[,stages]" -> (T, tile)."""
     t, rest = s.split(":")
     nums = [int(x) for x in rest.split(",")]
-    if len(nums) not in (3, 4, 5):
-        raise argparse.ArgumentTypeError(
-            f"a tile is T:block_n,block_k,warps[,stages[,spread]]; got {s}")
-    return int(t), K.LinearConfig(nums[0], nums[1], nums[2], nums[3] if len(nums) > 3 else 2,
-                                  spread=nums[4] if len(nums) > 4 else 0)
+    if len(nums) not in (3, 4):
+        raise argparse.ArgumentTypeError(f"a tile is T:block_n,block_k,warps[,stages]; got {s}")
+    return int(t), K.LinearConfig(nums[0], nums[1], nums[2], nums[3] if len(nums) > 3 else 2)
 
 
 def tile_name(cfg: K.LinearConfig) -> str:
-    """A screen tile as the figures name it: 128x128w4s2, and p528 for 528 programs."""
-    return (f"{cfg.block_n}x{cfg.block_k}w{cfg.num_warps}s{cfg.num_stages}"
-            + (f"p{cfg.spread}" if cfg.spread else ""))
+    """A screen tile as the figures name it: 128x128w4s2."""
+    return f"{cfg.block_n}x{cfg.block_k}w{cfg.num_warps}s{cfg.num_stages}"
 
 
 def runners(a: ModelArgs, n_ctx: int, tiles: list[tuple[int, K.LinearConfig]]
@@ -295,8 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--positions", default="512,4096", help="comma-separated positions")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     ap.add_argument("--tiles", type=parse_tile, nargs="*", default=[],
-                    help="extra screen tiles, each T:block_n,block_k,warps[,stages[,spread]] "
-                         "(spread: that many programs, each a span of rows)")
+                    help="extra screen tiles, each T:block_n,block_k,warps[,stages]")
     ap.add_argument("--no-sweep", action="store_true",
                     help="--parts: time only the default and --tiles, not PART_TILES")
     ap.add_argument("--copies", type=int, default=0,

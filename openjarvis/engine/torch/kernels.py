@@ -85,10 +85,6 @@ class LinearConfig:
     #: (With the norm in the loop, its squares are still summed across the warp every tile;
     #: the 1.5B's gate/up reads the norm hand-off, so its loop has no shuffle left.)
     lanes: bool = False
-    #: The screen (``screen``) only: this many programs, each a contiguous, balanced span of
-    #: rows in ``block_n`` tiles, instead of one tile a program; 0: one tile a program. With
-    #: as many programs as the SMs hold at once, none waits for a later wave.
-    spread: int = 0
 
     def __post_init__(self) -> None:
         if self.prefetch and not self.rows:
@@ -1421,47 +1417,11 @@ def _screen_imma(lim_ptr, q_ptr, rn, rt, nmask, tmask, T, K,
 
 
 @triton.jit
-def _screen_span(q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, st_ptr, T, N, K, stride_up,
-                 stride_lo, pid, tr_ptr, tr_base, BLOCK_T: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                 EVICT: tl.constexpr, TRACE: tl.constexpr):
-    """``_screen_kernel``'s ``SPREAD`` program: its span of rows, a tile at a time, each
-    tile's upper bounds stored and the largest lower bound of the span kept per token."""
-    n_prog = tl.num_programs(0)
-    start = (pid * N) // n_prog  # (``screen`` keeps N * programs below 2^31)
-    end = ((pid + 1) * N) // n_prog
-    rt = tl.arange(0, BLOCK_T)
-    tmask = rt < T
-    _gdc(PDL)
-    _stamp(tr_ptr, tr_base, pid, 1, TRACE)
-    inv = tl.load(st_ptr + rt * 4, mask=tmask, other=0.0)  # (``_screen_prep_kernel``'s)
-    xn = tl.load(st_ptr + rt * 4 + 1, mask=tmask, other=0.0)
-    sc = tl.load(st_ptr + rt * 4 + 2, mask=tmask, other=0.0)
-    lo = tl.full([BLOCK_T], float("-inf"), tl.float32)
-    for r0 in range(start, end, BLOCK_N):
-        rn = r0 + tl.arange(0, BLOCK_N)
-        nmask = rn < end
-        acc = _screen_imma(lim_ptr, q_ptr, rn, rt, nmask, tmask, T, K, EVICT, BLOCK_T,
-                           BLOCK_N, BLOCK_K) * sc[:, None]
-        d = tl.load(d_ptr + rn, mask=nmask, other=0.0)
-        e = tl.load(e_ptr + rn, mask=nmask, other=0.0)
-        s = acc * d[None, :] * inv[:, None]
-        b = (inv * xn)[:, None] * e[None, :]
-        tl.store(up_ptr + rt[:, None] * stride_up + rn[None, :], s + b,
-                 mask=tmask[:, None] & nmask[None, :])
-        lo = tl.maximum(lo, tl.max(tl.where(nmask[None, :], s - b, float("-inf")), axis=1))
-    _stamp(tr_ptr, tr_base, pid, 2, TRACE)
-    _gdc_late(PDL)
-    tl.store(lo_ptr + rt * stride_lo + pid, lo, mask=tmask)
-    _stamp(tr_ptr, tr_base, pid, 3, TRACE)
-
-
-@triton.jit
 def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, st_ptr, T, N, K,
                    stride_x, stride_up, stride_lo, tr_ptr, tr_base, BLOCK_T: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
                    EVICT: tl.constexpr, HILO: tl.constexpr, CVT: tl.constexpr = 1,
-                   IMMA: tl.constexpr = 0, TRACE: tl.constexpr = 0, SPREAD: tl.constexpr = 0):
+                   IMMA: tl.constexpr = 0, TRACE: tl.constexpr = 0):
     """``OutScreen``'s first pass over rows ``pid * BLOCK_N``..: each token's bounds of each
     row's logit, the upper ones stored whole (``up`` [T, N]), the largest lower one a program
     (``lo`` [T, programs]). x = RMSNorm(h) as the output projection takes it (h * g, times
@@ -1474,72 +1434,61 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, s
     ``_screen_prep_kernel`` has written x, scaled to 127 at its largest, as three int8 limbs
     (x / s = l1 + l2 / 254 + l3 / 254^2 to 2^-23 of the largest, inside ``SCREEN_SLACK``) and
     each token's 1/RMS, ||x|| and s; the int8 rows multiply the limbs through integer matrix
-    instructions into exact int32 sums, the rows as M (``BLOCK_T`` >= 16).
-
-    ``SPREAD`` (the integer path only): the program takes rows [pid N / P, (pid + 1) N / P)
-    of the P launched, in ``BLOCK_N`` tiles (the last one part-masked), so that P programs
-    the SMs hold at once each stream the same bytes: with one tile a program, the 1.5B's
-    1,185 programs ran 4 an SM in 2.2 waves, the last one a quarter full (session 34 run
-    283's trace: programs passed their wait over 54 of the loop's 74 µs)."""
+    instructions into exact int32 sums, the rows as M (``BLOCK_T`` >= 16)."""
     pid = tl.program_id(0)
     _stamp(tr_ptr, tr_base, pid, 0, TRACE)
-    if SPREAD:
-        _screen_span(q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, st_ptr, T, N, K, stride_up,
-                     stride_lo, pid, tr_ptr, tr_base, BLOCK_T, BLOCK_N, BLOCK_K, PDL, EVICT,
-                     TRACE)
-    else:
-        rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        rt = tl.arange(0, BLOCK_T)
-        nmask = rn < N
-        tmask = rt < T
-        acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-        rk = tl.arange(0, BLOCK_K)
-        q = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.int8)
-        if IMMA == 0:  # (the integer path's loop loads every tile itself, so Triton pipelines it)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rt = tl.arange(0, BLOCK_T)
+    nmask = rn < N
+    tmask = rt < T
+    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    rk = tl.arange(0, BLOCK_K)
+    q = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.int8)
+    if IMMA == 0:  # (the integer path's loop loads every tile itself, so Triton pipelines it)
+        q = _load_w(q_ptr + rn[:, None] * K + rk[None, :],
+                    nmask[:, None] & (rk < K)[None, :], EVICT)  # (weights: before the wait)
+    _gdc(PDL)
+    _stamp(tr_ptr, tr_base, pid, 1, TRACE)
+    if IMMA:
+        acc = _screen_imma(lim_ptr, q_ptr, rn, rt, nmask, tmask, T, K, EVICT, BLOCK_T,
+                           BLOCK_N, BLOCK_K)
+    for k0 in range(0, K if IMMA == 0 else 0, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        if k0 > 0:
             q = _load_w(q_ptr + rn[:, None] * K + rk[None, :],
-                        nmask[:, None] & (rk < K)[None, :], EVICT)  # (weights: before the wait)
-        _gdc(PDL)
-        _stamp(tr_ptr, tr_base, pid, 1, TRACE)
-        if IMMA:
-            acc = _screen_imma(lim_ptr, q_ptr, rn, rt, nmask, tmask, T, K, EVICT, BLOCK_T,
-                               BLOCK_N, BLOCK_K)
-        for k0 in range(0, K if IMMA == 0 else 0, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            kmask = rk < K
-            if k0 > 0:
-                q = _load_w(q_ptr + rn[:, None] * K + rk[None, :],
-                            nmask[:, None] & kmask[None, :], EVICT)
-            x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
-                        mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-            x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
-            if CVT:  # int8 -> float32 by its bits: 2^23 + 128 + q, less 2^23 + 128 (exact)
-                qf = (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
-            else:  # (the conversion instruction: a quarter of the FMAs' rate, ``SCREEN_CVT``)
-                qf = q.to(tl.float32)
-            if BLOCK_T == 1:
-                acc += tl.sum(x * qf, axis=1)[None, :]
-            elif HILO:
-                qb = tl.trans(qf.to(tl.bfloat16))
-                hi = x.to(tl.bfloat16)
-                acc = tl.dot(hi, qb, acc)
-                acc = tl.dot((x - hi.to(tl.float32)).to(tl.bfloat16), qb, acc)
-            else:
-                acc = tl.dot(x, tl.trans(qf), acc, input_precision="ieee")
-        _stamp(tr_ptr, tr_base, pid, 2, TRACE)
-        _gdc_late(PDL)
-        inv = tl.load(st_ptr + rt * 4, mask=tmask, other=0.0)  # (``_screen_prep_kernel``'s)
-        xn = tl.load(st_ptr + rt * 4 + 1, mask=tmask, other=0.0)
-        if IMMA:  # (the limbs' sums are of x / s)
-            acc = acc * tl.load(st_ptr + rt * 4 + 2, mask=tmask, other=0.0)[:, None]
-        d = tl.load(d_ptr + rn, mask=nmask, other=0.0)
-        e = tl.load(e_ptr + rn, mask=nmask, other=0.0)
-        s = acc * d[None, :] * inv[:, None]
-        b = (inv * xn)[:, None] * e[None, :]
-        tl.store(up_ptr + rt[:, None] * stride_up + rn[None, :], s + b,
-                 mask=tmask[:, None] & nmask[None, :])
-        lo = tl.max(tl.where(nmask[None, :], s - b, float("-inf")), axis=1)
-        tl.store(lo_ptr + rt * stride_lo + pid, lo, mask=tmask)
-        _stamp(tr_ptr, tr_base, pid, 3, TRACE)
+                        nmask[:, None] & kmask[None, :], EVICT)
+        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+        if CVT:  # int8 -> float32 by its bits: 2^23 + 128 + q, less 2^23 + 128 (exact)
+            qf = (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+        else:  # (the conversion instruction: a quarter of the FMAs' rate, ``SCREEN_CVT``)
+            qf = q.to(tl.float32)
+        if BLOCK_T == 1:
+            acc += tl.sum(x * qf, axis=1)[None, :]
+        elif HILO:
+            qb = tl.trans(qf.to(tl.bfloat16))
+            hi = x.to(tl.bfloat16)
+            acc = tl.dot(hi, qb, acc)
+            acc = tl.dot((x - hi.to(tl.float32)).to(tl.bfloat16), qb, acc)
+        else:
+            acc = tl.dot(x, tl.trans(qf), acc, input_precision="ieee")
+    _stamp(tr_ptr, tr_base, pid, 2, TRACE)
+    _gdc_late(PDL)
+    inv = tl.load(st_ptr + rt * 4, mask=tmask, other=0.0)  # (``_screen_prep_kernel``'s)
+    xn = tl.load(st_ptr + rt * 4 + 1, mask=tmask, other=0.0)
+    if IMMA:  # (the limbs' sums are of x / s)
+        acc = acc * tl.load(st_ptr + rt * 4 + 2, mask=tmask, other=0.0)[:, None]
+    d = tl.load(d_ptr + rn, mask=nmask, other=0.0)
+    e = tl.load(e_ptr + rn, mask=nmask, other=0.0)
+    s = acc * d[None, :] * inv[:, None]
+    b = (inv * xn)[:, None] * e[None, :]
+    tl.store(up_ptr + rt[:, None] * stride_up + rn[None, :], s + b,
+             mask=tmask[:, None] & nmask[None, :])
+    lo = tl.max(tl.where(nmask[None, :], s - b, float("-inf")), axis=1)
+    tl.store(lo_ptr + rt * stride_lo + pid, lo, mask=tmask)
+    _stamp(tr_ptr, tr_base, pid, 3, TRACE)
 
 
 @triton.jit
@@ -1632,13 +1581,6 @@ class ScreenBuffers:
     stats: torch.Tensor
 
 
-def screen_programs(n: int, cfg: LinearConfig) -> int:
-    """The screen's programs for n rows in tile ``cfg``: one a tile, or ``cfg.spread`` (at
-    most one a tile), each taking a span of rows."""
-    tiles = triton.cdiv(n, cfg.block_n)
-    return min(cfg.spread, tiles) if cfg.spread > 0 else tiles
-
-
 def screen_buffers(t: int, n: int, k: int, cfg: LinearConfig, device: torch.device | str,
                    rows: int = RESCORE_ROWS, up: torch.Tensor | None = None) -> ScreenBuffers:
     """``screen``'s buffers for T tokens, n rows of k and the screen tile ``cfg``; ``up``, the
@@ -1646,7 +1588,7 @@ def screen_buffers(t: int, n: int, k: int, cfg: LinearConfig, device: torch.devi
     Runner's scratch: the largest of them, 0.6 MB a token for the vocabulary)."""
     f32 = torch.float32
     return ScreenBuffers(up if up is not None else torch.empty(t, n, dtype=f32, device=device),
-                         torch.empty(t, screen_programs(n, cfg), dtype=f32, device=device),
+                         torch.empty(t, triton.cdiv(n, cfg.block_n), dtype=f32, device=device),
                          torch.empty(t, 2 * triton.cdiv(n, rows), dtype=f32, device=device),
                          torch.empty(3, t, k, dtype=torch.int8, device=device),
                          torch.empty(t, 4, dtype=f32, device=device))
@@ -1681,7 +1623,7 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
         raise ValueError(f"screen: x [T, {k}] needs an OutScreen of [V, {k}] int8 rows made "
                          f"from w's first V rows and a norm of [{k}]; got q "
                          f"{tuple(scr.q.shape)}, w {tuple(w.shape)}, norm {tuple(norm.shape)}")
-    nprog = screen_programs(n, cfg)
+    nprog = triton.cdiv(n, cfg.block_n)
     want = ((t, n), (t, nprog), (t, 2 * triton.cdiv(n, rows)), (3, t, k), (t, 4))
     bl = (bufs.up, bufs.lo, bufs.partials, bufs.limbs, bufs.stats)
     got = tuple(tuple(b.shape) for b in bl)
@@ -1697,13 +1639,6 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
         raise ValueError(f"screen: {rows} rows a rescoring program must be a power of two of "
                          f"at least {RESCORE_GRAIN}, and at most 2,048 programs ({n} rows)")
     imma = int(SCREEN_IMMA == 2 or (x.is_cuda and SCREEN_IMMA == 1))
-    if cfg.spread and not imma:
-        raise ValueError("screen: spans of rows a program (spread) run on the integer path "
-                         "only (SCREEN_IMMA)")
-    if cfg.spread < 0 or n * nprog >= 2**31:
-        raise ValueError(f"screen: spread must be 0 or a count of programs whose spans of "
-                         f"{n} rows the kernel can index (n * programs < 2^31); got "
-                         f"{cfg.spread}")
     if passes & 1:
         # the statistics of both paths (and the integer path's limbs), in one place; it lets
         # the screen launch at its start (one program a token leaves the SMs free for
@@ -1721,8 +1656,8 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
             k, x.stride(0), bufs.up.stride(0), bufs.lo.stride(0), *tr,
             BLOCK_T=max(16, block_t(t)) if imma else block_t(t), BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, PDL=pdl, EVICT=evict, HILO=x.is_cuda, CVT=SCREEN_CVT,
-            IMMA=imma, SPREAD=int(cfg.spread > 0), num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages, **_launch(pdl), **trc)
+            IMMA=imma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
+            **trc)
     if not passes & 2:
         return bufs.partials
     rpdl = 1 if pdl % 4 in (1, 2) else 0

@@ -7,8 +7,6 @@ timings; these assert them. Run on the lent H200 with
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -255,16 +253,13 @@ def _assert_exact_pick(ids: torch.Tensor, ref: torch.Tensor) -> None:
     assert (ids == top2.indices[:, 0])[clear].all()
 
 
-@pytest.mark.parametrize(("k", "spread"), [(896, 0), (1536, 0), (3584, 0), (896, 528),
-                                           (1536, 528), (1536, 263)])
+@pytest.mark.parametrize("k", [896, 1536, 3584])
 @pytest.mark.parametrize("t", [1, 9])
-def test_the_screen_picks_the_exact_argmax_in_every_pdl_mode(t: int, k: int,
-                                                             spread: int) -> None:
+def test_the_screen_picks_the_exact_argmax_in_every_pdl_mode(t: int, k: int) -> None:
     """``kernels.screen`` on the vocabulary's 151,936 rows of the 0.5B's and the 1.5B's widths
     (896, 1536: the screen is on by default for the 1.5B) and a wider one (3584: the limbs'
     kernel on 8 warps), in bf16 through the integer matrix instructions: the exact argmax of
-    float64 logits, with rows the int8 copy cannot tell apart planted at the top. ``spread``:
-    that many programs, each a span of rows (263: spans of 577-578, no multiple of a tile)."""
+    float64 logits, with rows the int8 copy cannot tell apart planted at the top."""
     from openjarvis.engine.torch import kernels as K
 
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -279,7 +274,7 @@ def test_the_screen_picks_the_exact_argmax_in_every_pdl_mode(t: int, k: int,
     scr = K.screen_weights(w)
     ref = _exact_logits(h, norm, w)
     for mode in pdl_modes():
-        cfg = dataclasses.replace(K.default_screen_config(t), spread=spread)
+        cfg = K.default_screen_config(t)
         bufs = K.screen_buffers(t, n, k, cfg, "cuda")
         for b in (bufs.up, bufs.lo, bufs.partials, bufs.stats):
             b.fill_(float("nan"))

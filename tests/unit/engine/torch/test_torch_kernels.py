@@ -137,22 +137,17 @@ def test_the_int8_screen_bounds_every_logit_of_the_rows_it_was_made_from() -> No
     assert scr.nbytes == 300 * 72 + 2 * 300 * 4
 
 
-@pytest.mark.parametrize(("t", "bn", "rows", "at_once", "near_first", "imma", "scale",
-                          "spread"),
-                         [(1, 8, 16, 2, False, 0, 1.0, 0), (1, 32, 1024, 2, True, 0, 1.0, 0),
-                          (3, 16, 32, 4, False, 0, 1.0, 0), (17, 32, 64, 2, True, 0, 1.0, 0),
-                          (1, 64, 16, 2, False, 2, 1.0, 0), (3, 64, 1024, 2, True, 2, 1.0, 0),
-                          (3, 64, 16, 2, False, 2, 1e-25, 0), (3, 16, 32, 2, True, 0, 1e-25, 0),
-                          (1, 16, 16, 2, True, 2, 1.0, 3), (3, 32, 32, 2, False, 2, 1.0, 5),
-                          (2, 64, 16, 2, True, 2, 1.0, 64)])
+@pytest.mark.parametrize(("t", "bn", "rows", "at_once", "near_first", "imma", "scale"),
+                         [(1, 8, 16, 2, False, 0, 1.0), (1, 32, 1024, 2, True, 0, 1.0),
+                          (3, 16, 32, 4, False, 0, 1.0), (17, 32, 64, 2, True, 0, 1.0),
+                          (1, 64, 16, 2, False, 2, 1.0), (3, 64, 1024, 2, True, 2, 1.0),
+                          (3, 64, 16, 2, False, 2, 1e-25), (3, 16, 32, 2, True, 0, 1e-25)])
 def test_a_screened_greedy_projection_picks_the_exact_argmax(
         t: int, bn: int, rows: int, at_once: int, near_first: bool, imma: int, scale: float,
-        spread: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """``imma`` 2: the GPU's integer path (x in three int8 limbs), run by the interpreter.
     ``scale``: a final residual so small that x * x underflows float32 (the bound's ||x||
-    must not). ``spread``: that many programs, each a span of rows in tiles whose last is
-    part-masked (3 spans of ~68 rows in tiles of 16; 5 of ~41 in tiles of 32; 64 asked, 4
-    run, one a tile)."""
+    must not)."""
     monkeypatch.setattr(K, "SCREEN_IMMA", imma)
     n, k = 203, 72
     h, w, norm = g(t, k, seed=1), g(n, k, seed=2), g(k, seed=3) + 1
@@ -168,7 +163,7 @@ def test_a_screened_greedy_projection_picks_the_exact_argmax(
         h[near] = w[90] / norm * 10
     h *= scale
     scr = K.screen_weights(w)
-    cfg = K.LinearConfig(block_n=bn, block_k=32, spread=spread)
+    cfg = K.LinearConfig(block_n=bn, block_k=32)
     bufs = K.screen_buffers(t, n, k, cfg, "cpu", rows=rows)
     for b in (bufs.up, bufs.lo, bufs.partials, bufs.stats):
         b.fill_(POISON)
@@ -187,16 +182,8 @@ def test_a_screened_greedy_projection_picks_the_exact_argmax(
     b8 = inv * xg.norm(dim=1, keepdim=True) * scr.err.double()
     tol = 1e-5 * (s8.abs() + b8)
     assert ((bufs.up.double() - (s8 + b8)).abs() <= tol).all()
-    nprog = K.screen_programs(n, cfg)
-    if spread:  # each program's span: rows [p n / P, (p + 1) n / P)
-        edges = [p * n // nprog for p in range(nprog + 1)]
-        lo8 = torch.stack([(s8 - b8)[:, a:b].max(-1).values
-                           for a, b in zip(edges, edges[1:], strict=False)], dim=1)
-        assert bufs.lo.shape == (t, nprog) == (t, min(spread, -(-n // bn)))
-    else:
-        lo8 = (s8 - b8)[:, : (n // bn) * bn].reshape(t, n // bn, bn).max(-1).values
-    m = lo8.shape[1]
-    assert ((bufs.lo.double()[:, :m] - lo8).abs() <= 1e-5 * lo8.abs() + 1e-9).all()
+    lo8 = (s8 - b8)[:, : (n // bn) * bn].reshape(t, n // bn, bn).max(-1).values
+    assert ((bufs.lo.double()[:, : n // bn] - lo8).abs() <= 1e-5 * lo8.abs() + 1e-9).all()
     assert ids.tolist() == logits.argmax(-1).tolist()
     if tie < t:
         assert ids[tie] == 40
@@ -218,9 +205,6 @@ def test_a_screen_it_cannot_run_is_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match="must be a power of two of at least 8"):
         K.screen(h, norm, scr, K.screen_buffers(1, 40, 72, cfg, "cpu", rows=12), w, cfg=cfg,
                  rows=12)
-    spread = K.LinearConfig(block_n=8, block_k=32, spread=3)
-    with pytest.raises(ValueError, match="spread.*integer path only"):
-        K.screen(h, norm, scr, K.screen_buffers(1, 40, 72, spread, "cpu"), w, cfg=spread)
     bad = w.clone()
     bad[3, 5] = float("inf")
     with pytest.raises(ValueError, match="NaN or an infinity"):
