@@ -126,11 +126,28 @@ def timing(rs: dict[str, Runner], positions: list[int], rounds: int,
     return out
 
 
+#: ``--copies``' variants of the one-token greedy step: the output matrix read in bfloat16
+#: or through the screen, each also with its pick's launches (the projection or the screen's
+#: three, and the merge) without PDL, or with the attention's K/V loads ``evict_last``
+#: (``kernels.KV_EVICT``), or (plain only) the output matrix read without the weights'
+#: ``evict_first`` hint (``Runner.out_evict``), or (screened only) the screen's weights
+#: loaded a tile ahead into registers (``kernels.SCREEN_REGS``).
+COPY_VARIANTS = ("plain", "screened", "plain_nopdl", "screened_nopdl", "plain_kvlast",
+                 "screened_kvlast", "plain_outnormal", "screened_regs")
+#: ``--carveout-kernels``: the kernels ``--carveout`` applies to.
+CARVEOUT_KERNELS = {
+    "screen": ("_screen_prep_kernel", "_screen_kernel", "_rescore_kernel",
+               "_argmax_merge_kernel"),
+    "rescore": ("_rescore_kernel", "_argmax_merge_kernel"),
+}
+
+
 def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
-                  n_ctx: int, tiles: list[tuple[int, K.LinearConfig]]) -> dict[str, Any]:
-    """``--copies``: the one-token greedy step, plain, screened and screened in each one-token
-    tile of ``tiles``, each in ``copies`` Runners over one set of weights, every Runner timed
-    once a round in a shuffled order.
+                  n_ctx: int, tiles: list[tuple[int, K.LinearConfig]],
+                  names: list[str], carveout: tuple[int, str] | None = None) -> dict[str, Any]:
+    """``--copies``: the one-token greedy step's variants ``names`` (``COPY_VARIANTS``) and
+    the screen in each one-token tile of ``tiles``, each in ``copies`` Runners over one set of
+    weights, every Runner timed once a round in a shuffled order.
 
     Why: where a kernel's programs land on the SMs differs between captures of the same step
     (session 34 run 283's traces: the 0.5B's plain step @512 with qkv 20 an SM on 53 SMs and
@@ -139,17 +156,35 @@ def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
     the median of their best times compares the variants, and the spread within a variant
     shows how much a capture alone moves a step."""
     model = Transformer(a, random_weights(a, torch.bfloat16, "cuda", seed=0), n_pos=n_ctx + 64)
-    variants: dict[str, K.LinearConfig | None] = {"plain": None, "screened": None}
+    if carveout is not None:  # (set on the compiled kernels: compiled first, by a throwaway)
+        for screened in (False, True):
+            warm = Runner(model, n_ctx, kernels="triton", graphs=True)
+            warm.greedy_cols = TOKENIZER_COLS
+            warm.screen_out = screened
+            warm.step([100], 0, greedy=True)
+            del warm
+        n_set = K.set_carveout(carveout[0], only=CARVEOUT_KERNELS[carveout[1]])
+        log("carveout", carveout, "set on", n_set, "compiled kernels")
+    variants: dict[str, K.LinearConfig | None] = {name: None for name in names}
     variants.update({f"screened_{tile_name(c)}": c for t, c in tiles if t == 1})
     rs: dict[str, Runner] = {}
     for i in range(copies):
         for name, cfg in variants.items():
             r = Runner(model, n_ctx, kernels="triton", graphs=True)
             r.greedy_cols = TOKENIZER_COLS
-            r.screen_out = name != "plain"
+            r.screen_out = not name.startswith("plain")
             if cfg is not None:
                 r.linear_configs[("screen", 1)] = cfg
-            r.step([100], 0, greedy=True)  # captured here, in this order
+            if name.endswith("_outnormal"):
+                r.out_evict = ""
+            if name.endswith("_nopdl"):  # the pick's launches without PDL
+                r.one_token_pdl = {**r.one_token_pdl, "out": 0}
+            saved, K.KV_EVICT = K.KV_EVICT, "evict_last" if name.endswith("_kvlast") else ""
+            saved_regs, K.SCREEN_REGS = K.SCREEN_REGS, int(name.endswith("_regs"))
+            try:
+                r.step([100], 0, greedy=True)  # captured here, in this order
+            finally:
+                K.KV_EVICT, K.SCREEN_REGS = saved, saved_regs
             rs[f"{name}:{i}"] = r
     gen = torch.Generator().manual_seed(34)
     out: dict[str, Any] = {}
@@ -165,9 +200,10 @@ def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
         best = {k: min(v) for k, v in per.items()}
         by = {name: [best[f"{name}:{i}"] for i in range(copies)] for name in variants}
         med = {name: statistics.median(v) for name, v in by.items()}
+        base = med.get("plain", next(iter(med.values())))
         row = {"per_round_ms": per, "best_ms": best, "median_ms": med,
                "range_ms": {name: [min(v), max(v)] for name, v in by.items()},
-               "over_plain": {name: med[name] / med["plain"] for name in variants}}
+               "over_first": {name: med[name] / base for name in variants}}
         out[str(pos)] = row
         log("copies", pos, json.dumps({k: v for k, v in row.items() if k != "per_round_ms"}))
     return out
@@ -275,6 +311,17 @@ def _parts_t(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, scr: K.OutScr
     finally:
         K.SCREEN_IMMA = saved
     row["rescore"] = graph_us(functools.partial(job, 2), per)
+    saved_regs, K.SCREEN_REGS = K.SCREEN_REGS, 1 - K.SCREEN_REGS
+    try:  # the other way of loading the integer path's tiles
+        row[f"screen_regs{K.SCREEN_REGS}"] = graph_us(functools.partial(job, 1), per)
+        row[f"both_regs{K.SCREEN_REGS}"] = graph_us(functools.partial(job, 3), per)
+    finally:
+        K.SCREEN_REGS = saved_regs
+    saved_lo, K.RESCORE_LO_BLOCK = K.RESCORE_LO_BLOCK, 2048
+    try:  # every lower bound read at once, no loop
+        row["rescore_lo2048"] = graph_us(functools.partial(job, 2), per)
+    finally:
+        K.RESCORE_LO_BLOCK = saved_lo
     row["both"] = graph_us(functools.partial(job, 3), per)
     row["rescored_rows"] = int((bufs.up >= bufs.lo.max(dim=1, keepdim=True).values).sum())
     cfgs = [K.LinearConfig(*tile) for tile in PART_TILES[t]] if sweep else []
@@ -298,6 +345,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead of the rounds above: the one-token greedy step, plain and "
                          "screened, each in this many Runners (captures), timed in shuffled "
                          "rounds")
+    ap.add_argument("--variants", default="plain,screened",
+                    help=f"--copies: comma-separated, of {', '.join(COPY_VARIANTS)}")
+    ap.add_argument("--carveout", type=int, default=None,
+                    help="--copies: the pick's kernels (--carveout-kernels) prefer this %% of "
+                         "L1 as shared memory (kernels.set_carveout); default: the driver's")
+    ap.add_argument("--carveout-kernels", choices=sorted(CARVEOUT_KERNELS), default="screen",
+                    help="--carveout: the screen's four launches, or the rescoring and merge")
     ap.add_argument("--parts", action="store_true",
                     help="time each pass alone (and screen tiles) instead of whole steps")
     args = ap.parse_args(argv)
@@ -311,6 +365,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     positions = [int(p) for p in args.positions.split(",")]
+    if bad := [v for v in args.variants.split(",") if v not in COPY_VARIANTS]:
+        print(f"bench_screen: unknown variant {bad[0]!r}; choose from {COPY_VARIANTS}",
+              file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                            "bandwidth": copy_bandwidth()}
@@ -323,7 +381,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if args.copies > 0:
             res[name] = {"copies": copies_timing(a, positions, args.rounds, args.copies,
-                                                 max(positions) + 64, args.tiles)}
+                                                 max(positions) + 64, args.tiles,
+                                                 args.variants.split(","),
+                                                 None if args.carveout is None else
+                                                 (args.carveout, args.carveout_kernels))}
             torch.cuda.empty_cache()
             (args.out / "screen.json").write_text(json.dumps(res, indent=1))
             continue

@@ -273,6 +273,9 @@ class Runner:
         #: Cache policy of the weight loads: "", "evict_first" (a step reads each weight once)
         #: or ".cg" (past L1; session 20: 1-5 % slower), ``kernels.WEIGHT_CACHE``.
         self.weight_evict = ""
+        #: The output projection's (or the screen's) own policy where not None (benchmarks:
+        #: session 34 asked what a step's last stream, without the hint, costs the next).
+        self.out_evict: str | None = None
         #: (kernel, verify step?) -> at least this much shared memory a program of it, to bound
         #: how many share an SM (``kernels.floor_shared``; session 20, benchmarks only): empty.
         self.smem_floor: dict[tuple[str, bool], int] = {}
@@ -872,6 +875,7 @@ class Runner:
         qkv_tiles = self.linear_configs.get(("qkv", t)) or (None, None)
         assert isinstance(qkv_tiles, tuple)
         ev = self.weight_evict
+        oev = ev if self.out_evict is None else self.out_evict
         split = self.qkv_split if t > 1 and isinstance(self.qkv_split, K.LinearConfig) else None
         if self.deterministic:
             split = None
@@ -955,16 +959,16 @@ class Runner:
             assert ws.partials is not None and ws.ids is not None
             if ws.screen is not None:
                 K.screen(ws.h, w.out_norm, self.out_screen(), ws.screen, w.out, eps=a.rms_eps,
-                         cfg=self._screen_tile(t), pdl=pk("out"), evict=ev)
+                         cfg=self._screen_tile(t), pdl=pk("out"), evict=oev)
             else:
                 K.linear(ws.h, w.out[: self.greedy_cols], ws.partials, mode=K.ARGMAX,
                          norm=w.out_norm, eps=a.rms_eps, cfg=self._out_tile(t), pdl=pk("out"),
-                         evict=ev)
+                         evict=oev)
             return K.argmax_merge(ws.partials, ws.ids, pdl=1 if pk("out") % 4 in (1, 2) else 0,
                                   host=ws.host_ids if self.host_ids_direct else None,
                                   feed=ws.feed)
         K.linear(ws.h, w.out, ws.logits, norm=w.out_norm, eps=a.rms_eps, cfg=lc("out"),
-                 pdl=pk("out"), evict=ev)
+                 pdl=pk("out"), evict=oev)
         return ws.logits
 
     def _check_smem_floor(self, t: int, split: bool, fused: bool, hooked: bool) -> None:
