@@ -128,12 +128,9 @@ def timing(rs: dict[str, Runner], positions: list[int], rounds: int,
 
 #: ``--copies``' variants of the one-token greedy step: the output matrix read in bfloat16
 #: or through the screen, each also with its pick's launches (the projection or the screen's
-#: three, and the merge) without PDL, or with the attention's K/V loads ``evict_last``
-#: (``kernels.KV_EVICT``), or (plain only) the output matrix read without the weights'
-#: ``evict_first`` hint (``Runner.out_evict``), or (screened only) the screen's weights
-#: loaded a tile ahead into registers (``kernels.SCREEN_REGS``).
-COPY_VARIANTS = ("plain", "screened", "plain_nopdl", "screened_nopdl", "plain_kvlast",
-                 "screened_kvlast", "plain_outnormal", "screened_regs")
+#: three, and the merge) without PDL, or (plain only) the output matrix read without the
+#: weights' ``evict_first`` hint (``Runner.out_evict``).
+COPY_VARIANTS = ("plain", "screened", "plain_nopdl", "screened_nopdl", "plain_outnormal")
 #: ``--carveout-kernels``: the kernels ``--carveout`` applies to.
 CARVEOUT_KERNELS = {
     "screen": ("_screen_prep_kernel", "_screen_kernel", "_rescore_kernel",
@@ -179,12 +176,7 @@ def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
                 r.out_evict = ""
             if name.endswith("_nopdl"):  # the pick's launches without PDL
                 r.one_token_pdl = {**r.one_token_pdl, "out": 0}
-            saved, K.KV_EVICT = K.KV_EVICT, "evict_last" if name.endswith("_kvlast") else ""
-            saved_regs, K.SCREEN_REGS = K.SCREEN_REGS, int(name.endswith("_regs"))
-            try:
-                r.step([100], 0, greedy=True)  # captured here, in this order
-            finally:
-                K.KV_EVICT, K.SCREEN_REGS = saved, saved_regs
+            r.step([100], 0, greedy=True)  # captured here, in this order
             rs[f"{name}:{i}"] = r
     gen = torch.Generator().manual_seed(34)
     out: dict[str, Any] = {}
@@ -311,12 +303,6 @@ def _parts_t(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, scr: K.OutScr
     finally:
         K.SCREEN_IMMA = saved
     row["rescore"] = graph_us(functools.partial(job, 2), per)
-    saved_regs, K.SCREEN_REGS = K.SCREEN_REGS, 1 - K.SCREEN_REGS
-    try:  # the other way of loading the integer path's tiles
-        row[f"screen_regs{K.SCREEN_REGS}"] = graph_us(functools.partial(job, 1), per)
-        row[f"both_regs{K.SCREEN_REGS}"] = graph_us(functools.partial(job, 3), per)
-    finally:
-        K.SCREEN_REGS = saved_regs
     saved_lo, K.RESCORE_LO_BLOCK = K.RESCORE_LO_BLOCK, 2048
     try:  # every lower bound read at once, no loop
         row["rescore_lo2048"] = graph_us(functools.partial(job, 2), per)

@@ -779,7 +779,7 @@ def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_c
                N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
                BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
                TRIM: tl.constexpr, tr_ptr=None, tr_base=0, tpid=0,
-               TRACE: tl.constexpr = 0, KV_EVICT: tl.constexpr = ""):
+               TRACE: tl.constexpr = 0):
     """Flash-decoding partials of one (kv head, split of the sequence): rows r = t * G + g of
     the query tile (all query heads of the group, all T tokens) share one K/V stream.
 
@@ -811,10 +811,8 @@ def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_c
     for s0 in range(s_lo, s_hi, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         smask = s < s_hi
-        kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0,
-                     eviction_policy=KV_EVICT)
-        vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0,
-                     eviction_policy=KV_EVICT)
+        kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
+        vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
         m, den, acc = _attn_update(q, kt, vt, s, smask, qpos, m, den, acc)
     _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
     idx = (sp * T + t) * N_HEAD + head  # partials [NSPLIT, T, H, ...]
@@ -831,7 +829,7 @@ def _attn_split_kernel(
     T, stride_ch, stride_cs, scale, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr, TRIM: tl.constexpr,
-    TRACE: tl.constexpr = 0, KV_EVICT: tl.constexpr = "",
+    TRACE: tl.constexpr = 0,
 ):
     """Program = (kv head, split): ``_attn_item``. ``start`` is written before the step's
     graph is launched, so it is read before the PDL wait."""
@@ -839,7 +837,7 @@ def _attn_split_kernel(
     _stamp(tr_ptr, tr_base, tpid, 0, TRACE)
     _attn_item(q_ptr, kc_ptr, vc_ptr, tl.load(start_ptr), o_ptr, ml_ptr, T, tl.program_id(0),
                tl.program_id(1), stride_ch, stride_cs, scale, N_HEAD, G, HD, NSPLIT, BLOCK_R,
-               BLOCK_S, PDL, TRIM, tr_ptr, tr_base, tpid, TRACE, KV_EVICT)
+               BLOCK_S, PDL, TRIM, tr_ptr, tr_base, tpid, TRACE)
     _gdc_late(PDL)
     _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
 
@@ -1017,12 +1015,6 @@ def _trace(dummy: torch.Tensor) -> tuple[tuple[torch.Tensor, int], dict[str, int
     TRACE["next"] = n + 1
     return (buf, n * p), {"TRACE": p}
 
-
-#: The attention's K/V loads' L2 eviction policy ("": none). Why "evict_last" is tried
-#: (session 34): a step's streamed weights are "evict_first", so the K/V cache (6-15 MB at
-#: position 512) should stay in L2 between steps, unless a load without that hint streams
-#: through it: a pipelined ``cp.async`` may lose the hint (``scripts/ptx_hints.py``).
-KV_EVICT = ""
 
 #: The carveout's "no preference" value (``CU_SHAREDMEM_CARVEOUT_DEFAULT``).
 CARVEOUT_DEFAULT = -1
@@ -1403,41 +1395,20 @@ def _limb(v):
 @triton.jit
 def _screen_imma(lim_ptr, q_ptr, rn, rt, nmask, tmask, T, K,
                  EVICT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, REGS: tl.constexpr = 0):
+                 BLOCK_K: tl.constexpr):
     """``_screen_kernel``'s ``IMMA`` sums: acc [BT, BN] = (x / s) . q_v for every row, exact to
     the limbs' 2^-23 (``_screen_prep_kernel`` wrote them; the rows past T load as zeros).
 
-    ``REGS`` (``SCREEN_REGS``): each K tile's weights and limbs loaded into registers one
-    tile ahead, by plain loads that keep the weights' L2 hint, where Triton's own pipeline
-    (``num_stages`` > 1) makes them ``cp.async`` copies, which Triton 3.6 issues without it."""
+    Triton pipelines these loads into shared memory as ``cp.async`` copies, which Triton 3.6
+    (the device's) issues without the weights' L2 ``evict_first`` hint (3.9 keeps it;
+    ``scripts/ptx_hints.py``), so there the screen's int8 stream pushes the K/V cache out of
+    L2: the 0.5B's next step then loses at short positions what the screen saves (session
+    34, runs 285-288). Loading the tiles a tile ahead into registers instead, by loads that
+    keep the hint, made the screen 2x slower (run 289: 131 against 63 µs, the 1.5B)."""
     a1 = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.int32)
     a2 = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.int32)
     a3 = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.int32)
-    if REGS:
-        rk = tl.arange(0, BLOCK_K)
-        kmask = rk < K
-        lm = tmask[:, None] & kmask[None, :]
-        q = _load_w(q_ptr + rn[:, None] * K + rk[None, :], nmask[:, None] & kmask[None, :],
-                    EVICT)
-        lp = lim_ptr + rt[:, None] * K + rk[None, :]
-        l1 = tl.load(lp, mask=lm, other=0)
-        l2 = tl.load(lp + T * K, mask=lm, other=0)
-        l3 = tl.load(lp + 2 * T * K, mask=lm, other=0)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + BLOCK_K + tl.arange(0, BLOCK_K)  # (the next tile: masked past K)
-            kmask = rk < K
-            lm = tmask[:, None] & kmask[None, :]
-            qn = _load_w(q_ptr + rn[:, None] * K + rk[None, :],
-                         nmask[:, None] & kmask[None, :], EVICT)
-            lp = lim_ptr + rt[:, None] * K + rk[None, :]
-            n1 = tl.load(lp, mask=lm, other=0)
-            n2 = tl.load(lp + T * K, mask=lm, other=0)
-            n3 = tl.load(lp + 2 * T * K, mask=lm, other=0)
-            a1 = tl.dot(q, tl.trans(l1), a1, out_dtype=tl.int32)
-            a2 = tl.dot(q, tl.trans(l2), a2, out_dtype=tl.int32)
-            a3 = tl.dot(q, tl.trans(l3), a3, out_dtype=tl.int32)
-            q, l1, l2, l3 = qn, n1, n2, n3
-    for k0 in range(0, K if REGS == 0 else 0, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
         q = _load_w(q_ptr + rn[:, None] * K + rk[None, :], nmask[:, None] & kmask[None, :],
@@ -1458,7 +1429,7 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, s
                    stride_x, stride_up, stride_lo, tr_ptr, tr_base, BLOCK_T: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
                    EVICT: tl.constexpr, HILO: tl.constexpr, CVT: tl.constexpr = 1,
-                   IMMA: tl.constexpr = 0, TRACE: tl.constexpr = 0, REGS: tl.constexpr = 0):
+                   IMMA: tl.constexpr = 0, TRACE: tl.constexpr = 0):
     """``OutScreen``'s first pass over rows ``pid * BLOCK_N``..: each token's bounds of each
     row's logit, the upper ones stored whole (``up`` [T, N]), the largest lower one a program
     (``lo`` [T, programs]). x = RMSNorm(h) as the output projection takes it (h * g, times
@@ -1488,7 +1459,7 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, s
     _stamp(tr_ptr, tr_base, pid, 1, TRACE)
     if IMMA:
         acc = _screen_imma(lim_ptr, q_ptr, rn, rt, nmask, tmask, T, K, EVICT, BLOCK_T,
-                           BLOCK_N, BLOCK_K, REGS)
+                           BLOCK_N, BLOCK_K)
     for k0 in range(0, K if IMMA == 0 else 0, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         kmask = rk < K
@@ -1607,13 +1578,6 @@ SCREEN_CVT = 1
 #: instructions (``_screen_kernel``'s ``IMMA``); 0: float32 (T = 1) or bfloat16 halves; 2:
 #: the integer path on the CPU too (tests: the interpreter runs it).
 SCREEN_IMMA = 1
-#: The integer path's weights loaded a tile ahead into registers by plain loads, which keep
-#: their L2 ``evict_first`` hint, instead of Triton's pipeline (``_screen_imma``'s ``REGS``;
-#: the screen then launches on one stage). Why (session 34, runs 287-288): on the device's
-#: Triton 3.6 the pipelined copies carry no hint, so the screen's int8 stream pushes the K/V
-#: cache out of L2, and the next step's attention reads it from DRAM: a plain step whose
-#: output matrix was read unhinted took the 0.5B +21 µs @512 and nothing @4096.
-SCREEN_REGS = 0
 
 
 @dataclass(slots=True)
@@ -1688,7 +1652,6 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
         raise ValueError(f"screen: {rows} rows a rescoring program must be a power of two of "
                          f"at least {RESCORE_GRAIN}, and at most 2,048 programs ({n} rows)")
     imma = int(SCREEN_IMMA == 2 or (x.is_cuda and SCREEN_IMMA == 1))
-    regs = int(bool(SCREEN_REGS) and bool(imma))
     if passes & 1:
         # the statistics of both paths (and the integer path's limbs), in one place; it lets
         # the screen launch at its start (one program a token leaves the SMs free for
@@ -1706,8 +1669,8 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
             k, x.stride(0), bufs.up.stride(0), bufs.lo.stride(0), *tr,
             BLOCK_T=max(16, block_t(t)) if imma else block_t(t), BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, PDL=pdl, EVICT=evict, HILO=x.is_cuda, CVT=SCREEN_CVT,
-            IMMA=imma, num_warps=cfg.num_warps, num_stages=1 if regs else cfg.num_stages,
-            **_launch(pdl), **trc, **({"REGS": 1} if regs else {}))
+            IMMA=imma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
+            **trc)
     if not passes & 2:
         return bufs.partials
     rpdl = 1 if pdl % 4 in (1, 2) else 0
@@ -1716,7 +1679,8 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
     _rescore_kernel[(nres, t)](
         x, norm, w, bufs.up, bufs.lo, bufs.partials, n, k, nprog, nres, x.stride(0),
         bufs.up.stride(0), bufs.lo.stride(0), bufs.partials.stride(0), eps, *tr, BLOCK_R=rows,
-        BLOCK_K=triton.next_power_of_2(k), BLOCK_P=min(RESCORE_LO_BLOCK, triton.next_power_of_2(nprog)),
+        BLOCK_K=triton.next_power_of_2(k),
+        BLOCK_P=min(RESCORE_LO_BLOCK, triton.next_power_of_2(nprog)),
         C=at_once, GRAIN=RESCORE_GRAIN, PDL=rpdl, num_warps=8 if k > 1024 else 4,
         **_launch(rpdl), **trc)
     return bufs.partials
@@ -1842,7 +1806,7 @@ def attention(
         t, k_cache.stride(0), k_cache.stride(1), hd**-0.5, *tr,
         N_HEAD=n_head, G=g, HD=hd, NSPLIT=nsplit,
         BLOCK_R=block_r, BLOCK_S=block_s, PDL=_wait(pdl), TRIM=trim, num_warps=num_warps,
-        **_launch(pdl), **trc, **({"KV_EVICT": KV_EVICT} if KV_EVICT else {}),
+        **_launch(pdl), **trc,
     )
     pc = pdl if pdl_combine is None else pdl_combine
     tr, trc = _trace(out)
