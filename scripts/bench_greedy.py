@@ -129,6 +129,11 @@ def bench_model(name: str, a: ModelArgs, positions: list[int], rounds: int,
     r1.host_ids_direct = False
     for x in (r, r0, r1):
         x.greedy_cols = TOKENIZER_VOCAB
+    # (greedy steps pick through the output matrix's int8 screen where tuning.SCREEN_OUT
+    # names the shape: the 1.5B's since session 33; its figures before then are the plain
+    # pick's)
+    res["screen_out"] = r.screen_out
+    log(name, "greedy steps screened:", r.screen_out)
     toks = list(range(100, 100 + max(TS)))
     for pos in positions:
         graph: dict[str, list[float]] = {}

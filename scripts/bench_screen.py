@@ -341,20 +341,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", action="store_true",
                     help="time each pass alone (and screen tiles) instead of whole steps")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_screen: needs a CUDA GPU (run it through the device tool)", file=sys.stderr)
-        return 2
+    # (names first, so that a typo is refused here rather than on the device)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in names if m not in MODELS]
     if bad:
         print(f"bench_screen: unknown model {bad[0]!r}; choose from {sorted(MODELS)}",
               file=sys.stderr)
         return 2
-    positions = [int(p) for p in args.positions.split(",")]
     if bad := [v for v in args.variants.split(",") if v not in COPY_VARIANTS]:
-        print(f"bench_screen: unknown variant {bad[0]!r}; choose from {COPY_VARIANTS}",
+        print(f"bench_screen: unknown variant {bad[0]!r}; choose from {', '.join(COPY_VARIANTS)}",
               file=sys.stderr)
         return 2
+    if not torch.cuda.is_available():
+        print("bench_screen: needs a CUDA GPU (run it through the device tool)", file=sys.stderr)
+        return 2
+    positions = [int(p) for p in args.positions.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                            "bandwidth": copy_bandwidth()}

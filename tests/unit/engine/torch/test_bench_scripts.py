@@ -421,3 +421,40 @@ def _sass(cubin: bytes) -> str | None:
         f.flush()
         return subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True,
                               check=True).stdout
+
+
+def test_a_greedy_trace_of_an_unknown_step_kind_is_refused_before_anything_runs(
+    trace_step: ModuleType,
+) -> None:
+    assert trace_step.TAILS["screened"] == ("prep", "screen", "rescore", "pick")
+    with pytest.raises(SystemExit, match="--greedy takes logits, plain, screened; got 'greedy'"):
+        trace_step.main(["--greedy", "plain,greedy"])
+
+
+def test_bench_screen_refuses_an_unknown_copy_variant_on_any_machine(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import bench_screen  # (see bench_verify above)
+
+    assert bench_screen.main(["--copies", "2", "--variants", "plain,screend"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown variant 'screend'; choose from plain, screened" in err
+
+
+def test_ptx_hints_tells_hinted_loads_from_plain_ones_and_copies_from_loads() -> None:
+    import ptx_hints  # (see bench_verify above)
+
+    ptx = """
+    createpolicy.fractional.L2::evict_first.b64 %rd18, 1.0;
+    cp.async.cg.shared.global.L2::cache_hint [ %r26 + 0 ], [ %rd17 + 0 ], 0x10, %r27, %rd18;
+    cp.async.cg.shared.global [ %r42 + 0 ], [ %rd26 + 0 ], 0x10, %r44;
+    cp.async.ca.shared.global [ %r43 + 0 ], [ %rd27 + 0 ], 0x10, %r44;
+    cp.async.commit_group;
+    cp.async.wait_group 1;
+    @%p10 ld.global.L1::evict_first.L2::cache_hint.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd3 ], %rd9;
+    ld.global.b32 { %r5 }, [ %rd4 + 0 ];
+    ld.global.v4.b32 { %r6, %r7, %r8, %r9 }, [ %rd5 + 0 ];
+    st.global.b32 [ %rd6 + 0 ], { %r5 };
+    """
+    assert ptx_hints.count_forms(ptx) == {"ld_hint": 1, "ld_plain": 2, "cp_async_hint": 1,
+                                          "cp_async_plain": 2}
