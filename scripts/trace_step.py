@@ -25,6 +25,12 @@ program, so the traced step is itself timed against the untraced one.
 bench_verify.py's named sets (its verify and one-token settings merged, as its breakdowns
 merge them), each in a Runner of its own: where a variant loses in bench_verify, its trace
 says which kernel slows.
+
+``--greedy plain,screened`` traces greedy steps instead of logits steps, with the output
+matrix read in bfloat16 or through its int8 screen: the launches after the last layer
+(``TAILS``: the ``ARGMAX`` projection and its merge, or the limbs' kernel, the screen, the
+rescoring and the merge) get the same figures, and ``after_layers`` is the last layer's down
+projection done to the step's last program done (session 34).
 """
 
 from __future__ import annotations
