@@ -192,10 +192,10 @@ def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
         best = {k: min(v) for k, v in per.items()}
         by = {name: [best[f"{name}:{i}"] for i in range(copies)] for name in variants}
         med = {name: statistics.median(v) for name, v in by.items()}
-        base = med.get("plain", next(iter(med.values())))
+        base = "plain" if "plain" in med else next(iter(med))
         row = {"per_round_ms": per, "best_ms": best, "median_ms": med,
                "range_ms": {name: [min(v), max(v)] for name, v in by.items()},
-               "over_first": {name: med[name] / base for name in variants}}
+               "base": base, "over_base": {name: med[name] / med[base] for name in variants}}
         out[str(pos)] = row
         log("copies", pos, json.dumps({k: v for k, v in row.items() if k != "per_round_ms"}))
     return out
