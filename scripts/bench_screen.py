@@ -9,7 +9,7 @@ timer), at every position asked:
 
 - ``logits``: the one-token step that writes every logit (bench_gpu.py's "ours");
 - ``greedy``: the one-token greedy step with ``screen_out`` off (the ``ARGMAX`` linear);
-- ``screened``: the same with it on (off by default), and each ``--tiles`` screen tile;
+- ``screened``: the same with it on (on by default for the 1.5B), and each ``--tiles`` tile;
 - the same three kinds at T = 9 (a k = 8 verify step).
 
 A figure is the best over rounds; each ratio (screened / greedy) is the median over rounds of
@@ -19,6 +19,10 @@ many rows each step rescored (random weights: the real pair's counts are in gpu-
 session 32, measured on the CPU). Writes ``screen.json`` under ``--out``.
 
     python3 scripts/bench_screen.py --out $OUT/s --models 1.5B,0.5B --positions 512,4096
+
+``--parts`` times each pass alone instead (``parts``); ``--copies N`` times the one-token
+greedy step's ``--variants`` each in N captures (``copies_timing``), optionally with the
+pick's kernels asking for an L1 split (``--carveout``).
 """
 
 from __future__ import annotations
@@ -131,11 +135,11 @@ def timing(rs: dict[str, Runner], positions: list[int], rounds: int,
 #: three, and the merge) without PDL, or (plain only) the output matrix read without the
 #: weights' ``evict_first`` hint (``Runner.out_evict``).
 COPY_VARIANTS = ("plain", "screened", "plain_nopdl", "screened_nopdl", "plain_outnormal")
-#: ``--carveout-kernels``: the kernels ``--carveout`` applies to.
+#: ``--carveout-kernels``: the kernels ``--carveout`` applies to (not the merge, which the
+#: plain pick runs too; session 34's run 286 had it in both sets).
 CARVEOUT_KERNELS = {
-    "screen": ("_screen_prep_kernel", "_screen_kernel", "_rescore_kernel",
-               "_argmax_merge_kernel"),
-    "rescore": ("_rescore_kernel", "_argmax_merge_kernel"),
+    "screen": ("_screen_prep_kernel", "_screen_kernel", "_rescore_kernel"),
+    "rescore": ("_rescore_kernel",),
 }
 
 
@@ -153,15 +157,6 @@ def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
     the median of their best times compares the variants, and the spread within a variant
     shows how much a capture alone moves a step."""
     model = Transformer(a, random_weights(a, torch.bfloat16, "cuda", seed=0), n_pos=n_ctx + 64)
-    if carveout is not None:  # (set on the compiled kernels: compiled first, by a throwaway)
-        for screened in (False, True):
-            warm = Runner(model, n_ctx, kernels="triton", graphs=True)
-            warm.greedy_cols = TOKENIZER_COLS
-            warm.screen_out = screened
-            warm.step([100], 0, greedy=True)
-            del warm
-        n_set = K.set_carveout(carveout[0], only=CARVEOUT_KERNELS[carveout[1]])
-        log("carveout", carveout, "set on", n_set, "compiled kernels")
     variants: dict[str, K.LinearConfig | None] = {name: None for name in names}
     variants.update({f"screened_{tile_name(c)}": c for t, c in tiles if t == 1})
     rs: dict[str, Runner] = {}
@@ -178,6 +173,12 @@ def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
                 r.one_token_pdl = {**r.one_token_pdl, "out": 0}
             r.step([100], 0, greedy=True)  # captured here, in this order
             rs[f"{name}:{i}"] = r
+    if carveout is not None:  # on every kernel the captures compiled, then captured anew
+        n_set = K.set_carveout(carveout[0], only=CARVEOUT_KERNELS[carveout[1]])
+        log("carveout", carveout, "set on", n_set, "compiled kernels")
+        for r in rs.values():
+            r.drop_steps()
+            r.step([100], 0, greedy=True)
     gen = torch.Generator().manual_seed(34)
     out: dict[str, Any] = {}
     for pos in positions:
@@ -198,6 +199,8 @@ def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
                "base": base, "over_base": {name: med[name] / med[base] for name in variants}}
         out[str(pos)] = row
         log("copies", pos, json.dumps({k: v for k, v in row.items() if k != "per_round_ms"}))
+    if carveout is not None:
+        K.set_carveout(K.CARVEOUT_DEFAULT)
     return out
 
 
@@ -303,9 +306,10 @@ def _parts_t(x: torch.Tensor, w: torch.Tensor, norm: torch.Tensor, scr: K.OutScr
     finally:
         K.SCREEN_IMMA = saved
     row["rescore"] = graph_us(functools.partial(job, 2), per)
-    saved_lo, K.RESCORE_LO_BLOCK = K.RESCORE_LO_BLOCK, 2048
-    try:  # every lower bound read at once, no loop
-        row["rescore_lo2048"] = graph_us(functools.partial(job, 2), per)
+    other = 1024 if K.RESCORE_LO_BLOCK != 1024 else 2048  # (session 34: 1024 -> 2048)
+    saved_lo, K.RESCORE_LO_BLOCK = K.RESCORE_LO_BLOCK, other
+    try:  # the lower bounds read 1024 at a time (a loop for 1,185), or all at once
+        row[f"rescore_lo{other}"] = graph_us(functools.partial(job, 2), per)
     finally:
         K.RESCORE_LO_BLOCK = saved_lo
     row["both"] = graph_us(functools.partial(job, 3), per)
@@ -347,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"bench_screen: unknown model {bad[0]!r}; choose from {sorted(MODELS)}",
               file=sys.stderr)
+        return 2
+    if args.carveout is not None and args.copies <= 0:
+        print("bench_screen: --carveout applies to --copies only", file=sys.stderr)
         return 2
     if bad := [v for v in args.variants.split(",") if v not in COPY_VARIANTS]:
         print(f"bench_screen: unknown variant {bad[0]!r}; choose from {', '.join(COPY_VARIANTS)}",

@@ -22,11 +22,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+#: An L2 hint: a policy operand (``L2::cache_hint``, what Triton emits for an eviction policy)
+#: or a direct eviction-priority qualifier (``L2::evict_first`` and its kin).
+_HINT = r"\S*L2::(?:cache_hint|evict_)"
+#: The forms counted (bulk ``cp.async.bulk`` copies are not: Triton 3.6 and 3.9 emit none here).
 FORMS = {
-    "ld_hint": re.compile(r"\bld\.global\S*L2::cache_hint"),
-    "ld_plain": re.compile(r"\bld\.global(?!\S*L2::cache_hint)"),
-    "cp_async_hint": re.compile(r"\bcp\.async\.c[ag]\S*L2::cache_hint"),
-    "cp_async_plain": re.compile(r"\bcp\.async\.c[ag](?!\S*L2::cache_hint)"),
+    "ld_hint": re.compile(r"\bld\.global" + _HINT),
+    "ld_plain": re.compile(r"\bld\.global(?!" + _HINT + ")"),
+    "cp_async_hint": re.compile(r"\bcp\.async\.c[ag]" + _HINT),
+    "cp_async_plain": re.compile(r"\bcp\.async\.c[ag](?!" + _HINT + ")"),
 }
 
 

@@ -128,6 +128,8 @@ def trace(a: ModelArgs, pos: int, replays: int,
           carveout: int | None = None, kind: str = "logits") -> dict[str, Any]:
     """One step's trace (module docstring). ``kind``: a logits step, or a greedy one with the
     output matrix's screen off ("plain") or on ("screened"), whatever the Runner's default."""
+    if kind not in TAILS:
+        raise SystemExit(f"trace_step: a step is one of {sorted(TAILS)}, not {kind!r}")
     if variant:  # bench_verify's own Runner and settings, so the variant means the same there
         r, base = runner_for(a, pos + 64)
         configure(r, variant, base)
@@ -136,8 +138,6 @@ def trace(a: ModelArgs, pos: int, replays: int,
         r = Runner(Transformer(a, w, n_pos=pos + 128), pos + 64, kernels="triton", graphs=True)
     if l2_prefetch is not True:  # True: the default's (its side-stream kernel is not traced)
         r.l2_prefetch = l2_prefetch  # type: ignore[assignment]
-    if kind not in TAILS:
-        raise SystemExit(f"trace_step: a step is one of {sorted(TAILS)}, not {kind!r}")
     greedy = kind != "logits"
     if greedy:
         r.screen_out = kind == "screened"
@@ -183,16 +183,16 @@ def trace(a: ModelArgs, pos: int, replays: int,
         first = torch.where(seen[..., None], st, big).amin(1) / 1e3  # [launch, event], us
         last = torch.where(seen[..., None], st, -big).amax(1) / 1e3
         for li in range(2, a.n_layer - 2):
-            for k, kind in enumerate(kinds):
+            for k, kname in enumerate(kinds):
                 j = nk * li + k
                 for name, val in (("release", first[j, 1] - last[j - 1, 3]),
                                   ("lead", first[j, 1] - first[j, 0]),
                                   ("wait_spread", last[j, 1] - first[j, 1]),
                                   ("loop", last[j, 2] - first[j, 1]),
                                   ("tail", last[j, 3] - last[j, 2])):
-                    rows.setdefault(f"{kind}.{name}", []).append(float(val))
+                    rows.setdefault(f"{kname}.{name}", []).append(float(val))
                 for name, val in placement(st[j], sm[j], seen[j], last[j - 1, 3] * 1e3):
-                    rows.setdefault(f"{kind}.{name}", []).append(val)
+                    rows.setdefault(f"{kname}.{name}", []).append(val)
             rows.setdefault("layer", []).append(
                 float(last[nk * li + nk - 1, 3] - last[nk * li - 1, 3]))
         for i, name in enumerate(tails):  # the launches after the last layer

@@ -439,6 +439,8 @@ def test_bench_screen_refuses_an_unknown_copy_variant_on_any_machine(
     assert bench_screen.main(["--copies", "2", "--variants", "plain,screend"]) == 2
     err = capsys.readouterr().err
     assert "unknown variant 'screend'; choose from plain, screened" in err
+    assert bench_screen.main(["--carveout", "0"]) == 2
+    assert "--carveout applies to --copies only" in capsys.readouterr().err
 
 
 def test_ptx_hints_tells_hinted_loads_from_plain_ones_and_copies_from_loads() -> None:
@@ -452,9 +454,10 @@ def test_ptx_hints_tells_hinted_loads_from_plain_ones_and_copies_from_loads() ->
     cp.async.commit_group;
     cp.async.wait_group 1;
     @%p10 ld.global.L1::evict_first.L2::cache_hint.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd3 ], %rd9;
+    ld.global.L1::no_allocate.L2::evict_first.b32 { %r10 }, [ %rd7 ];
     ld.global.b32 { %r5 }, [ %rd4 + 0 ];
     ld.global.v4.b32 { %r6, %r7, %r8, %r9 }, [ %rd5 + 0 ];
     st.global.b32 [ %rd6 + 0 ], { %r5 };
     """
-    assert ptx_hints.count_forms(ptx) == {"ld_hint": 1, "ld_plain": 2, "cp_async_hint": 1,
+    assert ptx_hints.count_forms(ptx) == {"ld_hint": 2, "ld_plain": 2, "cp_async_hint": 1,
                                           "cp_async_plain": 2}
