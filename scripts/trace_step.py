@@ -106,6 +106,19 @@ def placement(st: torch.Tensor, sm: torch.Tensor, seen: torch.Tensor,
             ("late_n", float(per_sm[int(loop_end.argmax())]))]
 
 
+def launch_figures(first: torch.Tensor, last: torch.Tensor, st: torch.Tensor, sm: torch.Tensor,
+                   seen: torch.Tensor, j: int) -> list[tuple[str, float]]:
+    """Launch ``j``'s figures (the module docstring's release, lead, wait_spread, loop and
+    tail, µs) and its ``placement``, from each launch's first and last program's stamps
+    (``first``, ``last`` [launch, event], µs) and its programs' stamps (``st``, ns), SMs and
+    which of them stamped; launch ``j - 1`` is the kernel before."""
+    figures = (("release", first[j, 1] - last[j - 1, 3]), ("lead", first[j, 1] - first[j, 0]),
+               ("wait_spread", last[j, 1] - first[j, 1]), ("loop", last[j, 2] - first[j, 1]),
+               ("tail", last[j, 3] - last[j, 2]))
+    return ([(name, float(val)) for name, val in figures]
+            + placement(st[j], sm[j], seen[j], float(last[j - 1, 3]) * 1e3))
+
+
 def timer_tick(stamps: torch.Tensor) -> int:
     """The timer's step as the stamps show it: the gcd of the gaps between distinct stamps.
 
@@ -184,26 +197,12 @@ def trace(a: ModelArgs, pos: int, replays: int,
         last = torch.where(seen[..., None], st, -big).amax(1) / 1e3
         for li in range(2, a.n_layer - 2):
             for k, kname in enumerate(kinds):
-                j = nk * li + k
-                for name, val in (("release", first[j, 1] - last[j - 1, 3]),
-                                  ("lead", first[j, 1] - first[j, 0]),
-                                  ("wait_spread", last[j, 1] - first[j, 1]),
-                                  ("loop", last[j, 2] - first[j, 1]),
-                                  ("tail", last[j, 3] - last[j, 2])):
-                    rows.setdefault(f"{kname}.{name}", []).append(float(val))
-                for name, val in placement(st[j], sm[j], seen[j], last[j - 1, 3] * 1e3):
+                for name, val in launch_figures(first, last, st, sm, seen, nk * li + k):
                     rows.setdefault(f"{kname}.{name}", []).append(val)
             rows.setdefault("layer", []).append(
                 float(last[nk * li + nk - 1, 3] - last[nk * li - 1, 3]))
         for i, name in enumerate(tails):  # the launches after the last layer
-            j = nk * a.n_layer + i
-            for part, val in (("release", first[j, 1] - last[j - 1, 3]),
-                              ("lead", first[j, 1] - first[j, 0]),
-                              ("wait_spread", last[j, 1] - first[j, 1]),
-                              ("loop", last[j, 2] - first[j, 1]),
-                              ("tail", last[j, 3] - last[j, 2])):
-                rows.setdefault(f"{name}.{part}", []).append(float(val))
-            for part, val in placement(st[j], sm[j], seen[j], last[j - 1, 3] * 1e3):
+            for part, val in launch_figures(first, last, st, sm, seen, nk * a.n_layer + i):
                 rows.setdefault(f"{name}.{part}", []).append(val)
         end = nk * a.n_layer - 1  # the last layer's down projection
         rows.setdefault("after_layers", []).append(float(last[n_launch - 1, 3]

@@ -461,3 +461,24 @@ def test_ptx_hints_tells_hinted_loads_from_plain_ones_and_copies_from_loads() ->
     """
     assert ptx_hints.count_forms(ptx) == {"ld_hint": 2, "ld_plain": 2, "cp_async_hint": 1,
                                           "cp_async_plain": 2}
+
+
+def test_a_launchs_trace_figures_come_from_its_stamps_and_the_launch_before(
+    trace_step: ModuleType,
+) -> None:
+    # two launches of two programs: stamps (ns) entry, past the wait, past the loop, done
+    import torch
+
+    st = torch.tensor([[[0, 100, 900, 1000], [50, 120, 950, 1100]],
+                       [[800, 1300, 2000, 2100], [1200, 1400, 2600, 2700]]], dtype=torch.float64)
+    sm = torch.tensor([[3, 4], [3, 3]])
+    seen = torch.ones(2, 2, dtype=torch.bool)
+    first, last = st.amin(1) / 1e3, st.amax(1) / 1e3
+    got = dict(trace_step.launch_figures(first, last, st, sm, seen, 1))
+    assert got["release"] == pytest.approx(0.2)  # 1.3 us past its wait, 1.1 the one before done
+    assert got["lead"] == pytest.approx(0.5)  # in at 0.8 us
+    assert got["wait_spread"] == pytest.approx(0.1)
+    assert got["loop"] == pytest.approx(1.3)  # the last past its loop at 2.6
+    assert got["tail"] == pytest.approx(0.1)
+    assert got["sm_max"] == 2 and got["sm_used"] == 1  # both on SM 3
+    assert got["early_n"] == 1  # one entered before the launch before was done (1.1 us)
