@@ -52,7 +52,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gpu import compose, log, time_ms  # noqa: E402  # the benchmarks' timer and composition
+from bench_gpu import TOKENIZER_COLS, compose, log, time_ms  # noqa: E402  # the benchmarks' timer and columns
 
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
 from openjarvis.engine.torch.generate import Runner  # noqa: E402
@@ -60,8 +60,6 @@ from openjarvis.engine.torch.model import Transformer  # noqa: E402
 from openjarvis.engine.torch.weights import random_weights  # noqa: E402
 
 TS = (1, 5, 9)
-#: Qwen2.5's tokenizer: 151,665 tokens of the model's 151,936 output rows (the rest padding).
-TOKENIZER_VOCAB = 151665
 
 
 def wall_ms(fn: Callable[[], object], reps: int) -> float:
@@ -103,13 +101,13 @@ def agreement(a: ModelArgs, w: Any, pos: int) -> dict[str, Any]:
     few positions, with random tokens."""
     r = Runner(Transformer(a, w, n_pos=pos + 128), pos + 64, kernels="triton", graphs=True)
     r.make_deterministic()
-    r.greedy_cols = TOKENIZER_VOCAB
+    r.greedy_cols = TOKENIZER_COLS
     gen = torch.Generator().manual_seed(5)
     same = total = 0
     for t in (1, 9):
         for p in range(pos - 40, pos, 10):
-            toks = torch.randint(0, TOKENIZER_VOCAB, (t,), generator=gen).tolist()
-            ref = r.logits(toks, p)[:, :TOKENIZER_VOCAB].argmax(-1).tolist()
+            toks = torch.randint(0, TOKENIZER_COLS, (t,), generator=gen).tolist()
+            ref = r.logits(toks, p)[:, :TOKENIZER_COLS].argmax(-1).tolist()
             got = r.argmax(toks, p).tolist()
             same += sum(x == y for x, y in zip(got, ref, strict=True))
             total += t
@@ -128,7 +126,7 @@ def bench_model(name: str, a: ModelArgs, positions: list[int], rounds: int,
     r0.graph_io = False
     r1.host_ids_direct = False
     for x in (r, r0, r1):
-        x.greedy_cols = TOKENIZER_VOCAB
+        x.greedy_cols = TOKENIZER_COLS
     # (greedy steps pick through the output matrix's int8 screen where tuning.SCREEN_OUT
     # names the shape: the 1.5B's since session 33; its figures before then are the plain
     # pick's)
@@ -151,7 +149,7 @@ def bench_model(name: str, a: ModelArgs, positions: list[int], rounds: int,
                     time_ms(partial(r.replay, t, greedy=True)))
                 graph.setdefault(f"greedy_io_copy_T{t}", []).append(  # and the tokens' one
                     time_ms(partial(r1.replay, t, greedy=True)))
-                for how, fn in calls(r, r0, r1, toks[:t], pos, TOKENIZER_VOCAB).items():
+                for how, fn in calls(r, r0, r1, toks[:t], pos, TOKENIZER_COLS).items():
                     wall.setdefault(f"{how}_T{t}", []).append(wall_ms(fn, reps))
             log(name, pos, "round", rnd, {k: round(v[-1], 4) for k, v in wall.items()})
         drafts: dict[str, list[float]] = {}

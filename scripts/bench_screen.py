@@ -40,7 +40,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gpu import copy_bandwidth, graph_us, log, step_floor_ms, time_ms  # noqa: E402
+from bench_gpu import (  # noqa: E402
+    TOKENIZER_COLS,
+    copy_bandwidth,
+    graph_us,
+    log,
+    step_floor_ms,
+    time_ms,
+)
 
 from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
@@ -49,8 +56,6 @@ from openjarvis.engine.torch.model import Transformer, rms_norm  # noqa: E402
 from openjarvis.engine.torch.weights import random_weights  # noqa: E402
 
 MODELS = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}
-#: The tokenizer's columns (151,665 of the models' 151,936 rows), as the engine sets them.
-TOKENIZER_COLS = 151_665
 
 
 def parse_tile(s: str) -> tuple[int, K.LinearConfig]:

@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_greedy import TOKENIZER_VOCAB  # noqa: E402  # the greedy steps' partials size
+from bench_gpu import TOKENIZER_COLS  # noqa: E402  # the greedy steps' partials size
 
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
 from openjarvis.engine.torch.engine import WARM_GREEDY, WARM_STEPS  # noqa: E402
@@ -62,7 +62,7 @@ def load(a: ModelArgs, w: Any, n_ctx: int, shared_scratch: bool = True) -> dict[
     mib = 2.0**20
     m0 = torch.cuda.memory_allocated()
     r = Runner(Transformer(a, w, n_pos=n_ctx + 64), n_ctx, kernels="triton", graphs=True)
-    r.greedy_cols = TOKENIZER_VOCAB
+    r.greedy_cols = TOKENIZER_COLS
     r.shared_scratch = shared_scratch
     out = {"runner_mib": (torch.cuda.memory_allocated() - m0) / mib}
     for part, fn in (("steps", lambda: r.warmup(WARM_STEPS)),
