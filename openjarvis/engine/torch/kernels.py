@@ -1350,10 +1350,11 @@ def _screen_prep_kernel(x_ptr, g_ptr, lim_ptr, st_ptr, T, K, stride_x, eps, tr_p
     """The screen's input, once a step (program = token), so that none of the screen's
     ~1,200 programs walks x itself before or after its weights stream (session 32 run 272:
     such walks held the 1.5B's screen at 94 µs against ~55 for its bytes): x = h * g as three
-    int8 limbs [3, T, K] (``_screen_kernel``'s ``IMMA``), and 1/RMS, ||x|| (both paths take
-    these two from here) and the limbs' scale at ``st`` [T, 4]. One tile holds the whole row (``BLOCK_K`` >= K, which
-    ``screen`` keeps to 8192), so x is read once: this launch sits between the last layer and
-    the screen, and its latency is the step's."""
+    int8 limbs [3, T, K] (``_screen_kernel``'s ``IMMA``), and 1/RMS, ||x|| (the screen on
+    both paths and the rescoring take these two from here) and the limbs' scale at ``st``
+    [T, 4]. One tile holds the whole row (``BLOCK_K`` >= K, which ``screen`` keeps to 8192),
+    so x is read once: this launch sits between the last layer and the screen, and its
+    latency is the step's."""
     t = tl.program_id(0)
     _stamp(tr_ptr, tr_base, t, 0, TRACE)
     _gdc(PDL)
@@ -1500,8 +1501,8 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, s
 
 
 @triton.jit
-def _rescore_kernel(x_ptr, g_ptr, w_ptr, up_ptr, lo_ptr, part_ptr, N, K, NLO, NPROG,
-                    stride_x, stride_up, stride_lo, stride_p, eps, tr_ptr, tr_base,
+def _rescore_kernel(x_ptr, g_ptr, w_ptr, up_ptr, lo_ptr, part_ptr, st_ptr, N, K, NLO, NPROG,
+                    stride_x, stride_up, stride_lo, stride_p, tr_ptr, tr_base,
                     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
                     C: tl.constexpr, GRAIN: tl.constexpr, PDL: tl.constexpr,
                     TRACE: tl.constexpr = 0):
@@ -1531,7 +1532,7 @@ def _rescore_kernel(x_ptr, g_ptr, w_ptr, up_ptr, lo_ptr, part_ptr, N, K, NLO, NP
     rk = tl.arange(0, BLOCK_K)
     kmask = rk < K
     h = tl.load(x_ptr + t * stride_x + rk, mask=kmask, other=0.0).to(tl.float32)
-    inv = tl.rsqrt(tl.sum(h * h, 0) / K + eps)
+    inv = tl.load(st_ptr + t * 4)  # 1/RMS (``_screen_prep_kernel``'s, as the screen's bounds)
     x = h * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
     j = tl.arange(0, BLOCK_R)
     r = ((j // GRAIN) * NPROG + p) * GRAIN + j % GRAIN  # (rising with j)
@@ -1626,7 +1627,7 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
     the screen go at once, or runs without PDL where ``pdl`` has none); the rescoring waits
     first and lets the merge go.
     ``passes`` (benchmarks): 1 launches the screen alone (with the limbs' kernel before it),
-    2 the rescoring alone."""
+    2 the rescoring alone (on the statistics and bounds an earlier call left in ``bufs``)."""
     t, k = x.shape
     n = scr.q.shape[0]
     _check_evict(evict)
@@ -1677,8 +1678,8 @@ def screen(x: torch.Tensor, norm: torch.Tensor, scr: OutScreen, bufs: ScreenBuff
     nres = triton.cdiv(n, rows)
     tr, trc = _trace(bufs.partials)
     _rescore_kernel[(nres, t)](
-        x, norm, w, bufs.up, bufs.lo, bufs.partials, n, k, nprog, nres, x.stride(0),
-        bufs.up.stride(0), bufs.lo.stride(0), bufs.partials.stride(0), eps, *tr, BLOCK_R=rows,
+        x, norm, w, bufs.up, bufs.lo, bufs.partials, bufs.stats, n, k, nprog, nres, x.stride(0),
+        bufs.up.stride(0), bufs.lo.stride(0), bufs.partials.stride(0), *tr, BLOCK_R=rows,
         BLOCK_K=triton.next_power_of_2(k),
         BLOCK_P=min(RESCORE_LO_BLOCK, triton.next_power_of_2(nprog)),
         C=at_once, GRAIN=RESCORE_GRAIN, PDL=rpdl, num_warps=8 if k > 1024 else 4,
