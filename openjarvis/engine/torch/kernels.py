@@ -1426,6 +1426,39 @@ def _screen_imma(lim_ptr, q_ptr, rn, rt, nmask, tmask, T, K,
 
 
 @triton.jit
+def _screen_float(x_ptr, g_ptr, q_ptr, q, rn, rt, nmask, tmask, K, stride_x,
+                  EVICT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, HILO: tl.constexpr, CVT: tl.constexpr):
+    """``_screen_kernel``'s float path (the interpreter's; ``SCREEN_IMMA`` 0): acc [BT, BN] =
+    (h * g) . q_v, the int8 rows made float32; ``q``, the first tile, loaded by the caller
+    before its PDL wait."""
+    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        if k0 > 0:
+            q = _load_w(q_ptr + rn[:, None] * K + rk[None, :],
+                        nmask[:, None] & kmask[None, :], EVICT)
+        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
+                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
+        if CVT:  # int8 -> float32 by its bits: 2^23 + 128 + q, less 2^23 + 128 (exact)
+            qf = (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+        else:  # (the conversion instruction: a quarter of the FMAs' rate, ``SCREEN_CVT``)
+            qf = q.to(tl.float32)
+        if BLOCK_T == 1:
+            acc += tl.sum(x * qf, axis=1)[None, :]
+        elif HILO:
+            qb = tl.trans(qf.to(tl.bfloat16))
+            hi = x.to(tl.bfloat16)
+            acc = tl.dot(hi, qb, acc)
+            acc = tl.dot((x - hi.to(tl.float32)).to(tl.bfloat16), qb, acc)
+        else:
+            acc = tl.dot(x, tl.trans(qf), acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
 def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, st_ptr, T, N, K,
                    stride_x, stride_up, stride_lo, tr_ptr, tr_base, BLOCK_T: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
@@ -1450,39 +1483,19 @@ def _screen_kernel(x_ptr, g_ptr, q_ptr, d_ptr, e_ptr, up_ptr, lo_ptr, lim_ptr, s
     rt = tl.arange(0, BLOCK_T)
     nmask = rn < N
     tmask = rt < T
-    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-    rk = tl.arange(0, BLOCK_K)
-    q = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.int8)
-    if IMMA == 0:  # (the integer path's loop loads every tile itself, so Triton pipelines it)
-        q = _load_w(q_ptr + rn[:, None] * K + rk[None, :],
-                    nmask[:, None] & (rk < K)[None, :], EVICT)  # (weights: before the wait)
-    _gdc(PDL)
-    _stamp(tr_ptr, tr_base, pid, 1, TRACE)
-    if IMMA:
+    if IMMA:  # (its loop loads every tile itself, so Triton pipelines it)
+        _gdc(PDL)
+        _stamp(tr_ptr, tr_base, pid, 1, TRACE)
         acc = _screen_imma(lim_ptr, q_ptr, rn, rt, nmask, tmask, T, K, EVICT, BLOCK_T,
                            BLOCK_N, BLOCK_K)
-    for k0 in range(0, K if IMMA == 0 else 0, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        kmask = rk < K
-        if k0 > 0:
-            q = _load_w(q_ptr + rn[:, None] * K + rk[None, :],
-                        nmask[:, None] & kmask[None, :], EVICT)
-        x = tl.load(x_ptr + rt[:, None] * stride_x + rk[None, :],
-                    mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-        x = x * tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)[None, :]
-        if CVT:  # int8 -> float32 by its bits: 2^23 + 128 + q, less 2^23 + 128 (exact)
-            qf = (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
-        else:  # (the conversion instruction: a quarter of the FMAs' rate, ``SCREEN_CVT``)
-            qf = q.to(tl.float32)
-        if BLOCK_T == 1:
-            acc += tl.sum(x * qf, axis=1)[None, :]
-        elif HILO:
-            qb = tl.trans(qf.to(tl.bfloat16))
-            hi = x.to(tl.bfloat16)
-            acc = tl.dot(hi, qb, acc)
-            acc = tl.dot((x - hi.to(tl.float32)).to(tl.bfloat16), qb, acc)
-        else:
-            acc = tl.dot(x, tl.trans(qf), acc, input_precision="ieee")
+    else:
+        rk = tl.arange(0, BLOCK_K)
+        q = _load_w(q_ptr + rn[:, None] * K + rk[None, :],
+                    nmask[:, None] & (rk < K)[None, :], EVICT)  # (weights: before the wait)
+        _gdc(PDL)
+        _stamp(tr_ptr, tr_base, pid, 1, TRACE)
+        acc = _screen_float(x_ptr, g_ptr, q_ptr, q, rn, rt, nmask, tmask, K, stride_x, EVICT,
+                            BLOCK_T, BLOCK_N, BLOCK_K, HILO, CVT)
     _stamp(tr_ptr, tr_base, pid, 2, TRACE)
     _gdc_late(PDL)
     inv = tl.load(st_ptr + rt * 4, mask=tmask, other=0.0)  # (``_screen_prep_kernel``'s)
