@@ -42,17 +42,13 @@ def count_forms(ptx: str) -> dict[str, int]:
 
 def compiled_kernels() -> dict[str, dict[str, int]]:
     """Each compiled specialization of ``kernels``' Triton functions: its load forms."""
-    from triton.runtime.jit import JITFunction
-
     from openjarvis.engine.torch import kernels as K
 
     out: dict[str, dict[str, int]] = {}
-    for name, obj in vars(K).items():
-        if not isinstance(obj, JITFunction):
-            continue
-        for caches in obj.device_caches.values():
-            for i, ck in enumerate(caches[0].values()):
-                out[f"{name}#{i}"] = count_forms(ck.asm["ptx"])
+    seen: dict[str, int] = {}
+    for name, ck in K.compiled_kernels():
+        i = seen[name] = seen.get(name, -1) + 1
+        out[f"{name}#{i}"] = count_forms(ck.asm["ptx"])
     return out
 
 

@@ -1033,24 +1033,32 @@ def set_carveout(percent: int, only: Collection[str] | None = None) -> int:
     spread them. It did not (run 189: the same pile), and one-token steps ran 4-6 % slower
     with L1 at its smallest. Takes effect in steps captured after the call
     (``Runner.drop_steps``)."""
-    from triton.runtime.jit import JITFunction
-
     from openjarvis.engine.torch import cuda_step
 
     if percent != CARVEOUT_DEFAULT and not 0 <= percent <= 100:
         raise ValueError(f"a carveout is a percentage 0-100 or {CARVEOUT_DEFAULT}, not {percent}")
     n = 0
+    for name, ck in compiled_kernels(only):
+        if ck.function is None:
+            ck._init_handles()
+        cuda_step.set_function_attribute(ck.function, cuda_step.FUNC_CARVEOUT, percent,
+                                          f"carveout {percent} of {name}")
+        n += 1
+    return n
+
+
+def compiled_kernels(only: Collection[str] | None = None) -> Iterator[tuple[str, Any]]:
+    """(name, compiled kernel) for every specialization of this module's Triton functions
+    compiled so far (``only``: of the functions of these names), for instruments that act on
+    or read the compiled code (``set_carveout``, scripts/ptx_hints.py)."""
+    from triton.runtime.jit import JITFunction
+
     for obj in list(globals().values()):
         if not isinstance(obj, JITFunction) or (only is not None and obj.__name__ not in only):
             continue
         for caches in list(obj.device_caches.values()):
             for ck in list(caches[0].values()):  # (the kernel cache: key -> CompiledKernel)
-                if ck.function is None:
-                    ck._init_handles()
-                cuda_step.set_function_attribute(ck.function, cuda_step.FUNC_CARVEOUT, percent,
-                                                  f"carveout {percent} of {obj.__name__}")
-                n += 1
-    return n
+                yield obj.__name__, ck
 
 
 def floor_shared(ck: Any, nbytes: int) -> None:
