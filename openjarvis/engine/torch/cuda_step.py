@@ -385,6 +385,32 @@ def set_function_attribute(fn: int | ctypes.c_void_p, attr: int, value: int, wha
     _check(lib, lib.cuFuncSetAttribute(handle, attr, ctypes.c_int(value)), what)
 
 
+#: ``CU_LIMIT_PERSISTING_L2_CACHE_SIZE``: the part of L2 set aside for persisting
+#: (``evict_last``) lines.
+LIMIT_PERSISTING_L2 = 0x06
+
+
+def set_persisting_l2(nbytes: int) -> int:
+    """Set aside ``nbytes`` of L2 for persisting (``evict_last``) lines in the current context
+    (0: none, the default); returns the size the driver granted, which it rounds up to its
+    granularity (24 MiB asked: 26.25 on the H200) and clamps to ``persistingL2CacheMaxSize``.
+    The set-aside is what gives ``evict_last`` its meaning: with none, such lines compete with
+    every other line. Context-wide: it holds for every kernel
+    the process launches after the call; lines left persisting before it are made normal."""
+    if nbytes < 0:
+        raise ValueError(f"a persisting L2 set-aside is bytes >= 0, not {nbytes}")
+    torch.cuda.init()  # type: ignore[no-untyped-call]
+    lib = _driver()
+    # (lines another cache left persisting would otherwise hold the set-aside)
+    _check(lib, lib.cuCtxResetPersistingL2Cache(), "resetting persisting L2 lines")
+    _check(lib, lib.cuCtxSetLimit(LIMIT_PERSISTING_L2, ctypes.c_size_t(nbytes)),
+           f"setting aside {nbytes} bytes of L2")
+    got = ctypes.c_size_t()
+    _check(lib, lib.cuCtxGetLimit(ctypes.byref(got), LIMIT_PERSISTING_L2),
+           "reading the L2 set-aside")
+    return got.value
+
+
 def load_function(lib: ctypes.CDLL, module: ctypes.c_void_p, name: str, smem: int,
                   threads: int, carveout: int | None = None) -> tuple[ctypes.c_void_p, int]:
     """Kernel ``name`` of a loaded module, allowed ``smem`` bytes of dynamic shared memory
