@@ -1,0 +1,119 @@
+"""Does a buffer read ``evict_last``, with L2 set aside for persisting lines, stay in L2 while a
+larger stream passes through? Measured by the latency of a pointer chase, on a GPU.
+
+Why (session 35): ``Runner.kv_l2`` keeps the K/V cache ``evict_last`` in a set-aside, to give
+back what an unhinted stream at a step's end costs the 0.5B's next step (~20 µs @512,
+session 34 run 288). It gave back nothing (run 291). Either such lines do not survive the
+stream, or what the stream pushes out is not the K/V. This probe answers the first part
+alone: a buffer of ``--buffer`` MB (the 0.5B's K/V @512 is 6.3 MB) is read whole with a
+policy (``mark``), a stream of ``--flush`` MB goes through L2 (none, ``evict_first`` loads or
+unhinted ones), and then one warp chases pointers through the buffer's lines, each load
+waiting on the one before: ns per load is L2's latency where the lines stayed, DRAM's where
+they did not. Every combination of set-aside (0 or ``--aside`` MiB), mark policy and flush.
+
+    python3 scripts/bench_l2_keep.py --out $OUT/l2
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from openjarvis.engine.torch import cuda_step  # noqa: E402
+
+LINE = 32  # int32 elements in a 128-byte line
+
+
+@triton.jit
+def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, EV: tl.constexpr):
+    """Read ``BLOCK`` elements a program with policy ``EV`` (one stage: the hint is kept) and
+    store their sum, so the loads are not dropped."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + i, mask=i < n, other=0, eviction_policy=EV)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(v, 0))
+
+
+@triton.jit
+def _chase_kernel(a_ptr, out_ptr, steps):
+    """One lane follows ``steps`` pointers: each load's address is the value loaded before."""
+    p = tl.load(a_ptr)
+    for _ in range(steps):
+        p = tl.load(a_ptr + p, cache_modifier=".cg")  # (past L1: one chase reads L2 or DRAM)
+    tl.store(out_ptr, p)
+
+
+def read(x: torch.Tensor, out: torch.Tensor, ev: str, block: int = 4096) -> None:
+    _read_kernel[(triton.cdiv(x.numel(), block),)](x, out, x.numel(), BLOCK=block, EV=ev,
+                                                   num_warps=8, num_stages=1)
+
+
+def chase_buffer(nbytes: int, seed: int = 35) -> torch.Tensor:
+    """int32 elements whose lines form one random cycle: the first element of each line holds
+    the index of the next line's first element."""
+    lines = nbytes // (LINE * 4)
+    order = torch.randperm(lines, generator=torch.Generator().manual_seed(seed))
+    a = torch.zeros(lines * LINE, dtype=torch.int32)
+    nxt = torch.roll(order, -1)
+    a[order * LINE] = (nxt * LINE).to(torch.int32)
+    return a.cuda()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("."), help="folder for l2_keep.json")
+    ap.add_argument("--buffer", type=float, default=6.0, help="MB chased (default 6)")
+    ap.add_argument("--flush", type=float, default=400.0, help="MB streamed (default 400)")
+    ap.add_argument("--aside", type=float, default=24.0, help="MiB set aside (default 24)")
+    ap.add_argument("--steps", type=int, default=4096, help="dependent loads a chase")
+    ap.add_argument("--reps", type=int, default=7, help="chases a combination (median)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_l2_keep: needs a CUDA GPU (run it through the device tool)", file=sys.stderr)
+        return 2
+    if args.buffer <= 0 or args.flush < 0 or args.aside < 0 or args.steps <= 0:
+        print("bench_l2_keep: --buffer and --steps must be > 0, --flush and --aside >= 0",
+              file=sys.stderr)
+        return 2
+    a = chase_buffer(int(args.buffer * 1e6))
+    f = torch.ones(int(args.flush * 1e6) // 4, dtype=torch.int32, device="cuda")
+    sink = torch.zeros(max(1, triton.cdiv(f.numel(), 4096)), dtype=torch.int32, device="cuda")
+    res: dict[str, object] = {"device": torch.cuda.get_device_name(), "triton": triton.__version__,
+                              "buffer_mb": args.buffer, "flush_mb": args.flush, "ns_per_load": {}}
+    table: dict[str, float] = {}
+    for aside, mark, flush in itertools.product((0.0, args.aside), ("", "evict_last"),
+                                                ("none", "evict_first", "normal")):
+        granted = cuda_step.set_persisting_l2(int(aside * 2**20))
+        ts = []
+        for _ in range(args.reps + 1):
+            read(a, sink, mark)
+            if flush != "none":
+                read(f, sink, "" if flush == "normal" else "evict_first")
+            b = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            e = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            b.record()
+            _chase_kernel[(1,)](a, sink, args.steps, num_warps=1, num_stages=1)
+            e.record()
+            e.synchronize()
+            ts.append(b.elapsed_time(e) * 1e6 / args.steps)
+        key = f"aside {granted / 2**20:.2f} MiB, mark {mark or 'normal'}, flush {flush}"
+        table[key] = statistics.median(ts[1:])
+        print(f"{key:<55} {table[key]:7.1f} ns a load", flush=True)
+    cuda_step.set_persisting_l2(0)
+    res["ns_per_load"] = table
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "l2_keep.json").write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
