@@ -1,15 +1,17 @@
 """Does a buffer read ``evict_last``, with L2 set aside for persisting lines, stay in L2 while a
 larger stream passes through? Measured by the latency of a pointer chase, on a GPU.
 
-Why (session 35): ``Runner.kv_l2`` keeps the K/V cache ``evict_last`` in a set-aside, to give
-back what an unhinted stream at a step's end costs the 0.5B's next step (~20 µs @512,
-session 34 run 288). It gave back nothing (run 291). Either such lines do not survive the
-stream, or what the stream pushes out is not the K/V. This probe answers the first part
-alone: a buffer of ``--buffer`` MB (the 0.5B's K/V @512 is 6.3 MB) is read whole with a
-policy (``mark``), a stream of ``--flush`` MB goes through L2 (none, ``evict_first`` loads or
+Why (session 35): an experiment, ``Runner.kv_l2`` (commit 901207a holds it; removed), kept
+the K/V cache ``evict_last`` in a set-aside, to give back what an unhinted stream at a step's
+end costs the 0.5B's next step (~20 µs @512, session 34 run 288). It gave back nothing (run
+291). Either such lines do not survive the stream, or what the stream pushes out is not the
+K/V. This probe answers the first part alone: a buffer of ``--buffer`` MB (the 0.5B's K/V
+@512 is 6.3 MB) is read whole with a policy (``mark``: none, ``evict_last`` or
+``evict_first``), a stream of ``--flush`` MB goes through L2 (none, ``evict_first`` loads or
 unhinted ones), and then one warp chases pointers through the buffer's lines, each load
 waiting on the one before: ns per load is L2's latency where the lines stayed, DRAM's where
-they did not. Every combination of set-aside (0 or ``--aside`` MiB), mark policy and flush.
+they did not. Every combination of set-aside (0 or ``--aside`` MiB), mark and flush.
+Run 292-293 (H200): L2 148 ns, DRAM 337; see docs/gpu-notes.md, session 35.
 
     python3 scripts/bench_l2_keep.py --out $OUT/l2
 """
@@ -57,7 +59,7 @@ def read(x: torch.Tensor, out: torch.Tensor, ev: str, block: int = 4096) -> None
                                                    num_warps=8, num_stages=1)
 
 
-def chase_buffer(nbytes: int, seed: int = 35) -> torch.Tensor:
+def chase_buffer(nbytes: int, device: str = "cuda", seed: int = 35) -> torch.Tensor:
     """int32 elements whose lines form one random cycle: the first element of each line holds
     the index of the next line's first element."""
     lines = nbytes // (LINE * 4)
@@ -65,7 +67,7 @@ def chase_buffer(nbytes: int, seed: int = 35) -> torch.Tensor:
     a = torch.zeros(lines * LINE, dtype=torch.int32)
     nxt = torch.roll(order, -1)
     a[order * LINE] = (nxt * LINE).to(torch.int32)
-    return a.cuda()
+    return a.to(device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, object] = {"device": torch.cuda.get_device_name(), "triton": triton.__version__,
                               "buffer_mb": args.buffer, "flush_mb": args.flush, "ns_per_load": {}}
     table: dict[str, float] = {}
-    for aside, mark, flush in itertools.product((0.0, args.aside), ("", "evict_last"),
+    for aside, mark, flush in itertools.product((0.0, args.aside), ("", "evict_last", "evict_first"),
                                                 ("none", "evict_first", "normal")):
         granted = cuda_step.set_persisting_l2(int(aside * 2**20))
         ts = []

@@ -49,7 +49,6 @@ from bench_gpu import (  # noqa: E402
     time_ms,
 )
 
-from openjarvis.engine.torch import cuda_step  # noqa: E402
 from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
 from openjarvis.engine.torch.generate import Runner  # noqa: E402
@@ -139,13 +138,8 @@ def timing(rs: dict[str, Runner], positions: list[int], rounds: int,
 #: ``--copies``' variants of the one-token greedy step: the output matrix read in bfloat16
 #: or through the screen, each also with its pick's launches (the projection or the screen's
 #: three, and the merge) without PDL, or (plain only) the output matrix read without the
-#: weights' ``evict_first`` hint (``Runner.out_evict``); ``_kvl2``: the K/V cache kept in
-#: ``--kv-l2`` MiB of L2 set aside for it (``Runner.kv_l2``), ``_kvhint``: its loads and
-#: stores ``evict_last`` in one stage, with no L2 set aside (the set-aside is context-wide:
-#: set before each Runner's timing).
-COPY_VARIANTS = ("plain", "screened", "plain_nopdl", "screened_nopdl", "plain_outnormal",
-                 "plain_kvl2", "screened_kvl2", "plain_kvhint", "screened_kvhint",
-                 "plain_outnormal_kvl2")
+#: weights' ``evict_first`` hint (``Runner.out_evict``).
+COPY_VARIANTS = ("plain", "screened", "plain_nopdl", "screened_nopdl", "plain_outnormal")
 #: ``--carveout-kernels``: the kernels ``--carveout`` applies to (not the merge, which the
 #: plain pick runs too; session 34's run 286 had it in both sets).
 CARVEOUT_KERNELS = {
@@ -156,8 +150,7 @@ CARVEOUT_KERNELS = {
 
 def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
                   n_ctx: int, tiles: list[tuple[int, K.LinearConfig]],
-                  names: list[str], carveout: tuple[int, str] | None = None,
-                  kv_l2: float = 0.0) -> dict[str, Any]:
+                  names: list[str], carveout: tuple[int, str] | None = None) -> dict[str, Any]:
     """``--copies``: the one-token greedy step's variants ``names`` (``COPY_VARIANTS``) and
     the screen in each one-token tile of ``tiles``, each in ``copies`` Runners over one set of
     weights, every Runner timed once a round in a shuffled order.
@@ -179,11 +172,10 @@ def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
             r.screen_out = not name.startswith("plain")
             if cfg is not None:
                 r.linear_configs[("screen", 1)] = cfg
-            if "_outnormal" in name:
+            if name.endswith("_outnormal"):
                 r.out_evict = ""
             if name.endswith("_nopdl"):  # the pick's launches without PDL
                 r.one_token_pdl = {**r.one_token_pdl, "out": 0}
-            r.kv_l2 = kv_l2 if name.endswith(("_kvl2", "_kvhint")) else 0.0
             r.step([100], 0, greedy=True)  # captured here, in this order
             rs[f"{name}:{i}"] = r
     if carveout is not None:  # on every kernel the captures compiled, then captured anew
@@ -194,19 +186,12 @@ def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
             r.step([100], 0, greedy=True)
     gen = torch.Generator().manual_seed(34)
     out: dict[str, Any] = {}
-    aside: dict[str, int] = {}  # what the driver granted each Runner's timing
-
-    def set_aside(key: str) -> None:
-        want = int(kv_l2 * 2**20) if key.split(":")[0].endswith("_kvl2") else 0
-        aside[key] = cuda_step.set_persisting_l2(want)
-
     for pos in positions:
         per: dict[str, list[float]] = {k: [] for k in rs}
         for _ in range(rounds):
             order = [list(rs)[j] for j in torch.randperm(len(rs), generator=gen).tolist()]
             for key in order:
                 r = rs[key]
-                set_aside(key)
                 r.step([100], pos, greedy=True)
                 per[key].append(time_ms(lambda r=r: r.replay(1, greedy=True), iters=50,
                                         reps=3))
@@ -214,14 +199,13 @@ def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
         by = {name: [best[f"{name}:{i}"] for i in range(copies)] for name in variants}
         med = {name: statistics.median(v) for name, v in by.items()}
         base = "plain" if "plain" in med else next(iter(med))
-        row = {"per_round_ms": per, "best_ms": best, "median_ms": med, "l2_aside": aside,
+        row = {"per_round_ms": per, "best_ms": best, "median_ms": med,
                "range_ms": {name: [min(v), max(v)] for name, v in by.items()},
                "base": base, "over_base": {name: med[name] / med[base] for name in variants}}
         out[str(pos)] = row
         log("copies", pos, json.dumps({k: v for k, v in row.items() if k != "per_round_ms"}))
     if carveout is not None:
         K.set_carveout(K.CARVEOUT_DEFAULT)
-    cuda_step.set_persisting_l2(0)
     return out
 
 
@@ -363,9 +347,6 @@ def main(argv: list[str] | None = None) -> int:
                          "L1 as shared memory (kernels.set_carveout); default: the driver's")
     ap.add_argument("--carveout-kernels", choices=sorted(CARVEOUT_KERNELS), default="screen",
                     help="--carveout: the screen's four launches, or the rescoring and merge")
-    ap.add_argument("--kv-l2", type=float, default=24.0,
-                    help="--copies, the _kvl2 and _kvhint variants: MiB of L2 set aside for "
-                         "the K/V cache (default 24; the driver clamps it to the GPU's most)")
     ap.add_argument("--parts", action="store_true",
                     help="time each pass alone (and screen tiles) instead of whole steps")
     args = ap.parse_args(argv)
@@ -402,8 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  max(positions) + 64, args.tiles,
                                                  args.variants.split(","),
                                                  None if args.carveout is None else
-                                                 (args.carveout, args.carveout_kernels),
-                                                 args.kv_l2)}
+                                                 (args.carveout, args.carveout_kernels))}
             torch.cuda.empty_cache()
             (args.out / "screen.json").write_text(json.dumps(res, indent=1))
             continue

@@ -298,13 +298,6 @@ class Runner:
         #: leaves DRAM idle (``kernels.l2_prefetch``). None: off; on the GPU
         #: ``tuning.L2_PREFETCH``.
         self.l2_prefetch: tuple[float, int, int] | None = None
-        #: One-token steps on the GPU: MiB of L2 set aside for persisting lines (0: off), and
-        #: the K/V cache written and read ``evict_last``, so that the next step's attention
-        #: finds it in L2 whatever streamed through in between (session 34: the 0.5B's step
-        #: @512 loses ~20 µs when a step's last stream is unhinted). Context-wide while set
-        #: (``cuda_step.set_persisting_l2``, at capture). On the GPU: ``tuning.KV_L2``.
-        self.kv_l2: float = 0.0
-        self._kv_l2_set: float | None = None  # what this Runner last set aside
         #: Experimental, for scripts/bench_hold.py only (None: off): stands in for the
         #: one-token step's L2 prefetch and gate/up launch (``FfnHook``), to time gate/up
         #: computed from weights held in shared memory by a kernel on a side stream
@@ -321,7 +314,6 @@ class Runner:
             from openjarvis.engine.torch.kernels import pdl_supported
             from openjarvis.engine.torch.tuning import (
                 ATTENTION,
-                KV_L2,
                 L2_PREFETCH,
                 NORM_HANDOFF,
                 PDL_PROLOGUE,
@@ -355,7 +347,6 @@ class Runner:
                 self.screen_out = shape in SCREEN_OUT
             self.nsplit, self.attn_block_s = ATTENTION.get(shape, (nsplit, self.attn_block_s))
             self.l2_prefetch = L2_PREFETCH.get(shape)
-            self.kv_l2 = KV_L2.get(shape, 0.0)
 
     @property
     def graph_io(self) -> bool:
@@ -885,20 +876,12 @@ class Runner:
         assert isinstance(qkv_tiles, tuple)
         ev = self.weight_evict
         oev = ev if self.out_evict is None else self.out_evict
-        kev = "evict_last" if t == 1 and self.kv_l2 > 0 and self.device.type == "cuda" else ""
         split = self.qkv_split if t > 1 and isinstance(self.qkv_split, K.LinearConfig) else None
         if self.deterministic:
             split = None
         if split is not None and ws.qkv_acc is None:
             ws.qkv_acc = torch.zeros(t, a.qkv_dim, dtype=torch.float32, device=self.device)
         fused = t == 1 and self.fuse_attn_out and not self.deterministic
-        if kev and fused:
-            raise ValueError("kv_l2 needs the two-launch attention (fuse_attn_out off)")
-        if kev and self._kv_l2_set != self.kv_l2:
-            from openjarvis.engine.torch import cuda_step
-
-            cuda_step.set_persisting_l2(int(self.kv_l2 * 2**20))
-            self._kv_l2_set = self.kv_l2
         hand_bufs = None if fused else self._handoff_buffers(ws)
         wo_cfg = self._wo_tile(t)
         sem = self.atomic_sem
@@ -941,7 +924,7 @@ class Runner:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
                            pdl=pk("qkv"), evict=ev, smem=sf("qkv"),
-                           num_warps=self.qkv_warps.get(t, 4), kv_evict=kev)
+                           num_warps=self.qkv_warps.get(t, 4))
             prefetch_at(1, lw.w13)
             hand = None
             if fused:
@@ -954,8 +937,7 @@ class Runner:
                             block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
                             num_warps=self.attn_warps.get(t, 4),
                             pdl_combine=pk("combine"), combine_warps=self.combine_warps.get(t, 1),
-                            trim=self.trim_merge, combine_cols=self.combine_cols.get(t, 1),
-                            kv_evict=kev)
+                            trim=self.trim_merge, combine_cols=self.combine_cols.get(t, 1))
                 prefetch_at(2, lw.w13)
                 if hand_bufs is not None:
                     hand = K.NormHandoff(hand_bufs[0], hand_bufs[1], lw.ffn_norm, hand_bufs[2])

@@ -613,11 +613,9 @@ def _qkv_rope_kernel(
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     EVICT: tl.constexpr, TRACE: tl.constexpr = 0, SMEM_FLOOR: tl.constexpr = 0,
-    KV_EVICT: tl.constexpr = "",
 ):
     """Program = BLOCK_P NeoX pairs (rows j and j + HD/2) of one head of q, k or v
-    (``SMEM_FLOOR`` as in ``_linear_kernel``; ``KV_EVICT``: the cache stores' L2 policy,
-    ``attention``'s ``kv_evict``)."""
+    (``SMEM_FLOOR`` as in ``_linear_kernel``)."""
     HALF: tl.constexpr = HD // 2
     PER_HEAD: tl.constexpr = HALF // BLOCK_P
     pid = tl.program_id(0)
@@ -674,12 +672,12 @@ def _qkv_rope_kernel(
         tl.store(qp + HALF, o2, mask=m)
     elif head < N_HEAD + N_KV:
         kp = kc_ptr + (head - N_HEAD) * stride_ch + pos[:, None] * stride_cs + j[None, :]
-        tl.store(kp, o1.to(kc_ptr.dtype.element_ty), mask=m, eviction_policy=KV_EVICT)
-        tl.store(kp + HALF, o2.to(kc_ptr.dtype.element_ty), mask=m, eviction_policy=KV_EVICT)
+        tl.store(kp, o1.to(kc_ptr.dtype.element_ty), mask=m)
+        tl.store(kp + HALF, o2.to(kc_ptr.dtype.element_ty), mask=m)
     else:
         vp = vc_ptr + (head - N_HEAD - N_KV) * stride_ch + pos[:, None] * stride_cs + j[None, :]
-        tl.store(vp, o1.to(vc_ptr.dtype.element_ty), mask=m, eviction_policy=KV_EVICT)
-        tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty), mask=m, eviction_policy=KV_EVICT)
+        tl.store(vp, o1.to(vc_ptr.dtype.element_ty), mask=m)
+        tl.store(vp + HALF, o2.to(vc_ptr.dtype.element_ty), mask=m)
     _stamp(tr_ptr, tr_base, pid, 3, TRACE)
 
 
@@ -781,7 +779,7 @@ def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_c
                N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
                BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
                TRIM: tl.constexpr, tr_ptr=None, tr_base=0, tpid=0,
-               TRACE: tl.constexpr = 0, KV_EVICT: tl.constexpr = ""):
+               TRACE: tl.constexpr = 0):
     """Flash-decoding partials of one (kv head, split of the sequence): rows r = t * G + g of
     the query tile (all query heads of the group, all T tokens) share one K/V stream.
 
@@ -813,10 +811,8 @@ def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_c
     for s0 in range(s_lo, s_hi, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         smask = s < s_hi
-        kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0,
-                     eviction_policy=KV_EVICT)
-        vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0,
-                     eviction_policy=KV_EVICT)
+        kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
+        vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
         m, den, acc = _attn_update(q, kt, vt, s, smask, qpos, m, den, acc)
     _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
     idx = (sp * T + t) * N_HEAD + head  # partials [NSPLIT, T, H, ...]
@@ -833,7 +829,7 @@ def _attn_split_kernel(
     T, stride_ch, stride_cs, scale, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr, TRIM: tl.constexpr,
-    TRACE: tl.constexpr = 0, KV_EVICT: tl.constexpr = "",
+    TRACE: tl.constexpr = 0,
 ):
     """Program = (kv head, split): ``_attn_item``. ``start`` is written before the step's
     graph is launched, so it is read before the PDL wait."""
@@ -841,7 +837,7 @@ def _attn_split_kernel(
     _stamp(tr_ptr, tr_base, tpid, 0, TRACE)
     _attn_item(q_ptr, kc_ptr, vc_ptr, tl.load(start_ptr), o_ptr, ml_ptr, T, tl.program_id(0),
                tl.program_id(1), stride_ch, stride_cs, scale, N_HEAD, G, HD, NSPLIT, BLOCK_R,
-               BLOCK_S, PDL, TRIM, tr_ptr, tr_base, tpid, TRACE, KV_EVICT)
+               BLOCK_S, PDL, TRIM, tr_ptr, tr_base, tpid, TRACE)
     _gdc_late(PDL)
     _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
 
@@ -1131,12 +1127,6 @@ def _check_evict(evict: str) -> None:
     if evict not in WEIGHT_CACHE:
         raise ValueError(f"evict (the weights' cache policy) must be one of {WEIGHT_CACHE}, "
                          f"not {evict!r}")
-
-
-def _check_kv_evict(kv_evict: str) -> None:
-    if kv_evict not in ("", "evict_last"):
-        raise ValueError(f"kv_evict (the K/V cache's L2 policy) must be '' or 'evict_last', "
-                         f"not {kv_evict!r}")
 
 
 def _check_sem(atomic_sem: str) -> None:
@@ -1735,10 +1725,8 @@ def qkv_rope(
     pdl: int = 0,
     evict: str = "",
     smem: int = 0,  # at least this much shared memory a program (``floor_shared``)
-    kv_evict: str = "",  # the cache stores' L2 policy (``attention``'s)
 ) -> None:
     _check_evict(evict)
-    _check_kv_evict(kv_evict)
     t, k = x.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]
@@ -1753,7 +1741,6 @@ def qkv_rope(
         BLOCK_T=block_t(t), BLOCK_P=bp, BLOCK_K=block_k or min(512, triton.next_power_of_2(k)),
         PDL=pdl, EVICT=evict, num_warps=num_warps, **_launch(pdl), **trc,
         **({"SMEM_FLOOR": smem} if smem > 0 else {}),
-        **({"KV_EVICT": kv_evict} if kv_evict else {}),
     )
     if smem > 0:
         floor_shared(ck, smem)
@@ -1822,15 +1809,9 @@ def attention(
     combine_warps: int = 1,  # warps of each program of the merge
     trim: bool = True,  # the merge reads only the splits that hold keys
     combine_cols: int = 1,  # programs of the merge a (token, head), each hd / this columns
-    kv_evict: str = "",
 ) -> torch.Tensor:
     """Attention of T query tokens over the cache in two launches: partials per (kv head,
-    split), then their merge.
-
-    ``kv_evict``: the K/V loads' L2 policy ("evict_last": keep the cache in L2 for the next
-    step, with ``set_persisting_l2``). Such loads run in one stage: Triton 3.6 pipelines a
-    loop's loads into ``cp.async`` copies that drop the hint (session 34)."""
-    _check_kv_evict(kv_evict)
+    split), then their merge."""
     t, n_head, hd = q.shape
     width = hd // max(combine_cols, 1)
     if combine_cols < 1 or hd % combine_cols or (combine_cols > 1 and width & (width - 1)):
@@ -1847,7 +1828,7 @@ def attention(
         t, k_cache.stride(0), k_cache.stride(1), hd**-0.5, *tr,
         N_HEAD=n_head, G=g, HD=hd, NSPLIT=nsplit,
         BLOCK_R=block_r, BLOCK_S=block_s, PDL=_wait(pdl), TRIM=trim, num_warps=num_warps,
-        **_launch(pdl), **trc, **({"KV_EVICT": kv_evict, "num_stages": 1} if kv_evict else {}),
+        **_launch(pdl), **trc,
     )
     pc = pdl if pdl_combine is None else pdl_combine
     tr, trc = _trace(out)

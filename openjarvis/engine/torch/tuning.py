@@ -149,9 +149,6 @@ WEIGHT_EVICT = "evict_first"
 #: @4096). Longer bursts, more MiB, or asking after qkv or after the merge held up qkv's loop
 #: or the attention's by more than gate/up gained (runs 127-129); the 0.5B lost in every form.
 L2_PREFETCH: dict[tuple[int, int], tuple[float, int, int]] = {(1536, 8960): (8.0, 128, 0)}
-#: (n_embd, n_ff) -> ``Runner.kv_l2`` of one-token steps: MiB of L2 set aside for the K/V
-#: cache, written and read ``evict_last`` (session 35). Empty until measured.
-KV_L2: dict[tuple[int, int], float] = {}
 #: (n_embd, n_ff) whose greedy steps pick through the int8 screen of the output matrix
 #: (``Runner.screen_out``; session 33 run 282, the 1.5B's shapes with random weights: one
 #: token 1.0284 -> 0.9865 ms @512 (0.959x), 0.956x @4096; T = 9 0.990x. The 0.5B's one token

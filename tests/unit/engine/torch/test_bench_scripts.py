@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import ModuleType, SimpleNamespace
 
 import pytest
+import torch
 
 
 @pytest.fixture
@@ -441,6 +442,28 @@ def test_bench_screen_refuses_an_unknown_copy_variant_on_any_machine(
     assert "unknown variant 'screend'; choose from plain, screened" in err
     assert bench_screen.main(["--carveout", "0"]) == 2
     assert "--carveout applies to --copies only" in capsys.readouterr().err
+
+
+def test_the_l2_probe_chases_every_line_of_its_buffer_once_and_refuses_bad_sizes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import bench_l2_keep  # (see bench_verify above)
+
+    from openjarvis.engine.torch import cuda_step
+
+    a = bench_l2_keep.chase_buffer(1000 * 128, device="cpu")
+    line = bench_l2_keep.LINE
+    p, seen = int(a[0]), []
+    for _ in range(1000):
+        assert p % line == 0  # every load lands on a line's first element
+        seen.append(p // line)
+        p = int(a[p])
+    assert sorted(seen) == list(range(1000)) and p == int(a[0])  # one cycle through all
+    with pytest.raises(ValueError, match="set-aside is bytes >= 0, not -1"):
+        cuda_step.set_persisting_l2(-1)
+    if not torch.cuda.is_available():
+        assert bench_l2_keep.main([]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
 def test_ptx_hints_tells_hinted_loads_from_plain_ones_and_copies_from_loads() -> None:

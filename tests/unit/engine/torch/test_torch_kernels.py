@@ -477,32 +477,6 @@ def test_split_attention(t: int, start: int, h: int, hd: int, trim: bool) -> Non
     assert rel(out, ref) < 1e-5
 
 
-def test_the_kv_cache_kept_in_l2_gives_the_same_attention_and_cache() -> None:
-    """``kv_evict="evict_last"`` (``Runner.kv_l2``): a cache policy and one-stage loads
-    change no value, whether the cache is written (``qkv_rope``) or read (``attention``); any
-    other policy is refused by name."""
-    a = ARGS
-    t, start, s = 1, 77, 128
-    x, w = g(t, a.n_embd, seed=4), g(a.qkv_dim, a.n_embd, seed=5)
-    norm, bias = g(a.n_embd, seed=6), g(a.qkv_dim, seed=7)
-    rope = rope_table(a, s, "cpu")
-    got = []
-    for kev in ("", "evict_last"):
-        kc, vc = g(a.n_head_kv, s, a.head_dim, seed=2), g(a.n_head_kv, s, a.head_dim, seed=3)
-        q = torch.full((t, a.n_head, a.head_dim), POISON)
-        K.qkv_rope(x, w, norm, bias, rope, torch.tensor([start]), q, kc, vc, 1e-6, kv_evict=kev)
-        out = torch.full((t, a.n_head * a.head_dim), POISON)
-        K.attention(q, kc, vc, torch.tensor([start]), out, torch.full((8, t, a.n_head, a.head_dim),
-                    POISON), torch.full((8, t, a.n_head, 2), POISON), block_s=16, kv_evict=kev)
-        got.append((kc, vc, out))
-    assert not got[1][2].isnan().any()
-    for before, after in zip(got[0], got[1], strict=True):
-        assert torch.equal(before, after)
-    with pytest.raises(ValueError, match="kv_evict .* must be '' or 'evict_last', not 'evict_first'"):
-        K.attention(q, kc, vc, torch.tensor([start]), out, torch.zeros(8, t, a.n_head, a.head_dim),
-                    torch.zeros(8, t, a.n_head, 2), kv_evict="evict_first")
-
-
 @pytest.mark.parametrize("cols", [2, 4, 8])
 def test_a_merge_split_over_the_head_columns_gives_the_same_output(cols: int) -> None:
     """``combine_cols``: each (token, head) merged by ``cols`` programs of hd / cols columns:
