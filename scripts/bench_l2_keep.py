@@ -1,3 +1,4 @@
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
 """Does a buffer read ``evict_last``, with L2 set aside for persisting lines, stay in L2 while a
 larger stream passes through? Measured by the latency of a pointer chase, on a GPU.
 
