@@ -138,8 +138,10 @@ def timing(rs: dict[str, Runner], positions: list[int], rounds: int,
 #: ``--copies``' variants of the one-token greedy step: the output matrix read in bfloat16
 #: or through the screen, each also with its pick's launches (the projection or the screen's
 #: three, and the merge) without PDL, or (plain only) the output matrix read without the
-#: weights' ``evict_first`` hint (``Runner.out_evict``).
-COPY_VARIANTS = ("plain", "screened", "plain_nopdl", "screened_nopdl", "plain_outnormal")
+#: weights' ``evict_first`` hint (``Runner.out_evict``); ``_pfef``: the gate/up prefetch into
+#: L2 (the 1.5B's ``Runner.l2_prefetch``) at ``evict_first`` priority; ``_nopf``: without it.
+COPY_VARIANTS = ("plain", "screened", "plain_nopdl", "screened_nopdl", "plain_outnormal",
+                 "plain_pfef", "screened_pfef", "plain_nopf", "screened_nopf")
 #: ``--carveout-kernels``: the kernels ``--carveout`` applies to (not the merge, which the
 #: plain pick runs too; session 34's run 286 had it in both sets).
 CARVEOUT_KERNELS = {
@@ -176,6 +178,10 @@ def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
                 r.out_evict = ""
             if name.endswith("_nopdl"):  # the pick's launches without PDL
                 r.one_token_pdl = {**r.one_token_pdl, "out": 0}
+            if name.endswith("_pfef"):
+                r.l2_prefetch_policy = "evict_first"
+            if name.endswith("_nopf"):
+                r.l2_prefetch = None
             r.step([100], 0, greedy=True)  # captured here, in this order
             rs[f"{name}:{i}"] = r
     if carveout is not None:  # on every kernel the captures compiled, then captured anew
