@@ -33,6 +33,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -136,12 +137,39 @@ def timing(rs: dict[str, Runner], positions: list[int], rounds: int,
 
 
 #: ``--copies``' variants of the one-token greedy step: the output matrix read in bfloat16
-#: or through the screen, each also with its pick's launches (the projection or the screen's
-#: three, and the merge) without PDL, or (plain only) the output matrix read without the
-#: weights' ``evict_first`` hint (``Runner.out_evict``); ``_pfef``: the gate/up prefetch into
-#: L2 (the 1.5B's ``Runner.l2_prefetch``) at ``evict_first`` priority; ``_nopf``: without it.
-COPY_VARIANTS = ("plain", "screened", "plain_nopdl", "screened_nopdl", "plain_outnormal",
-                 "plain_pfef", "screened_pfef", "plain_nopf", "screened_nopf")
+#: (``plain``) or through the screen (``screened``), each with any of these changes, joined
+#: by ``_`` (``screened_pf12_pfef``): ``nopdl``, the pick's launches (the projection or the
+#: screen's three, and the merge) without PDL; ``outnormal``, the output matrix read without
+#: the weights' ``evict_first`` hint (``Runner.out_evict``); ``nopf``, no gate/up prefetch
+#: into L2 (``Runner.l2_prefetch``, the 1.5B's default); ``pf<MiB>``, that prefetch at this
+#: many MiB a layer (128 programs a half, after the layer before); ``pfef``, at
+#: ``evict_first`` priority (``Runner.l2_prefetch_policy``).
+COPY_BASES = ("plain", "screened")
+COPY_CHANGES = ("nopdl", "outnormal", "nopf", "pf<MiB>", "pfef")
+
+
+def apply_variant(r: Any, name: str) -> None:
+    """Set a Runner ``r`` up as the ``--copies`` variant ``name``; a name that is not one
+    raises ValueError (``main`` checks every name on a stand-in before anything runs)."""
+    base, *changes = name.split("_")
+    if base not in COPY_BASES:
+        raise ValueError(name)
+    r.screen_out = base == "screened"
+    for c in changes:
+        if c == "outnormal":
+            r.out_evict = ""
+        elif c == "nopdl":
+            r.one_token_pdl = {**r.one_token_pdl, "out": 0}
+        elif c == "nopf":
+            r.l2_prefetch = None
+        elif c == "pfef":
+            r.l2_prefetch_policy = "evict_first"
+        elif c.startswith("pf") and c[2:].replace(".", "", 1).isdigit() and float(c[2:]) > 0:
+            r.l2_prefetch = (float(c[2:]), 128, 0)
+        else:
+            raise ValueError(name)
+
+
 #: ``--carveout-kernels``: the kernels ``--carveout`` applies to (not the merge, which the
 #: plain pick runs too; session 34's run 286 had it in both sets).
 CARVEOUT_KERNELS = {
@@ -153,7 +181,7 @@ CARVEOUT_KERNELS = {
 def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
                   n_ctx: int, tiles: list[tuple[int, K.LinearConfig]],
                   names: list[str], carveout: tuple[int, str] | None = None) -> dict[str, Any]:
-    """``--copies``: the one-token greedy step's variants ``names`` (``COPY_VARIANTS``) and
+    """``--copies``: the one-token greedy step's variants ``names`` (``apply_variant``) and
     the screen in each one-token tile of ``tiles``, each in ``copies`` Runners over one set of
     weights, every Runner timed once a round in a shuffled order.
 
@@ -171,17 +199,9 @@ def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
         for name, cfg in variants.items():
             r = Runner(model, n_ctx, kernels="triton", graphs=True)
             r.greedy_cols = TOKENIZER_COLS
-            r.screen_out = not name.startswith("plain")
+            apply_variant(r, name)
             if cfg is not None:
                 r.linear_configs[("screen", 1)] = cfg
-            if name.endswith("_outnormal"):
-                r.out_evict = ""
-            if name.endswith("_nopdl"):  # the pick's launches without PDL
-                r.one_token_pdl = {**r.one_token_pdl, "out": 0}
-            if name.endswith("_pfef"):
-                r.l2_prefetch_policy = "evict_first"
-            if name.endswith("_nopf"):
-                r.l2_prefetch = None
             r.step([100], 0, greedy=True)  # captured here, in this order
             rs[f"{name}:{i}"] = r
     if carveout is not None:  # on every kernel the captures compiled, then captured anew
@@ -347,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
                          "screened, each in this many Runners (captures), timed in shuffled "
                          "rounds")
     ap.add_argument("--variants", default="plain,screened",
-                    help=f"--copies: comma-separated, of {', '.join(COPY_VARIANTS)}")
+                    help=f"--copies: comma-separated, each {' or '.join(COPY_BASES)} with any "
+                         f"of _{', _'.join(COPY_CHANGES)} (e.g. screened_pf12)")
     ap.add_argument("--carveout", type=int, default=None,
                     help="--copies: the pick's kernels (--carveout-kernels) prefer this %% of "
                          "L1 as shared memory (kernels.set_carveout); default: the driver's")
@@ -366,10 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.carveout is not None and args.copies <= 0:
         print("bench_screen: --carveout applies to --copies only", file=sys.stderr)
         return 2
-    if bad := [v for v in args.variants.split(",") if v not in COPY_VARIANTS]:
-        print(f"bench_screen: unknown variant {bad[0]!r}; choose from {', '.join(COPY_VARIANTS)}",
-              file=sys.stderr)
-        return 2
+    for v in args.variants.split(","):
+        try:
+            apply_variant(SimpleNamespace(one_token_pdl={}), v)  # (a stand-in: settings only)
+        except ValueError:
+            print(f"bench_screen: unknown variant {v!r}; choose from plain, screened, each "
+                  f"with any of _{', _'.join(COPY_CHANGES)}", file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("bench_screen: needs a CUDA GPU (run it through the device tool)", file=sys.stderr)
         return 2
