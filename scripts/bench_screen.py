@@ -138,14 +138,14 @@ def timing(rs: dict[str, Runner], positions: list[int], rounds: int,
 
 #: ``--copies``' variants of the one-token greedy step: the output matrix read in bfloat16
 #: (``plain``) or through the screen (``screened``), each with any of these changes, joined
-#: by ``_`` (``screened_pf12_pfef``): ``nopdl``, the pick's launches (the projection or the
+#: by ``_`` (``screened_pf12_nopdl``): ``nopdl``, the pick's launches (the projection or the
 #: screen's three, and the merge) without PDL; ``outnormal``, the output matrix read without
 #: the weights' ``evict_first`` hint (``Runner.out_evict``); ``nopf``, no gate/up prefetch
 #: into L2 (``Runner.l2_prefetch``, the 1.5B's default); ``pf<MiB>``, that prefetch at this
-#: many MiB a layer (128 programs a half, after the layer before); ``pfef``, at
-#: ``evict_first`` priority (``Runner.l2_prefetch_policy``).
+#: many MiB a layer (128 programs a half, after the layer before). (Session 35's ``pfef``,
+#: that prefetch at ``evict_first`` priority, lost 3-5 µs and was removed; 16f9b6f holds it.)
 COPY_BASES = ("plain", "screened")
-COPY_CHANGES = ("nopdl", "outnormal", "nopf", "pf<MiB>", "pfef")
+COPY_CHANGES = ("nopdl", "outnormal", "nopf", "pf<MiB>")
 
 
 def apply_variant(r: Any, name: str) -> None:
@@ -162,8 +162,6 @@ def apply_variant(r: Any, name: str) -> None:
             r.one_token_pdl = {**r.one_token_pdl, "out": 0}
         elif c == "nopf":
             r.l2_prefetch = None
-        elif c == "pfef":
-            r.l2_prefetch_policy = "evict_first"
         elif c.startswith("pf") and c[2:].replace(".", "", 1).isdigit() and float(c[2:]) > 0:
             r.l2_prefetch = (float(c[2:]), 128, 0)
         else:

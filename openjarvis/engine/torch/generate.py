@@ -298,10 +298,6 @@ class Runner:
         #: leaves DRAM idle (``kernels.l2_prefetch``). None: off; on the GPU
         #: ``tuning.L2_PREFETCH``.
         self.l2_prefetch: tuple[float, int, int] | None = None
-        #: ``l2_prefetch``'s cache policy: "" (normal priority, the default) or "evict_first"
-        #: (lines that leave L2 before the lines other than the weights; session 35 asked
-        #: whether the normal-priority prefetch pushes out what a step leaves for the next).
-        self.l2_prefetch_policy = ""
         #: Experimental, for scripts/bench_hold.py only (None: off): stands in for the
         #: one-token step's L2 prefetch and gate/up launch (``FfnHook``), to time gate/up
         #: computed from weights held in shared memory by a kernel on a side stream
@@ -1002,8 +998,7 @@ class Runner:
         rows = max(1, min(n, int(pf[0] * 2**20 / 2 / (k * w13.element_size()))))
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            K.l2_prefetch(w13, ((n - rows) * k, (2 * n - rows) * k), rows * k, pf[1],
-                          policy=self.l2_prefetch_policy)
+            K.l2_prefetch(w13, ((n - rows) * k, (2 * n - rows) * k), rows * k, pf[1])
         return side
 
     def side_stream(self, main: torch.cuda.Stream) -> torch.cuda.Stream:

@@ -948,26 +948,18 @@ def _embed_kernel(tok_ptr, emb_ptr, h_ptr, D, BLOCK_D: tl.constexpr, PDL: tl.con
 
 @triton.jit
 def _l2_prefetch_kernel(w_ptr, off0, off1, n_lines, LINE: tl.constexpr, BLOCK: tl.constexpr,
-                        PER: tl.constexpr, POLICY: tl.constexpr = ""):
+                        PER: tl.constexpr):
     """Program (p, r): ask L2 for its ``PER * BLOCK`` lines of region r (lines of ``LINE``
-    elements from element ``off0``, or ``off1`` for r = 1), one ``prefetch.global.L2`` a line
-    (``POLICY`` "evict_first": one 128-byte ``cp.async.bulk.prefetch.L2`` a line with that
-    cache policy, sm_90). Nothing waits for the lines: the program ends once it has asked
-    (lines past ``n_lines`` ask for the region's first line again)."""
+    elements from element ``off0``, or ``off1`` for r = 1), one ``prefetch.global.L2`` a line.
+    Nothing waits for the lines: the program ends once it has asked (lines past ``n_lines``
+    ask for the region's first line again)."""
     base = tl.where(tl.program_id(1) == 0, off0, off1).to(tl.int64)
     for i in range(PER):
         idx = (tl.program_id(0) * PER + i) * BLOCK + tl.arange(0, BLOCK)
         idx = tl.where(idx < n_lines, idx, 0).to(tl.int64)
-        if POLICY == "evict_first":
-            tl.inline_asm_elementwise(
-                "{ .reg .b64 pol; createpolicy.fractional.L2::evict_first.b64 pol, 1.0; "
-                "cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], 128, pol; } "
-                "mov.u32 $0, 0;", "=r,l", [w_ptr + base + idx * LINE], dtype=tl.int32,
-                is_pure=False, pack=1)
-        else:
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                                      [w_ptr + base + idx * LINE], dtype=tl.int32,
-                                      is_pure=False, pack=1)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
+                                  [w_ptr + base + idx * LINE], dtype=tl.int32, is_pure=False,
+                                  pack=1)
 
 
 # --- launchers ------------------------------------------------------------------------------
@@ -1900,8 +1892,7 @@ def embed(
     return h
 
 
-def l2_prefetch(w: torch.Tensor, starts: tuple[int, ...], count: int, programs: int,
-                policy: str = "") -> None:
+def l2_prefetch(w: torch.Tensor, starts: tuple[int, ...], count: int, programs: int) -> None:
     """Ask L2 for ``count`` elements of ``w`` from each element offset in ``starts`` (one or
     two regions), spread over ``programs`` programs a region; returns once the launch is
     queued (the GPU).
@@ -1914,8 +1905,6 @@ def l2_prefetch(w: torch.Tensor, starts: tuple[int, ...], count: int, programs: 
         raise ValueError(f"an L2 prefetch takes one or two regions of {count} elements inside "
                          f"a contiguous tensor of {w.numel()}, from programs > 0 ({programs}); "
                          f"got starts {starts}")
-    if policy not in ("", "evict_first"):
-        raise ValueError(f"an L2 prefetch's policy is '' or 'evict_first', not {policy!r}")
     if w.device.type != "cuda":
         raise ValueError("an L2 prefetch needs the GPU (the interpreter has no inline assembly)")
     line = 128 // w.element_size()
@@ -1923,5 +1912,4 @@ def l2_prefetch(w: torch.Tensor, starts: tuple[int, ...], count: int, programs: 
     block = 128
     per = triton.cdiv(n_lines, programs * block)
     _l2_prefetch_kernel[(programs, len(starts))](w, starts[0], starts[-1], n_lines, LINE=line,
-                                                 BLOCK=block, PER=per, num_warps=4,
-                                                 **({"POLICY": policy} if policy else {}))
+                                                 BLOCK=block, PER=per, num_warps=4)

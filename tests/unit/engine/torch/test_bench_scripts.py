@@ -444,13 +444,13 @@ def test_bench_screen_refuses_an_unknown_copy_variant_on_any_machine(
     assert "--carveout applies to --copies only" in capsys.readouterr().err
     # a variant is a base and any changes: each change sets what it names, and only that
     r = SimpleNamespace(one_token_pdl={"qkv": 1}, l2_prefetch=(8.0, 128, 0))
-    bench_screen.apply_variant(r, "screened_pf12_pfef_nopdl")
+    bench_screen.apply_variant(r, "screened_pf12_nopdl")
     assert r.screen_out and r.l2_prefetch == (12.0, 128, 0)
-    assert r.l2_prefetch_policy == "evict_first" and r.one_token_pdl == {"qkv": 1, "out": 0}
+    assert r.one_token_pdl == {"qkv": 1, "out": 0}
     assert not hasattr(r, "out_evict")
     bench_screen.apply_variant(r, "plain_nopf")
     assert not r.screen_out and r.l2_prefetch is None
-    for bad in ("screened_pf0", "plain_pf", "plain_nopf_x", "pf12"):
+    for bad in ("screened_pf0", "plain_pf", "plain_nopf_x", "pf12", "plain_pfef"):
         assert bench_screen.main(["--copies", "1", "--variants", bad]) == 2
         assert f"unknown variant {bad!r}" in capsys.readouterr().err
 

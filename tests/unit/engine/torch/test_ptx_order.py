@@ -103,19 +103,15 @@ for lanes in (0, 1):
     out[f"lanes{lanes}"] = [
         line.strip() for line in ptx.splitlines()
         if re.search(r"ld\.global|shfl\.sync|bar\.sync|Loop Header|%\.lr\.ph|\bbra\b", line)]
-# the L2 prefetch of Runner.l2_prefetch: 4 lines a thread (PER), asked for and nothing else,
-# at normal priority or evict_first (Runner.l2_prefetch_policy)
-for policy in ("", "evict_first"):
-    const = dict(LINE=64, BLOCK=128, PER=4, POLICY=policy)
-    src = ASTSource(K._l2_prefetch_kernel, {"w_ptr": "*bf16", "off0": "i64", "off1": "i64",
-                                            "n_lines": "i32", **{k: "constexpr" for k in const}},
-                    constexprs=const)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": 4}).asm["ptx"]
-    out["l2_prefetch" + (f"_{policy}" if policy else "")] = [
-        line.strip() for line in ptx.splitlines()
-        if re.search(r"^\s*(@%p\d+ )?({ \.reg|prefetch|cp\.async|ld\.global|st\.global|atom)",
-                     line)]
+# the L2 prefetch of Runner.l2_prefetch: 4 lines a thread (PER), asked for and nothing else
+const = dict(LINE=64, BLOCK=128, PER=4)
+src = ASTSource(K._l2_prefetch_kernel, {"w_ptr": "*bf16", "off0": "i64", "off1": "i64",
+                                        "n_lines": "i32", **{k: "constexpr" for k in const}},
+                constexprs=const)
+ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+out["l2_prefetch"] = [line.strip() for line in ptx.splitlines()
+                      if re.search(r"^\s*(@%p\d+ )?(prefetch|ld\.global|st\.global|atom)",
+                                   line)]
 print(json.dumps(out))
 """
 
@@ -230,12 +226,6 @@ def test_the_l2_prefetch_asks_for_each_line_and_loads_nothing(ops: dict[str, lis
     or store that would make the program wait for the lines."""
     seq = ops["l2_prefetch"]
     assert len(seq) == 4 and all(op.startswith("prefetch.global.L2 [") for op in seq), seq
-    # evict_first: each line one 128-byte bulk prefetch carrying an evict_first policy
-    seq = ops["l2_prefetch_evict_first"]
-    assert len(seq) == 4, seq
-    for op in seq:
-        assert "createpolicy.fractional.L2::evict_first.b64 pol, 1.0;" in op, op
-        assert "cp.async.bulk.prefetch.L2.global.L2::cache_hint [" in op and "], 128, pol;" in op
 
 
 def test_lanes_take_the_shuffles_out_of_the_loop(ops: dict[str, list[str]]) -> None:

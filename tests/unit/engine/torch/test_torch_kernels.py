@@ -298,8 +298,6 @@ def test_an_l2_prefetch_it_cannot_ask_for_is_refused_with_the_reason() -> None:
             K.l2_prefetch(w, starts, count, progs)
     with pytest.raises(ValueError, match="inside a contiguous tensor"):
         K.l2_prefetch(w.t(), (0,), 8, 4)
-    with pytest.raises(ValueError, match="policy is '' or 'evict_first', not 'evict_last'"):
-        K.l2_prefetch(w, (0,), 64, 4, policy="evict_last")
 
 
 def test_a_prefetch_or_segments_without_the_row_layout_are_refused() -> None:
