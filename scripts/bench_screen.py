@@ -142,10 +142,12 @@ def timing(rs: dict[str, Runner], positions: list[int], rounds: int,
 #: screen's three, and the merge) without PDL; ``outnormal``, the output matrix read without
 #: the weights' ``evict_first`` hint (``Runner.out_evict``); ``nopf``, no gate/up prefetch
 #: into L2 (``Runner.l2_prefetch``, the 1.5B's default); ``pf<MiB>``, that prefetch at this
-#: many MiB a layer (128 programs a half, after the layer before). (Session 35's ``pfef``,
-#: that prefetch at ``evict_first`` priority, lost 3-5 µs and was removed; 16f9b6f holds it.)
+#: many MiB a layer (128 programs a half, after the layer before, where there was none);
+#: ``pp<programs>`` and ``pa<point>``, the prefetch's programs a half and its point (0 the
+#: layer before, 1 qkv, 2 the attention's merge). (Session 35's ``pfef``, the prefetch at
+#: ``evict_first`` priority, lost 3-5 µs and was removed; 16f9b6f holds it.)
 COPY_BASES = ("plain", "screened")
-COPY_CHANGES = ("nopdl", "outnormal", "nopf", "pf<MiB>")
+COPY_CHANGES = ("nopdl", "outnormal", "nopf", "pf<MiB>", "pp<programs>", "pa<point>")
 
 
 def apply_variant(r: Any, name: str) -> None:
@@ -163,7 +165,13 @@ def apply_variant(r: Any, name: str) -> None:
         elif c == "nopf":
             r.l2_prefetch = None
         elif c.startswith("pf") and c[2:].replace(".", "", 1).isdigit() and float(c[2:]) > 0:
-            r.l2_prefetch = (float(c[2:]), 128, 0)
+            pf = r.l2_prefetch or (0.0, 128, 0)
+            r.l2_prefetch = (float(c[2:]), pf[1], pf[2])
+        elif c[:2] in ("pp", "pa") and c[2:].isdigit() and r.l2_prefetch is not None and (
+                int(c[2:]) > 0 if c[:2] == "pp" else int(c[2:]) <= 2):
+            mib, progs, after = r.l2_prefetch
+            r.l2_prefetch = (mib, int(c[2:]), after) if c[:2] == "pp" else (mib, progs,
+                                                                             int(c[2:]))
         else:
             raise ValueError(name)
 
@@ -387,7 +395,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for v in args.variants.split(","):
         try:
-            apply_variant(SimpleNamespace(one_token_pdl={}), v)  # (a stand-in: settings only)
+            # (a stand-in with the 1.5B's prefetch: settings only; a 0.5B Runner has none, and
+            # pp / pa before a pf<MiB> are refused there at its capture)
+            apply_variant(SimpleNamespace(one_token_pdl={}, l2_prefetch=(8.0, 128, 0)), v)
         except ValueError:
             print(f"bench_screen: unknown variant {v!r}; choose from plain, screened, each "
                   f"with any of _{', _'.join(COPY_CHANGES)}", file=sys.stderr)

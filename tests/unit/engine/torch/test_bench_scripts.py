@@ -448,9 +448,16 @@ def test_bench_screen_refuses_an_unknown_copy_variant_on_any_machine(
     assert r.screen_out and r.l2_prefetch == (12.0, 128, 0)
     assert r.one_token_pdl == {"qkv": 1, "out": 0}
     assert not hasattr(r, "out_evict")
+    bench_screen.apply_variant(r, "screened_pp64_pa2")
+    assert r.l2_prefetch == (12.0, 64, 2)
     bench_screen.apply_variant(r, "plain_nopf")
     assert not r.screen_out and r.l2_prefetch is None
-    for bad in ("screened_pf0", "plain_pf", "plain_nopf_x", "pf12", "plain_pfef"):
+    with pytest.raises(ValueError):  # programs or a point of no prefetch
+        bench_screen.apply_variant(r, "plain_nopf_pp64")
+    bench_screen.apply_variant(r, "plain_nopf_pf4_pa1")
+    assert r.l2_prefetch == (4.0, 128, 1)
+    for bad in ("screened_pf0", "plain_pf", "plain_nopf_x", "pf12", "plain_pfef", "plain_pa3",
+                "plain_pp0"):
         assert bench_screen.main(["--copies", "1", "--variants", bad]) == 2
         assert f"unknown variant {bad!r}" in capsys.readouterr().err
 
