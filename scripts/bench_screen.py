@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             # (a stand-in with the 1.5B's prefetch: settings only; a 0.5B Runner has none, and
             # pp / pa before a pf<MiB> are refused there at its capture)
-            apply_variant(SimpleNamespace(one_token_pdl={}, l2_prefetch=(8.0, 128, 0)), v)
+            apply_variant(SimpleNamespace(one_token_pdl={}, l2_prefetch=(6.0, 128, 0)), v)
         except ValueError:
             print(f"bench_screen: unknown variant {v!r}; choose from plain, screened, each "
                   f"with any of _{', _'.join(COPY_CHANGES)}", file=sys.stderr)

@@ -148,7 +148,10 @@ WEIGHT_EVICT = "evict_first"
 #: -2.4 %; run 132 against session 12's default: 1.037 -> 1.029 ms @512, 1.132 -> 1.101
 #: @4096). Longer bursts, more MiB, or asking after qkv or after the merge held up qkv's loop
 #: or the attention's by more than gate/up gained (runs 127-129); the 0.5B lost in every form.
-L2_PREFETCH: dict[tuple[int, int], tuple[float, int, int]] = {(1536, 8960): (8.0, 128, 0)}
+#: Session 35, the screened greedy step: the prefetch worth 26-28 µs (none: +28.4 µs @512);
+#: 6 MiB against 8: -5.4 / -6.5 µs @512 / @4096 (run 298, 3 copies; run 297 -3.8 / -3.9);
+#: 4 / 5 / 7 / 10 / 12 MiB, 64 or 256 programs, points 1 or 2, or evict_first priority lost.
+L2_PREFETCH: dict[tuple[int, int], tuple[float, int, int]] = {(1536, 8960): (6.0, 128, 0)}
 #: (n_embd, n_ff) whose greedy steps pick through the int8 screen of the output matrix
 #: (``Runner.screen_out``; session 33 run 282, the 1.5B's shapes with random weights: one
 #: token 1.0284 -> 0.9865 ms @512 (0.959x), 0.956x @4096; T = 9 0.990x. The 0.5B's one token
