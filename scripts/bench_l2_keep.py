@@ -10,8 +10,9 @@ K/V. This probe answers the first part alone: a buffer of ``--buffer`` MB (the 0
 @512 is 6.3 MB) is read whole with a policy (``mark``: none, ``evict_last`` or
 ``evict_first``), a stream of ``--flush`` MB goes through L2 (none, ``evict_first`` loads or
 unhinted ones), and then one warp chases pointers through the buffer's lines, each load
-waiting on the one before: ns per load is L2's latency where the lines stayed, DRAM's where
-they did not. Every combination of set-aside (0 or ``--aside`` MiB), mark and flush.
+waiting on the one before: ns per load (a chase of 2 x ``--steps`` less one of ``--steps``,
+so that the launch cancels) is L2's latency where the lines stayed, DRAM's where they did
+not. Every combination of set-aside (0 or ``--aside`` MiB), mark and flush.
 Run 292-293 (H200): L2 148 ns, DRAM 337; see docs/gpu-notes.md, session 35.
 
     python3 scripts/bench_l2_keep.py --out $OUT/l2
@@ -24,6 +25,7 @@ import itertools
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -71,43 +73,70 @@ def chase_buffer(nbytes: int, device: str = "cuda", seed: int = 35) -> torch.Ten
     return a.to(device)
 
 
+def check(args: argparse.Namespace) -> str:
+    """What is wrong with these arguments, or ""."""
+    lines = int(args.buffer * 1e6) // (LINE * 4)
+    if args.flush < 0 or args.aside < 0 or args.steps <= 0 or args.reps < 1:
+        return "--flush and --aside must be >= 0, --steps and --reps > 0"
+    if lines < 2 * args.steps:
+        return (f"--buffer {args.buffer} MB holds {lines} lines; a chase of 2 x --steps "
+                f"({2 * args.steps}) must meet each line once: give a larger --buffer or fewer "
+                f"--steps")
+    return ""
+
+
+def chase_ns(a: torch.Tensor, sink: torch.Tensor, steps: int, before: Callable[[], None]
+             ) -> float:
+    """ns a dependent load: a chase of ``2 * steps`` less one of ``steps``, each right after
+    ``before()`` (so the launch and the time to the first load cancel)."""
+    ms = []
+    for n in (steps, 2 * steps):
+        before()
+        b = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        e = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        b.record()
+        _chase_kernel[(1,)](a, sink, n, num_warps=1, num_stages=1)
+        e.record()
+        e.synchronize()
+        ms.append(b.elapsed_time(e))
+    return float(ms[1] - ms[0]) * 1e6 / steps
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("."), help="folder for l2_keep.json")
     ap.add_argument("--buffer", type=float, default=6.0, help="MB chased (default 6)")
     ap.add_argument("--flush", type=float, default=400.0, help="MB streamed (default 400)")
     ap.add_argument("--aside", type=float, default=24.0, help="MiB set aside (default 24)")
-    ap.add_argument("--steps", type=int, default=4096, help="dependent loads a chase")
+    ap.add_argument("--steps", type=int, default=4096,
+                    help="dependent loads timed a chase (default 4096; the buffer must hold "
+                         "twice as many lines)")
     ap.add_argument("--reps", type=int, default=7, help="chases a combination (median)")
     args = ap.parse_args(argv)
+    if err := check(args):
+        print(f"bench_l2_keep: {err}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("bench_l2_keep: needs a CUDA GPU (run it through the device tool)", file=sys.stderr)
         return 2
-    if args.buffer <= 0 or args.flush < 0 or args.aside < 0 or args.steps <= 0:
-        print("bench_l2_keep: --buffer and --steps must be > 0, --flush and --aside >= 0",
-              file=sys.stderr)
-        return 2
     a = chase_buffer(int(args.buffer * 1e6))
     f = torch.ones(int(args.flush * 1e6) // 4, dtype=torch.int32, device="cuda")
-    sink = torch.zeros(max(1, triton.cdiv(f.numel(), 4096)), dtype=torch.int32, device="cuda")
+    sink = torch.zeros(max(1, triton.cdiv(max(a.numel(), f.numel()), 4096)), dtype=torch.int32,
+                       device="cuda")
     res: dict[str, object] = {"device": torch.cuda.get_device_name(), "triton": triton.__version__,
-                              "buffer_mb": args.buffer, "flush_mb": args.flush, "ns_per_load": {}}
+                              "buffer_mb": args.buffer, "flush_mb": args.flush,
+                              "aside_mib": args.aside, "steps": args.steps, "reps": args.reps}
     table: dict[str, float] = {}
     for aside, mark, flush in itertools.product((0.0, args.aside), ("", "evict_last", "evict_first"),
                                                 ("none", "evict_first", "normal")):
         granted = cuda_step.set_persisting_l2(int(aside * 2**20))
-        ts = []
-        for _ in range(args.reps + 1):
+
+        def before(mark: str = mark, flush: str = flush) -> None:
             read(a, sink, mark)
             if flush != "none":
                 read(f, sink, "" if flush == "normal" else "evict_first")
-            b = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            e = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            b.record()
-            _chase_kernel[(1,)](a, sink, args.steps, num_warps=1, num_stages=1)
-            e.record()
-            e.synchronize()
-            ts.append(b.elapsed_time(e) * 1e6 / args.steps)
+
+        ts = [chase_ns(a, sink, args.steps, before) for _ in range(args.reps + 1)]
         key = f"aside {granted / 2**20:.2f} MiB, mark {mark or 'normal'}, flush {flush}"
         table[key] = statistics.median(ts[1:])
         print(f"{key:<55} {table[key]:7.1f} ns a load", flush=True)

@@ -479,6 +479,13 @@ def test_the_l2_probe_chases_every_line_of_its_buffer_once_and_refuses_bad_sizes
     assert sorted(seen) == list(range(1000)) and p == int(a[0])  # one cycle through all
     with pytest.raises(ValueError, match="set-aside is bytes >= 0, not -1"):
         cuda_step.set_persisting_l2(-1)
+    for args, says in ((["--reps", "0"], "--steps and --reps > 0"),
+                       (["--flush", "-1"], "--flush and --aside must be >= 0"),
+                       (["--buffer", "0.5"], "0.5 MB holds 3906 lines; a chase of 2 x --steps "
+                                             "(8192) must meet each line once"),
+                       (["--buffer", "1", "--steps", "4000"], "holds 7812 lines")):
+        assert bench_l2_keep.main(args) == 2  # refused before it looks for a GPU
+        assert says in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert bench_l2_keep.main([]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
