@@ -158,9 +158,9 @@ L2_PREFETCH: dict[tuple[int, int], tuple[float, int, int]] = {(1536, 8960): (6.0
 #: even @512 (1.003x; runs 277-278 1.007-1.016x) and 0.960x @4096, T = 9 0.99x: left off.
 #: Why, session 34 runs 283-288: the screen saves the 0.5B 14-15 µs in its own step at every
 #: position, but on Triton 3.6 its pipelined int8 loads carry no L2 hint, and a plain step
-#: streaming its output matrix unhinted lost 21 µs @512 and none @4096. Session 35: not by
-#: pushing out the K/V, which held in L2 gave none of it back; likely the weights' own
-#: evict_first lines, a part of which survive a step, scripts/bench_l2_keep.py).
+#: streaming its output matrix unhinted lost 21 µs @512 and none @4096. Session 35: most
+#: likely not by pushing out the K/V, which held in L2 gave none of it back; perhaps the
+#: weights' own evict_first lines, a part of which may survive a step, bench_l2_keep.py).
 SCREEN_OUT: frozenset[tuple[int, int]] = frozenset({(1536, 8960)})
 #: (n_embd, n_ff) -> (attention splits, keys per block). The 1.5B's one-token step in 64
 #: splits of 32-key blocks with its merge in 4 programs a head (``COMBINE_COLS``), against 32
