@@ -78,6 +78,8 @@ def check(args: argparse.Namespace) -> str:
     lines = int(args.buffer * 1e6) // (LINE * 4)
     if args.flush < 0 or args.aside < 0 or args.steps <= 0 or args.reps < 1:
         return "--flush and --aside must be >= 0, --steps and --reps > 0"
+    if lines * LINE >= 2**31:
+        return f"--buffer {args.buffer} MB is past what int32 indices reach (8.5 GB)"
     if lines < 2 * args.steps:
         return (f"--buffer {args.buffer} MB holds {lines} lines; a chase of 2 x --steps "
                 f"({2 * args.steps}) must meet each line once: give a larger --buffer or fewer "
