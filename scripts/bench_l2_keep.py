@@ -13,7 +13,8 @@ unhinted ones), and then one warp chases pointers through the buffer's lines, ea
 waiting on the one before: ns per load (a chase of 2 x ``--steps`` less one of ``--steps``,
 so that the launch cancels) is L2's latency where the lines stayed, DRAM's where they did
 not. Every combination of set-aside (0 or ``--aside`` MiB), mark and flush.
-Run 292-293 (H200): L2 148 ns, DRAM 337; see docs/gpu-notes.md, session 35.
+Run 300 (H200, the launch cancelled): L2 145.5 ns, DRAM 337.9; see docs/gpu-notes.md,
+session 35.
 
     python3 scripts/bench_l2_keep.py --out $OUT/l2
 """
@@ -78,19 +79,23 @@ def check(args: argparse.Namespace) -> str:
     lines = int(args.buffer * 1e6) // (LINE * 4)
     if args.flush < 0 or args.aside < 0 or args.steps <= 0 or args.reps < 1:
         return "--flush and --aside must be >= 0, --steps and --reps > 0"
-    if lines * LINE >= 2**31:
-        return f"--buffer {args.buffer} MB is past what int32 indices reach (8.5 GB)"
-    if lines < 2 * args.steps:
+    for name, mb in (("--buffer", args.buffer), ("--flush", args.flush)):
+        if int(mb * 1e6) // 4 >= 2**31:
+            return f"{name} {mb} MB is past what int32 indices reach (8.6 GB): give less"
+    if lines <= 2 * args.steps:
+        # (the chase's first load reads a line too: 2 x steps + 1 lines, each met once)
         return (f"--buffer {args.buffer} MB holds {lines} lines; a chase of 2 x --steps "
-                f"({2 * args.steps}) must meet each line once: give a larger --buffer or fewer "
-                f"--steps")
+                f"({2 * args.steps}) and its first load must meet each line once: give a larger "
+                f"--buffer or fewer --steps")
     return ""
 
 
 def chase_ns(a: torch.Tensor, sink: torch.Tensor, steps: int, before: Callable[[], None]
-             ) -> float:
+             ) -> tuple[float, float]:
     """ns a dependent load: a chase of ``2 * steps`` less one of ``steps``, each right after
-    ``before()`` (so the launch and the time to the first load cancel)."""
+    ``before()`` (so the launch and the time to the first load cancel); and the short chase's
+    own ns a load, launch counted, which reads only the lines a stream met first (run 300's
+    ``evict_first`` survival rose where the launch left the figure, so both are kept)."""
     ms = []
     for n in (steps, 2 * steps):
         before()
@@ -101,7 +106,7 @@ def chase_ns(a: torch.Tensor, sink: torch.Tensor, steps: int, before: Callable[[
         e.record()
         e.synchronize()
         ms.append(b.elapsed_time(e))
-    return float(ms[1] - ms[0]) * 1e6 / steps
+    return float(ms[1] - ms[0]) * 1e6 / steps, float(ms[0]) * 1e6 / steps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                               "buffer_mb": args.buffer, "flush_mb": args.flush,
                               "aside_mib": args.aside, "steps": args.steps, "reps": args.reps}
     table: dict[str, float] = {}
+    short: dict[str, float] = {}
     for aside, mark, flush in itertools.product((0.0, args.aside), ("", "evict_last", "evict_first"),
                                                 ("none", "evict_first", "normal")):
         granted = cuda_step.set_persisting_l2(int(aside * 2**20))
@@ -140,10 +146,13 @@ def main(argv: list[str] | None = None) -> int:
 
         ts = [chase_ns(a, sink, args.steps, before) for _ in range(args.reps + 1)]
         key = f"aside {granted / 2**20:.2f} MiB, mark {mark or 'normal'}, flush {flush}"
-        table[key] = statistics.median(ts[1:])
-        print(f"{key:<55} {table[key]:7.1f} ns a load", flush=True)
+        table[key] = statistics.median(t[0] for t in ts[1:])
+        short[key] = statistics.median(t[1] for t in ts[1:])
+        print(f"{key:<55} {table[key]:7.1f} ns a load (first {args.steps}, launch counted: "
+              f"{short[key]:.1f})", flush=True)
     cuda_step.set_persisting_l2(0)
     res["ns_per_load"] = table
+    res["short_chase_ns_per_load"] = short
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "l2_keep.json").write_text(json.dumps(res, indent=1))
     return 0

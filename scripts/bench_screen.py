@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import statistics
 import sys
@@ -54,6 +55,7 @@ from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
 from openjarvis.engine.torch.generate import Runner  # noqa: E402
 from openjarvis.engine.torch.model import Transformer, rms_norm  # noqa: E402
+from openjarvis.engine.torch.tuning import L2_PREFETCH  # noqa: E402
 from openjarvis.engine.torch.weights import random_weights  # noqa: E402
 
 MODELS = {"1.5B": QWEN25_1_5B, "0.5B": QWEN25_0_5B}
@@ -393,14 +395,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.carveout is not None and args.copies <= 0:
         print("bench_screen: --carveout applies to --copies only", file=sys.stderr)
         return 2
-    for v in args.variants.split(","):
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    for name, v in itertools.product(names, variants):
+        a = MODELS[name]
         try:
-            # (a stand-in with the 1.5B's prefetch: settings only; a 0.5B Runner has none, and
-            # pp / pa before a pf<MiB> are refused there at its capture)
-            apply_variant(SimpleNamespace(one_token_pdl={}, l2_prefetch=(6.0, 128, 0)), v)
+            # (settings only, on a stand-in with this model's default prefetch, as a Runner of
+            # it has: the 0.5B has none, so pp / pa need a pf<MiB> before them there)
+            apply_variant(SimpleNamespace(one_token_pdl={}, l2_prefetch=L2_PREFETCH.get(
+                (a.n_embd, a.n_ff))), v)
         except ValueError:
-            print(f"bench_screen: unknown variant {v!r}; choose from plain, screened, each "
-                  f"with any of _{', _'.join(COPY_CHANGES)}", file=sys.stderr)
+            print(f"bench_screen: unknown variant {v!r} for {name}; choose from plain, screened, "
+                  f"each with any of _{', _'.join(COPY_CHANGES)} (pp / pa need a prefetch: "
+                  f"put pf<MiB> first where the model has none)", file=sys.stderr)
             return 2
     if not torch.cuda.is_available():
         print("bench_screen: needs a CUDA GPU (run it through the device tool)", file=sys.stderr)
@@ -419,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.copies > 0:
             res[name] = {"copies": copies_timing(a, positions, args.rounds, args.copies,
                                                  max(positions) + 64, args.tiles,
-                                                 args.variants.split(","),
+                                                 variants,
                                                  None if args.carveout is None else
                                                  (args.carveout, args.carveout_kernels))}
             torch.cuda.empty_cache()

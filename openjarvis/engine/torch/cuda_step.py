@@ -394,10 +394,11 @@ def set_persisting_l2(nbytes: int) -> int:
     """Set aside ``nbytes`` of L2 for persisting (``evict_last``) lines in the current context
     (0: none, the default); returns the size the driver granted, which it rounds up to its
     granularity (24 MiB asked: 26.25 on the H200) and clamps to ``persistingL2CacheMaxSize``.
-    With it, ``evict_last`` lines mostly survive a normal-priority stream (about 80 % of a 6 MB
-    set through 400 MB, ``scripts/bench_l2_keep.py``); with none, fewer do (about 40 %).
+    With it, ``evict_last`` lines mostly survive a normal-priority stream (about 77 % of a 6 MB
+    set through 400 MB, ``scripts/bench_l2_keep.py`` run 300); with none, fewer do (about 40 %).
     Context-wide: it holds for every kernel launched in this context after the call; lines left
-    persisting before it are made normal."""
+    persisting before it are made normal. It synchronizes the device, so it cannot be called
+    while a stream is capturing a graph: call it before capture."""
     if nbytes < 0:
         raise ValueError(f"a persisting L2 set-aside is bytes >= 0, not {nbytes}")
     torch.cuda.init()  # type: ignore[no-untyped-call]

@@ -142,7 +142,7 @@ VERIFY_HANDOFF: frozenset[tuple[int, int]] = frozenset({(1536, 8960), (896, 4864
 #: (session 3 run 18: 0.5B 0.624 -> 0.605 ms alone; 1.5B unchanged).
 WEIGHT_EVICT = "evict_first"
 #: (n_embd, n_ff) -> ``Runner.l2_prefetch`` of one-token steps, (MiB, programs a half, after):
-#: the last 8 MiB of each layer's gate/up rows asked into L2 from a side stream of the step's
+#: the last 6 MiB (8 until session 35) of each layer's gate/up rows asked into L2 from a side stream of the step's
 #: graph in one short burst (128 programs a half) as the layer before ends, so it lands before
 #: qkv's loop needs L2 (session 13, 1.5B: run 130 -1.5 % @512, -2.7 % @4096; run 131 -0.6 /
 #: -2.4 %; run 132 against session 12's default: 1.037 -> 1.029 ms @512, 1.132 -> 1.101
@@ -150,7 +150,8 @@ WEIGHT_EVICT = "evict_first"
 #: or the attention's by more than gate/up gained (runs 127-129); the 0.5B lost in every form.
 #: Session 35, the screened greedy step: the prefetch worth 26-28 µs (none: +28.4 µs @512);
 #: 6 MiB against 8: -5.4 / -6.5 µs @512 / @4096 (run 298, 3 copies; run 297 -3.8 / -3.9);
-#: 4 / 5 / 7 / 10 / 12 MiB, 64 or 256 programs, points 1 or 2, or evict_first priority lost.
+#: 4 / 5 / 7 / 10 / 12 MiB, 64 or 256 programs, points 1 or 2, or evict_first priority lost to
+#: 6 (5 and 7 beat 8 slightly: run 298, 0.9998x / 0.9961x of 8 @512, 0.9988x / 0.9967x @4096).
 L2_PREFETCH: dict[tuple[int, int], tuple[float, int, int]] = {(1536, 8960): (6.0, 128, 0)}
 #: (n_embd, n_ff) whose greedy steps pick through the int8 screen of the output matrix
 #: (``Runner.screen_out``; session 33 run 282, the 1.5B's shapes with random weights: one

@@ -439,7 +439,15 @@ def test_bench_screen_refuses_an_unknown_copy_variant_on_any_machine(
 
     assert bench_screen.main(["--copies", "2", "--variants", "plain,screend"]) == 2
     err = capsys.readouterr().err
-    assert "unknown variant 'screend'; choose from plain, screened" in err
+    assert "unknown variant 'screend' for 1.5B; choose from plain, screened" in err
+    # each model's own default prefetch: the 0.5B has none, so its pp / pa need a pf first
+    assert bench_screen.main(["--copies", "1", "--models", "0.5B", "--variants",
+                              "plain_pp64"]) == 2
+    assert "unknown variant 'plain_pp64' for 0.5B" in capsys.readouterr().err
+    if not torch.cuda.is_available():  # spaces are stripped: these pass the names' check
+        assert bench_screen.main(["--copies", "1", "--models", "1.5B,0.5B", "--variants",
+                                  " plain , screened_pf4_pp64 "]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err
     assert bench_screen.main(["--carveout", "0"]) == 2
     assert "--carveout applies to --copies only" in capsys.readouterr().err
     # a variant is a base and any changes: each change sets what it names, and only that
@@ -482,8 +490,12 @@ def test_the_l2_probe_chases_every_line_of_its_buffer_once_and_refuses_bad_sizes
     for args, says in ((["--reps", "0"], "--steps and --reps > 0"),
                        (["--flush", "-1"], "--flush and --aside must be >= 0"),
                        (["--buffer", "0.5"], "0.5 MB holds 3906 lines; a chase of 2 x --steps "
-                                             "(8192) must meet each line once"),
-                       (["--buffer", "1", "--steps", "4000"], "holds 7812 lines")):
+                                             "(8192) and its first load must meet each line once"),
+                       (["--buffer", "1", "--steps", "4000"], "holds 7812 lines"),
+                       # exactly 2 x steps lines: the first load makes one line too many
+                       (["--buffer", "0.256", "--steps", "1000"], "holds 2000 lines"),
+                       (["--flush", "9000"], "--flush 9000.0 MB is past what int32 indices reach"),
+                       (["--buffer", "9000"], "--buffer 9000.0 MB is past what int32")):
         assert bench_l2_keep.main(args) == 2  # refused before it looks for a GPU
         assert says in capsys.readouterr().err
     if not torch.cuda.is_available():
