@@ -390,6 +390,17 @@ def set_function_attribute(fn: int | ctypes.c_void_p, attr: int, value: int, wha
 LIMIT_PERSISTING_L2 = 0x06
 
 
+def reset_persisting_l2() -> ctypes.CDLL:
+    """Make every persisting L2 line of the current context normal again, so that lines one
+    Runner kept (``Runner.l2_keep``) do not serve another's reads of the same weights in a
+    comparison; returns the driver library. Synchronizes the device, like the set-aside."""
+    torch.cuda.init()  # type: ignore[no-untyped-call]
+    torch.cuda.synchronize()  # (the runtime makes its primary context current here)
+    lib = _driver()
+    _check(lib, lib.cuCtxResetPersistingL2Cache(), "resetting persisting L2 lines")
+    return lib
+
+
 def set_persisting_l2(nbytes: int) -> int:
     """Set aside ``nbytes`` of L2 for persisting (``evict_last``) lines in the current context
     (0: none, the default); returns the size the driver granted, which it rounds up to its
@@ -401,11 +412,7 @@ def set_persisting_l2(nbytes: int) -> int:
     while a stream is capturing a graph: call it before capture."""
     if nbytes < 0:
         raise ValueError(f"a persisting L2 set-aside is bytes >= 0, not {nbytes}")
-    torch.cuda.init()  # type: ignore[no-untyped-call]
-    torch.cuda.synchronize()  # (the runtime makes its primary context current here)
-    lib = _driver()
-    # (lines another cache left persisting would otherwise hold the set-aside)
-    _check(lib, lib.cuCtxResetPersistingL2Cache(), "resetting persisting L2 lines")
+    lib = reset_persisting_l2()  # (lines left persisting would otherwise hold the set-aside)
     _check(lib, lib.cuCtxSetLimit(LIMIT_PERSISTING_L2, ctypes.c_size_t(nbytes)),
            f"setting aside {nbytes} bytes of L2")
     got = ctypes.c_size_t()
