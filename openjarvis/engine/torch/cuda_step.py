@@ -388,6 +388,8 @@ def set_function_attribute(fn: int | ctypes.c_void_p, attr: int, value: int, wha
 #: ``CU_LIMIT_PERSISTING_L2_CACHE_SIZE``: the part of L2 set aside for persisting
 #: (``evict_last``) lines.
 LIMIT_PERSISTING_L2 = 0x06
+#: ``CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE``: the largest set-aside a device grants.
+ATTR_MAX_PERSISTING_L2 = 108
 
 
 def reset_persisting_l2() -> ctypes.CDLL:
@@ -401,10 +403,25 @@ def reset_persisting_l2() -> ctypes.CDLL:
     return lib
 
 
+def max_persisting_l2(lib: ctypes.CDLL | None = None) -> int:
+    """The largest persisting L2 set-aside the current context's device grants, in bytes."""
+    if lib is None:
+        torch.cuda.init()  # type: ignore[no-untyped-call]
+        torch.cuda.synchronize()  # (the runtime makes its primary context current here)
+        lib = _driver()
+    dev, most = ctypes.c_int(), ctypes.c_int()
+    _check(lib, lib.cuCtxGetDevice(ctypes.byref(dev)), "reading the context's device")
+    _check(lib, lib.cuDeviceGetAttribute(ctypes.byref(most), ATTR_MAX_PERSISTING_L2, dev),
+           "reading the largest L2 set-aside")
+    return most.value
+
+
 def set_persisting_l2(nbytes: int) -> int:
     """Set aside ``nbytes`` of L2 for persisting (``evict_last``) lines in the current context
     (0: none, the default); returns the size the driver granted, which it rounds up to its
-    granularity (24 MiB asked: 26.25 on the H200) and clamps to ``persistingL2CacheMaxSize``.
+    granularity (24 MiB asked: 26.25 on the H200); more than the device's
+    ``persistingL2CacheMaxSize`` is refused with ValueError (the driver's own answer is only
+    "invalid argument").
     With it, ``evict_last`` lines mostly survive a normal-priority stream (about 77 % of a 6 MB
     set through 400 MB, ``scripts/bench_l2_keep.py`` run 300); with none, fewer do (about 40 %).
     Context-wide: it holds for every kernel launched in this context after the call; lines left
@@ -413,6 +430,9 @@ def set_persisting_l2(nbytes: int) -> int:
     if nbytes < 0:
         raise ValueError(f"a persisting L2 set-aside is bytes >= 0, not {nbytes}")
     lib = reset_persisting_l2()  # (lines left persisting would otherwise hold the set-aside)
+    if nbytes > (most := max_persisting_l2(lib)):
+        raise ValueError(f"a persisting L2 set-aside of {nbytes} bytes is more than this GPU "
+                         f"grants ({most} bytes, {most / 2**20:.2f} MiB): ask for less")
     _check(lib, lib.cuCtxSetLimit(LIMIT_PERSISTING_L2, ctypes.c_size_t(nbytes)),
            f"setting aside {nbytes} bytes of L2")
     got = ctypes.c_size_t()

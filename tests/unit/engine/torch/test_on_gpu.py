@@ -207,6 +207,8 @@ def test_one_token_steps_keeping_weights_in_l2_compute_the_same_logits(
         r.drop_steps(1)
         with pytest.raises(ValueError, match="needs kernels among"):
             r.logits(toks[180:181], 180)
+        with pytest.raises(ValueError, match=r"more than this GPU grants \(\d+ bytes"):
+            cuda_step.set_persisting_l2(cuda_step.max_persisting_l2() + 2**20)
     finally:
         cuda_step.set_persisting_l2(0)
     assert torch.equal(outs[0], outs[1])
