@@ -17,6 +17,16 @@ Run 300 (H200, the launch cancelled): L2 145.5 ns, DRAM 337.9; see docs/gpu-note
 session 35.
 
     python3 scripts/bench_l2_keep.py --out $OUT/l2
+
+``--restream MB[,MB...]`` asks the step-to-step question instead (session 36): how much of a
+stream read ``evict_first`` is still in L2 when the same stream is read again, as a step's
+weights are by the next step. Each size is read once and timed on a second read right after
+(warm), against a read after a normal-priority ``--flush`` (cold, nothing left), for
+weights read ``evict_first`` or unhinted, and again with ``--aside`` MiB of ``evict_last``
+lines read between (the set-aside ``Runner.l2_keep`` tried; session 36 run 303: the 0.5B's
+step @512 lost 8-42 µs with it).
+
+    python3 scripts/bench_l2_keep.py --out $OUT/l2 --restream 50,200,1000
 """
 
 from __future__ import annotations
@@ -109,6 +119,58 @@ def chase_ns(a: torch.Tensor, sink: torch.Tensor, steps: int, before: Callable[[
     return float(ms[1] - ms[0]) * 1e6 / steps, float(ms[0]) * 1e6 / steps
 
 
+def timed_read(x: torch.Tensor, sink: torch.Tensor, ev: str, before: Callable[[], None]
+               ) -> float:
+    """µs of one read of ``x`` with policy ``ev``, right after ``before()``."""
+    before()
+    b = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    e = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    b.record()
+    read(x, sink, ev)
+    e.record()
+    e.synchronize()
+    return float(b.elapsed_time(e)) * 1e3
+
+
+def restream(args: argparse.Namespace, sizes: list[float]) -> dict[str, dict[str, float]]:
+    """``--restream``: per size, policy and set-aside, µs of a cold and of a warm read and
+    what the warm one saves (and that saving as MB at the cold read's rate)."""
+    f = torch.ones(int(args.flush * 1e6) // 4, dtype=torch.int32, device="cuda")
+    k = torch.ones(int(args.aside * 2**20) // 4, dtype=torch.int32, device="cuda")
+    most = max(int(max(sizes) * 1e6) // 4, f.numel(), k.numel())
+    sink = torch.zeros(triton.cdiv(most, 4096), dtype=torch.int32, device="cuda")
+    table: dict[str, dict[str, float]] = {}
+    for mb in sizes:
+        x = torch.ones(int(mb * 1e6) // 4, dtype=torch.int32, device="cuda")
+        for aside, ev in itertools.product((0.0, args.aside), ("evict_first", "")):
+            granted = cuda_step.set_persisting_l2(int(aside * 2**20))
+
+            def keep(aside: float = aside) -> None:
+                if aside:
+                    read(k, sink, "evict_last")
+
+            def cold(keep: Callable[[], None] = keep) -> None:
+                read(f, sink, "")
+                keep()
+
+            def warm(ev: str = ev, keep: Callable[[], None] = keep, x: torch.Tensor = x
+                     ) -> None:
+                read(x, sink, ev)
+                keep()
+
+            c = statistics.median(timed_read(x, sink, ev, cold) for _ in range(args.reps))
+            w = statistics.median(timed_read(x, sink, ev, warm) for _ in range(args.reps))
+            key = (f"{mb:g} MB read {ev or 'normal'}, "
+                   f"{granted / 2**20:.2f} MiB set aside{' and kept' if aside else ''}")
+            table[key] = {"cold_us": c, "warm_us": w, "saved_us": c - w,
+                          "saved_mb": (c - w) * mb / c}
+            print(f"{key:<60} cold {c:8.2f} µs, warm {w:8.2f}: saves {c - w:6.2f} µs "
+                  f"({table[key]['saved_mb']:.1f} MB)", flush=True)
+        del x
+    cuda_step.set_persisting_l2(0)
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("."), help="folder for l2_keep.json")
@@ -119,13 +181,36 @@ def main(argv: list[str] | None = None) -> int:
                     help="dependent loads timed a chase (default 4096; the buffer must hold "
                          "twice as many lines)")
     ap.add_argument("--reps", type=int, default=7, help="chases a combination (median)")
+    ap.add_argument("--restream", default="",
+                    help="MB sizes, comma-separated: time a stream read again right after "
+                         "itself against after a flush, instead of the chase")
     args = ap.parse_args(argv)
+    try:
+        sizes = [float(v) for v in args.restream.split(",") if v.strip()]
+    except ValueError:
+        sizes = [0.0]
+    if args.restream and (not sizes or min(sizes) <= 0):
+        print(f"bench_l2_keep: --restream takes sizes in MB > 0, comma-separated, not "
+              f"{args.restream!r}", file=sys.stderr)
+        return 2
+    for mb in sizes:  # (past int32 reach, as --buffer)
+        if int(mb * 1e6) // 4 >= 2**31:
+            print(f"bench_l2_keep: --restream {mb:g} MB is past what int32 indices reach "
+                  f"(8.6 GB): give less", file=sys.stderr)
+            return 2
     if err := check(args):
         print(f"bench_l2_keep: {err}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("bench_l2_keep: needs a CUDA GPU (run it through the device tool)", file=sys.stderr)
         return 2
+    if sizes:
+        out = {"device": torch.cuda.get_device_name(), "triton": triton.__version__,
+               "flush_mb": args.flush, "aside_mib": args.aside, "reps": args.reps,
+               "restream": restream(args, sizes)}
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "l2_restream.json").write_text(json.dumps(out, indent=1))
+        return 0
     a = chase_buffer(int(args.buffer * 1e6))
     f = torch.ones(int(args.flush * 1e6) // 4, dtype=torch.int32, device="cuda")
     sink = torch.zeros(max(1, triton.cdiv(max(a.numel(), f.numel()), 4096)), dtype=torch.int32,

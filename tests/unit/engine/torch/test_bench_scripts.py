@@ -529,7 +529,10 @@ def test_the_l2_probe_chases_every_line_of_its_buffer_once_and_refuses_bad_sizes
                        # exactly 2 x steps lines: the first load makes one line too many
                        (["--buffer", "0.256", "--steps", "1000"], "holds 2000 lines"),
                        (["--flush", "9000"], "--flush 9000.0 MB is past what int32 indices reach"),
-                       (["--buffer", "9000"], "--buffer 9000.0 MB is past what int32")):
+                       (["--buffer", "9000"], "--buffer 9000.0 MB is past what int32"),
+                       (["--restream", "50,x"], "--restream takes sizes in MB > 0"),
+                       (["--restream", "50,0"], "--restream takes sizes in MB > 0"),
+                       (["--restream", "9000"], "--restream 9000 MB is past what int32")):
         assert bench_l2_keep.main(args) == 2  # refused before it looks for a GPU
         assert says in capsys.readouterr().err
     if not torch.cuda.is_available():
