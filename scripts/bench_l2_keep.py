@@ -121,7 +121,11 @@ def chase_ns(a: torch.Tensor, sink: torch.Tensor, steps: int, before: Callable[[
 
 def timed_read(x: torch.Tensor, sink: torch.Tensor, ev: str, before: Callable[[], None]
                ) -> float:
-    """µs of one read of ``x`` with policy ``ev``, right after ``before()``."""
+    """µs of one read of ``x`` with policy ``ev``, right after ``before()``. The GPU first
+    sleeps ~0.5 ms, so that ``before()``'s kernels, the event and the read are all queued
+    before the event is reached: otherwise a short ``before()`` ends first and the read's
+    launch is timed too (run 304's 20 and 50 MB warm reads, 2-3x the cold ones)."""
+    torch.cuda._sleep(1_000_000)  # (clock cycles: ~0.5 ms at the H200's 1.98 GHz)
     before()
     b = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     e = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
