@@ -23,10 +23,13 @@ stream read ``evict_first`` is still in L2 when the same stream is read again, a
 weights are by the next step. Each size is read once and timed on a second read right after
 (warm), against a read after a normal-priority ``--flush`` (cold, nothing left), for
 weights read ``evict_first`` or unhinted, and again with ``--aside`` MiB of ``evict_last``
-lines read between (the set-aside ``Runner.l2_keep`` tried; session 36 run 303: the 0.5B's
-step @512 lost 8-42 µs with it).
+lines read between (the set-aside that session 36's ``Runner.l2_keep`` filled with the first
+layers' weights; commit 59c5557 holds it: the 0.5B's step @512 lost 8-42 µs with it, run 303).
+Run 305 (H200): a re-read of 200 MB or more saves nothing (under 1.3 µs) in any policy, so a
+step's weights leave the next step nothing in L2; 12-30 MB re-read unhinted save 1.7-3.6 µs,
+`evict_first` 0.1-0.6; with 26.25 MiB of kept lines, a 30 MB unhinted set no longer hits.
 
-    python3 scripts/bench_l2_keep.py --out $OUT/l2 --restream 50,200,1000
+    python3 scripts/bench_l2_keep.py --out $OUT/l2 --restream 6,12,20,30,50,200,1000
 """
 
 from __future__ import annotations

@@ -53,8 +53,7 @@ from bench_gpu import (  # noqa: E402
 
 from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
-from openjarvis.engine.torch.cuda_step import set_persisting_l2  # noqa: E402
-from openjarvis.engine.torch.generate import KEEP_KERNELS, Runner  # noqa: E402
+from openjarvis.engine.torch.generate import Runner  # noqa: E402
 from openjarvis.engine.torch.model import Transformer, rms_norm  # noqa: E402
 from openjarvis.engine.torch.tuning import L2_PREFETCH  # noqa: E402
 from openjarvis.engine.torch.weights import random_weights  # noqa: E402
@@ -148,15 +147,9 @@ def timing(rs: dict[str, Runner], positions: list[int], rounds: int,
 #: many MiB a layer (128 programs a half, after the layer before, where there was none);
 #: ``pp<programs>`` and ``pa<point>``, the prefetch's programs a half and its point (0 the
 #: layer before, 1 qkv, 2 the attention's merge). (Session 35's ``pfef``, the prefetch at
-#: ``evict_first`` priority, lost 3-5 µs and was removed; 16f9b6f holds it.) ``keep<kernel>``
-#: (``keepqkv``, ``keepwo``, ``keepw13``, ``keepw2``; several may be joined): that kernel's
-#: weights kept in L2 from the first layer on (``Runner.l2_keep``) in a set-aside of
-#: ``KEEP_MIB``, or of ``ks<MiB>``.
+#: ``evict_first`` priority, lost 3-5 µs and was removed; 16f9b6f holds it.)
 COPY_BASES = ("plain", "screened")
-COPY_CHANGES = ("nopdl", "outnormal", "nopf", "pf<MiB>", "pp<programs>", "pa<point>",
-                "keep<kernel>", "ks<MiB>")
-#: ``keep<kernel>``'s set-aside where no ``ks<MiB>`` says (the H200 grants 26.25 MiB for it).
-KEEP_MIB = 24.0
+COPY_CHANGES = ("nopdl", "outnormal", "nopf", "pf<MiB>", "pp<programs>", "pa<point>")
 
 
 def apply_variant(r: Any, name: str) -> None:
@@ -176,12 +169,6 @@ def apply_variant(r: Any, name: str) -> None:
         elif c.startswith("pf") and c[2:].replace(".", "", 1).isdigit() and float(c[2:]) > 0:
             pf = r.l2_prefetch or (0.0, 128, 0)
             r.l2_prefetch = (float(c[2:]), pf[1], pf[2])
-        elif c.startswith("keep") and c[4:] in KEEP_KERNELS:
-            names, mib = getattr(r, "l2_keep", None) or (frozenset(), KEEP_MIB)
-            r.l2_keep = (names | {c[4:]}, mib)
-        elif c.startswith("ks") and c[2:].replace(".", "", 1).isdigit() and float(c[2:]) > 0:
-            names, _ = getattr(r, "l2_keep", None) or (frozenset(), KEEP_MIB)
-            r.l2_keep = (names, float(c[2:]))
         elif c[:2] in ("pp", "pa") and c[2:].isdigit() and r.l2_prefetch is not None and (
                 int(c[2:]) > 0 if c[:2] == "pp" else int(c[2:]) <= 2):
             mib, progs, after = r.l2_prefetch
@@ -189,8 +176,6 @@ def apply_variant(r: Any, name: str) -> None:
                                                                              int(c[2:]))
         else:
             raise ValueError(name)
-    if getattr(r, "l2_keep", None) is not None and not r.l2_keep[0]:
-        raise ValueError(name)  # (a set-aside with no kernel to keep)
 
 
 #: ``--carveout-kernels``: the kernels ``--carveout`` applies to (not the merge, which the
@@ -235,20 +220,12 @@ def copies_timing(a: ModelArgs, positions: list[int], rounds: int, copies: int,
             r.step([100], 0, greedy=True)
     gen = torch.Generator().manual_seed(34)
     out: dict[str, Any] = {}
-    keeps = any(r.l2_keep is not None for r in rs.values())
-    if keeps:  # what each variant keeps, as its first copy's capture was granted
-        out["kept"] = {name: sorted(rs[f"{name}:0"].l2_kept()) for name in variants
-                       if rs[f"{name}:0"].l2_keep is not None}
-        log("kept (layer, kernel)", json.dumps(out["kept"]))
     for pos in positions:
         per: dict[str, list[float]] = {k: [] for k in rs}
         for _ in range(rounds):
             order = [list(rs)[j] for j in torch.randperm(len(rs), generator=gen).tolist()]
             for key in order:
                 r = rs[key]
-                if keeps:  # its own set-aside (none for a Runner that keeps nothing), and no
-                    # line another Runner kept, which would serve this one's reads
-                    set_persisting_l2(int(r.l2_keep[1] * 2**20) if r.l2_keep else 0)
                 r.step([100], pos, greedy=True)
                 per[key].append(time_ms(lambda r=r: r.replay(1, greedy=True), iters=50,
                                         reps=3))
@@ -424,8 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             # (settings only, on a stand-in with this model's default prefetch, as a Runner of
             # it has: the 0.5B has none, so pp / pa need a pf<MiB> before them there)
-            apply_variant(SimpleNamespace(one_token_pdl={}, l2_keep=None, l2_prefetch=
-                                          L2_PREFETCH.get((a.n_embd, a.n_ff))), v)
+            apply_variant(SimpleNamespace(one_token_pdl={}, l2_prefetch=L2_PREFETCH.get(
+                (a.n_embd, a.n_ff))), v)
         except ValueError:
             print(f"bench_screen: unknown variant {v!r} for {name}; choose from plain, screened, "
                   f"each with any of _{', _'.join(COPY_CHANGES)} (pp / pa need a prefetch: "

@@ -54,7 +54,7 @@ from bench_verify import T1_SETS, VERIFY_SETS, configure, runner_for  # noqa: E4
 
 from openjarvis.engine.torch import kernels as K  # noqa: E402
 from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B, ModelArgs  # noqa: E402
-from openjarvis.engine.torch.generate import KEEP_KERNELS, Runner  # noqa: E402
+from openjarvis.engine.torch.generate import Runner  # noqa: E402
 from openjarvis.engine.torch.model import Transformer  # noqa: E402
 from openjarvis.engine.torch.weights import random_weights  # noqa: E402
 
@@ -138,8 +138,7 @@ def timer_tick(stamps: torch.Tensor) -> int:
 def trace(a: ModelArgs, pos: int, replays: int,
           l2_prefetch: tuple[float, int, int] | None | bool = True,
           t: int = 1, variant: dict[str, Any] | None = None,
-          carveout: int | None = None, kind: str = "logits",
-          l2_keep: tuple[frozenset[str], float] | None = None) -> dict[str, Any]:
+          carveout: int | None = None, kind: str = "logits") -> dict[str, Any]:
     """One step's trace (module docstring). ``kind``: a logits step, or a greedy one with the
     output matrix's screen off ("plain") or on ("screened"), whatever the Runner's default."""
     if kind not in TAILS:
@@ -152,7 +151,6 @@ def trace(a: ModelArgs, pos: int, replays: int,
         r = Runner(Transformer(a, w, n_pos=pos + 128), pos + 64, kernels="triton", graphs=True)
     if l2_prefetch is not True:  # True: the default's (its side-stream kernel is not traced)
         r.l2_prefetch = l2_prefetch  # type: ignore[assignment]
-    r.l2_keep = l2_keep
     greedy = kind != "logits"
     if greedy:
         r.screen_out = kind == "screened"
@@ -214,14 +212,8 @@ def trace(a: ModelArgs, pos: int, replays: int,
     if carveout is not None:
         K.set_carveout(K.CARVEOUT_DEFAULT)
     med = {k: round(statistics.median(v), 3) for k, v in rows.items()}
-    out: dict[str, Any] = {"t": t, "kind": kind, "tails": list(tails), "ms": plain_ms,
-                           "traced_ms": traced_ms, "median_us": med}
-    if l2_keep is not None:  # the (layer, kernel) pairs kept; cuda_step.set_persisting_l2(0) after
-        out["kept"] = sorted(r.l2_kept())
-        from openjarvis.engine.torch.cuda_step import set_persisting_l2
-
-        set_persisting_l2(0)
-    return out
+    return {"t": t, "kind": kind, "tails": list(tails), "ms": plain_ms, "traced_ms": traced_ms,
+            "median_us": med}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,22 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--carveout", type=int, default=None,
                     help="every kernel prefers this %% of L1 as shared memory "
                          "(kernels.set_carveout); default: the driver's choice per kernel")
-    ap.add_argument("--l2-keep", default="",
-                    help="KERNEL[+KERNEL...]:MiB, several comma-separated: also trace each "
-                         "with those one-token products' weights kept in L2 from the first "
-                         "layer on (Runner.l2_keep), e.g. qkv:24,qkv+wo:24")
     args = ap.parse_args(argv)
-    keeps: list[tuple[frozenset[str], float] | None] = [None]
-    for spec in filter(None, args.l2_keep.split(",")):
-        names, _, mib = spec.partition(":")
-        try:
-            keep = (frozenset(names.split("+")), float(mib))
-        except ValueError:
-            keep = (frozenset(), 0.0)
-        if not (keep[0] <= set(KEEP_KERNELS) and keep[1] > 0):
-            raise SystemExit(f"trace_step: --l2-keep takes KERNEL[+KERNEL...]:MiB with kernels "
-                             f"among {', '.join(KEEP_KERNELS)}, not {spec!r}")
-        keeps.append(keep)
     step_kinds = args.greedy.split(",")
     if bad := [k for k in step_kinds if k not in TAILS]:
         raise SystemExit(f"trace_step: --greedy takes {', '.join(TAILS)}; got {bad[0]!r}")
@@ -281,16 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {}
     for name in args.models.split(","):
         for pos in (int(p) for p in args.positions.split(",")):
-            for t, (spec, v), sk, keep in ((int(x), sv, sk, kp) for x in args.tokens.split(",")
-                                           for sv in variants.items() for sk in step_kinds
-                                           for kp in keeps):
-                out = trace(models[name], pos, args.replays, prefetch, t, v, args.carveout, sk,
-                            keep)
+            for t, (spec, v), sk in ((int(x), sv, sk) for x in args.tokens.split(",")
+                                     for sv in variants.items() for sk in step_kinds):
+                out = trace(models[name], pos, args.replays, prefetch, t, v, args.carveout, sk)
                 key = (f"{name}@{pos}" + (f"_T{t}" if t > 1 else "")
                        + (f"_c{args.carveout}" if args.carveout is not None else "")
-                       + ("" if sk == "logits" else f"_{sk}")
-                       + ("" if keep is None else
-                          f"_keep{'+'.join(sorted(keep[0]))}:{keep[1]:g}"))
+                       + ("" if sk == "logits" else f"_{sk}"))
                 res[key if spec == "default" else f"{key}_{spec}"] = out
                 print(name, pos, t, spec, sk, json.dumps(out), flush=True)
                 args.out.mkdir(parents=True, exist_ok=True)

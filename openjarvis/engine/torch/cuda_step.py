@@ -393,9 +393,9 @@ ATTR_MAX_PERSISTING_L2 = 108
 
 
 def reset_persisting_l2() -> ctypes.CDLL:
-    """Make every persisting L2 line of the current context normal again, so that lines one
-    Runner kept (``Runner.l2_keep``) do not serve another's reads of the same weights in a
-    comparison; returns the driver library. Synchronizes the device, like the set-aside."""
+    """Make every persisting L2 line of the current context normal again (before a new
+    set-aside, lines left persisting would hold it); returns the driver library. Synchronizes
+    the device."""
     torch.cuda.init()  # type: ignore[no-untyped-call]
     torch.cuda.synchronize()  # (the runtime makes its primary context current here)
     lib = _driver()

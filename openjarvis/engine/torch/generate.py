@@ -298,16 +298,6 @@ class Runner:
         #: leaves DRAM idle (``kernels.l2_prefetch``). None: off; on the GPU
         #: ``tuning.L2_PREFETCH``.
         self.l2_prefetch: tuple[float, int, int] | None = None
-        #: Experimental, for benchmarks (None: off): (kernels, MiB). One-token steps read the
-        #: weights of these kernels (``KEEP_KERNELS``), layer by layer from the first, with
-        #: ``evict_last`` while they fit MiB, and L2 is set aside for that many MiB of
-        #: persisting lines when the step is captured (``cuda_step.set_persisting_l2``,
-        #: context-wide): so that those weights stay in L2 from one step to the next. Why
-        #: (session 36): a step streams its ~1 GB of weights ``evict_first``, so none is in
-        #: L2 when the next step starts; the first layers' latency-bound products might start
-        #: faster from L2. Verify steps read every weight as before.
-        self.l2_keep: tuple[frozenset[str], float] | None = None
-        self._l2_granted = 0  # bytes the driver set aside at the last capture (l2_keep)
         #: Experimental, for scripts/bench_hold.py only (None: off): stands in for the
         #: one-token step's L2 prefetch and gate/up launch (``FfnHook``), to time gate/up
         #: computed from weights held in shared memory by a kernel on a side stream
@@ -436,16 +426,6 @@ class Runner:
         single-launch step is deterministic already."""
         self.deterministic = True
         self.drop_steps()
-
-    def l2_kept(self) -> frozenset[tuple[int, str]]:
-        """(layer, kernel) pairs whose weights one-token steps read ``evict_last``
-        (``l2_keep``): as many as fit both its MiB and the set-aside the driver granted at the
-        last capture (none before one, and none off the GPU)."""
-        if self.l2_keep is None or self.device.type != "cuda":
-            return frozenset()
-        names, mib = self.l2_keep
-        return kept_weights(self.model.weights.layers, names,
-                            min(self._l2_granted, int(mib * 2**20)))
 
     def drop_steps(self, t: int | None = None) -> None:
         """Forget the step of ``t`` tokens (every step: None), so that the next call builds
@@ -826,14 +806,6 @@ class Runner:
                 ws.host_ids.copy_(out, non_blocking=True)  # a greedy step's tokens: last
             return out
 
-        if self.l2_keep is not None and ws.tokens.shape[0] == 1 and self.device.type == "cuda":
-            from openjarvis.engine.torch.cuda_step import set_persisting_l2
-
-            names, mib = self.l2_keep
-            if not (names and names <= set(KEEP_KERNELS) and mib > 0):
-                raise ValueError(f"l2_keep {self.l2_keep}: needs kernels among {KEEP_KERNELS} "
-                                 f"and MiB > 0")
-            self._l2_granted = set_persisting_l2(int(mib * 2**20))  # (synchronizes: not inside)
         graph, out = self._graph(lambda: self._run(ws), captured, warm_runs=2)
         if ws.greedy:
             ws.ids = out
@@ -904,10 +876,6 @@ class Runner:
         assert isinstance(qkv_tiles, tuple)
         ev = self.weight_evict
         oev = ev if self.out_evict is None else self.out_evict
-        kept = self.l2_kept() if t == 1 else frozenset()
-
-        def evw(i: int, name: str) -> str:
-            return "evict_last" if (i, name) in kept else ev
         split = self.qkv_split if t > 1 and isinstance(self.qkv_split, K.LinearConfig) else None
         if self.deterministic:
             split = None
@@ -955,7 +923,7 @@ class Runner:
             else:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
-                           pdl=pk("qkv"), evict=evw(i, "qkv"), smem=sf("qkv"),
+                           pdl=pk("qkv"), evict=ev, smem=sf("qkv"),
                            num_warps=self.qkv_warps.get(t, 4))
             prefetch_at(1, lw.w13)
             hand = None
@@ -973,19 +941,17 @@ class Runner:
                 prefetch_at(2, lw.w13)
                 if hand_bufs is not None:
                     hand = K.NormHandoff(hand_bufs[0], hand_bufs[1], lw.ffn_norm, hand_bufs[2])
-                K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=wo_cfg, pdl=pk("wo"),
-                         evict=evw(i, "wo"),
+                K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=wo_cfg, pdl=pk("wo"), evict=ev,
                          hand_out=hand, atomic_sem=sem, smem=sf("wo"))
             if hook is not None and hand is not None:
                 hook.gate_up(i, lw, ws, hand)
             elif hand is not None:
                 K.linear(hand.xg, lw.w13, ws.act, mode=K.SWIGLU, eps=a.rms_eps, cfg=lc("w13"),
-                         pdl=pk("w13"), evict=evw(i, "w13"), hand_in=hand, smem=sf("w13"))
+                         pdl=pk("w13"), evict=ev, hand_in=hand, smem=sf("w13"))
             else:
                 K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
-                         cfg=lc("w13"), pdl=pk("w13"), evict=evw(i, "w13"), smem=sf("w13"))
-            K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"), pdl=pk("w2"),
-                     evict=evw(i, "w2"),
+                         cfg=lc("w13"), pdl=pk("w13"), evict=ev, smem=sf("w13"))
+            K.linear(ws.act, lw.w2, ws.h, mode=K.ADD, cfg=lc("w2"), pdl=pk("w2"), evict=ev,
                      atomic_sem=sem, smem=sf("w2"))
         if main is not None and forked is not None:
             main.wait_stream(forked)  # a captured side stream must join
@@ -1113,32 +1079,6 @@ class Runner:
         if split and ws.hand_count is None:
             ws.hand_count = torch.zeros(n_prog, dtype=torch.int32, device=self.device)
         return ws.xg, ws.ss_part, ws.hand_count if split else None
-
-
-#: The one-token products whose weights ``Runner.l2_keep`` can keep in L2, in step order,
-#: and each one's weight in a layer (``weights.LayerWeights``).
-KEEP_KERNELS = {"qkv": "wqkv", "wo": "wo", "w13": "w13", "w2": "w2"}
-
-
-def kept_weights(layers: Sequence[Any], names: frozenset[str], nbytes: int
-                 ) -> frozenset[tuple[int, str]]:
-    """(layer, kernel) pairs whose weights ``l2_keep`` reads ``evict_last``: the weights of
-    ``names``, layer by layer from the first and in step order, up to the first that would
-    take the kept bytes past ``nbytes``. The first layers, not chosen ones: a step reaches
-    them soonest after the step before, and one prefix is simple to reason about in L2."""
-    kept: set[tuple[int, str]] = set()
-    used = 0
-    for i, lw in enumerate(layers):
-        for name, attr in KEEP_KERNELS.items():
-            if name not in names:
-                continue
-            w = getattr(lw, attr)
-            size = w.numel() * w.element_size()
-            if used + size > nbytes:
-                return frozenset(kept)
-            used += size
-            kept.add((i, name))
-    return frozenset(kept)
 
 
 def _result(ws: Workspace) -> torch.Tensor:

@@ -464,44 +464,10 @@ def test_bench_screen_refuses_an_unknown_copy_variant_on_any_machine(
         bench_screen.apply_variant(r, "plain_nopf_pp64")
     bench_screen.apply_variant(r, "plain_nopf_pf4_pa1")
     assert r.l2_prefetch == (4.0, 128, 1)
-    bench_screen.apply_variant(r, "plain_keepqkv_keepw2_ks12")
-    assert r.l2_keep == (frozenset({"qkv", "w2"}), 12.0)
-    r.l2_keep = None  # (a fresh Runner's)
-    bench_screen.apply_variant(r, "screened_keepwo")  # the set-aside's default size
-    assert r.l2_keep == (frozenset({"wo"}), bench_screen.KEEP_MIB)
     for bad in ("screened_pf0", "plain_pf", "plain_nopf_x", "pf12", "plain_pfef", "plain_pa3",
-                "plain_pp0", "plain_ks12", "plain_keepattn", "plain_keepqkv_ks0"):
+                "plain_pp0"):
         assert bench_screen.main(["--copies", "1", "--variants", bad]) == 2
         assert f"unknown variant {bad!r}" in capsys.readouterr().err
-
-
-def test_weights_kept_in_l2_are_the_first_that_fit_in_step_order() -> None:
-    """``Runner.l2_keep``'s choice (``generate.kept_weights``): the named kernels' weights,
-    layer by layer from the first, stopping at the first that would not fit; none on the
-    CPU, where no set-aside is granted."""
-    from openjarvis.engine.torch.generate import Runner, kept_weights
-    from openjarvis.engine.torch.model import Transformer
-
-    def layer(nbytes: dict[str, int]) -> SimpleNamespace:
-        return SimpleNamespace(**{attr: torch.empty(nbytes.get(attr, 0), dtype=torch.int8)
-                                  for attr in ("wqkv", "wo", "w13", "w2")})
-
-    layers = [layer({"wqkv": 3, "wo": 2, "w13": 10, "w2": 5}) for _ in range(4)]
-    assert kept_weights(layers, frozenset({"qkv"}), 10) == {(0, "qkv"), (1, "qkv"), (2, "qkv")}
-    assert kept_weights(layers, frozenset({"qkv", "wo"}), 12) == {(0, "qkv"), (0, "wo"),
-                                                                 (1, "qkv"), (1, "wo")}
-    # gate/up of layer 0 does not fit 14 after qkv and wo: nothing past it, though w2 would
-    assert kept_weights(layers, frozenset({"qkv", "wo", "w13", "w2"}), 14) == {(0, "qkv"),
-                                                                              (0, "wo")}
-    assert kept_weights(layers, frozenset({"w13"}), 9) == frozenset()
-    from openjarvis.engine.torch.config import ModelArgs
-    from openjarvis.engine.torch.weights import random_weights
-
-    a = ModelArgs("qwen2", n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, n_vocab=100)
-    r = Runner(Transformer(a, random_weights(a, torch.float32, "cpu", seed=0), n_pos=64), 32,
-               kernels="torch", graphs=False)
-    r.l2_keep = (frozenset({"qkv"}), 24.0)
-    assert r.l2_kept() == frozenset()
 
 
 def test_the_l2_probe_chases_every_line_of_its_buffer_once_and_refuses_bad_sizes(
