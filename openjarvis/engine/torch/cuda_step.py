@@ -441,6 +441,66 @@ def set_persisting_l2(nbytes: int) -> int:
     return got.value
 
 
+#: ``CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW``, a stream attribute too; the properties of
+#: ``CUaccessProperty``; ``CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE``.
+ATTR_ACCESS_POLICY_WINDOW = 1
+ACCESS_NORMAL, ACCESS_STREAMING, ACCESS_PERSISTING = 0, 1, 2
+ATTR_MAX_WINDOW = 109
+
+
+class _AccessPolicyWindow(ctypes.Structure):
+    _fields_ = [("base_ptr", ctypes.c_void_p), ("num_bytes", ctypes.c_size_t),
+                ("hitRatio", ctypes.c_float), ("hitProp", ctypes.c_int),
+                ("missProp", ctypes.c_int)]
+
+
+class _StreamAttrValue(ctypes.Union):
+    _fields_ = [("window", _AccessPolicyWindow), ("pad", ctypes.c_char * 64)]
+
+
+_MAX_WINDOW: dict[int, int] = {}  # device -> its largest access policy window, bytes
+
+
+def stream_window(stream: int, base: int, nbytes: int, prop: int = ACCESS_STREAMING) -> int:
+    """Give every L2 access that later work on ``stream`` (a CUstream handle) makes to
+    [``base``, ``base`` + ``nbytes``) the property ``prop``, whatever the instructions' own
+    hints; ``nbytes`` 0 clears the window. Returns the bytes covered: at most the device's
+    largest window (the first bytes of a larger range). No synchronization, so it can be
+    called while ``stream`` is capturing a graph.
+
+    Why (session 36): on Triton 3.6 pipelined loads lose their ``evict_first`` hint (session
+    34), so the 0.5B's int8 screen enters L2 at normal priority; a window marks its lines
+    streaming from outside the kernel."""
+    if nbytes < 0 or prop not in (ACCESS_NORMAL, ACCESS_STREAMING, ACCESS_PERSISTING):
+        raise ValueError(f"an access policy window is bytes >= 0 with a CUaccessProperty, not "
+                         f"{nbytes} bytes, property {prop}")
+    lib = _driver()
+    dev = ctypes.c_int()
+    _check(lib, lib.cuCtxGetDevice(ctypes.byref(dev)), "reading the context's device")
+    if dev.value not in _MAX_WINDOW:
+        most = ctypes.c_int()
+        _check(lib, lib.cuDeviceGetAttribute(ctypes.byref(most), ATTR_MAX_WINDOW, dev),
+               "reading the largest access policy window")
+        _MAX_WINDOW[dev.value] = most.value
+    n = min(nbytes, _MAX_WINDOW[dev.value])
+    v = _StreamAttrValue()
+    v.window = _AccessPolicyWindow(base if n else None, n, 1.0 if n else 0.0, prop,
+                                   ACCESS_NORMAL if prop == ACCESS_PERSISTING else prop)
+    _check(lib, lib.cuStreamSetAttribute(ctypes.c_void_p(stream), ATTR_ACCESS_POLICY_WINDOW,
+                                         ctypes.byref(v)), "setting an access policy window")
+    return n
+
+
+def stream_window_of(stream: int) -> tuple[int, int, float, int]:
+    """(base, bytes, hit ratio, hit property) of ``stream``'s access policy window."""
+    lib = _driver()
+    v = _StreamAttrValue()
+    _check(lib, lib.cuStreamGetAttribute(ctypes.c_void_p(stream), ATTR_ACCESS_POLICY_WINDOW,
+                                         ctypes.byref(v)), "reading an access policy window")
+    w = v.window
+    return int(w.base_ptr or 0), int(w.num_bytes), float(w.hitRatio), int(w.hitProp)
+
+
 def load_function(lib: ctypes.CDLL, module: ctypes.c_void_p, name: str, smem: int,
                   threads: int, carveout: int | None = None) -> tuple[ctypes.c_void_p, int]:
     """Kernel ``name`` of a loaded module, allowed ``smem`` bytes of dynamic shared memory

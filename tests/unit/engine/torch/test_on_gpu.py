@@ -352,6 +352,39 @@ def test_screened_greedy_steps_pick_the_exact_argmax_of_their_final_residual(
     assert agree >= total // 2  # (most positions have no near-tie to flip)
 
 
+@pytest.mark.parametrize("screened", [True, False])
+def test_greedy_steps_with_the_pick_marked_streaming_pick_the_same_tokens(
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor], screened: bool) -> None:
+    """``Runner.out_window`` (session 36's experiment): the pick's main stream marked
+    streaming by the capture stream's access policy window changes where lines live, not
+    the pick: the same tokens as the deterministic step without it, the window cleared
+    after each step (later work on the stream is not marked), and the window itself as set."""
+    from openjarvis.engine.torch import cuda_step
+
+    model, _, toks, _ = pair
+    ids = []
+    for window, graphs in ((False, True), (True, True), (True, False)):
+        r = Runner(model, 256, graphs=graphs)
+        r.make_deterministic()
+        r.screen_out = screened
+        r.out_window = window
+        r.logits(toks[:150], 0)
+        ids.append([r.argmax(toks[i : i + 1], i).tolist() for i in range(150, 170)])
+        # (without graphs the step ran on this stream: its window was set, then cleared)
+        assert cuda_step.stream_window_of(torch.cuda.current_stream().cuda_stream)[1] == 0
+    assert ids[0] == ids[1] == ids[2]
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    buf = torch.empty(2**30, dtype=torch.int8, device="cuda")
+    got = cuda_step.stream_window(side.cuda_stream, buf.data_ptr(), buf.numel())
+    assert 0 < got < buf.numel()  # the device's largest window is less than 1 GiB
+    assert cuda_step.stream_window_of(side.cuda_stream) == (buf.data_ptr(), got, 1.0,
+                                                            cuda_step.ACCESS_STREAMING)
+    assert cuda_step.stream_window(side.cuda_stream, 0, 0) == 0
+    assert cuda_step.stream_window_of(side.cuda_stream)[1] == 0
+    with pytest.raises(ValueError, match="bytes >= 0 with a CUaccessProperty"):
+        cuda_step.stream_window(side.cuda_stream, 0, -1)
+
+
 @pytest.mark.parametrize(("n", "prefetch"), [(1, False), (4, False), (16, False), (8, True)])
 def test_a_chained_draft_is_the_greedy_steps_one_by_one(
         pair: tuple[Transformer, Runner, list[int], torch.Tensor], n: int,
