@@ -122,9 +122,8 @@ def chase_ns(a: torch.Tensor, sink: torch.Tensor, steps: int, before: Callable[[
     return float(ms[1] - ms[0]) * 1e6 / steps, float(ms[0]) * 1e6 / steps
 
 
-def timed_read(x: torch.Tensor, sink: torch.Tensor, ev: str, before: Callable[[], None]
-               ) -> float:
-    """µs of one read of ``x`` with policy ``ev``, right after ``before()``. The GPU first
+def timed_read(reader: Callable[[], None], before: Callable[[], None]) -> float:
+    """µs of one ``reader()``, right after ``before()``. The GPU first
     sleeps ~0.5 ms, so that ``before()``'s kernels, the event and the read are all queued
     before the event is reached: otherwise a short ``before()`` ends first and the read's
     launch is timed too (run 304's 20 and 50 MB warm reads, 2-3x the cold ones)."""
@@ -133,10 +132,38 @@ def timed_read(x: torch.Tensor, sink: torch.Tensor, ev: str, before: Callable[[]
     b = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     e = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     b.record()
-    read(x, sink, ev)
+    reader()
     e.record()
     e.synchronize()
     return float(b.elapsed_time(e)) * 1e3
+
+
+#: ``--restream``'s policies: the loads' own hint (``evict_first``, or none), or none with the
+#: stream's access policy window marking the stream's bytes streaming (``cuda_step.
+#: stream_window``), launched directly (``window``) or replayed from a CUDA graph captured with
+#: the window set (``window_graph``): does a captured kernel keep its stream's window?
+RESTREAM_POLICIES = ("evict_first", "", "window", "window_graph")
+
+
+def reader_for(x: torch.Tensor, sink: torch.Tensor, policy: str) -> Callable[[], None]:
+    """A read of ``x`` under ``policy`` (``RESTREAM_POLICIES``)."""
+    if policy in ("evict_first", ""):
+        return lambda: read(x, sink, policy)
+
+    def windowed() -> None:
+        stream = torch.cuda.current_stream().cuda_stream
+        cuda_step.stream_window(stream, x.data_ptr(), x.numel() * x.element_size())
+        read(x, sink, "")
+        cuda_step.stream_window(stream, 0, 0)
+
+    if policy == "window":
+        return windowed
+    windowed()  # (compiled before the capture)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        windowed()
+    return g.replay
 
 
 def restream(args: argparse.Namespace, sizes: list[float]) -> dict[str, dict[str, float]]:
@@ -149,7 +176,7 @@ def restream(args: argparse.Namespace, sizes: list[float]) -> dict[str, dict[str
     table: dict[str, dict[str, float]] = {}
     for mb in sizes:
         x = torch.ones(int(mb * 1e6) // 4, dtype=torch.int32, device="cuda")
-        for aside, ev in itertools.product((0.0, args.aside), ("evict_first", "")):
+        for aside, ev in itertools.product(sorted({0.0, args.aside}), RESTREAM_POLICIES):
             granted = cuda_step.set_persisting_l2(int(aside * 2**20))
 
             def keep(aside: float = aside) -> None:
@@ -160,13 +187,15 @@ def restream(args: argparse.Namespace, sizes: list[float]) -> dict[str, dict[str
                 read(f, sink, "")
                 keep()
 
-            def warm(ev: str = ev, keep: Callable[[], None] = keep, x: torch.Tensor = x
+            reader = reader_for(x, sink, ev)
+
+            def warm(reader: Callable[[], None] = reader, keep: Callable[[], None] = keep
                      ) -> None:
-                read(x, sink, ev)
+                reader()
                 keep()
 
-            c = statistics.median(timed_read(x, sink, ev, cold) for _ in range(args.reps))
-            w = statistics.median(timed_read(x, sink, ev, warm) for _ in range(args.reps))
+            c = statistics.median(timed_read(reader, cold) for _ in range(args.reps))
+            w = statistics.median(timed_read(reader, warm) for _ in range(args.reps))
             key = (f"{mb:g} MB read {ev or 'normal'}, "
                    f"{granted / 2**20:.2f} MiB set aside{' and kept' if aside else ''}")
             table[key] = {"cold_us": c, "warm_us": w, "saved_us": c - w,
