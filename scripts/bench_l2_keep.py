@@ -63,6 +63,26 @@ def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, EV: tl.constexpr):
 
 
 @triton.jit
+def _read_loop_kernel(x_ptr, out_ptr, n, per, BLOCK: tl.constexpr, EV: tl.constexpr,
+                      STAGES: tl.constexpr):
+    """Read ``per`` blocks of ``BLOCK`` a program in a loop that Triton pipelines through
+    shared memory (``cp.async``, as the screen's and the attention's loads are) where
+    ``STAGES`` > 1: Triton 3.6 drops ``EV`` from such loads (session 34)."""
+    acc = tl.zeros([BLOCK], dtype=tl.int32)
+    base = tl.program_id(0) * per * BLOCK
+    for j in tl.range(0, per, num_stages=STAGES):
+        i = base + j * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + i, mask=i < n, other=0, eviction_policy=EV)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc, 0))
+
+
+def read_loop(x: torch.Tensor, out: torch.Tensor, ev: str, block: int = 1024, per: int = 16
+              ) -> None:
+    _read_loop_kernel[(triton.cdiv(x.numel(), block * per),)](
+        x, out, x.numel(), per, BLOCK=block, EV=ev, STAGES=3, num_warps=4)
+
+
+@triton.jit
 def _chase_kernel(a_ptr, out_ptr, steps):
     """One lane follows ``steps`` pointers: each load's address is the value loaded before."""
     p = tl.load(a_ptr)
@@ -141,19 +161,24 @@ def timed_read(reader: Callable[[], None], before: Callable[[], None]) -> float:
 #: ``--restream``'s policies: the loads' own hint (``evict_first``, or none), or none with the
 #: stream's access policy window marking the stream's bytes streaming (``cuda_step.
 #: stream_window``), launched directly (``window``) or replayed from a CUDA graph captured with
-#: the window set (``window_graph``): does a captured kernel keep its stream's window?
-RESTREAM_POLICIES = ("evict_first", "", "window", "window_graph")
+#: the window set (``window_graph``): does a captured kernel keep its stream's window? And
+#: the same through a pipelined loop (``loop_*``, ``cp.async`` copies): does the window reach
+#: loads that lost their own hint?
+RESTREAM_POLICIES = ("evict_first", "", "window", "window_graph", "loop_evict_first",
+                     "loop_", "loop_window", "loop_window_graph")
 
 
 def reader_for(x: torch.Tensor, sink: torch.Tensor, policy: str) -> Callable[[], None]:
     """A read of ``x`` under ``policy`` (``RESTREAM_POLICIES``)."""
+    rd = read_loop if policy.startswith("loop_") else read
+    policy = policy.removeprefix("loop_")
     if policy in ("evict_first", ""):
-        return lambda: read(x, sink, policy)
+        return lambda: rd(x, sink, policy)
 
     def windowed() -> None:
         stream = torch.cuda.current_stream().cuda_stream
         cuda_step.stream_window(stream, x.data_ptr(), x.numel() * x.element_size())
-        read(x, sink, "")
+        rd(x, sink, "")
         cuda_step.stream_window(stream, 0, 0)
 
     if policy == "window":
