@@ -28,6 +28,9 @@ layers' weights; commit 59c5557 holds it: the 0.5B's step @512 lost 8-42 µs wit
 Run 305 (H200): a re-read of 200 MB or more saves nothing (under 1.3 µs) in any policy, so a
 step's weights leave the next step nothing in L2; 12-30 MB re-read unhinted save 1.7-3.6 µs,
 `evict_first` 0.1-0.6; with 26.25 MiB of kept lines, a 30 MB unhinted set no longer hits.
+Run 309: a pipelined loop's `evict_first` loads (`cp.async`, the hint dropped by Triton 3.6)
+keep 20-30 MB in L2 as unhinted ones do (3.7-4.3 µs saved); a streaming access policy window
+(`cuda_step.stream_window`) makes them stream (0.1-0.5), launched directly or from a graph.
 
     python3 scripts/bench_l2_keep.py --out $OUT/l2 --restream 6,12,20,30,50,200,1000
 """

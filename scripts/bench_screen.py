@@ -147,11 +147,9 @@ def timing(rs: dict[str, Runner], positions: list[int], rounds: int,
 #: many MiB a layer (128 programs a half, after the layer before, where there was none);
 #: ``pp<programs>`` and ``pa<point>``, the prefetch's programs a half and its point (0 the
 #: layer before, 1 qkv, 2 the attention's merge). (Session 35's ``pfef``, the prefetch at
-#: ``evict_first`` priority, lost 3-5 µs and was removed; 16f9b6f holds it.) ``win``: the
-#: pick's main stream marked streaming by the stream's access policy window
-#: (``Runner.out_window``).
+#: ``evict_first`` priority, lost 3-5 µs and was removed; 16f9b6f holds it.)
 COPY_BASES = ("plain", "screened")
-COPY_CHANGES = ("nopdl", "outnormal", "nopf", "pf<MiB>", "pp<programs>", "pa<point>", "win")
+COPY_CHANGES = ("nopdl", "outnormal", "nopf", "pf<MiB>", "pp<programs>", "pa<point>")
 
 
 def apply_variant(r: Any, name: str) -> None:
@@ -166,8 +164,6 @@ def apply_variant(r: Any, name: str) -> None:
             r.out_evict = ""
         elif c == "nopdl":
             r.one_token_pdl = {**r.one_token_pdl, "out": 0}
-        elif c == "win":
-            r.out_window = True
         elif c == "nopf":
             r.l2_prefetch = None
         elif c.startswith("pf") and c[2:].replace(".", "", 1).isdigit() and float(c[2:]) > 0:

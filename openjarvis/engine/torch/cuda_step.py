@@ -469,8 +469,10 @@ def stream_window(stream: int, base: int, nbytes: int, prop: int = ACCESS_STREAM
     called while ``stream`` is capturing a graph.
 
     Why (session 36): on Triton 3.6 pipelined loads lose their ``evict_first`` hint (session
-    34), so the 0.5B's int8 screen enters L2 at normal priority; a window marks its lines
-    streaming from outside the kernel."""
+    34); a window marks lines streaming from outside the kernel, and does reach those
+    ``cp.async`` loads, in a captured graph too (``bench_l2_keep.py --restream``, run 309).
+    ``Runner.out_window`` (commit 5fbfeea holds it) marked the 0.5B's int8 screen so and
+    gained nothing (run 308)."""
     if nbytes < 0 or prop not in (ACCESS_NORMAL, ACCESS_STREAMING, ACCESS_PERSISTING):
         raise ValueError(f"an access policy window is bytes >= 0 with a CUaccessProperty, not "
                          f"{nbytes} bytes, property {prop}")

@@ -276,11 +276,6 @@ class Runner:
         #: The output projection's (or the screen's) own policy where not None (benchmarks:
         #: session 34 asked what a step's last stream, without the hint, costs the next).
         self.out_evict: str | None = None
-        #: Experimental, for benchmarks: greedy steps mark the pick's main stream (the screen's
-        #: int8 rows, or the bfloat16 output rows) streaming in L2 through the stream's access
-        #: policy window (``cuda_step.stream_window``; the first 128 MiB on the H200), since
-        #: Triton 3.6 drops the screen's ``evict_first`` hint (session 36).
-        self.out_window = False
         #: (kernel, verify step?) -> at least this much shared memory a program of it, to bound
         #: how many share an SM (``kernels.floor_shared``; session 20, benchmarks only): empty.
         self.smem_floor: dict[tuple[str, bool], int] = {}
@@ -962,13 +957,6 @@ class Runner:
             main.wait_stream(forked)  # a captured side stream must join
         if ws.greedy:
             assert ws.partials is not None and ws.ids is not None
-            window = self.out_window and self.device.type == "cuda"
-            stream = torch.cuda.current_stream().cuda_stream if window else 0
-            if window:
-                from openjarvis.engine.torch.cuda_step import stream_window
-
-                rows = self.out_screen().q if ws.screen is not None else w.out[: self.greedy_cols]
-                stream_window(stream, rows.data_ptr(), rows.numel() * rows.element_size())
             if ws.screen is not None:
                 K.screen(ws.h, w.out_norm, self.out_screen(), ws.screen, w.out, eps=a.rms_eps,
                          cfg=self._screen_tile(t), pdl=pk("out"), evict=oev)
@@ -976,8 +964,6 @@ class Runner:
                 K.linear(ws.h, w.out[: self.greedy_cols], ws.partials, mode=K.ARGMAX,
                          norm=w.out_norm, eps=a.rms_eps, cfg=self._out_tile(t), pdl=pk("out"),
                          evict=oev)
-            if window:
-                stream_window(stream, 0, 0)
             return K.argmax_merge(ws.partials, ws.ids, pdl=1 if pk("out") % 4 in (1, 2) else 0,
                                   host=ws.host_ids if self.host_ids_direct else None,
                                   feed=ws.feed)
