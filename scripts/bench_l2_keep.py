@@ -27,10 +27,10 @@ lines read between (the set-aside that session 36's ``Runner.l2_keep`` filled wi
 layers' weights; commit 59c5557 holds it: the 0.5B's step @512 lost 8-42 µs with it, run 303).
 Run 305 (H200): a re-read of 200 MB or more saves nothing (under 1.3 µs) in any policy, so a
 step's weights leave the next step nothing in L2; 12-30 MB re-read unhinted save 1.7-3.6 µs,
-`evict_first` 0.1-0.6; with 26.25 MiB of kept lines, a 30 MB unhinted set no longer hits.
-Run 309: a pipelined loop's `evict_first` loads (`cp.async`, the hint dropped by Triton 3.6)
+``evict_first`` 0.1-0.6; with 26.25 MiB of kept lines, a 30 MB unhinted set no longer hits.
+Run 310: a pipelined loop's ``evict_first`` loads (``cp.async``, the hint dropped by Triton 3.6)
 keep 20-30 MB in L2 as unhinted ones do (3.7-4.3 µs saved); a streaming access policy window
-(`cuda_step.stream_window`) makes them stream (0.1-0.5), launched directly or from a graph.
+(``cuda_step.stream_window``) makes them stream (0.1-0.5), launched directly or from a graph.
 
     python3 scripts/bench_l2_keep.py --out $OUT/l2 --restream 6,12,20,30,50,200,1000
 """
@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import sys
 from collections.abc import Callable
@@ -110,17 +111,32 @@ def chase_buffer(nbytes: int, device: str = "cuda", seed: int = 35) -> torch.Ten
     return a.to(device)
 
 
+def restream_sizes(spec: str) -> list[float] | None:
+    """``--restream``'s sizes in MB, or None where one is not a finite number > 0."""
+    try:
+        sizes = [float(v) for v in spec.split(",") if v.strip()]
+    except ValueError:
+        return None
+    return sizes if sizes and all(math.isfinite(v) and v > 0 for v in sizes) else None
+
+
 def check(args: argparse.Namespace) -> str:
     """What is wrong with these arguments, or ""."""
-    lines = int(args.buffer * 1e6) // (LINE * 4)
-    if args.flush < 0 or args.aside < 0 or args.steps <= 0 or args.reps < 1:
-        return "--flush and --aside must be >= 0, --steps and --reps > 0"
-    for name, mb in (("--buffer", args.buffer), ("--flush", args.flush)):
+    if not all(math.isfinite(v) for v in (args.buffer, args.flush, args.aside)):
+        return "--buffer, --flush and --aside must be finite numbers"
+    if args.buffer <= 0 or args.flush < 0 or args.aside < 0 or args.steps <= 0 or args.reps < 1:
+        return "--buffer must be > 0, --flush and --aside >= 0, --steps and --reps > 0"
+    sizes = restream_sizes(args.restream) if args.restream else []
+    if sizes is None:
+        return f"--restream takes sizes in MB > 0, comma-separated, not {args.restream!r}"
+    for name, mb in (("--buffer", args.buffer), ("--flush", args.flush),
+                     *(("--restream", v) for v in sizes)):
         if int(mb * 1e6) // 4 >= 2**31:
-            return f"{name} {mb} MB is past what int32 indices reach (8.6 GB): give less"
-    if lines <= 2 * args.steps:
+            return f"{name} {mb:g} MB is past what int32 indices reach (8.6 GB): give less"
+    lines = int(args.buffer * 1e6) // (LINE * 4)
+    if lines <= 2 * args.steps and not sizes:
         # (the chase's first load reads a line too: 2 x steps + 1 lines, each met once)
-        return (f"--buffer {args.buffer} MB holds {lines} lines; a chase of 2 x --steps "
+        return (f"--buffer {args.buffer:g} MB holds {lines} lines; a chase of 2 x --steps "
                 f"({2 * args.steps}) and its first load must meet each line once: give a larger "
                 f"--buffer or fewer --steps")
     return ""
@@ -202,36 +218,44 @@ def restream(args: argparse.Namespace, sizes: list[float]) -> dict[str, dict[str
     most = max(int(max(sizes) * 1e6) // 4, f.numel(), k.numel())
     sink = torch.zeros(triton.cdiv(most, 4096), dtype=torch.int32, device="cuda")
     table: dict[str, dict[str, float]] = {}
-    for mb in sizes:
-        x = torch.ones(int(mb * 1e6) // 4, dtype=torch.int32, device="cuda")
-        for aside, ev in itertools.product(sorted({0.0, args.aside}), RESTREAM_POLICIES):
-            granted = cuda_step.set_persisting_l2(int(aside * 2**20))
-
-            def keep(aside: float = aside) -> None:
-                if aside:
-                    read(k, sink, "evict_last")
-
-            def cold(keep: Callable[[], None] = keep) -> None:
-                read(f, sink, "")
-                keep()
-
-            reader = reader_for(x, sink, ev)
-
-            def warm(reader: Callable[[], None] = reader, keep: Callable[[], None] = keep
-                     ) -> None:
-                reader()
-                keep()
-
-            c = statistics.median(timed_read(reader, cold) for _ in range(args.reps))
-            w = statistics.median(timed_read(reader, warm) for _ in range(args.reps))
-            key = (f"{mb:g} MB read {ev or 'normal'}, "
-                   f"{granted / 2**20:.2f} MiB set aside{' and kept' if aside else ''}")
-            table[key] = {"cold_us": c, "warm_us": w, "saved_us": c - w,
-                          "saved_mb": (c - w) * mb / c}
-            print(f"{key:<60} cold {c:8.2f} µs, warm {w:8.2f}: saves {c - w:6.2f} µs "
-                  f"({table[key]['saved_mb']:.1f} MB)", flush=True)
-        del x
+    for mb in sizes:  # (one size's buffers freed before the next is made)
+        table.update(restream_one(args, mb, f, k, sink))
     cuda_step.set_persisting_l2(0)
+    return table
+
+
+def restream_one(args: argparse.Namespace, mb: float, f: torch.Tensor, k: torch.Tensor,
+                 sink: torch.Tensor) -> dict[str, dict[str, float]]:
+    """``restream`` for one size: every set-aside and policy."""
+    x = torch.ones(int(mb * 1e6) // 4, dtype=torch.int32, device="cuda")
+    table: dict[str, dict[str, float]] = {}
+    for aside, ev in itertools.product(sorted({0.0, args.aside}), RESTREAM_POLICIES):
+        granted = cuda_step.set_persisting_l2(int(aside * 2**20))
+
+        def keep(aside: float = aside) -> None:
+            if aside:
+                read(k, sink, "evict_last")
+
+        def cold(keep: Callable[[], None] = keep) -> None:
+            read(f, sink, "")
+            keep()
+
+        reader = reader_for(x, sink, ev)
+
+        def warm(reader: Callable[[], None] = reader, keep: Callable[[], None] = keep
+                 ) -> None:
+            reader()
+            keep()
+
+        timed_read(reader, cold)  # (untimed: compiles the kernels on first use)
+        c = statistics.median(timed_read(reader, cold) for _ in range(args.reps))
+        w = statistics.median(timed_read(reader, warm) for _ in range(args.reps))
+        key = (f"{mb:g} MB read {ev or 'normal'}, "
+               f"{granted / 2**20:.2f} MiB set aside{' and kept' if aside else ''}")
+        table[key] = {"cold_us": c, "warm_us": w, "saved_us": c - w,
+                      "saved_mb": (c - w) * mb / c}
+        print(f"{key:<60} cold {c:8.2f} µs, warm {w:8.2f}: saves {c - w:6.2f} µs "
+              f"({table[key]['saved_mb']:.1f} MB)", flush=True)
     return table
 
 
@@ -249,25 +273,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="MB sizes, comma-separated: time a stream read again right after "
                          "itself against after a flush, instead of the chase")
     args = ap.parse_args(argv)
-    try:
-        sizes = [float(v) for v in args.restream.split(",") if v.strip()]
-    except ValueError:
-        sizes = [0.0]
-    if args.restream and (not sizes or min(sizes) <= 0):
-        print(f"bench_l2_keep: --restream takes sizes in MB > 0, comma-separated, not "
-              f"{args.restream!r}", file=sys.stderr)
-        return 2
-    for mb in sizes:  # (past int32 reach, as --buffer)
-        if int(mb * 1e6) // 4 >= 2**31:
-            print(f"bench_l2_keep: --restream {mb:g} MB is past what int32 indices reach "
-                  f"(8.6 GB): give less", file=sys.stderr)
-            return 2
     if err := check(args):
         print(f"bench_l2_keep: {err}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("bench_l2_keep: needs a CUDA GPU (run it through the device tool)", file=sys.stderr)
         return 2
+    if int(args.aside * 2**20) > (most := cuda_step.max_persisting_l2()):
+        print(f"bench_l2_keep: --aside {args.aside:g} MiB is more than this GPU sets aside "
+              f"({most / 2**20:g} MiB): give less", file=sys.stderr)
+        return 2
+    sizes = restream_sizes(args.restream) if args.restream else []
     if sizes:
         out = {"device": torch.cuda.get_device_name(), "triton": triton.__version__,
                "flush_mb": args.flush, "aside_mib": args.aside, "reps": args.reps,
@@ -284,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                               "aside_mib": args.aside, "steps": args.steps, "reps": args.reps}
     table: dict[str, float] = {}
     short: dict[str, float] = {}
-    for aside, mark, flush in itertools.product((0.0, args.aside), ("", "evict_last", "evict_first"),
+    for aside, mark, flush in itertools.product(sorted({0.0, args.aside}),
+                                                ("", "evict_last", "evict_first"),
                                                 ("none", "evict_first", "normal")):
         granted = cuda_step.set_persisting_l2(int(aside * 2**20))
 

@@ -396,6 +396,10 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_screen: --carveout applies to --copies only", file=sys.stderr)
         return 2
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not variants:
+        print("bench_screen: --variants names none: give at least one, e.g. plain,screened",
+              file=sys.stderr)
+        return 2
     for name, v in itertools.product(names, variants):
         a = MODELS[name]
         try:
@@ -404,9 +408,10 @@ def main(argv: list[str] | None = None) -> int:
             apply_variant(SimpleNamespace(one_token_pdl={}, l2_prefetch=L2_PREFETCH.get(
                 (a.n_embd, a.n_ff))), v)
         except ValueError:
-            print(f"bench_screen: unknown variant {v!r} for {name}; choose from plain, screened, "
-                  f"each with any of _{', _'.join(COPY_CHANGES)} (pp / pa need a prefetch: "
-                  f"put pf<MiB> first where the model has none)", file=sys.stderr)
+            print(f"bench_screen: variant {v!r} is unknown or does not apply to {name}; choose "
+                  f"from plain, screened, each with any of _{', _'.join(COPY_CHANGES)} (pp / pa "
+                  f"need a prefetch: put pf<MiB> before them where the model has none)",
+                  file=sys.stderr)
             return 2
     if not torch.cuda.is_available():
         print("bench_screen: needs a CUDA GPU (run it through the device tool)", file=sys.stderr)

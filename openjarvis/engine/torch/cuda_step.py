@@ -429,10 +429,10 @@ def set_persisting_l2(nbytes: int) -> int:
     while a stream is capturing a graph: call it before capture."""
     if nbytes < 0:
         raise ValueError(f"a persisting L2 set-aside is bytes >= 0, not {nbytes}")
-    lib = reset_persisting_l2()  # (lines left persisting would otherwise hold the set-aside)
-    if nbytes > (most := max_persisting_l2(lib)):
+    if nbytes > (most := max_persisting_l2()):  # (refused before anything changes)
         raise ValueError(f"a persisting L2 set-aside of {nbytes} bytes is more than this GPU "
                          f"grants ({most} bytes, {most / 2**20:.2f} MiB): ask for less")
+    lib = reset_persisting_l2()  # (lines left persisting would otherwise hold the set-aside)
     _check(lib, lib.cuCtxSetLimit(LIMIT_PERSISTING_L2, ctypes.c_size_t(nbytes)),
            f"setting aside {nbytes} bytes of L2")
     got = ctypes.c_size_t()

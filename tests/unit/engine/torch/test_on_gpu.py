@@ -352,6 +352,26 @@ def test_screened_greedy_steps_pick_the_exact_argmax_of_their_final_residual(
     assert agree >= total // 2  # (most positions have no near-tie to flip)
 
 
+def test_the_l2_restream_probe_times_every_policy_and_set_aside_of_a_small_stream() -> None:
+    """``bench_l2_keep.py --restream`` end to end on 1 MB (a smoke test of the instrument, not a
+    timing): a cold and a warm time for each policy with and without the set-aside, each a
+    positive number of µs, and the set-aside given back."""
+    import argparse
+
+    import bench_l2_keep
+
+    from openjarvis.engine.torch import cuda_step
+
+    args = argparse.Namespace(flush=60.0, aside=4.0, reps=1)
+    table = bench_l2_keep.restream(args, [1.0])
+    assert len(table) == 2 * len(bench_l2_keep.RESTREAM_POLICIES)
+    assert sum("and kept" in key for key in table) == len(bench_l2_keep.RESTREAM_POLICIES)
+    for row in table.values():
+        assert row["cold_us"] > 0 and row["warm_us"] > 0
+        assert abs(row["saved_us"] - (row["cold_us"] - row["warm_us"])) < 1e-9
+    assert cuda_step.set_persisting_l2(0) == 0
+
+
 def test_a_streams_access_policy_window_is_set_capped_and_cleared() -> None:
     """``cuda_step.stream_window`` (``bench_l2_keep.py --restream``'s window policies; session
     36's ``Runner.out_window`` used it): the window reads back as set, capped at the device's
