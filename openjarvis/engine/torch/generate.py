@@ -202,10 +202,11 @@ class Runner:
         #: matrix read as int8 (half its bytes) for each logit's bounds, then the few rows whose
         #: bound reaches the top read exactly; the same token as reading every row in bfloat16
         #: (up to float32 rounding between near-equal logits), for one int8 copy of the output
-        #: matrix in memory (234 MB for the 1.5B). On by default on GPUs of sm_80+ for the
-        #: shapes in ``tuning.SCREEN_OUT`` (the 1.5B: its one-token step 0.96x, session 33 run
-        #: 278, docs/gpu-notes.md); off elsewhere (the 0.5B's one-token step lost 0.7-1.6 %
-        #: @512; on the CPU the interpreter's float path only costs). Set it before the first greedy
+        #: matrix in memory (234 MB for the 1.5B, 136 for the 0.5B). On by default on GPUs of
+        #: sm_80+ for the shapes in ``tuning.SCREEN_OUT`` (the 1.5B: its one-token step 0.96x,
+        #: session 33 run 278; the 0.5B since session 36: 1.003x @512, 0.962x @4096, run 314;
+        #: docs/gpu-notes.md); off elsewhere (on the CPU the interpreter's float path only
+        #: costs). Set it before the first greedy
         #: step (or ``drop_steps`` after): a built step keeps the path it was built with;
         #: ``drop_steps`` with it off frees the int8 copy.
         self.screen_out = False

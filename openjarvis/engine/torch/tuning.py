@@ -155,14 +155,15 @@ WEIGHT_EVICT = "evict_first"
 L2_PREFETCH: dict[tuple[int, int], tuple[float, int, int]] = {(1536, 8960): (6.0, 128, 0)}
 #: (n_embd, n_ff) whose greedy steps pick through the int8 screen of the output matrix
 #: (``Runner.screen_out``; session 33 run 282, the 1.5B's shapes with random weights: one
-#: token 1.0284 -> 0.9865 ms @512 (0.959x), 0.956x @4096; T = 9 0.990x. The 0.5B's one token
-#: even @512 (1.003x; runs 277-278 1.007-1.016x) and 0.960x @4096, T = 9 0.99x: left off.
-#: Why, session 34 runs 283-288: the screen saves the 0.5B 14-15 µs in its own step at every
-#: position, but on Triton 3.6 its pipelined int8 loads carry no L2 hint, and a plain step
-#: streaming its output matrix unhinted lost 21 µs @512 and none @4096. Session 35: most
-#: likely not by pushing out the K/V, which held in L2 gave none of it back; perhaps the
-#: weights' own evict_first lines, a part of which may survive a step, bench_l2_keep.py).
-SCREEN_OUT: frozenset[tuple[int, int]] = frozenset({(1536, 8960)})
+#: token 1.0284 -> 0.9865 ms @512 (0.959x), 0.956x @4096; T = 9 0.990x. The 0.5B was left
+#: off until session 36: its one token even @512 (runs 277-278 1.007-1.016x, later 0.996-
+#: 1.005x) and 0.960x @4096. Session 34 put the short positions down to the screen's int8
+#: loads entering L2 unhinted on Triton 3.6; session 36 (runs 308-310) marked them streaming
+#: by an access policy window, which reaches those loads, and the step @512 stayed even: not
+#: the cause. Run 314, 3 copies: the 0.5B screened 1.0026x @512 (+1.2 µs), 1.0019x @1024,
+#: 0.991x @2048, 0.962x @4096 (-19.6 µs): on, for a coding assistant's long prompts, at the
+#: cost of a 136 MB int8 copy and ~1 µs at short positions).
+SCREEN_OUT: frozenset[tuple[int, int]] = frozenset({(1536, 8960), (896, 4864)})
 #: (n_embd, n_ff) -> (attention splits, keys per block). The 1.5B's one-token step in 64
 #: splits of 32-key blocks with its merge in 4 programs a head (``COMBINE_COLS``), against 32
 #: of 64 with one: session 16 run 162 -0.5 / -3.2 % @512 / @4096, run 163 -0.5 / -3.2 %
