@@ -392,28 +392,26 @@ LIMIT_PERSISTING_L2 = 0x06
 ATTR_MAX_PERSISTING_L2 = 108
 
 
-def reset_persisting_l2() -> ctypes.CDLL:
-    """Make every persisting L2 line of the current context normal again (before a new
-    set-aside, lines left persisting would hold it); returns the driver library. Synchronizes
-    the device."""
+def _context_driver() -> ctypes.CDLL:
+    """The driver library, with the runtime's primary context current (the synchronize makes
+    it so): the context-wide calls below act on the context PyTorch's kernels run in."""
     torch.cuda.init()  # type: ignore[no-untyped-call]
-    torch.cuda.synchronize()  # (the runtime makes its primary context current here)
-    lib = _driver()
-    _check(lib, lib.cuCtxResetPersistingL2Cache(), "resetting persisting L2 lines")
-    return lib
+    torch.cuda.synchronize()
+    return _driver()
 
 
-def max_persisting_l2(lib: ctypes.CDLL | None = None) -> int:
-    """The largest persisting L2 set-aside the current context's device grants, in bytes."""
-    if lib is None:
-        torch.cuda.init()  # type: ignore[no-untyped-call]
-        torch.cuda.synchronize()  # (the runtime makes its primary context current here)
-        lib = _driver()
-    dev, most = ctypes.c_int(), ctypes.c_int()
+def _device_attribute(lib: ctypes.CDLL, attr: int, what: str) -> tuple[int, int]:
+    """(the current context's device, its attribute ``attr``)."""
+    dev, value = ctypes.c_int(), ctypes.c_int()
     _check(lib, lib.cuCtxGetDevice(ctypes.byref(dev)), "reading the context's device")
-    _check(lib, lib.cuDeviceGetAttribute(ctypes.byref(most), ATTR_MAX_PERSISTING_L2, dev),
-           "reading the largest L2 set-aside")
-    return most.value
+    _check(lib, lib.cuDeviceGetAttribute(ctypes.byref(value), attr, dev), f"reading {what}")
+    return dev.value, value.value
+
+
+def max_persisting_l2() -> int:
+    """The largest persisting L2 set-aside the current context's device grants, in bytes."""
+    return _device_attribute(_context_driver(), ATTR_MAX_PERSISTING_L2,
+                             "the largest L2 set-aside")[1]
 
 
 def set_persisting_l2(nbytes: int) -> int:
@@ -429,10 +427,13 @@ def set_persisting_l2(nbytes: int) -> int:
     while a stream is capturing a graph: call it before capture."""
     if nbytes < 0:
         raise ValueError(f"a persisting L2 set-aside is bytes >= 0, not {nbytes}")
-    if nbytes > (most := max_persisting_l2()):  # (refused before anything changes)
+    lib = _context_driver()
+    _, most = _device_attribute(lib, ATTR_MAX_PERSISTING_L2, "the largest L2 set-aside")
+    if nbytes > most:  # (refused before anything changes)
         raise ValueError(f"a persisting L2 set-aside of {nbytes} bytes is more than this GPU "
                          f"grants ({most} bytes, {most / 2**20:.2f} MiB): ask for less")
-    lib = reset_persisting_l2()  # (lines left persisting would otherwise hold the set-aside)
+    # (lines left persisting would otherwise hold the set-aside)
+    _check(lib, lib.cuCtxResetPersistingL2Cache(), "resetting persisting L2 lines")
     _check(lib, lib.cuCtxSetLimit(LIMIT_PERSISTING_L2, ctypes.c_size_t(nbytes)),
            f"setting aside {nbytes} bytes of L2")
     got = ctypes.c_size_t()
@@ -458,9 +459,6 @@ class _StreamAttrValue(ctypes.Union):
     _fields_ = [("window", _AccessPolicyWindow), ("pad", ctypes.c_char * 64)]
 
 
-_MAX_WINDOW: dict[int, int] = {}  # device -> its largest access policy window, bytes
-
-
 def stream_window(stream: int, base: int, nbytes: int, prop: int = ACCESS_STREAMING) -> int:
     """Give every L2 access that later work on ``stream`` (a CUstream handle) makes to
     [``base``, ``base`` + ``nbytes``) the property ``prop``, whatever the instructions' own
@@ -476,15 +474,9 @@ def stream_window(stream: int, base: int, nbytes: int, prop: int = ACCESS_STREAM
     if nbytes < 0 or prop not in (ACCESS_NORMAL, ACCESS_STREAMING, ACCESS_PERSISTING):
         raise ValueError(f"an access policy window is bytes >= 0 with a CUaccessProperty, not "
                          f"{nbytes} bytes, property {prop}")
-    lib = _driver()
-    dev = ctypes.c_int()
-    _check(lib, lib.cuCtxGetDevice(ctypes.byref(dev)), "reading the context's device")
-    if dev.value not in _MAX_WINDOW:
-        most = ctypes.c_int()
-        _check(lib, lib.cuDeviceGetAttribute(ctypes.byref(most), ATTR_MAX_WINDOW, dev),
-               "reading the largest access policy window")
-        _MAX_WINDOW[dev.value] = most.value
-    n = min(nbytes, _MAX_WINDOW[dev.value])
+    lib = _driver()  # (no synchronize: the stream may be capturing)
+    dev, most = _device_attribute(lib, ATTR_MAX_WINDOW, "the largest access policy window")
+    n = min(nbytes, most)
     v = _StreamAttrValue()
     v.window = _AccessPolicyWindow(base if n else None, n, 1.0 if n else 0.0, prop,
                                    ACCESS_NORMAL if prop == ACCESS_PERSISTING else prop)

@@ -206,9 +206,8 @@ class Runner:
         #: sm_80+ for the shapes in ``tuning.SCREEN_OUT`` (the 1.5B: its one-token step 0.96x,
         #: session 33 run 278; the 0.5B since session 36: 1.003x @512, 0.962x @4096, run 314;
         #: docs/gpu-notes.md); off elsewhere (on the CPU the interpreter's float path only
-        #: costs). Set it before the first greedy
-        #: step (or ``drop_steps`` after): a built step keeps the path it was built with;
-        #: ``drop_steps`` with it off frees the int8 copy.
+        #: costs). Set it before the first greedy step (or ``drop_steps`` after): a built step
+        #: keeps the path it was built with; ``drop_steps`` with it off frees the int8 copy.
         self.screen_out = False
         self._screen: tuple[int, OutScreen] | None = None  # (greedy_cols, its OutScreen)
         #: On the GPU, ``host`` brings results of ``PINNED_MIN_BYTES`` or more (logits) down

@@ -144,9 +144,9 @@ WEIGHT_EVICT = "evict_first"
 #: (n_embd, n_ff) -> ``Runner.l2_prefetch`` of one-token steps, (MiB, programs a half, after):
 #: the last 6 MiB (8 until session 35) of each layer's gate/up rows asked into L2 from a side
 #: stream of the step's graph in one short burst (128 programs a half) as the layer before
-#: ends, so it lands before qkv's loop needs L2 (session 13, 1.5B: run 130 -1.5 % @512, -2.7 % @4096; run 131 -0.6 /
-#: -2.4 %; run 132 against session 12's default: 1.037 -> 1.029 ms @512, 1.132 -> 1.101
-#: @4096). Longer bursts, more MiB, or asking after qkv or after the merge held up qkv's loop
+#: ends, so it lands before qkv's loop needs L2 (session 13, 1.5B: run 130 -1.5 % @512,
+#: -2.7 % @4096; run 131 -0.6 / -2.4 %; run 132 against session 12's default: 1.037 -> 1.029
+#: ms @512, 1.132 -> 1.101 @4096). Longer bursts, more MiB, or asking after qkv or after the merge held up qkv's loop
 #: or the attention's by more than gate/up gained (runs 127-129); the 0.5B lost in every form.
 #: Session 35, the screened greedy step: the prefetch worth 26-28 µs (none: +28.4 µs @512);
 #: 6 MiB against 8: -5.4 / -6.5 µs @512 / @4096 (run 298, 3 copies; run 297 -3.8 / -3.9);
