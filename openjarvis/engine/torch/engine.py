@@ -128,8 +128,8 @@ class TorchEngine(GgufInfo, MeasuredCosts):
         """Load ``path``: CUDA and bfloat16 when a GPU is present, else the CPU in float32.
 
         ``warmup`` (default: on the GPU) captures every step a request runs (``WARM_STEPS``, 1 to
-        ``MAX_STEP`` tokens, logits and greedy) at load, so no request pays Triton compilation
-        or graph capture. ``deterministic``
+        ``MAX_STEP`` tokens, logits and greedy, and the wide step of a prompt's runs) at load,
+        so no request pays Triton compilation or graph capture. ``deterministic``
         (setting ``engine.deterministic``) trades speed for bit-identical GPU results run to run
         (``Runner.make_deterministic``)."""
         path = Path(path)
@@ -150,6 +150,7 @@ class TorchEngine(GgufInfo, MeasuredCosts):
             try:
                 runner.warmup(WARM_STEPS)
                 runner.warmup(WARM_GREEDY, greedy=True)  # after greedy_cols is set: it sizes them
+                runner.warm_wide()  # a prompt's runs (``Runner.wide``)
             except BaseException:
                 engine.close()
                 raise

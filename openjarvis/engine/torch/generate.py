@@ -48,6 +48,14 @@ PINNED_MAX_BYTES = 32 * 2**20
 MAX_CHAIN = 16
 #: Sequence splits of the decode attention (grid = n_head_kv x NSPLIT programs).
 NSPLIT = 64
+#: Tokens of the wide step (``Runner.wide``): a prompt's run of ``prefix_cache.RUN`` tokens
+#: in one step whose products go through cuBLAS, where a run of 128 is wide enough for the
+#: matrix engines (``MAX_STEP``'s 32-token steps read every weight four times a run, through
+#: kernels tiled for a verify step's few tokens). Runs shorter than this keep those steps.
+WIDE_STEP = 128
+#: The wide step's attention: splits of the sequence, and keys a block.
+WIDE_NSPLIT = 16
+WIDE_BLOCK_S = 64
 #: PDL mode per T where supported (see ``Runner.pdl``; verify steps take theirs per kernel
 #: from ``tuning.VERIFY_PDL``), measured in docs/gpu-notes.md. One-token kernels let the next
 #: one launch after their main loop (``PDL_LATE``), except those in ``DEFAULT_ONE_TOKEN_PDL``
@@ -140,6 +148,35 @@ class Chain:
     ws: Workspace | None = None
 
 
+@dataclass(slots=True)
+class Wide:
+    """The wide step's buffers (``Runner.wide``): T = ``Runner.wide`` tokens; the products'
+    inputs and outputs in the weights' dtype (cuBLAS), the residual in float32."""
+
+    inputs: torch.Tensor  # [1 + T] int64: start position, then the tokens
+    h: torch.Tensor  # [T, D] float32 residual stream
+    xg: torch.Tensor  # [T, D]: h * g, the products' input (1/RMS is applied after them)
+    inv: torch.Tensor  # [T] float32: each row's 1/RMS (``kernels.residual_norm``)
+    qkv: torch.Tensor  # [T, qkv_dim]
+    q: torch.Tensor  # [T, H, hd] float32
+    o_part: torch.Tensor  # [WIDE_NSPLIT, T, H, hd] float32
+    ml_part: torch.Tensor  # [WIDE_NSPLIT, T, H, 2] float32
+    attn: torch.Tensor  # [T, q_dim]
+    out: torch.Tensor  # [T, D]: the o-projection's and the down projection's product
+    gu: torch.Tensor  # [T, 2F]
+    act: torch.Tensor  # [T, F]
+    row: torch.Tensor  # [1, V] float32: the last token's logits (``Runner._wide_last``)
+    graph: torch.cuda.CUDAGraph | None = None
+
+    @property
+    def start(self) -> torch.Tensor:
+        return self.inputs[:1]
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.inputs[1:]
+
+
 class FfnHook(Protocol):
     """``Runner.ffn_hook``: called by a one-token step on the GPU as it is built (and so as
     its graph is captured)."""
@@ -197,6 +234,16 @@ class Runner:
         self.own_scratch_t: frozenset[int] = frozenset({1})
         self._arena: dict[str, torch.Tensor] = {}
         self._chains: dict[int, Chain] = {}  # ``draft``'s, by length
+        #: A prompt's runs of this many tokens (0: none) in one wide step (``Wide``), when only
+        #: the last token's logits or greedy token are asked for (``logits``, ``argmax`` with
+        #: ``last_only``: how a prompt is read). Its products go through cuBLAS and its
+        #: attention through ``kernels.attention_wide``; the rest of a run keeps the
+        #: ``MAX_STEP`` steps. On by default on the GPU's Triton path (``WIDE_STEP``), where a
+        #: run of 128 took four 32-token steps before. A run read this way and in smaller steps
+        #: leaves the same K/V to float rounding, not to the bit: a prompt is read in runs of
+        #: ``prefix_cache.RUN`` (a multiple of this) wherever its state is saved.
+        self.wide = 0
+        self._wide: Wide | None = None
         self._greedy_cols = self.args.n_vocab
         #: Greedy Triton steps pick their token through ``kernels.OutScreen``: the output
         #: matrix read as int8 (half its bytes) for each logit's bounds, then the few rows whose
@@ -347,6 +394,7 @@ class Runner:
                 self.screen_out = shape in SCREEN_OUT
             self.nsplit, self.attn_block_s = ATTENTION.get(shape, (nsplit, self.attn_block_s))
             self.l2_prefetch = L2_PREFETCH.get(shape)
+            self.wide = WIDE_STEP
 
     @property
     def graph_io(self) -> bool:
@@ -434,6 +482,7 @@ class Runner:
             self._steps.clear()
             self._greedy_steps.clear()
             self._arena.clear()  # (sized anew for the settings of then)
+            self._wide = None
         else:
             self._steps.pop(t, None)
             self._greedy_steps.pop(t, None)
@@ -496,6 +545,8 @@ class Runner:
             raise ValueError(f"cannot evaluate {n} tokens at {start} in a {self.n_ctx} window")
         if self.kernels == "torch" and not self.graphs:
             return self._eager(tokens, start, last_only)
+        if last_only and self._goes_wide(n):
+            return self._read_wide(tokens, start, greedy=False)
         if n <= MAX_STEP:
             out = self.step(tokens, start)
             return out[-1:] if last_only else out
@@ -521,6 +572,8 @@ class Runner:
         if self.kernels == "torch" and not self.graphs:  # attends to the live positions only
             out = self._eager(tokens, start, last_only)[:, : self.greedy_cols].argmax(-1)
             return out
+        if last_only and self._goes_wide(n):
+            return self._read_wide(tokens, start, greedy=True)
         if last_only:
             return self.argmax(tokens, start)[-1:]
         if n <= MAX_STEP:
@@ -687,7 +740,110 @@ class Runner:
         else:
             self._run(ws)
 
+    def warm_wide(self) -> None:
+        """Build (on the GPU compile and capture) the wide step now rather than in the first
+        long prompt. Writes K/V only at positions 0..wide-1: call it on an empty cache."""
+        if self._goes_wide(self.wide):
+            self._wide_step([0] * self.wide, 0)
+
     # -- internals ------------------------------------------------------------------------
+
+    def _goes_wide(self, n: int) -> bool:
+        """Whether a run of ``n`` tokens starts with a wide step (``wide``)."""
+        return self.kernels == "triton" and 0 < self.wide <= n
+
+    def _read_wide(self, tokens: Sequence[int], start: int, *, greedy: bool) -> torch.Tensor:
+        """``logits`` / ``argmax`` with ``last_only`` of a run of at least ``wide`` tokens: wide
+        steps while a whole one is left, the rest as fixed-size steps; the last token's
+        logits [1, V] (a view, valid until the next call) or greedy token [1]."""
+        n, i = len(tokens), 0
+        while n - i >= self.wide:
+            self._wide_step(tokens[i : i + self.wide], start + i)
+            i += self.wide
+        if i < n:
+            rest, at = tokens[i:], start + i
+            return (self.argmax(rest, at, last_only=True) if greedy
+                    else self.logits(rest, at, last_only=True))
+        return self._wide_last(greedy)
+
+    def _wide_ws(self) -> Wide:
+        if self._wide is not None:
+            return self._wide
+        a, dev, dt, t = self.args, self.device, self.model.dtype, self.wide
+        f32 = torch.float32
+        ww = Wide(
+            inputs=torch.zeros(1 + t, dtype=torch.int64, device=dev),
+            h=torch.empty(t, a.n_embd, dtype=f32, device=dev),
+            xg=torch.empty(t, a.n_embd, dtype=dt, device=dev),
+            inv=torch.empty(t, dtype=f32, device=dev),
+            qkv=torch.empty(t, a.qkv_dim, dtype=dt, device=dev),
+            q=torch.empty(t, a.n_head, a.head_dim, dtype=f32, device=dev),
+            o_part=torch.empty(WIDE_NSPLIT, t, a.n_head, a.head_dim, dtype=f32, device=dev),
+            ml_part=torch.empty(WIDE_NSPLIT, t, a.n_head, 2, dtype=f32, device=dev),
+            attn=torch.empty(t, a.q_dim, dtype=dt, device=dev),
+            out=torch.empty(t, a.n_embd, dtype=dt, device=dev),
+            gu=torch.empty(t, 2 * a.n_ff, dtype=dt, device=dev),
+            act=torch.empty(t, a.n_ff, dtype=dt, device=dev),
+            row=torch.empty(1, a.n_vocab, dtype=f32, device=dev),
+        )
+        self._wide = ww
+        return ww
+
+    def _wide_step(self, tokens: Sequence[int], start: int) -> None:
+        """One wide step: ``tokens`` (``wide`` of them) at ``start`` into the cache, the final
+        residual left in the step's buffers. Captured on first use on the GPU (its warm-up
+        run writes the same K/V as the step it precedes)."""
+        ww = self._wide_ws()
+        ww.inputs.copy_(torch.tensor([start, *tokens], dtype=torch.int64))
+        if not self.graphs:
+            self._wide_forward(ww)
+            return
+        if ww.graph is None:
+            ww.graph, _ = self._graph(lambda: self._wide_forward(ww),
+                                      lambda: self._wide_forward(ww), warm_runs=1)
+        ww.graph.replay()
+
+    def _wide_forward(self, ww: Wide) -> None:
+        """The layers of the wide step: the four products through cuBLAS on h * g (each row's
+        1/RMS is a factor of its product's row, applied after: ``rope_kv``, ``swiglu_rows``),
+        each residual add with the next norm's h * g and 1/RMS in one launch
+        (``residual_norm``), the attention over splits of the sequence and blocks of the run's
+        tokens."""
+        from openjarvis.engine.torch import kernels as K
+
+        a, w, c = self.args, self.model.weights, self.cache
+        eps = a.rms_eps
+        K.embed(ww.tokens, w.tok_emb, ww.h)
+        down: torch.Tensor | None = None  # the layer before's down projection, not yet added
+        for i, lw in enumerate(w.layers):
+            K.residual_norm(ww.h, down, lw.attn_norm, ww.xg, ww.inv, eps)
+            torch.mm(ww.xg, lw.wqkv.t(), out=ww.qkv)
+            K.rope_kv(ww.qkv, ww.h, lw.bqkv, self.model.rope, ww.start, ww.q, c.k[i], c.v[i],
+                      eps, inv=ww.inv)
+            K.attention_wide(ww.q, c.k[i], c.v[i], ww.start, ww.attn, ww.o_part, ww.ml_part,
+                             block_s=WIDE_BLOCK_S)
+            torch.mm(ww.attn, lw.wo.t(), out=ww.out)
+            K.residual_norm(ww.h, ww.out, lw.ffn_norm, ww.xg, ww.inv, eps)
+            torch.mm(ww.xg, lw.w13.t(), out=ww.gu)
+            K.swiglu_rows(ww.gu, ww.inv, ww.act)
+            torch.mm(ww.act, lw.w2.t(), out=ww.out)
+            down = ww.out
+        ww.h.add_(ww.out)
+
+    def _wide_last(self, greedy: bool) -> torch.Tensor:
+        """The last wide step's last token: its logits [1, V] (the one-token output
+        projection's kernel and tile) or its greedy token [1] among ``greedy_cols``."""
+        from openjarvis.engine.torch import kernels as K
+
+        ww = self._wide
+        assert ww is not None
+        w = self.model.weights
+        K.linear(ww.h[-1:], w.out, ww.row, norm=w.out_norm, eps=self.args.rms_eps,
+                 cfg=self.tiles("out", 1))
+        if greedy:
+            return torch.argmax(ww.row[:, : self.greedy_cols], dim=-1)
+        return ww.row
+
 
     def _eager(self, tokens: Sequence[int], start: int, last_only: bool) -> torch.Tensor:
         t = torch.tensor(list(tokens), dtype=torch.int64, device=self.device)

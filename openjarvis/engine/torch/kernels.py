@@ -686,7 +686,7 @@ def _rope_kv_kernel(
     qkv_ptr, h_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
     D, stride_ch, stride_cs, eps, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr, TRACE: tl.constexpr = 0,
+    PDL: tl.constexpr, TRACE: tl.constexpr = 0, INV: tl.constexpr = 0,
 ):
     """Program = (token, head of q, k or v): finish a split-K qkv product. ``qkv [T, QKV]``
     holds (x * g) @ W^T summed over the splits; scale by the token's 1/RMS, add the bias, RoPE
@@ -713,14 +713,17 @@ def _rope_kv_kernel(
     _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
     p1 = tl.load(qkv_ptr + t * QKV + r1)
     p2 = tl.load(qkv_ptr + t * QKV + r2)
-    ss = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):  # one pass where D <= 2048 (the launcher's BLOCK_D)
-        d = d0 + tl.arange(0, BLOCK_D)
-        x = tl.load(h_ptr + t * D + d, mask=d < D, other=0.0)
-        ss += x * x
+    if INV:  # (``h_ptr`` holds each row's 1/RMS: the wide step's ``residual_norm``)
+        inv = tl.load(h_ptr + t)
+    else:
+        ss = tl.zeros([BLOCK_D], dtype=tl.float32)
+        for d0 in range(0, D, BLOCK_D):  # one pass where D <= 2048 (the launcher's BLOCK_D)
+            d = d0 + tl.arange(0, BLOCK_D)
+            x = tl.load(h_ptr + t * D + d, mask=d < D, other=0.0)
+            ss += x * x
+        inv = tl.rsqrt(tl.sum(ss, 0) / D + eps)
     _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
     _gdc_late(PDL)
-    inv = tl.rsqrt(tl.sum(ss, 0) / D + eps)
     a1 = p1 * inv + b1
     a2 = p2 * inv + b2
     tl.store(qkv_ptr + t * QKV + r1, tl.zeros([HALF], dtype=tl.float32))
@@ -843,6 +846,49 @@ def _attn_split_kernel(
 
 
 @triton.jit
+def _attn_wide_kernel(
+    q_ptr, kc_ptr, vc_ptr, start_ptr, o_ptr, ml_ptr, T, stride_ch, stride_cs, scale,
+    N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """Program = (kv head, split, block of ``BLOCK_Q`` query tokens): ``_attn_item`` for the
+    wide step (``attention_wide``), whose T (a prompt's run) is too long for one query tile:
+    rows r = (t - t0) * G + g hold the group's query heads of the block's tokens. Partials as
+    ``_attn_item`` writes them (every split: the merge reads the used ones)."""
+    kvh = tl.program_id(0)
+    sp = tl.program_id(1)
+    r = tl.arange(0, BLOCK_R)
+    t = tl.program_id(2) * BLOCK_Q + r // G
+    head = kvh * G + r % G
+    rmask = (r < BLOCK_Q * G) & (t < T)
+    d = tl.arange(0, HD)
+    start = tl.load(start_ptr)
+    total = start + T
+    chunk = _split_chunk(total, NSPLIT, BLOCK_S)
+    s_lo = sp * chunk
+    s_hi = tl.minimum(s_lo + chunk, total)
+    q = (tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
+                 mask=rmask[:, None], other=0.0) * scale).to(kc_ptr.dtype.element_ty)
+    qpos = start + t  # (q in the cache's dtype once: a [R, HD] float32 tile held through
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)  # the loop cost registers)
+    den = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
+    kbase = kc_ptr + kvh * stride_ch
+    vbase = vc_ptr + kvh * stride_ch
+    for s0 in range(s_lo, s_hi, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        smask = s < s_hi
+        kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
+        vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
+        m, den, acc = _attn_update(q, kt, vt, s, smask, qpos, m, den, acc)
+    idx = (sp * T + t) * N_HEAD + head  # partials [NSPLIT, T, H, ...]
+    rmask = rmask & (s_lo + t * 0 < total)
+    tl.store(o_ptr + idx[:, None] * HD + d[None, :], acc, mask=rmask[:, None])
+    tl.store(ml_ptr + idx * 2, m, mask=rmask)
+    tl.store(ml_ptr + idx * 2 + 1, den, mask=rmask)
+
+
+@triton.jit
 def _head_cols(c0, HD: tl.constexpr, HDC: tl.constexpr):
     """The columns of a head a merge program takes: c0 .. c0 + HDC - 1, or (HDC 0) all HD."""
     if HDC > 0:
@@ -944,6 +990,42 @@ def _embed_kernel(tok_ptr, emb_ptr, h_ptr, D, BLOCK_D: tl.constexpr, PDL: tl.con
         row = tl.load(emb_ptr + tok * D + d, mask=d < D, other=0.0)
         tl.store(h_ptr + t * D + d, row.to(tl.float32), mask=d < D)
     _gdc_late(PDL)
+
+
+@triton.jit
+def _residual_norm_kernel(h_ptr, y_ptr, g_ptr, xg_ptr, inv_ptr, D, eps, ADD: tl.constexpr,
+                          BLOCK_D: tl.constexpr):
+    """Program = token: h += y (``ADD``: a product's rows into the residual), then x * g of the
+    next norm and the row's 1/RMS, which its product's consumer applies (``residual_norm``)."""
+    t = tl.program_id(0)
+    ss = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):  # one pass where D <= 4096 (the launcher's BLOCK_D)
+        d = d0 + tl.arange(0, BLOCK_D)
+        dm = d < D
+        h = tl.load(h_ptr + t * D + d, mask=dm, other=0.0)
+        if ADD:
+            h += tl.load(y_ptr + t * D + d, mask=dm, other=0.0).to(tl.float32)
+            tl.store(h_ptr + t * D + d, h, mask=dm)
+        ss += h * h
+        xg = h * tl.load(g_ptr + d, mask=dm, other=0.0).to(tl.float32)
+        tl.store(xg_ptr + t * D + d, xg.to(xg_ptr.dtype.element_ty), mask=dm)
+    tl.store(inv_ptr + t, tl.rsqrt(tl.sum(ss, 0) / D + eps))
+
+
+@triton.jit
+def _swiglu_rows_kernel(gu_ptr, inv_ptr, act_ptr, F, BLOCK_F: tl.constexpr):
+    """Program = (token, ``BLOCK_F`` columns): act = SiLU(gate / RMS(h)) * (up / RMS(h)),
+    where ``gu`` [T, 2F] holds (h * g) @ W13^T: the norm's 1/RMS is a factor of each row of
+    the product, so the wide step's product (cuBLAS) takes h * g and this kernel scales it
+    (``inv``: each row's 1/RMS, ``residual_norm``'s)."""
+    t = tl.program_id(0)
+    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    fmask = f < F
+    inv = tl.load(inv_ptr + t)
+    gate = tl.load(gu_ptr + t * 2 * F + f, mask=fmask, other=0.0).to(tl.float32) * inv
+    up = tl.load(gu_ptr + t * 2 * F + F + f, mask=fmask, other=0.0).to(tl.float32) * inv
+    act = gate * tl.sigmoid(gate) * up
+    tl.store(act_ptr + t * F + f, act.to(act_ptr.dtype.element_ty), mask=fmask)
 
 
 @triton.jit
@@ -1775,22 +1857,50 @@ def qkv_split(
     removed); within one warp the load and the store keep their order. So a (token, head)
     program has one warp, or at most as many as own hd / 2 values a thread (hd / 64)."""
     _check_evict(evict)
-    t, d = x.shape
-    n_head, hd = q_out.shape[1], q_out.shape[2]
-    n_kv = k_cache.shape[0]
+    hd = q_out.shape[2]
     if rope_warps < 1 or (rope_warps > 1 and rope_warps * 32 > hd // 2):
         raise ValueError(f"rope_warps must be 1, or at most {max(1, hd // 64)} for head "
                          f"dimension {hd} (no thread of another warp may hold a copy of a value "
                          f"the kernel zeroes); got {rope_warps}")
     linear(x, wqkv, acc, mode=ADD, norm=norm, eps=eps, cfg=cfg, pdl=pdl, norm_scale=False,
            evict=evict, atomic_sem=atomic_sem)
-    tr, trc = _trace(acc)
+    rope_kv(acc, x, bias, rope, start, q_out, k_cache, v_cache, eps,
+            pdl=pdl if pdl_rope is None else pdl_rope, num_warps=rope_warps)
+
+
+def rope_kv(
+    qkv: torch.Tensor,  # [T, (H + 2 Hkv) hd]: (x * g) @ Wqkv^T, without 1/RMS or bias
+    h: torch.Tensor,  # [T, D] float32 residual (its 1/RMS)
+    bias: torch.Tensor,  # [(H + 2 Hkv) hd]
+    rope: torch.Tensor,  # [n_pos, hd/2, 2] float32
+    start: torch.Tensor,  # [1]
+    q_out: torch.Tensor,  # [T, H, hd] float32
+    k_cache: torch.Tensor,  # [Hkv, S, hd] (one layer)
+    v_cache: torch.Tensor,
+    eps: float,
+    pdl: int = 0,
+    num_warps: int = 1,
+    inv: torch.Tensor | None = None,  # [T] float32: each row's 1/RMS, instead of h's own
+) -> None:
+    """Finish a qkv product made without the norm's 1/RMS (a split-K one, or the wide step's
+    cuBLAS one): scale, add the bias, RoPE q and k, store q and the cache. Zeroes what it
+    read of ``qkv`` (a split-K accumulator is then ready for the next layer)."""
+    t, d = h.shape
+    n_head, hd = q_out.shape[1], q_out.shape[2]
+    n_kv = k_cache.shape[0]
+    if tuple(qkv.shape) != (t, (n_head + 2 * n_kv) * hd) or not qkv.is_contiguous():
+        raise ValueError(f"rope_kv: qkv must be contiguous [{t}, {(n_head + 2 * n_kv) * hd}]; "
+                         f"got {tuple(qkv.shape)}")
+    if inv is not None and (tuple(inv.shape) != (t,) or inv.dtype != torch.float32):
+        raise ValueError(f"rope_kv: inv holds each row's 1/RMS, float32 [{t}]; got "
+                         f"{inv.dtype} {tuple(inv.shape)}")
+    tr, trc = _trace(qkv)
     _rope_kv_kernel[(t, n_head + 2 * n_kv)](
-        acc, x, bias, rope, start, q_out, k_cache, v_cache,
+        qkv, h if inv is None else inv, bias, rope, start, q_out, k_cache, v_cache,
         d, k_cache.stride(0), k_cache.stride(1), eps, *tr,
         N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_D=min(2048, triton.next_power_of_2(d)),
-        PDL=_wait(pdl if pdl_rope is None else pdl_rope), num_warps=rope_warps,
-        **_launch(pdl if pdl_rope is None else pdl_rope), **trc,
+        PDL=_wait(pdl), num_warps=num_warps, **_launch(pdl), **trc,
+        **({"INV": 1} if inv is not None else {}),
     )
 
 
@@ -1838,6 +1948,86 @@ def attention(
         HDC=hd // combine_cols if combine_cols > 1 else 0, **_launch(pc), **trc,
     )
     return out
+
+
+#: The wide step's attention: query tokens a program (``_attn_wide_kernel``), at most
+#: ``WIDE_ROWS`` query rows (tokens x the group's heads) a tile.
+WIDE_ROWS = 128
+
+
+def attention_wide(
+    q: torch.Tensor,  # [T, H, hd] float32, RoPE applied
+    k_cache: torch.Tensor,  # [Hkv, S, hd]
+    v_cache: torch.Tensor,  # [Hkv, S, hd]
+    start: torch.Tensor,  # [1]: q[t] sits at position start + t and sees keys 0..start+t
+    out: torch.Tensor,  # [T, H * hd]
+    o_part: torch.Tensor,  # [NSPLIT, T, H, hd] float32 scratch
+    ml_part: torch.Tensor,  # [NSPLIT, T, H, 2] float32 scratch
+    block_s: int = 64,
+    rows: int = 0,  # query rows a tile at most (0: ``WIDE_ROWS``)
+) -> torch.Tensor:
+    """``attention`` for a long run of query tokens (the wide step's, a prompt's 128): the
+    splits of the sequence as there, and the tokens in blocks, so that no tile holds more than
+    ``rows`` query rows; then the same merge."""
+    t, n_head, hd = q.shape
+    n_kv = k_cache.shape[0]
+    g = n_head // n_kv
+    nsplit = o_part.shape[0]
+    rows = rows or WIDE_ROWS
+    if g > rows or tuple(o_part.shape) != (nsplit, t, n_head, hd) or tuple(
+            ml_part.shape) != (nsplit, t, n_head, 2):
+        raise ValueError(f"attention_wide: partials [splits, {t}, {n_head}, {hd}] and "
+                         f"[splits, {t}, {n_head}, 2], a group of at most {rows} heads; "
+                         f"got {tuple(o_part.shape)}, {tuple(ml_part.shape)}")
+    block_q = rows // g
+    block_q = 1 << (block_q.bit_length() - 1)  # (a power of two: whole blocks of a run)
+    block_r = max(16, triton.next_power_of_2(block_q * g))
+    _attn_wide_kernel[(n_kv, nsplit, triton.cdiv(t, block_q))](
+        q, k_cache, v_cache, start, o_part, ml_part, t, k_cache.stride(0), k_cache.stride(1),
+        hd**-0.5, N_HEAD=n_head, G=g, HD=hd, NSPLIT=nsplit, BLOCK_Q=block_q, BLOCK_R=block_r,
+        BLOCK_S=block_s, num_warps=8 if block_r > 64 else 4,
+    )
+    tr, trc = _trace(out)
+    _attn_combine_kernel[(t * n_head, 1)](
+        o_part, ml_part, out, start, t, *tr, N_HEAD=n_head, HD=hd, NSPLIT=nsplit,
+        BLOCK_S=block_s, PDL=0, TRIM=True, num_warps=1, **trc,
+    )
+    return out
+
+
+def residual_norm(h: torch.Tensor, y: torch.Tensor | None, g: torch.Tensor, xg: torch.Tensor,
+                  inv: torch.Tensor, eps: float) -> None:
+    """The wide step between its products, one launch: ``h [T, D]`` (float32) += ``y`` (a
+    product's rows; None: nothing to add), ``xg`` = h * g (the next product's input, in its
+    dtype) and ``inv [T]`` = each row's 1/RMS, which that product's consumer applies
+    (``rope_kv``, ``swiglu_rows``)."""
+    t, d = h.shape
+    if (h.dtype != torch.float32 or tuple(xg.shape) != (t, d) or tuple(g.shape) != (d,)
+            or tuple(inv.shape) != (t,) or inv.dtype != torch.float32
+            or (y is not None and tuple(y.shape) != (t, d))
+            or not all(x.is_contiguous() for x in (h, xg, inv, *([] if y is None else [y])))):
+        raise ValueError(f"residual_norm: contiguous float32 h [{t}, {d}], y and xg of its "
+                         f"shape, g [{d}] and float32 inv [{t}]; got h {h.dtype} "
+                         f"{tuple(h.shape)}, xg {tuple(xg.shape)}, g {tuple(g.shape)}, inv "
+                         f"{inv.dtype} {tuple(inv.shape)}")
+    _residual_norm_kernel[(t,)](h, h if y is None else y, g, xg, inv, d, eps, ADD=y is not None,
+                                BLOCK_D=min(4096, triton.next_power_of_2(d)), num_warps=4)
+
+
+def swiglu_rows(gu: torch.Tensor, inv: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+    """``act [T, F]`` = SiLU(gate * inv) * (up * inv) of ``gu [T, 2F]`` = (h * g) @ W13^T and
+    ``inv [T]`` = 1/RMS(h) (the wide step's feed-forward, its product made by cuBLAS without
+    the norm's 1/RMS)."""
+    t, f = act.shape
+    if tuple(gu.shape) != (t, 2 * f) or tuple(inv.shape) != (t,) or not (
+            gu.is_contiguous() and act.is_contiguous()):
+        raise ValueError(f"swiglu_rows: contiguous gu [{t}, {2 * f}], inv [{t}], act "
+                         f"[{t}, {f}]; got {tuple(gu.shape)}, {tuple(inv.shape)}, "
+                         f"{tuple(act.shape)}")
+    block_f = min(1024, triton.next_power_of_2(f))
+    _swiglu_rows_kernel[(t, triton.cdiv(f, block_f))](gu, inv, act, f, BLOCK_F=block_f,
+                                                      num_warps=4)
+    return act
 
 
 def attention_out(

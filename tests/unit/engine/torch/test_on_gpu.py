@@ -605,20 +605,53 @@ def test_cuda_step_agrees_with_float32_and_replays_bit_identical(
 def test_the_engine_captures_at_load_every_step_a_request_runs(
         pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
     """After the engine's warm-up, a prompt that leaves 18-31 tokens after its steps of 32 and
-    the model drafter's catch-up runs (argmaxes only) capture nothing new: before session 24
-    they captured (and on a first start compiled) steps inside the first requests."""
+    the model drafter's catch-up runs (argmaxes only) capture nothing new, nor do runs long
+    enough for a wide step: before session 24 they captured (and on a first start compiled)
+    steps inside the first requests."""
     from openjarvis.engine.torch.engine import WARM_GREEDY, WARM_STEPS
 
     model, _, toks, _ = pair
     r = Runner(model, 256)
     r.warmup(WARM_STEPS)
     r.warmup(WARM_GREEDY, greedy=True)
+    r.warm_wide()
     steps, greedy = set(r._steps), set(r._greedy_steps)
-    for n in (50, 63, 81, 95):
+    assert r._wide is not None and r._wide.graph is not None
+    wide = r._wide.graph
+    for n in (50, 63, 81, 95, 150):
         r.logits(toks[:n], 0, last_only=True)
-    for n in (20, 31, 116):
+    for n in (20, 31, 116, 190):
         r.greedy_tokens(toks[:n], 0, last_only=True)
     assert set(r._steps) == steps and set(r._greedy_steps) == greedy
+    assert r._wide.graph is wide
+
+
+def test_a_prompt_read_in_wide_steps_agrees_with_float32(
+        pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
+    """The GPU default reads a prompt's runs of 128 in one wide step each (``Runner.wide``,
+    products through cuBLAS), the rest in fixed-size steps: the last token's logits as close to
+    float32 as the steps', at position 0 and past it; its greedy token that row's argmax; the
+    K/V close to what the fixed-size steps leave; the one-token steps after it still close."""
+    model, _, toks, expect = pair
+    r = Runner(model, 256)
+    assert r.wide == 128
+    got = r.logits(toks[:128], 0, last_only=True).clone()  # one wide step, captured
+    assert r._wide is not None and r._wide.graph is not None
+    assert rel(got, expect[127:128]) < BF16_REL
+    assert rel(r.logits(toks[:200], 0, last_only=True), expect[199:200]) < BF16_REL  # + 72
+    r.logits(toks[:40], 0, last_only=True)
+    got = r.logits(toks[40:168], 40, last_only=True).clone()  # a wide step at 40
+    assert torch.isfinite(got).all()
+    assert rel(got, expect[167:168]) < BF16_REL
+    assert r.argmax(toks[40:168], 40, last_only=True).tolist() == [int(got.argmax())]
+    steps = Runner(model, 256)
+    steps.wide = 0
+    steps.logits(toks[:168], 0, last_only=True)
+    for a, b in ((r.cache.k, steps.cache.k), (r.cache.v, steps.cache.v)):
+        assert rel(a[:, :, :168], b[:, :, :168]) < BF16_REL
+    out = torch.cat([r.logits(toks[i : i + 1], i).clone() for i in range(168, 176)])
+    assert rel(out, expect[168:176]) < BF16_REL
+    assert float((out.argmax(-1) == expect[168:176].argmax(-1)).float().mean()) > 0.95
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "BF16"])

@@ -808,6 +808,104 @@ def test_a_prompt_longer_than_one_step_runs_in_chunks() -> None:
     assert rel(fast2.logits(seq, 0), ref) < 1e-5
 
 
+@pytest.mark.parametrize(("t", "start", "h", "hd"),
+                         [(20, 0, 6, 32), (20, 100, 6, 32), (33, 90, 14, 64), (16, 0, 4, 32)])
+def test_wide_attention_matches_sdpa_over_blocks_of_a_runs_tokens(t: int, start: int, h: int,
+                                                                 hd: int) -> None:
+    """The wide step's attention: a run's tokens in blocks (the last one partial where T is
+    not a multiple), each seeing the keys up to its own position, none past the run."""
+    hkv, s = 2, 160
+    q = g(t, h, hd, seed=1)
+    kc, vc = g(hkv, s, hd, seed=2), g(hkv, s, hd, seed=3)
+    kc[:, start + t :] = POISON  # beyond the live positions: must never be read into a result
+    vc[:, start + t :] = POISON
+    out = torch.full((t, h * hd), POISON)
+    nsplit = 4
+    K.attention_wide(q, kc, vc, torch.tensor([start]), out, torch.full((nsplit, t, h, hd), POISON),
+                     torch.full((nsplit, t, h, 2), POISON), block_s=16)
+    keys = kc.repeat_interleave(h // hkv, 0)[:, : start + t]
+    vals = vc.repeat_interleave(h // hkv, 0)[:, : start + t]
+    mask = torch.arange(start + t)[None, :] <= torch.arange(start, start + t)[:, None]
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), keys, vals, attn_mask=mask[None]
+    ).transpose(0, 1).reshape(t, h * hd)
+    assert not out.isnan().any()
+    assert rel(out, ref) < 1e-5
+
+
+def test_wide_helpers_refuse_buffers_of_the_wrong_shape_by_name() -> None:
+    a, t = ARGS, 4
+    q = torch.zeros(t, a.n_head, a.head_dim)
+    kc = torch.zeros(a.n_head_kv, 40, a.head_dim)
+    with pytest.raises(ValueError, match="attention_wide: partials"):
+        K.attention_wide(q, kc, kc, torch.tensor([0]), torch.zeros(t, a.q_dim),
+                         torch.zeros(4, t + 1, a.n_head, a.head_dim), torch.zeros(4, t, a.n_head, 2))
+    with pytest.raises(ValueError, match="swiglu_rows: contiguous gu"):
+        K.swiglu_rows(torch.zeros(t, a.n_ff), torch.zeros(t), torch.zeros(t, a.n_ff))
+    with pytest.raises(ValueError, match="rope_kv: qkv must be contiguous"):
+        K.rope_kv(torch.zeros(t, a.qkv_dim - 1), torch.zeros(t, a.n_embd), torch.zeros(a.qkv_dim),
+                  rope_table(a, 64, "cpu"), torch.tensor([0]), q, kc, kc.clone(), 1e-6)
+    with pytest.raises(ValueError, match="rope_kv: inv holds each row's 1/RMS"):
+        K.rope_kv(torch.zeros(t, a.qkv_dim), torch.zeros(t, a.n_embd), torch.zeros(a.qkv_dim),
+                  rope_table(a, 64, "cpu"), torch.tensor([0]), q, kc, kc.clone(), 1e-6,
+                  inv=torch.zeros(t + 1))
+    with pytest.raises(ValueError, match="residual_norm: contiguous float32 h"):
+        K.residual_norm(torch.zeros(t, a.n_embd, dtype=torch.float64), None, torch.ones(a.n_embd),
+                        torch.zeros(t, a.n_embd), torch.zeros(t), 1e-6)
+
+
+@pytest.mark.parametrize("add", [False, True])
+def test_residual_norm_adds_then_hands_the_next_product_h_times_g_and_each_rows_rms(
+        add: bool) -> None:
+    """Between the wide step's products: h += y, then h * g and 1/RMS(h), which a product of
+    h * g needs to become RMSNorm(h) @ W^T; and SwiGLU from such a product."""
+    a, t = ARGS, 3
+    h0, y, norm = g(t, a.n_embd, seed=1), g(t, a.n_embd, seed=5), g(a.n_embd) + 1
+    h = h0.clone()
+    xg, inv = torch.full((t, a.n_embd), POISON), torch.full((t,), POISON)
+    K.residual_norm(h, y if add else None, norm, xg, inv, 1e-6)
+    want = h0 + y if add else h0
+    assert rel(h, want) < 1e-6
+    assert rel(xg, want * norm) < 1e-6
+    assert rel(xg * inv[:, None], rms_norm(want, norm, 1e-6)) < 1e-5
+    w = g(2 * a.n_ff, a.n_embd, seed=2) * 0.1
+    act = torch.full((t, a.n_ff), POISON)
+    K.swiglu_rows(xg @ w.T, inv, act)
+    ref = rms_norm(want, norm, 1e-6) @ w.T
+    assert rel(act, torch.nn.functional.silu(ref[:, : a.n_ff]) * ref[:, a.n_ff :]) < 1e-5
+
+
+def test_a_prompt_read_in_wide_steps_leaves_the_reference_cache_and_last_logits() -> None:
+    """Runs of at least ``wide`` tokens start with wide steps (products through torch, 1/RMS
+    after them), the rest as fixed-size steps: the last token's logits and greedy token are
+    the reference forward's, at the start of the window and past it, and the cache holds the
+    reference's K/V (the row the next steps read). Shorter runs, and every row asked for,
+    keep the fixed-size steps."""
+    model = Transformer(ARGS, random_weights(ARGS, torch.float32, "cpu", seed=4, scale=0.1),
+                        n_pos=128)
+    seq, ref = _seq_and_ref(model, 56, seed=5)
+    ref_cache = KVCache(ARGS, 64, torch.float32, "cpu")
+    model.forward(torch.tensor(seq), torch.arange(56), ref_cache)
+    fast = Runner(model, 64, kernels="triton", nsplit=4)
+    assert fast.wide == 0  # on by default only on the GPU
+    fast.wide = 16
+    ww = fast._wide_ws()
+    for buf in (ww.xg, ww.inv, ww.q, ww.o_part, ww.ml_part, ww.attn, ww.gu, ww.act, ww.row):
+        buf.fill_(POISON)  # nothing read before the step writes it
+    assert rel(fast.logits(seq[:40], 0, last_only=True), ref[39:40]) < 1e-5  # 2 wide + 8
+    assert fast._wide is ww and ww.graph is None  # (the CPU: no graph)
+    assert fast.argmax(seq[40:56], 40, last_only=True).tolist() == [int(ref[55].argmax())]
+    assert rel(fast.logits(seq[40:56], 40, last_only=True), ref[55:56]) < 1e-5  # one wide step
+    for cache, want in ((fast.cache.k, ref_cache.k), (fast.cache.v, ref_cache.v)):
+        assert rel(cache[:, :, :56], want[:, :, :56]) < 1e-5
+    steps = Runner(model, 64, kernels="triton", nsplit=4)
+    steps.wide = 16
+    assert rel(steps.logits(seq[:40], 0), ref[:40]) < 1e-5  # every row: fixed-size steps
+    assert steps._wide is None
+    assert rel(steps.logits(seq[40:55], 40, last_only=True), ref[54:55]) < 1e-5
+    assert steps._wide is None  # 15 tokens: shorter than a wide step
+
+
 def test_evict_first_weight_loads_and_the_deterministic_tiles_compute_the_same_logits() -> None:
     """``weight_evict`` changes only a cache hint; ``make_deterministic`` swaps every split-K
     tile (float atomics: the last bits vary on a GPU) for an unsplit one and drops the split-K

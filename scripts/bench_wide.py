@@ -1,0 +1,183 @@
+"""A prompt read on the GPU in wide steps (``Runner.wide``) against the fixed-size steps.
+
+The torch engine reads a prompt as the speculator hands it over: runs of ``PREFILL_CHUNK``
+(128) tokens, each a call asking only the last token's logits (``TorchEngine.eval`` with
+``last_only``, its row copied to the host). Before ``Runner.wide`` a run went through four
+32-token steps (``MAX_STEP``), whose kernels are tiled for a verify step's few tokens and read
+every weight once a step: four times a run. A wide step takes the run in one step, its
+products through cuBLAS. This times both ways on the same Runner (``wide`` set to 128 or 0),
+in alternating rounds, CUDA-synchronised wall time from the first run's call to the last
+row's copy, and reports the medians, prompt tokens a second and the ratio; then checks the
+two ways agree: the last logits row of each against the other, its top token, and the K/V
+each leaves in the cache.
+
+No GGUF travels to the lent device, so the default pair's shapes with random bf16 weights
+(the time of a product does not depend on its values)::
+
+    python3 scripts/bench_wide.py --models 1.5B,0.5B --tokens 1024,4096 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="1.5B,0.5B", help="comma-separated: 1.5B, 0.5B")
+    ap.add_argument("--tokens", default="1024,4096", help="prompt lengths, comma-separated")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds, each timing both ways")
+    ap.add_argument("--sweep-attention", action="store_true",
+                    help="also time the wide step's attention alone at the prompt's end over "
+                         "query rows a tile (32, 64, 128) and splits (8, 16, 32, 64)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print the wide step's kernels by device time (torch.profiler, "
+                         "one step run eagerly at the prompt's end)")
+    args = ap.parse_args()
+    try:
+        lengths = [int(x) for x in args.tokens.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--tokens takes whole numbers separated by commas; got {args.tokens!r}")
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not lengths or min(lengths) < 2 or args.rounds < 1:
+        ap.error("--tokens needs lengths of at least 2 and --rounds at least 1")
+    if not models or any(m not in ("1.5B", "0.5B") for m in models):
+        ap.error(f"--models takes 1.5B and 0.5B; got {args.models!r}")
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_wide needs a CUDA device (the wide step is the GPU's path)")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"{time.strftime('%Y-%m-%d')}", flush=True)
+    for name in models:
+        for n in lengths:
+            _bench(name, n, args.rounds, args.profile)
+            if args.sweep_attention:
+                _sweep_attention(name, n)
+    return 0
+
+
+def _bench(name: str, n: int, rounds: int, profile: bool) -> None:
+    import torch
+
+    from openjarvis.engine.speculative import PREFILL_CHUNK
+    from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B
+    from openjarvis.engine.torch.generate import WIDE_STEP, Runner
+    from openjarvis.engine.torch.model import Transformer
+    from openjarvis.engine.torch.weights import random_weights
+
+    a = QWEN25_1_5B if name == "1.5B" else QWEN25_0_5B
+    model = Transformer(a, random_weights(a, torch.bfloat16, "cuda", seed=0), n_pos=n + 256)
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, a.n_vocab, (n,), generator=gen).tolist()
+    runners = {"wide": Runner(model, n + 128), "steps": Runner(model, n + 128)}
+    runners["steps"].wide = 0
+    assert runners["wide"].wide == WIDE_STEP
+
+    def read(r: Runner) -> tuple[float, torch.Tensor]:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        row = None
+        for lo in range(0, n, PREFILL_CHUNK):  # as TorchEngine.eval: a call a run
+            out = r.logits(prompt[lo : lo + PREFILL_CHUNK], lo, last_only=True)
+            row = r.host(out[:, : a.n_vocab].float())
+        torch.cuda.synchronize()
+        assert row is not None
+        return time.perf_counter() - t0, row
+
+    for r in runners.values():  # compile and capture every step first
+        read(r)
+    got: dict[str, list[float]] = {"wide": [], "steps": []}
+    rows: dict[str, torch.Tensor] = {}
+    for i in range(rounds):
+        for way in ("wide", "steps")[:: 1 if i % 2 == 0 else -1]:
+            s, rows[way] = read(runners[way])
+            got[way].append(s)
+    med = {k: statistics.median(v) * 1e3 for k, v in got.items()}
+    wide, steps = rows["wide"].double(), rows["steps"].double()
+    rel = float((wide - steps).norm() / steps.norm())
+    kw, ks = runners["wide"].cache.k[:, :, :n].double(), runners["steps"].cache.k[:, :, :n].double()
+    kv = float((kw - ks).norm() / ks.norm())
+    same = int(wide.argmax()) == int(steps.argmax())
+    print(f"{name} {n} tokens in runs of {PREFILL_CHUNK}: wide {med['wide']:.2f} ms "
+          f"({n / med['wide'] * 1e3:,.0f} tokens/s), 32-token steps {med['steps']:.2f} ms "
+          f"({n / med['steps'] * 1e3:,.0f} tokens/s); steps / wide "
+          f"{med['steps'] / med['wide']:.2f}x (medians of {rounds}; rounds wide "
+          f"{', '.join(f'{x * 1e3:.2f}' for x in got['wide'])}, steps "
+          f"{', '.join(f'{x * 1e3:.2f}' for x in got['steps'])}). Last row: wide against steps "
+          f"{rel:.2e}, same top token {same}; K of every layer {kv:.2e}", flush=True)
+    if profile:
+        _profile(runners["wide"], prompt[n - WIDE_STEP :], n - WIDE_STEP)
+    del runners, model
+    torch.cuda.empty_cache()
+
+
+def _sweep_attention(name: str, n: int) -> None:
+    """``kernels.attention_wide`` alone for the last run of an n-token prompt (its 128 queries
+    over n keys), µs a call from a graph of 10 calls replayed: its tiles and splits."""
+    import torch
+
+    from openjarvis.engine.torch import kernels as K
+    from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B
+    from openjarvis.engine.torch.generate import WIDE_BLOCK_S, WIDE_STEP
+
+    a = QWEN25_1_5B if name == "1.5B" else QWEN25_0_5B
+    t, dev = WIDE_STEP, "cuda"
+    q = torch.randn(t, a.n_head, a.head_dim, device=dev)
+    kc = torch.randn(a.n_head_kv, n + 128, a.head_dim, device=dev).to(torch.bfloat16)
+    vc = torch.randn_like(kc)
+    start = torch.tensor([n - t], device=dev)
+    out = torch.empty(t, a.q_dim, dtype=torch.bfloat16, device=dev)
+    line = []
+    for rows in (32, 64, 128):
+        for splits in (8, 16, 32, 64):
+            o = torch.empty(splits, t, a.n_head, a.head_dim, device=dev)
+            ml = torch.empty(splits, t, a.n_head, 2, device=dev)
+
+            def call(o: torch.Tensor = o, ml: torch.Tensor = ml, rows: int = rows) -> None:
+                K.attention_wide(q, kc, vc, start, out, o, ml, block_s=WIDE_BLOCK_S, rows=rows)
+
+            call()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(10):
+                    call()
+            graph.replay()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(20):
+                graph.replay()
+            e1.record()
+            torch.cuda.synchronize()
+            line.append(f"rows {rows} splits {splits}: {e0.elapsed_time(e1) / 200 * 1e3:.1f}")
+    print(f"{name} attention of the last {t} of {n} tokens, µs a call: " + "; ".join(line),
+          flush=True)
+
+
+def _profile(r: object, tokens: list[int], start: int) -> None:
+    """The wide step's kernels, run once eagerly (its graph's replays are the same launches),
+    by total device time: which part of the step to work on next."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    ww = r._wide_ws()  # type: ignore[attr-defined]
+    ww.inputs.copy_(torch.tensor([start, *tokens], dtype=torch.int64))
+    r._wide_forward(ww)  # type: ignore[attr-defined]
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        r._wide_forward(ww)  # type: ignore[attr-defined]
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70), flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
