@@ -53,8 +53,12 @@ NSPLIT = 64
 #: matrix engines (``MAX_STEP``'s 32-token steps read every weight four times a run, through
 #: kernels tiled for a verify step's few tokens). Runs shorter than this keep those steps.
 WIDE_STEP = 128
-#: The wide step's attention: splits of the sequence, and keys a block.
-WIDE_NSPLIT = 16
+#: The wide step's attention: splits of the sequence, and keys a block. Fewer splits won at
+#: every length timed (scripts/bench_wide.py --sweep-attention, H200, the last 128 of 4,096
+#: tokens: the 1.5B 20.5 µs in 8 splits, 24.6 in 16, 33.3 in 32, 59.7 in 64; the 0.5B 16.4,
+#: 18.8, 24.0, 36.2; of 512: 9.0 / 13.5 and 7.5 / 10.6 in 8 / 16): the float32 partials of
+#: 128 tokens' heads, written and merged, cost more than the parallelism they buy.
+WIDE_NSPLIT = 8
 WIDE_BLOCK_S = 64
 #: PDL mode per T where supported (see ``Runner.pdl``; verify steps take theirs per kernel
 #: from ``tuning.VERIFY_PDL``), measured in docs/gpu-notes.md. One-token kernels let the next
