@@ -36,7 +36,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5, help="rounds, each timing both ways")
     ap.add_argument("--sweep-attention", action="store_true",
                     help="also time the wide step's attention alone at the prompt's end over "
-                         "query rows a tile (32, 64, 128) and splits (8, 16, 32, 64)")
+                         "query rows a tile (32, 64, 128) and splits (2 to 64)")
     ap.add_argument("--profile", action="store_true",
                     help="also print the wide step's kernels by device time (torch.profiler, "
                          "one step run eagerly at the prompt's end)")
@@ -138,7 +138,7 @@ def _sweep_attention(name: str, n: int) -> None:
     out = torch.empty(t, a.q_dim, dtype=torch.bfloat16, device=dev)
     line = []
     for rows in (32, 64, 128):
-        for splits in (8, 16, 32, 64):
+        for splits in (2, 4, 8, 16, 32, 64):
             o = torch.empty(splits, t, a.n_head, a.head_dim, device=dev)
             ml = torch.empty(splits, t, a.n_head, 2, device=dev)
 
