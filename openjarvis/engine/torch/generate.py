@@ -57,7 +57,8 @@ WIDE_STEP = 128
 #: every length timed (scripts/bench_wide.py --sweep-attention, H200, the last 128 of 4,096
 #: tokens: the 1.5B 20.5 µs in 8 splits, 24.6 in 16, 33.3 in 32, 59.7 in 64; the 0.5B 16.4,
 #: 18.8, 24.0, 36.2; of 512: 9.0 / 13.5 and 7.5 / 10.6 in 8 / 16): the float32 partials of
-#: 128 tokens' heads, written and merged, cost more than the parallelism they buy.
+#: 128 tokens' heads, written and merged, cost more than the parallelism they buy. Fewer
+#: than 8 lost at length (4,096: 32.7 µs in 4, 57.6 in 2) and were within 1 µs at 512.
 WIDE_NSPLIT = 8
 WIDE_BLOCK_S = 64
 #: PDL mode per T where supported (see ``Runner.pdl``; verify steps take theirs per kernel
