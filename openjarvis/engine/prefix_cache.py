@@ -37,8 +37,8 @@ FORMAT = 2
 #: Prompts, and the stable heads saved here, are read in runs of this many tokens (between
 #: runs a request can be cancelled or paused, and its progress told): the speculator's
 #: ``PREFILL_CHUNK`` and the model drafter's catching up. A multiple of the torch runner's
-#: 32-token steps (``generate.MAX_STEP``), so its GPU steps split a run as they split one long
-#: run.
+#: wide step (``generate.WIDE_STEP``, 128) and of its 32-token steps (``MAX_STEP``), so its GPU
+#: steps split a run as they split one long run.
 RUN = 128
 #: Prefixes shorter than this are cheaper to evaluate than to load.
 MIN_TOKENS = 64
@@ -212,8 +212,8 @@ def eval_runs(
 
     Where runs and one run give the same state: llama.cpp on the CPU (the same bits, measured on
     the real 0.5B in runs of 128 and of 100 against one of 700), and the torch runner's GPU
-    steps, which take a run 32 tokens (``MAX_STEP``) at a time from its start, as runs of a
-    multiple of 32 keep. Elsewhere (the torch engine's eager CPU path, llama.cpp offloading to
+    steps, which take a run 128 tokens (``WIDE_STEP``) and then 32 (``MAX_STEP``) at a time
+    from its start, as runs of a multiple of 128 keep. Elsewhere (the torch engine's eager CPU path, llama.cpp offloading to
     a GPU) the last bits may differ; every head saved here is read in runs of ``RUN``
     (``FORMAT`` 2), so a saved state is the one a process computes."""
     step = run if run > 0 else max(1, end - start)
