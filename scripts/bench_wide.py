@@ -36,7 +36,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5, help="rounds, each timing both ways")
     ap.add_argument("--sweep-attention", action="store_true",
                     help="also time the wide step's attention alone at the prompt's end over "
-                         "query rows a tile (32, 64, 128) and splits (2 to 64)")
+                         "query rows a tile (32, 64, 128) and splits (2 to 64), then keys a "
+                         "block and pipeline stages; and its four products through cuBLAS "
+                         "both ways round")
     ap.add_argument("--profile", action="store_true",
                     help="also print the wide step's kernels by device time (torch.profiler, "
                          "one step run eagerly at the prompt's end)")
@@ -127,7 +129,7 @@ def _sweep_attention(name: str, n: int) -> None:
 
     from openjarvis.engine.torch import kernels as K
     from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B
-    from openjarvis.engine.torch.generate import WIDE_BLOCK_S, WIDE_STEP
+    from openjarvis.engine.torch.generate import WIDE_BLOCK_S, WIDE_NSPLIT, WIDE_STEP
 
     a = QWEN25_1_5B if name == "1.5B" else QWEN25_0_5B
     t, dev = WIDE_STEP, "cuda"
@@ -145,22 +147,52 @@ def _sweep_attention(name: str, n: int) -> None:
             def call(o: torch.Tensor = o, ml: torch.Tensor = ml, rows: int = rows) -> None:
                 K.attention_wide(q, kc, vc, start, out, o, ml, block_s=WIDE_BLOCK_S, rows=rows)
 
-            call()
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(10):
-                    call()
-            graph.replay()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            for _ in range(20):
-                graph.replay()
-            e1.record()
-            torch.cuda.synchronize()
-            line.append(f"rows {rows} splits {splits}: {e0.elapsed_time(e1) / 200 * 1e3:.1f}")
+            line.append(f"rows {rows} splits {splits}: {_graph_us(call):.1f}")
     print(f"{name} attention of the last {t} of {n} tokens, µs a call: " + "; ".join(line),
           flush=True)
+    line = []
+    o = torch.empty(WIDE_NSPLIT, t, a.n_head, a.head_dim, device=dev)
+    ml = torch.empty(WIDE_NSPLIT, t, a.n_head, 2, device=dev)
+    for block_s in (32, 64, 128):
+        for stages in (1, 2, 3, 4):
+            def call(block_s: int = block_s, stages: int = stages) -> None:
+                K.attention_wide(q, kc, vc, start, out, o, ml, block_s=block_s,
+                                 num_stages=stages)
+
+            line.append(f"keys {block_s} stages {stages}: {_graph_us(call):.1f}")
+    print(f"{name} the same in {WIDE_NSPLIT} splits, µs a call: " + "; ".join(line), flush=True)
+    line = []
+    xs = {"qkv": (a.n_embd, a.qkv_dim), "o": (a.q_dim, a.n_embd), "gate/up": (a.n_embd, 2 * a.n_ff),
+          "down": (a.n_ff, a.n_embd)}
+    for what, (k, nout) in xs.items():
+        x = torch.randn(t, k, device=dev).to(torch.bfloat16)
+        w = torch.randn(nout, k, device=dev).to(torch.bfloat16)
+        y = torch.empty(t, nout, dtype=torch.bfloat16, device=dev)
+        yt = torch.empty(nout, t, dtype=torch.bfloat16, device=dev)
+        us = _graph_us(lambda x=x, w=w, y=y: torch.mm(x, w.t(), out=y))
+        ust = _graph_us(lambda x=x, w=w, yt=yt: torch.mm(w, x.t(), out=yt))
+        line.append(f"{what} x @ W^T {us:.1f}, W @ x^T {ust:.1f}")
+    print(f"{name} products of {t} rows (cuBLAS), µs a call: " + "; ".join(line), flush=True)
+
+
+def _graph_us(call: object) -> float:
+    """µs a call of ``call`` (no arguments), from a graph of 10 calls replayed 20 times."""
+    import torch
+
+    call()  # type: ignore[operator]
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(10):
+            call()  # type: ignore[operator]
+    graph.replay()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(20):
+        graph.replay()
+    e1.record()
+    torch.cuda.synchronize()
+    return e0.elapsed_time(e1) / 200 * 1e3
 
 
 def _profile(r: object, tokens: list[int], start: int) -> None:

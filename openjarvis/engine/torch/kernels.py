@@ -1967,6 +1967,7 @@ def attention_wide(
     ml_part: torch.Tensor,  # [NSPLIT, T, H, 2] float32 scratch
     block_s: int = 64,
     rows: int = 0,  # query rows a tile at most (0: ``WIDE_ROWS``)
+    num_stages: int = 0,  # the key loop's pipeline depth (0: Triton's default)
 ) -> torch.Tensor:
     """``attention`` for a long run of query tokens (the wide step's, a prompt's 128): the
     splits of the sequence as there, and the tokens in blocks, so that no tile holds more than
@@ -1988,6 +1989,7 @@ def attention_wide(
         q, k_cache, v_cache, start, o_part, ml_part, t, k_cache.stride(0), k_cache.stride(1),
         hd**-0.5, N_HEAD=n_head, G=g, HD=hd, NSPLIT=nsplit, BLOCK_Q=block_q, BLOCK_R=block_r,
         BLOCK_S=block_s, num_warps=8 if block_r > 64 else 4,
+        **({"num_stages": num_stages} if num_stages else {}),
     )
     tr, trc = _trace(out)
     _attn_combine_kernel[(t * n_head, 1)](
