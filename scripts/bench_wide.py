@@ -126,6 +126,7 @@ def _sweep_attention(name: str, n: int) -> None:
     """``kernels.attention_wide`` alone for the last run of an n-token prompt (its 128 queries
     over n keys), µs a call from a graph of 10 calls replayed: its tiles and splits."""
     import torch
+    import triton
 
     from openjarvis.engine.torch import kernels as K
     from openjarvis.engine.torch.config import QWEN25_0_5B, QWEN25_1_5B
@@ -159,7 +160,10 @@ def _sweep_attention(name: str, n: int) -> None:
                 K.attention_wide(q, kc, vc, start, out, o, ml, block_s=block_s,
                                  num_stages=stages)
 
-            line.append(f"keys {block_s} stages {stages}: {_graph_us(call):.1f}")
+            try:
+                line.append(f"keys {block_s} stages {stages}: {_graph_us(call):.1f}")
+            except triton.runtime.errors.OutOfResources:
+                line.append(f"keys {block_s} stages {stages}: no room")
     print(f"{name} the same in {WIDE_NSPLIT} splits, µs a call: " + "; ".join(line), flush=True)
     line = []
     xs = {"qkv": (a.n_embd, a.qkv_dim), "o": (a.q_dim, a.n_embd), "gate/up": (a.n_embd, 2 * a.n_ff),
