@@ -77,8 +77,24 @@ DEFAULT_PDL_BY_T = {1: 1 + 4}  # 4: kernels.PDL_LATE (kernels imports triton; th
 DEFAULT_ONE_TOKEN_PDL = {"attn": 1, "combine": 1, "w13": 1, "w2": 2}
 
 
+class _Inputs:
+    """A step's ``inputs`` [1 + T] int64, the start position then the tokens, as its kernels
+    read them (one host-to-device copy a call, or a graph's first node)."""
+
+    __slots__ = ()
+    inputs: torch.Tensor
+
+    @property
+    def start(self) -> torch.Tensor:
+        return self.inputs[:1]
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.inputs[1:]
+
+
 @dataclass(slots=True)
-class Workspace:
+class Workspace(_Inputs):
     """The buffers of one T: its inputs and results, and its scratch and logits (views of the
     Runner's buffers every step shares, ``Runner._scratch``, unless T keeps its own)."""
 
@@ -128,14 +144,6 @@ class Workspace:
     #: between launches; ``kernels.NormHandoff``).
     hand_count: torch.Tensor | None = None
 
-    @property
-    def start(self) -> torch.Tensor:
-        return self.inputs[:1]
-
-    @property
-    def tokens(self) -> torch.Tensor:
-        return self.inputs[1:]
-
 
 @dataclass(slots=True)
 class Chain:
@@ -154,7 +162,7 @@ class Chain:
 
 
 @dataclass(slots=True)
-class Wide:
+class Wide(_Inputs):
     """The wide step's buffers (``Runner.wide``): T = ``Runner.wide`` tokens; the products'
     inputs and outputs in the weights' dtype (cuBLAS), the residual in float32."""
 
@@ -172,14 +180,6 @@ class Wide:
     act: torch.Tensor  # [T, F]
     row: torch.Tensor  # [1, V] float32: the last token's logits (``Runner._wide_last``)
     graph: torch.cuda.CUDAGraph | None = None
-
-    @property
-    def start(self) -> torch.Tensor:
-        return self.inputs[:1]
-
-    @property
-    def tokens(self) -> torch.Tensor:
-        return self.inputs[1:]
 
 
 class FfnHook(Protocol):

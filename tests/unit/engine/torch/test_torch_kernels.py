@@ -448,6 +448,28 @@ def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
     assert kc[:, :start].isnan().all() and kc[:, start + t :].isnan().all()  # nothing else
 
 
+def _attention_case(t: int, start: int, h: int, hd: int) -> tuple[torch.Tensor, ...]:
+    """q [T, H, hd], a two-head cache of 160 positions poisoned past start + T (no result may
+    read it) and a poisoned output [T, H * hd]."""
+    q = g(t, h, hd, seed=1)
+    kc, vc = g(2, 160, hd, seed=2), g(2, 160, hd, seed=3)
+    kc[:, start + t :] = POISON
+    vc[:, start + t :] = POISON
+    return q, kc, vc, torch.full((t, h * hd), POISON)
+
+
+def _attention_ref(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, start: int) -> torch.Tensor:
+    """SDPA of q [T, H, hd] at positions start.. over the cache's first start + T keys, each
+    query head reading its group's kv head: [T, H * hd]."""
+    t, h, hd = q.shape
+    keys = kc.repeat_interleave(h // kc.shape[0], 0)[:, : start + t]
+    vals = vc.repeat_interleave(h // kc.shape[0], 0)[:, : start + t]
+    mask = torch.arange(start + t)[None, :] <= torch.arange(start, start + t)[:, None]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), keys, vals, attn_mask=mask[None]
+    ).transpose(0, 1).reshape(t, h * hd)
+
+
 @pytest.mark.parametrize(
     ("t", "start", "h", "hd", "trim"),
     [(1, 0, 6, 32, True), (1, 77, 6, 32, True), (4, 50, 6, 32, True), (2, 90, 14, 64, True),
@@ -456,25 +478,13 @@ def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
      (3, 140, 6, 32, True), (1, 120, 6, 32, True)],
 )
 def test_split_attention(t: int, start: int, h: int, hd: int, trim: bool) -> None:
-    hkv, s = 2, 160
-    q = g(t, h, hd, seed=1)
-    kc, vc = g(hkv, s, hd, seed=2), g(hkv, s, hd, seed=3)
-    kc[:, start + t :] = POISON  # beyond the live positions: must never be read into a result
-    vc[:, start + t :] = POISON
-    out = torch.full((t, h * hd), POISON)
+    q, kc, vc, out = _attention_case(t, start, h, hd)
     nsplit = 8
     # partials of empty splits are not written when trimmed: the merge must not read them
     K.attention(q, kc, vc, torch.tensor([start]), out, torch.full((nsplit, t, h, hd), POISON),
                 torch.full((nsplit, t, h, 2), POISON), block_s=16, trim=trim)
-    keys = kc.repeat_interleave(h // hkv, 0)[:, : start + t]
-    vals = vc.repeat_interleave(h // hkv, 0)[:, : start + t]
-    pos = torch.arange(start, start + t)
-    mask = torch.arange(start + t)[None, :] <= pos[:, None]
-    ref = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1), keys, vals, attn_mask=mask[None]
-    ).transpose(0, 1).reshape(t, h * hd)
     assert not out.isnan().any()
-    assert rel(out, ref) < 1e-5
+    assert rel(out, _attention_ref(q, kc, vc, start)) < 1e-5
 
 
 @pytest.mark.parametrize("cols", [2, 4, 8])
@@ -814,23 +824,12 @@ def test_wide_attention_matches_sdpa_over_blocks_of_a_runs_tokens(t: int, start:
                                                                  hd: int) -> None:
     """The wide step's attention: a run's tokens in blocks (the last one partial where T is
     not a multiple), each seeing the keys up to its own position, none past the run."""
-    hkv, s = 2, 160
-    q = g(t, h, hd, seed=1)
-    kc, vc = g(hkv, s, hd, seed=2), g(hkv, s, hd, seed=3)
-    kc[:, start + t :] = POISON  # beyond the live positions: must never be read into a result
-    vc[:, start + t :] = POISON
-    out = torch.full((t, h * hd), POISON)
+    q, kc, vc, out = _attention_case(t, start, h, hd)
     nsplit = 4
     K.attention_wide(q, kc, vc, torch.tensor([start]), out, torch.full((nsplit, t, h, hd), POISON),
                      torch.full((nsplit, t, h, 2), POISON), block_s=16)
-    keys = kc.repeat_interleave(h // hkv, 0)[:, : start + t]
-    vals = vc.repeat_interleave(h // hkv, 0)[:, : start + t]
-    mask = torch.arange(start + t)[None, :] <= torch.arange(start, start + t)[:, None]
-    ref = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1), keys, vals, attn_mask=mask[None]
-    ).transpose(0, 1).reshape(t, h * hd)
     assert not out.isnan().any()
-    assert rel(out, ref) < 1e-5
+    assert rel(out, _attention_ref(q, kc, vc, start)) < 1e-5
 
 
 def test_wide_helpers_refuse_buffers_of_the_wrong_shape_by_name() -> None:
