@@ -32,8 +32,10 @@ from openjarvis.errors import EngineError
 MAGIC = b"OJPFXKV\x01"
 #: 2: heads read in runs of ``RUN`` tokens (1: in one run). On llama.cpp's CPU path the state is
 #: the same bits either way; on the torch engine's eager CPU path it differs in the last bits,
-#: and a file must hold the state this code computes.
-FORMAT = 2
+#: and a file must hold the state this code computes. 3: the torch engine's GPU path reads each
+#: run in one wide step (``generate.WIDE_STEP``), whose K/V differ from the 32-token steps' in
+#: the last bits of bf16, so a file of 2 no longer holds what it computes.
+FORMAT = 3
 #: Prompts, and the stable heads saved here, are read in runs of this many tokens (between
 #: runs a request can be cancelled or paused, and its progress told): the speculator's
 #: ``PREFILL_CHUNK`` and the model drafter's catching up. A multiple of the torch runner's
@@ -215,7 +217,7 @@ def eval_runs(
     steps, which take a run 128 tokens (``WIDE_STEP``) and then 32 (``MAX_STEP``) at a time
     from its start, as runs of a multiple of 128 keep. Elsewhere (the torch engine's eager CPU
     path, llama.cpp offloading to a GPU) the last bits may differ; every head saved here is read in runs of ``RUN``
-    (``FORMAT`` 2), so a saved state is the one a process computes."""
+    (``FORMAT`` 2 on), so a saved state is the one a process computes."""
     step = run if run > 0 else max(1, end - start)
     for lo in range(start, end, step):
         part = tokens[lo : min(end, lo + step)]

@@ -7,7 +7,9 @@ forward pass share the cache and the weights:
 
 - ``"triton"``: the fused kernels of ``kernels.py`` over fixed per-T workspaces (6 launches per
   layer). Positions are read from a device scalar, so the graph captured for T serves every
-  position; prompts longer than ``MAX_STEP`` run in chunks of ``MAX_STEP``.
+  position; prompts longer than ``MAX_STEP`` run in chunks of ``MAX_STEP``, and on the GPU a
+  prompt's runs of ``WIDE_STEP`` whose last token alone is asked for in one wide step each
+  (``Runner.wide``: cuBLAS products).
 - ``"torch"``: the reference forward of ``model.py`` (cuBLAS, SDPA); captured with attention over
   the whole cache under a position mask, or run eagerly over only the live positions.
 
@@ -246,8 +248,9 @@ class Runner:
         #: ``MAX_STEP`` steps. On by default on the GPU's Triton path (``WIDE_STEP``), where a
         #: run of 128 took four 32-token steps before. A run read this way and in smaller steps
         #: leaves the same K/V to float rounding, not to the bit: a prompt is read in runs of
-        #: ``prefix_cache.RUN`` (a multiple of this) wherever its state is saved.
-        self.wide = 0
+        #: ``prefix_cache.RUN`` (a multiple of this) wherever its state is saved. Its buffers,
+        #: outside the shared scratch: 16.4 MiB for the 1.5B, 9.6 MiB for the 0.5B.
+        self._wide_t = 0
         self._wide: Wide | None = None
         self._greedy_cols = self.args.n_vocab
         #: Greedy Triton steps pick their token through ``kernels.OutScreen``: the output
@@ -399,7 +402,7 @@ class Runner:
                 self.screen_out = shape in SCREEN_OUT
             self.nsplit, self.attn_block_s = ATTENTION.get(shape, (nsplit, self.attn_block_s))
             self.l2_prefetch = L2_PREFETCH.get(shape)
-            self.wide = WIDE_STEP
+            self._wide_t = WIDE_STEP
 
     @property
     def graph_io(self) -> bool:
@@ -415,6 +418,19 @@ class Runner:
         if on != self._graph_io:
             self.drop_steps()
         self._graph_io = on and self.graphs
+
+    @property
+    def wide(self) -> int:
+        """Tokens of the wide step (0: none); setting another drops the one built."""
+        return self._wide_t
+
+    @wide.setter
+    def wide(self, t: int) -> None:
+        if t < 0:
+            raise ValueError(f"wide must be 0 (off) or a step's tokens, not {t}")
+        if t != self._wide_t:
+            self._wide = None
+        self._wide_t = t
 
     @property
     def greedy_cols(self) -> int:
@@ -570,7 +586,7 @@ class Runner:
         program instead of 4 a vocabulary entry (``kernels.ARGMAX``). A view of a workspace,
         valid until the next greedy call with the same T. ``last_only``: only the last
         token's (``[1]``; the eager CPU path then projects only that row, as ``logits``
-        does)."""
+        does, and a run read in wide steps takes the argmax of that row's logits)."""
         n = len(tokens)
         if n == 0 or start < 0 or start + n > self.n_ctx:
             raise ValueError(f"cannot evaluate {n} tokens at {start} in a {self.n_ctx} window")
@@ -747,8 +763,9 @@ class Runner:
 
     def warm_wide(self) -> None:
         """Build (on the GPU compile and capture) the wide step now rather than in the first
-        long prompt. Writes K/V only at positions 0..wide-1: call it on an empty cache."""
-        if self._goes_wide(self.wide):
+        long prompt. Writes K/V only at positions 0..wide-1: call it on an empty cache. A
+        window shorter than the step never runs one: nothing to build."""
+        if self._goes_wide(self.wide) and self.wide <= self.n_ctx:
             self._wide_step([0] * self.wide, 0)
 
     # -- internals ------------------------------------------------------------------------
@@ -824,7 +841,7 @@ class Runner:
             K.residual_norm(ww.h, down, lw.attn_norm, ww.xg, ww.inv, eps)
             torch.mm(ww.xg, lw.wqkv.t(), out=ww.qkv)
             K.rope_kv(ww.qkv, ww.h, lw.bqkv, self.model.rope, ww.start, ww.q, c.k[i], c.v[i],
-                      eps, inv=ww.inv)
+                      eps, inv=ww.inv, zero=False)
             K.attention_wide(ww.q, c.k[i], c.v[i], ww.start, ww.attn, ww.o_part, ww.ml_part,
                              block_s=WIDE_BLOCK_S)
             torch.mm(ww.attn, lw.wo.t(), out=ww.out)
@@ -848,7 +865,6 @@ class Runner:
         if greedy:
             return torch.argmax(ww.row[:, : self.greedy_cols], dim=-1)
         return ww.row
-
 
     def _eager(self, tokens: Sequence[int], start: int, last_only: bool) -> torch.Tensor:
         t = torch.tensor(list(tokens), dtype=torch.int64, device=self.device)

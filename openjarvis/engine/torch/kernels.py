@@ -686,11 +686,13 @@ def _rope_kv_kernel(
     qkv_ptr, h_ptr, b_ptr, rope_ptr, start_ptr, q_ptr, kc_ptr, vc_ptr,
     D, stride_ch, stride_cs, eps, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr, TRACE: tl.constexpr = 0, INV: tl.constexpr = 0,
+    PDL: tl.constexpr, TRACE: tl.constexpr = 0, INV: tl.constexpr = 0, ZERO: tl.constexpr = 1,
 ):
     """Program = (token, head of q, k or v): finish a split-K qkv product. ``qkv [T, QKV]``
     holds (x * g) @ W^T summed over the splits; scale by the token's 1/RMS, add the bias, RoPE
-    q and k, store q and the cache, and zero the rows read so the next layer can accumulate.
+    q and k, store q and the cache, and zero the rows read so the next layer can accumulate
+    (``ZERO``). The wide step's product (cuBLAS) is finished the same way, its rows' 1/RMS
+    read from ``h_ptr`` (``INV``) and nothing zeroed: the next layer's product overwrites it.
 
     What a step never writes (bias, position, its RoPE row) loads before the PDL wait, and the
     product's rows beside h in one round trip rather than after it (session 8 runs 75-76:
@@ -721,13 +723,15 @@ def _rope_kv_kernel(
             d = d0 + tl.arange(0, BLOCK_D)
             x = tl.load(h_ptr + t * D + d, mask=d < D, other=0.0)
             ss += x * x
-        inv = tl.rsqrt(tl.sum(ss, 0) / D + eps)
     _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
     _gdc_late(PDL)
+    if INV == 0:
+        inv = tl.rsqrt(tl.sum(ss, 0) / D + eps)
     a1 = p1 * inv + b1
     a2 = p2 * inv + b2
-    tl.store(qkv_ptr + t * QKV + r1, tl.zeros([HALF], dtype=tl.float32))
-    tl.store(qkv_ptr + t * QKV + r2, tl.zeros([HALF], dtype=tl.float32))
+    if ZERO:
+        tl.store(qkv_ptr + t * QKV + r1, tl.zeros([HALF], dtype=tl.float32))
+        tl.store(qkv_ptr + t * QKV + r2, tl.zeros([HALF], dtype=tl.float32))
     if head < N_HEAD + N_KV:
         o1 = a1 * cos - a2 * sin
         o2 = a2 * cos + a1 * sin
@@ -854,7 +858,8 @@ def _attn_wide_kernel(
     """Program = (kv head, split, block of ``BLOCK_Q`` query tokens): ``_attn_item`` for the
     wide step (``attention_wide``), whose T (a prompt's run) is too long for one query tile:
     rows r = (t - t0) * G + g hold the group's query heads of the block's tokens. Partials as
-    ``_attn_item`` writes them (every split: the merge reads the used ones)."""
+    ``_attn_item`` writes them with ``TRIM``: only the splits that hold keys, which alone the
+    merge reads."""
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     r = tl.arange(0, BLOCK_R)
@@ -1881,10 +1886,11 @@ def rope_kv(
     pdl: int = 0,
     num_warps: int = 1,
     inv: torch.Tensor | None = None,  # [T] float32: each row's 1/RMS, instead of h's own
+    zero: bool = True,  # zero what it read of qkv (a split-K accumulator)
 ) -> None:
     """Finish a qkv product made without the norm's 1/RMS (a split-K one, or the wide step's
-    cuBLAS one): scale, add the bias, RoPE q and k, store q and the cache. Zeroes what it
-    read of ``qkv`` (a split-K accumulator is then ready for the next layer)."""
+    cuBLAS one): scale, add the bias, RoPE q and k, store q and the cache. With ``zero``,
+    zeroes what it read of ``qkv``, so a split-K accumulator is ready for the next layer."""
     t, d = h.shape
     n_head, hd = q_out.shape[1], q_out.shape[2]
     n_kv = k_cache.shape[0]
@@ -1900,7 +1906,7 @@ def rope_kv(
         d, k_cache.stride(0), k_cache.stride(1), eps, *tr,
         N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_D=min(2048, triton.next_power_of_2(d)),
         PDL=_wait(pdl), num_warps=num_warps, **_launch(pdl), **trc,
-        **({"INV": 1} if inv is not None else {}),
+        **({"INV": 1} if inv is not None else {}), **({} if zero else {"ZERO": 0}),
     )
 
 
@@ -1977,6 +1983,11 @@ def attention_wide(
     g = n_head // n_kv
     nsplit = o_part.shape[0]
     rows = rows or WIDE_ROWS
+    if (tuple(out.shape) != (t, n_head * hd) or not (q.is_contiguous() and out.is_contiguous())
+            or nsplit & (nsplit - 1)):
+        raise ValueError(f"attention_wide: contiguous q [{t}, {n_head}, {hd}] and out "
+                         f"[{t}, {n_head * hd}], splits a power of two; got out "
+                         f"{tuple(out.shape)}, {nsplit} splits")
     if g > rows or tuple(o_part.shape) != (nsplit, t, n_head, hd) or tuple(
             ml_part.shape) != (nsplit, t, n_head, 2):
         raise ValueError(f"attention_wide: partials [splits, {t}, {n_head}, {hd}] and "
@@ -2023,9 +2034,9 @@ def swiglu_rows(gu: torch.Tensor, inv: torch.Tensor, act: torch.Tensor) -> torch
     ``inv [T]`` = 1/RMS(h) (the wide step's feed-forward, its product made by cuBLAS without
     the norm's 1/RMS)."""
     t, f = act.shape
-    if tuple(gu.shape) != (t, 2 * f) or tuple(inv.shape) != (t,) or not (
-            gu.is_contiguous() and act.is_contiguous()):
-        raise ValueError(f"swiglu_rows: contiguous gu [{t}, {2 * f}], inv [{t}], act "
+    if tuple(gu.shape) != (t, 2 * f) or tuple(inv.shape) != (t,) or (
+            inv.dtype != torch.float32) or not (gu.is_contiguous() and act.is_contiguous()):
+        raise ValueError(f"swiglu_rows: contiguous gu [{t}, {2 * f}], float32 inv [{t}], act "
                          f"[{t}, {f}]; got {tuple(gu.shape)}, {tuple(inv.shape)}, "
                          f"{tuple(act.shape)}")
     block_f = min(1024, triton.next_power_of_2(f))

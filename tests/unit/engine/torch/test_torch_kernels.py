@@ -839,6 +839,9 @@ def test_wide_helpers_refuse_buffers_of_the_wrong_shape_by_name() -> None:
     with pytest.raises(ValueError, match="attention_wide: partials"):
         K.attention_wide(q, kc, kc, torch.tensor([0]), torch.zeros(t, a.q_dim),
                          torch.zeros(4, t + 1, a.n_head, a.head_dim), torch.zeros(4, t, a.n_head, 2))
+    with pytest.raises(ValueError, match="attention_wide: contiguous q .* splits a power of two"):
+        K.attention_wide(q, kc, kc, torch.tensor([0]), torch.zeros(t, a.q_dim),
+                         torch.zeros(3, t, a.n_head, a.head_dim), torch.zeros(3, t, a.n_head, 2))
     with pytest.raises(ValueError, match="swiglu_rows: contiguous gu"):
         K.swiglu_rows(torch.zeros(t, a.n_ff), torch.zeros(t), torch.zeros(t, a.n_ff))
     with pytest.raises(ValueError, match="rope_kv: qkv must be contiguous"):
@@ -876,33 +879,53 @@ def test_residual_norm_adds_then_hands_the_next_product_h_times_g_and_each_rows_
 
 def test_a_prompt_read_in_wide_steps_leaves_the_reference_cache_and_last_logits() -> None:
     """Runs of at least ``wide`` tokens start with wide steps (products through torch, 1/RMS
-    after them), the rest as fixed-size steps: the last token's logits and greedy token are
-    the reference forward's, at the start of the window and past it, and the cache holds the
-    reference's K/V (the row the next steps read). Shorter runs, and every row asked for,
-    keep the fixed-size steps."""
+    after them), the rest as fixed-size steps (here 40: one of 32 and one of 8): the last
+    token's logits and greedy token are the reference forward's, from position 0 and for a
+    step ending at the window's last position (its attention over two splits), and the cache
+    holds the reference's K/V (what the next steps read). Nothing in the step's buffers is
+    read before it is written. Shorter runs, and every row asked for, keep the fixed-size
+    steps."""
+    n_ctx = 120
     model = Transformer(ARGS, random_weights(ARGS, torch.float32, "cpu", seed=4, scale=0.1),
-                        n_pos=128)
-    seq, ref = _seq_and_ref(model, 56, seed=5)
-    ref_cache = KVCache(ARGS, 64, torch.float32, "cpu")
-    model.forward(torch.tensor(seq), torch.arange(56), ref_cache)
-    fast = Runner(model, 64, kernels="triton", nsplit=4)
+                        n_pos=n_ctx + 32)
+    gen = torch.Generator().manual_seed(5)
+    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (n_ctx,), generator=gen)]
+    ref_cache = KVCache(ARGS, n_ctx, torch.float32, "cpu")
+    ref = model.forward(torch.tensor(seq), torch.arange(n_ctx), ref_cache)
+    fast = Runner(model, n_ctx, kernels="triton", nsplit=4)
     assert fast.wide == 0  # on by default only on the GPU
-    fast.wide = 16
+    fast.wide = 48
     ww = fast._wide_ws()
-    for buf in (ww.xg, ww.inv, ww.q, ww.o_part, ww.ml_part, ww.attn, ww.gu, ww.act, ww.row):
+    for buf in (ww.h, ww.xg, ww.inv, ww.qkv, ww.q, ww.o_part, ww.ml_part, ww.attn, ww.out, ww.gu,
+                ww.act, ww.row):
         buf.fill_(POISON)  # nothing read before the step writes it
-    assert rel(fast.logits(seq[:40], 0, last_only=True), ref[39:40]) < 1e-5  # 2 wide + 8
+    assert rel(fast.logits(seq[:88], 0, last_only=True), ref[87:88]) < 1e-5  # 48 + 32 + 8
     assert fast._wide is ww and ww.graph is None  # (the CPU: no graph)
-    assert fast.argmax(seq[40:56], 40, last_only=True).tolist() == [int(ref[55].argmax())]
-    assert rel(fast.logits(seq[40:56], 40, last_only=True), ref[55:56]) < 1e-5  # one wide step
+    assert rel(fast.logits(seq[72:], 72, last_only=True), ref[-1:]) < 1e-5  # to the window's end
+    assert fast.argmax(seq[72:], 72, last_only=True).tolist() == [int(ref[-1].argmax())]
     for cache, want in ((fast.cache.k, ref_cache.k), (fast.cache.v, ref_cache.v)):
-        assert rel(cache[:, :, :56], want[:, :, :56]) < 1e-5
-    steps = Runner(model, 64, kernels="triton", nsplit=4)
+        assert rel(cache[:, :, :n_ctx], want[:, :, :n_ctx]) < 1e-5
+    fast.wide = 16  # another width: the step is built anew
+    assert fast._wide is None
+    assert rel(fast.logits(seq[:40], 0, last_only=True), ref[39:40]) < 1e-5
+    assert fast._wide is not None and fast._wide.h.shape[0] == 16
+    steps = Runner(model, n_ctx, kernels="triton", nsplit=4)
     steps.wide = 16
     assert rel(steps.logits(seq[:40], 0), ref[:40]) < 1e-5  # every row: fixed-size steps
     assert steps._wide is None
     assert rel(steps.logits(seq[40:55], 40, last_only=True), ref[54:55]) < 1e-5
     assert steps._wide is None  # 15 tokens: shorter than a wide step
+
+
+def test_a_window_shorter_than_the_wide_step_never_builds_one() -> None:
+    """``warm_wide`` (the engine's load) on a window shorter than the step: nothing to build,
+    nothing written past the cache; a negative width is refused."""
+    r = Runner(_model(), 8, kernels="triton", nsplit=4)
+    r.wide = 16
+    r.warm_wide()
+    assert r._wide is None
+    with pytest.raises(ValueError, match="wide must be 0"):
+        r.wide = -1
 
 
 def test_evict_first_weight_loads_and_the_deterministic_tiles_compute_the_same_logits() -> None:
