@@ -216,8 +216,8 @@ def eval_runs(
     the real 0.5B in runs of 128 and of 100 against one of 700), and the torch runner's GPU
     steps, which take a run 128 tokens (``WIDE_STEP``) and then 32 (``MAX_STEP``) at a time
     from its start, as runs of a multiple of 128 keep. Elsewhere (the torch engine's eager CPU
-    path, llama.cpp offloading to a GPU) the last bits may differ; every head saved here is read in runs of ``RUN``
-    (``FORMAT`` 2 on), so a saved state is the one a process computes."""
+    path, llama.cpp offloading to a GPU) the last bits may differ; every head saved here is
+    read in runs of ``RUN`` (``FORMAT`` 2 on), so a saved state is the one a process computes."""
     step = run if run > 0 else max(1, end - start)
     for lo in range(start, end, step):
         part = tokens[lo : min(end, lo + step)]

@@ -782,6 +782,31 @@ def _attn_update(q, kt, vt, s, smask, qpos, m, den, acc):
 
 
 @triton.jit
+def _attn_keys(q, kbase, vbase, s_lo, s_hi, qpos, stride_cs, d, BLOCK_R: tl.constexpr,
+               HD: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Keys s_lo..s_hi - 1 of one kv head (``kbase``, ``vbase``) in blocks into the running
+    (max, sum, output) of the query rows ``q`` at positions ``qpos``, from empty."""
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    den = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
+    for s0 in range(s_lo, s_hi, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        smask = s < s_hi
+        kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
+        vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
+        m, den, acc = _attn_update(q, kt, vt, s, smask, qpos, m, den, acc)
+    return m, den, acc
+
+
+@triton.jit
+def _attn_partials(o_ptr, ml_ptr, idx, rmask, d, m, den, acc, HD: tl.constexpr):
+    """Store rows ``idx`` of a split's partials: output [., HD], then (max, sum)."""
+    tl.store(o_ptr + idx[:, None] * HD + d[None, :], acc, mask=rmask[:, None])
+    tl.store(ml_ptr + idx * 2, m, mask=rmask)
+    tl.store(ml_ptr + idx * 2 + 1, den, mask=rmask)
+
+
+@triton.jit
 def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_ch, stride_cs, scale,
                N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
                BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
@@ -812,22 +837,13 @@ def _attn_item(q_ptr, kc_ptr, vc_ptr, start, o_ptr, ml_ptr, T, kvh, sp, stride_c
     q = tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
                 mask=rmask[:, None], other=0.0) * scale  # [R, HD] float32
     qpos = start + t  # [R]
-    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    den = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
-    for s0 in range(s_lo, s_hi, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        smask = s < s_hi
-        kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
-        vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
-        m, den, acc = _attn_update(q, kt, vt, s, smask, qpos, m, den, acc)
+    m, den, acc = _attn_keys(q, kbase, vbase, s_lo, s_hi, qpos, stride_cs, d, BLOCK_R, HD,
+                             BLOCK_S)
     _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
     idx = (sp * T + t) * N_HEAD + head  # partials [NSPLIT, T, H, ...]
     if TRIM:
         rmask = rmask & (s_lo + t * 0 < total)  # (a block: the interpreter's masks are)
-    tl.store(o_ptr + idx[:, None] * HD + d[None, :], acc, mask=rmask[:, None])
-    tl.store(ml_ptr + idx * 2, m, mask=rmask)
-    tl.store(ml_ptr + idx * 2 + 1, den, mask=rmask)
+    _attn_partials(o_ptr, ml_ptr, idx, rmask, d, m, den, acc, HD)
 
 
 @triton.jit
@@ -874,23 +890,10 @@ def _attn_wide_kernel(
     s_hi = tl.minimum(s_lo + chunk, total)
     q = (tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
                  mask=rmask[:, None], other=0.0) * scale).to(kc_ptr.dtype.element_ty)
-    qpos = start + t  # (q in the cache's dtype once: a [R, HD] float32 tile held through
-    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)  # the loop cost registers)
-    den = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
-    kbase = kc_ptr + kvh * stride_ch
-    vbase = vc_ptr + kvh * stride_ch
-    for s0 in range(s_lo, s_hi, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        smask = s < s_hi
-        kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
-        vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
-        m, den, acc = _attn_update(q, kt, vt, s, smask, qpos, m, den, acc)
+    m, den, acc = _attn_keys(q, kc_ptr + kvh * stride_ch, vc_ptr + kvh * stride_ch, s_lo, s_hi,
+                             start + t, stride_cs, d, BLOCK_R, HD, BLOCK_S)
     idx = (sp * T + t) * N_HEAD + head  # partials [NSPLIT, T, H, ...]
-    rmask = rmask & (s_lo + t * 0 < total)
-    tl.store(o_ptr + idx[:, None] * HD + d[None, :], acc, mask=rmask[:, None])
-    tl.store(ml_ptr + idx * 2, m, mask=rmask)
-    tl.store(ml_ptr + idx * 2 + 1, den, mask=rmask)
+    _attn_partials(o_ptr, ml_ptr, idx, rmask & (s_lo + t * 0 < total), d, m, den, acc, HD)
 
 
 @triton.jit
