@@ -249,7 +249,7 @@ class Runner:
         #: run of 128 took four 32-token steps before. A run read this way and in smaller steps
         #: leaves the same K/V to float rounding, not to the bit: a prompt is read in runs of
         #: ``prefix_cache.RUN`` (a multiple of this) wherever its state is saved. Its buffers,
-        #: outside the shared scratch: 16.4 MiB for the 1.5B, 9.6 MiB for the 0.5B.
+        #: outside the shared scratch, by their shapes: 16.4 MiB for the 1.5B, 9.6 for the 0.5B.
         self._wide_t = 0
         self._wide: Wide | None = None
         self._greedy_cols = self.args.n_vocab
