@@ -22,12 +22,12 @@ import numpy as np
 
 from openjarvis.engine.base import CostModel, Engine, Logits, greedy_eval
 from openjarvis.engine.prefix_cache import (
-    RUN,
     PrefixCache,
     common_prefix,
     eval_head,
     eval_runs,
     restore_head,
+    run_of,
 )
 from openjarvis.engine.sampling import Probs, SamplingParams, distribution, sample
 from openjarvis.errors import IncompatiblePair
@@ -137,7 +137,7 @@ class ModelDrafter:
     def _catch_up(self, context: Sequence[int]) -> int:
         """``catch_up`` without a stop: how much of ``context`` the cache then holds (the rest
         the draft evaluates in one call, for its first row)."""
-        self.catch_up(context, RUN, lambda _n: True)
+        self.catch_up(context, run_of(self.engine), lambda _n: True)
         return len(self.cached)
 
     def catch_up(self, context: Sequence[int], run: int, tick: Callable[[int], bool]) -> bool:

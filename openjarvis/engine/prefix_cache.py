@@ -34,18 +34,28 @@ MAGIC = b"OJPFXKV\x01"
 #: the same bits either way; on the torch engine's eager CPU path it differs in the last bits,
 #: and a file must hold the state this code computes. 3: the torch engine's GPU path reads each
 #: run in one wide step (``generate.WIDE_STEP``), whose K/V differ from the 32-token steps' in
-#: the last bits of bf16, so a file of 2 no longer holds what it computes.
-FORMAT = 3
+#: the last bits of bf16, so a file of 2 no longer holds what it computes. 4: a GPU engine reads
+#: a head in runs of its own (``run_of``: 1,024 tokens, in wide steps of that width), not 128.
+FORMAT = 4
 #: Prompts, and the stable heads saved here, are read in runs of this many tokens (between
 #: runs a request can be cancelled or paused, and its progress told): the speculator's
-#: ``PREFILL_CHUNK`` and the model drafter's catching up. A multiple of the torch runner's
-#: wide step (``generate.WIDE_STEP``, 128) and of its 32-token steps (``MAX_STEP``), so its GPU
-#: steps split a run as they split one long run.
+#: ``PREFILL_CHUNK`` and the model drafter's catching up; an engine may ask for longer runs
+#: of its own (``run_of``). A multiple of the torch runner's narrowest wide step
+#: (``generate.WIDE_STEP``, 128) and of its 32-token steps (``MAX_STEP``).
 RUN = 128
 #: Prefixes shorter than this are cheaper to evaluate than to load.
 MIN_TOKENS = 64
 #: Oldest files are removed once the directory exceeds this many bytes.
 MAX_BYTES = 2 * 1024**3
+
+
+def run_of(engine: Engine, default: int = RUN) -> int:
+    """The runs ``engine`` reads a prompt in: its ``prefill_run`` where it has one (a multiple
+    of ``RUN``: the torch engine on a GPU, whose run of 1,024 is one wide step and takes
+    milliseconds), else ``default`` (the speculator's ``PREFILL_CHUNK``). Always the same for
+    one engine, so a head it saves is read as it would read it again."""
+    run = getattr(engine, "prefill_run", None)
+    return run if isinstance(run, int) and run > 0 and run % RUN == 0 else default
 
 
 class Keyed(Engine, Protocol):
@@ -214,10 +224,11 @@ def eval_runs(
 
     Where runs and one run give the same state: llama.cpp on the CPU (the same bits, measured on
     the real 0.5B in runs of 128 and of 100 against one of 700), and the torch runner's GPU
-    steps, which take a run 128 tokens (``WIDE_STEP``) and then 32 (``MAX_STEP``) at a time
-    from its start, as runs of a multiple of 128 keep. Elsewhere (the torch engine's eager CPU
-    path, llama.cpp offloading to a GPU) the last bits may differ; every head saved here is
-    read in runs of ``RUN`` (``FORMAT`` 2 on), so a saved state is the one a process computes."""
+    steps, which take a run in wide steps of 1,024 to 128 tokens, widest first, then 32
+    (``MAX_STEP``) at a time from its start, as runs of a multiple of 1,024 keep. Elsewhere
+    (the torch engine's eager CPU path, llama.cpp offloading to a GPU) the last bits may
+    differ; every head saved here is read in the engine's runs (``run_of``; ``FORMAT`` 2 on),
+    so a saved state is the one a process computes."""
     step = run if run > 0 else max(1, end - start)
     for lo in range(start, end, step):
         part = tokens[lo : min(end, lo + step)]

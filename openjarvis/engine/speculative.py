@@ -55,6 +55,7 @@ from openjarvis.engine.prefix_cache import (
     eval_head,
     eval_runs,
     restore_head,
+    run_of,
 )
 from openjarvis.engine.sampling import (
     SamplingParams,
@@ -119,6 +120,8 @@ class Request:
 #: tokens/s, compute-bound), all of it deaf before to a cancel and to a more urgent request
 #: waiting for the gate. Runs of 128 prefilled as fast as one run there (runs of 128, 256 and
 #: 512: 31-38, 31-35 and 30-33 tokens/s), and give the same state (``eval_runs`` says where).
+#: An engine may read in longer runs of its own (``prefix_cache.run_of``: the torch engine on a
+#: GPU, 1,024 tokens in one wide step of a few milliseconds).
 PREFILL_CHUNK = RUN
 #: The longest the model drafter's reading of what it lacks of the context may hold up a step
 #: (its cost table's estimate for that many tokens): more than this (the first steps after a long
@@ -356,7 +359,8 @@ class Speculator:
         progress: Callable[[int, int], None] | None = None,
     ) -> bool:
         """Leave ``prompt[:-1]`` in the verifier cache, evaluating only what is not there, in
-        runs of ``PREFILL_CHUNK`` tokens with ``cancel`` polled and ``progress`` told after each;
+        runs of ``PREFILL_CHUNK`` tokens (the engine's own where it has them: ``run_of``) with
+        ``cancel`` polled and ``progress`` told after each;
         False where ``cancel`` stopped it (what was evaluated stays cached for the next request).
 
         The stable head ``prompt[:cache_prefix]`` is always evaluated as a run of its own from
@@ -386,12 +390,13 @@ class Speculator:
                 progress(done, total)
             return not cancel()
 
+        run = run_of(v, PREFILL_CHUNK)
         if common < head:
-            if not eval_head(v, self.cached, target, common, head, self.prefix_cache,
-                             run=PREFILL_CHUNK, tick=tick):
+            if not eval_head(v, self.cached, target, common, head, self.prefix_cache, run=run,
+                             tick=tick):
                 return False  # (a head read to its end is saved all the same)
             common = head
-        return eval_runs(v, self.cached, target, common, len(target), PREFILL_CHUNK, tick)
+        return eval_runs(v, self.cached, target, common, len(target), run, tick)
 
     def _prefill_drafter(self, prompt: list[int], cache_prefix: int, stats: Stats) -> None:
         """Give the model drafter the stable head too: loaded from disk now, or saved once computed."""
@@ -553,15 +558,15 @@ class Speculator:
                 # and a step goes without the drafter until it has caught up, so the answer
                 # starts as soon as the verifier has read the prompt.
                 if stats.steps:
-                    md.catch_up(committed, PREFILL_CHUNK, lambda _n: False)
+                    md.catch_up(committed, run_of(md.engine, PREFILL_CHUNK), lambda _n: False)
                     if cancel():
                         finish = "cancelled"
                         break
-                if md.missing(committed) > PREFILL_CHUNK:
+                if md.missing(committed) > run_of(md.engine, PREFILL_CHUNK):  # (a run a step)
                     plan, ngram_draft = plan_step(use_model=False)
             if plan.key == "model" and md is not None:
                 # what the drafter has not read of the context, in runs with cancel polled
-                if not md.catch_up(committed, PREFILL_CHUNK, lambda _n: not cancel()):
+                if not md.catch_up(committed, run_of(md.engine, PREFILL_CHUNK), lambda _n: not cancel()):
                     finish = "cancelled"
                     break
                 draft = md.propose(committed, plan.k, req.sampling, rng)
@@ -638,7 +643,8 @@ class Speculator:
         if md is None:
             return False
         lacks = md.missing(committed)
-        return lacks > PREFILL_CHUNK and _costs(md.engine, True).verify(lacks) > self.read_ahead_s
+        return (lacks > run_of(md.engine, PREFILL_CHUNK)
+                and _costs(md.engine, True).verify(lacks) > self.read_ahead_s)
 
     def _argmax_only(self, req: Request) -> bool:
         """Whether this request's steps need each row's argmax alone: greedy, with no

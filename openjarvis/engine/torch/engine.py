@@ -184,6 +184,17 @@ class TorchEngine(GgufInfo, MeasuredCosts):
         return self._n_past
 
     @property
+    def prefill_run(self) -> int:
+        """Tokens a run of a prompt's reading (``prefix_cache.run_of``): on the GPU one widest
+        wide step (``Runner.wide``, 1,024: 7-9 ms, so a cancel between runs still lands at
+        once), elsewhere ``prefix_cache.RUN``."""
+        from openjarvis.engine.prefix_cache import RUN
+
+        r = self.runner
+        wide = r.wide_widths[0] if r.wide_widths else 0
+        return wide if r.kernels == "triton" and r.graphs and wide % RUN == 0 else RUN
+
+    @property
     def eos_token_ids(self) -> frozenset[int]:
         return self.vocab.eos
 

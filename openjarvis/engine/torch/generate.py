@@ -8,7 +8,7 @@ forward pass share the cache and the weights:
 - ``"triton"``: the fused kernels of ``kernels.py`` over fixed per-T workspaces (6 launches per
   layer). Positions are read from a device scalar, so the graph captured for T serves every
   position; prompts longer than ``MAX_STEP`` run in chunks of ``MAX_STEP``, and on the GPU a
-  prompt's runs of ``WIDE_STEP`` whose last token alone is asked for in one wide step each
+  prompt's runs whose last token alone is asked for in wide steps of 1,024 to 128 tokens
   (``Runner.wide``: cuBLAS products).
 - ``"torch"``: the reference forward of ``model.py`` (cuBLAS, SDPA); captured with attention over
   the whole cache under a position mask, or run eagerly over only the live positions.
@@ -50,19 +50,32 @@ PINNED_MAX_BYTES = 32 * 2**20
 MAX_CHAIN = 16
 #: Sequence splits of the decode attention (grid = n_head_kv x NSPLIT programs).
 NSPLIT = 64
-#: Tokens of the wide step (``Runner.wide``): a prompt's run of ``prefix_cache.RUN`` tokens
-#: in one step whose products go through cuBLAS, where a run of 128 is wide enough for the
-#: matrix engines (``MAX_STEP``'s 32-token steps read every weight four times a run, through
-#: kernels tiled for a verify step's few tokens). Runs shorter than this keep those steps.
+#: Tokens of the narrowest wide step (``Runner.wide_widths``): a run of 128 is wide enough for
+#: the matrix engines (``MAX_STEP``'s 32-token steps read every weight four times a run,
+#: through kernels tiled for a verify step's few tokens). Runs shorter than this keep those
+#: steps. ``prefix_cache.RUN`` is a multiple of it.
 WIDE_STEP = 128
-#: The wide step's attention: splits of the sequence, and keys a block. Fewer splits won at
-#: every length timed (scripts/bench_wide.py --sweep-attention, H200, the last 128 of 4,096
-#: tokens: the 1.5B 20.5 µs in 8 splits, 24.6 in 16, 33.3 in 32, 59.7 in 64; the 0.5B 16.4,
-#: 18.8, 24.0, 36.2; of 512: 9.0 / 13.5 and 7.5 / 10.6 in 8 / 16): the float32 partials of
-#: 128 tokens' heads, written and merged, cost more than the parallelism they buy. Fewer
-#: than 8 lost at length (4,096: 32.7 µs in 4, 57.6 in 2) and were within 1 µs at 512.
-WIDE_NSPLIT = 8
+#: Tokens of the widest step on the GPU, and so of a GPU engine's runs (``TorchEngine.
+#: prefill_run``): a step of 1,024 reads each weight once for 1,024 tokens, where the products
+#: become compute-bound. Runs of 128, 256, 512 and 1,024 (H200, random weights, a prompt of
+#: 4,096 in runs of the step's width; scripts/bench_wide.py --ways, run 325): the 1.5B 71.4,
+#: 46.6, 37.1 and 33.8 ms, the 0.5B 44.8, 29.8, 20.7 and 17.5. A run of 1,024 takes 7-9 ms, so
+#: a cancel still lands at once.
+WIDE_MAX = 1024
+#: The wide attention's splits of the sequence times the step's tokens: 8 splits for 128, 1 for
+#: 1,024. The float32 partials of a step's heads, written and merged, cost more than the
+#: parallelism they buy once the step's own query blocks fill the GPU (the last t of 4,096
+#: tokens, µs, scripts/bench_wide.py --sweep-attention, runs 320 and 326: the 1.5B at 128
+#: 20.5 in 8 splits, 24.6 in 16, 32.7 in 4; at 256 34.3 in 4, 37.4 in 8; at 512 61.3 in 2,
+#: 72.9 in 8; at 1,024 116.0 in 1, 151.3 in 8; the 0.5B alike).
+WIDE_SPLIT_TOKENS = 1024
 WIDE_BLOCK_S = 64
+
+
+def wide_nsplit(t: int) -> int:
+    """Splits of the sequence for a wide step of ``t`` tokens (``WIDE_SPLIT_TOKENS``): a power
+    of two, at least 1."""
+    return 1 << (max(1, WIDE_SPLIT_TOKENS // max(1, t)).bit_length() - 1)
 #: PDL mode per T where supported (see ``Runner.pdl``; verify steps take theirs per kernel
 #: from ``tuning.VERIFY_PDL``), measured in docs/gpu-notes.md. One-token kernels let the next
 #: one launch after their main loop (``PDL_LATE``), except those in ``DEFAULT_ONE_TOKEN_PDL``
@@ -165,8 +178,9 @@ class Chain:
 
 @dataclass(slots=True)
 class Wide(_Inputs):
-    """The wide step's buffers (``Runner.wide``): T = ``Runner.wide`` tokens; the products'
-    inputs and outputs in the weights' dtype (cuBLAS), the residual in float32."""
+    """A wide step's buffers (``Runner.wide_widths``), T tokens: views of the Runner's one
+    arena for every width; the products' inputs and outputs in the weights' dtype (cuBLAS),
+    the residual in float32."""
 
     inputs: torch.Tensor  # [1 + T] int64: start position, then the tokens
     h: torch.Tensor  # [T, D] float32 residual stream
@@ -174,8 +188,8 @@ class Wide(_Inputs):
     inv: torch.Tensor  # [T] float32: each row's 1/RMS (``kernels.residual_norm``)
     qkv: torch.Tensor  # [T, qkv_dim]
     q: torch.Tensor  # [T, H, hd] float32
-    o_part: torch.Tensor  # [WIDE_NSPLIT, T, H, hd] float32
-    ml_part: torch.Tensor  # [WIDE_NSPLIT, T, H, 2] float32
+    o_part: torch.Tensor  # [wide_nsplit(T), T, H, hd] float32
+    ml_part: torch.Tensor  # [wide_nsplit(T), T, H, 2] float32
     attn: torch.Tensor  # [T, q_dim]
     out: torch.Tensor  # [T, D]: the o-projection's and the down projection's product
     gu: torch.Tensor  # [T, 2F]
@@ -243,15 +257,19 @@ class Runner:
         self._chains: dict[int, Chain] = {}  # ``draft``'s, by length
         #: A prompt's runs of this many tokens (0: none) in one wide step (``Wide``), when only
         #: the last token's logits or greedy token are asked for (``logits``, ``argmax`` with
-        #: ``last_only``: how a prompt is read). Its products go through cuBLAS and its
-        #: attention through ``kernels.attention_wide``; the rest of a run keeps the
-        #: ``MAX_STEP`` steps. On by default on the GPU's Triton path (``WIDE_STEP``), where a
-        #: run of 128 took four 32-token steps before. A run read this way and in smaller steps
-        #: leaves the same K/V to float rounding, not to the bit: a prompt is read in runs of
-        #: ``prefix_cache.RUN`` (a multiple of this) wherever its state is saved. Its buffers,
-        #: outside the shared scratch, by their shapes: 16.4 MiB for the 1.5B, 9.6 for the 0.5B.
+        #: ``last_only``: how a prompt is read); what is left of a run in narrower ones
+        #: (``wide_widths``). Its products go through cuBLAS and its attention through
+        #: ``kernels.attention_wide``; the rest of a run keeps the ``MAX_STEP`` steps. On by
+        #: default on the GPU's Triton path (``WIDE_MAX``), where a run of 128 took four
+        #: 32-token steps before. A run read this way and in smaller steps leaves the same K/V
+        #: to float rounding, not to the bit: a GPU engine reads a prompt in runs of this
+        #: (``TorchEngine.prefill_run``) wherever its state is saved. The steps' buffers, one
+        #: arena outside the shared scratch, by their shapes at 1,024: 84.2 MiB for the 1.5B,
+        #: 47.2 for the 0.5B.
         self._wide_t = 0
-        self._wide: Wide | None = None
+        self._wides: dict[int, Wide] = {}  # by width (``wide_widths``)
+        self._wide_arena: dict[str, torch.Tensor] = {}  # their buffers (``_wide_ws``)
+        self._wide: Wide | None = None  # the last wide step run: ``_wide_last`` reads its h
         self._greedy_cols = self.args.n_vocab
         #: Greedy Triton steps pick their token through ``kernels.OutScreen``: the output
         #: matrix read as int8 (half its bytes) for each logit's bounds, then the few rows whose
@@ -402,7 +420,7 @@ class Runner:
                 self.screen_out = shape in SCREEN_OUT
             self.nsplit, self.attn_block_s = ATTENTION.get(shape, (nsplit, self.attn_block_s))
             self.l2_prefetch = L2_PREFETCH.get(shape)
-            self._wide_t = WIDE_STEP
+            self._wide_t = WIDE_MAX
 
     @property
     def graph_io(self) -> bool:
@@ -429,8 +447,26 @@ class Runner:
         if t < 0:
             raise ValueError(f"wide must be 0 (off) or a step's tokens, not {t}")
         if t != self._wide_t:
+            self._wides.clear()
+            self._wide_arena.clear()
             self._wide = None
         self._wide_t = t
+
+    @property
+    def wide_widths(self) -> tuple[int, ...]:
+        """The widths a run's wide steps take, widest first: ``wide``, then each ``WIDE_STEP``
+        times a power of two narrower than it (``wide`` 1,024: 1,024, 512, 256, 128; a run of
+        1,000 takes one step of 512, one of 256, one of 128, then 32-token steps), so a run
+        that is not a multiple of ``wide`` still reads its rest in wide steps. Runs that are
+        multiples of the widest split alike read as runs or as one."""
+        if self._wide_t <= 0:
+            return ()
+        narrower = []
+        w = WIDE_STEP
+        while w < self._wide_t:
+            narrower.append(w)
+            w *= 2
+        return (self._wide_t, *reversed(narrower))
 
     @property
     def greedy_cols(self) -> int:
@@ -503,6 +539,8 @@ class Runner:
             self._steps.clear()
             self._greedy_steps.clear()
             self._arena.clear()  # (sized anew for the settings of then)
+            self._wides.clear()
+            self._wide_arena.clear()
             self._wide = None
         else:
             self._steps.pop(t, None)
@@ -762,61 +800,77 @@ class Runner:
             self._run(ws)
 
     def warm_wide(self) -> None:
-        """Build (on the GPU compile and capture) the wide step now rather than in the first
+        """Build (on the GPU compile and capture) the wide steps now rather than in the first
         long prompt. Writes K/V only at positions 0..wide-1: call it on an empty cache. A
-        window shorter than the step never runs one: nothing to build."""
-        if self._goes_wide(self.wide) and self.wide <= self.n_ctx:
-            self._wide_step([0] * self.wide, 0)
+        window shorter than a step never runs it: nothing to build."""
+        for t in self.wide_widths:
+            if self._goes_wide(t) and t <= self.n_ctx:
+                self._wide_step([0] * t, 0)
 
     # -- internals ------------------------------------------------------------------------
 
     def _goes_wide(self, n: int) -> bool:
-        """Whether a run of ``n`` tokens starts with a wide step (``wide``)."""
-        return self.kernels == "triton" and 0 < self.wide <= n
+        """Whether a run of ``n`` tokens starts with a wide step (``wide_widths``)."""
+        widths = self.wide_widths
+        return self.kernels == "triton" and bool(widths) and widths[-1] <= n
 
     def _read_wide(self, tokens: Sequence[int], start: int, *, greedy: bool) -> torch.Tensor:
-        """``logits`` / ``argmax`` with ``last_only`` of a run of at least ``wide`` tokens: wide
-        steps while a whole one is left, the rest as fixed-size steps; the last token's
-        logits [1, V] (a view, valid until the next call) or greedy token [1]."""
+        """``logits`` / ``argmax`` with ``last_only`` of a run of at least one wide step: wide
+        steps of each width (``wide_widths``) while a whole one is left, the rest as
+        fixed-size steps; the last token's logits [1, V] (a view, valid until the next call)
+        or greedy token [1]."""
         n, i = len(tokens), 0
-        while n - i >= self.wide:
-            self._wide_step(tokens[i : i + self.wide], start + i)
-            i += self.wide
+        for t in self.wide_widths:
+            while n - i >= t:
+                self._wide_step(tokens[i : i + t], start + i)
+                i += t
         if i < n:
             rest, at = tokens[i:], start + i
             return (self.argmax(rest, at, last_only=True) if greedy
                     else self.logits(rest, at, last_only=True))
         return self._wide_last(greedy)
 
-    def _wide_ws(self) -> Wide:
-        if self._wide is not None:
-            return self._wide
-        a, dev, dt, t = self.args, self.device, self.model.dtype, self.wide
-        f32 = torch.float32
-        ww = Wide(
-            inputs=torch.zeros(1 + t, dtype=torch.int64, device=dev),
-            h=torch.empty(t, a.n_embd, dtype=f32, device=dev),
-            xg=torch.empty(t, a.n_embd, dtype=dt, device=dev),
-            inv=torch.empty(t, dtype=f32, device=dev),
-            qkv=torch.empty(t, a.qkv_dim, dtype=dt, device=dev),
-            q=torch.empty(t, a.n_head, a.head_dim, dtype=f32, device=dev),
-            o_part=torch.empty(WIDE_NSPLIT, t, a.n_head, a.head_dim, dtype=f32, device=dev),
-            ml_part=torch.empty(WIDE_NSPLIT, t, a.n_head, 2, dtype=f32, device=dev),
-            attn=torch.empty(t, a.q_dim, dtype=dt, device=dev),
-            out=torch.empty(t, a.n_embd, dtype=dt, device=dev),
-            gu=torch.empty(t, 2 * a.n_ff, dtype=dt, device=dev),
-            act=torch.empty(t, a.n_ff, dtype=dt, device=dev),
-            row=torch.empty(1, a.n_vocab, dtype=f32, device=dev),
-        )
-        self._wide = ww
+    def _wide_shapes(self, t: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """The wide step's buffers for ``t`` tokens: shape and dtype by name (``Wide``)."""
+        a, dt, f32 = self.args, self.model.dtype, torch.float32
+        ns = wide_nsplit(t)
+        return {
+            "h": ((t, a.n_embd), f32), "xg": ((t, a.n_embd), dt), "inv": ((t,), f32),
+            "qkv": ((t, a.qkv_dim), dt), "q": ((t, a.n_head, a.head_dim), f32),
+            "o_part": ((ns, t, a.n_head, a.head_dim), f32), "ml_part": ((ns, t, a.n_head, 2), f32),
+            "attn": ((t, a.q_dim), dt), "out": ((t, a.n_embd), dt), "gu": ((t, 2 * a.n_ff), dt),
+            "act": ((t, a.n_ff), dt), "row": ((1, a.n_vocab), f32),
+        }
+
+    def _wide_ws(self, t: int) -> Wide:
+        """The buffers of the wide step of ``t`` tokens: views of one arena sized for every
+        width of ``wide_widths`` (steps run one at a time on one stream, and each writes its
+        buffers before it reads them)."""
+        ww = self._wides.get(t)
+        if ww is not None:
+            return ww
+        need: dict[str, int] = {}
+        for w in {*self.wide_widths, t}:
+            for name, (shape, _dt) in self._wide_shapes(w).items():
+                need[name] = max(need.get(name, 0), math.prod(shape))
+        views: dict[str, torch.Tensor] = {}
+        for name, (shape, dt) in self._wide_shapes(t).items():
+            buf = self._wide_arena.get(name)
+            if buf is None or buf.numel() < math.prod(shape):
+                buf = torch.empty(need[name], dtype=dt, device=self.device)
+                self._wide_arena[name] = buf  # (a step built on the one before keeps that one)
+            views[name] = buf[: math.prod(shape)].view(shape)
+        ww = Wide(inputs=torch.zeros(1 + t, dtype=torch.int64, device=self.device), **views)
+        self._wides[t] = ww
         return ww
 
     def _wide_step(self, tokens: Sequence[int], start: int) -> None:
-        """One wide step: ``tokens`` (``wide`` of them) at ``start`` into the cache, the final
-        residual left in the step's buffers. Captured on first use on the GPU (its warm-up
-        run writes the same K/V as the step it precedes)."""
-        ww = self._wide_ws()
+        """One wide step: ``tokens`` (one of ``wide_widths`` of them) at ``start`` into the
+        cache, the final residual left in the step's buffers. Captured on first use on the GPU
+        (its warm-up run writes the same K/V as the step it precedes)."""
+        ww = self._wide_ws(len(tokens))
         ww.inputs.copy_(torch.tensor([start, *tokens], dtype=torch.int64))
+        self._wide = ww
         if not self.graphs:
             self._wide_forward(ww)
             return
@@ -843,7 +897,7 @@ class Runner:
             K.rope_kv(ww.qkv, ww.h, lw.bqkv, self.model.rope, ww.start, ww.q, c.k[i], c.v[i],
                       eps, inv=ww.inv, zero=False)
             K.attention_wide(ww.q, c.k[i], c.v[i], ww.start, ww.attn, ww.o_part, ww.ml_part,
-                             block_s=WIDE_BLOCK_S)
+                             block_s=WIDE_BLOCK_S)  # (its splits: ``wide_nsplit``)
             torch.mm(ww.attn, lw.wo.t(), out=ww.out)
             K.residual_norm(ww.h, ww.out, lw.ffn_norm, ww.xg, ww.inv, eps)
             torch.mm(ww.xg, lw.w13.t(), out=ww.gu)

@@ -12,6 +12,7 @@ from stats_helpers import chi_square_p
 from openjarvis.engine.drafters import ModelDrafter
 from openjarvis.engine.llama import LlamaEngine
 from openjarvis.engine.sampling import SamplingParams, distribution
+from openjarvis.engine.prefix_cache import run_of
 from openjarvis.engine.speculative import PREFILL_CHUNK, Request, Speculator
 from openjarvis.errors import IncompatiblePair
 
@@ -448,6 +449,36 @@ def test_a_cancel_while_the_model_drafter_catches_up_stops_within_a_run(
     again = spec.generate(Request(prompt, max_tokens=24, drafter="model")).run()
     assert again.tokens == plain(verifier, prompt, max_tokens=24)
     assert again.stats.per_drafter["model"].drafted > 0
+
+
+def test_an_engine_with_runs_of_its_own_reads_the_prompt_in_them(
+    verifier: LlamaEngine, drafter: LlamaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine that asks for longer runs (``prefill_run``: the torch engine on a GPU, one wide
+    step of 1,024) is read in them, the verifier's prompt and the model drafter's catching up
+    alike, with progress and the cancel between runs; the answer is the same. A run that is not
+    a multiple of ``RUN`` is not taken."""
+    run = 2 * PREFILL_CHUNK
+    assert run_of(verifier) == PREFILL_CHUNK
+    monkeypatch.setattr(verifier, "prefill_run", PREFILL_CHUNK + 1, raising=False)
+    assert run_of(verifier) == PREFILL_CHUNK
+    monkeypatch.setattr(verifier, "prefill_run", run, raising=False)
+    monkeypatch.setattr(drafter, "prefill_run", run, raising=False)
+    prompt = verifier.tokenize(LONG)
+    n = len(prompt) - 1
+    assert n > run
+    seen: list[tuple[int, int]] = []
+    gen = Speculator(verifier).generate(
+        Request(prompt, max_tokens=24, drafter="none"), progress=lambda d, t: seen.append((d, t))
+    ).run()
+    assert seen == [(min(n, d), n) for d in range(run, n + run, run)]
+    assert gen.tokens == plain(verifier, prompt, max_tokens=24)
+    md = ModelDrafter(drafter, verifier=verifier)
+    spec = Speculator(verifier, model_drafter=md)
+    stopped = spec.generate(Request(prompt, max_tokens=24, drafter="model"),
+                            cancel=lambda: drafter.n_past >= PREFILL_CHUNK)
+    assert list(stopped) == [] and stopped.stats.finish_reason == "cancelled"
+    assert drafter.n_past == run == len(md.cached)  # one run of the drafter's own
 
 
 @pytest.mark.parametrize("read_ahead_s", [0.0, math.inf])

@@ -553,3 +553,19 @@ def test_a_launchs_trace_figures_come_from_its_stamps_and_the_launch_before(
     assert got["tail"] == pytest.approx(0.1)
     assert got["sm_max"] == 2 and got["sm_used"] == 1  # both on SM 3
     assert got["early_n"] == 1  # one entered before the launch before was done (1.1 us)
+
+
+@pytest.mark.parametrize(("ways", "message"), [
+    ("128", "--ways takes W/R pairs"),
+    ("128/x", "--ways takes W/R pairs"),
+    ("128/0", "--ways needs a wide step of 0 or more tokens and runs of 1 or more"),
+])
+def test_the_wide_bench_refuses_a_mistyped_way_before_it_looks_for_a_gpu(
+    ways: str, message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    import bench_wide  # (see bench_verify above)
+
+    monkeypatch.setattr("sys.argv", ["bench_wide.py", "--ways", ways])
+    with pytest.raises(SystemExit):
+        bench_wide.main()
+    assert message in capsys.readouterr().err

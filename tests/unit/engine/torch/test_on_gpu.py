@@ -84,8 +84,8 @@ def pair() -> tuple[Transformer, Runner, list[int], torch.Tensor]:
     w = random_weights(a, torch.bfloat16, "cuda", seed=0)
     model = Transformer(a, w, n_pos=512)
     gen = torch.Generator().manual_seed(1)
-    toks = torch.randint(0, a.n_vocab, (200,), generator=gen).tolist()
-    ref = Runner(Transformer(a, cast(w, torch.float32), n_pos=512), 256, kernels="torch",
+    toks = torch.randint(0, a.n_vocab, (320,), generator=gen).tolist()
+    ref = Runner(Transformer(a, cast(w, torch.float32), n_pos=512), 384, kernels="torch",
                  graphs=False)
     expect = ref.logits(toks, 0).clone()
     del ref
@@ -606,39 +606,48 @@ def test_the_engine_captures_at_load_every_step_a_request_runs(
         pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
     """After the engine's warm-up, a prompt that leaves 18-31 tokens after its steps of 32 and
     the model drafter's catch-up runs (argmaxes only) capture nothing new, nor do runs long
-    enough for a wide step: before session 24 they captured (and on a first start compiled)
-    steps inside the first requests."""
+    enough for a wide step of any width the window holds: before session 24 they captured (and
+    on a first start compiled) steps inside the first requests."""
     from openjarvis.engine.torch.engine import WARM_GREEDY, WARM_STEPS
 
     model, _, toks, _ = pair
-    r = Runner(model, 256)
+    r = Runner(model, 384)
     r.warmup(WARM_STEPS)
     r.warmup(WARM_GREEDY, greedy=True)
     r.warm_wide()
     steps, greedy = set(r._steps), set(r._greedy_steps)
-    assert r._wide is not None and r._wide.graph is not None
-    wide = r._wide.graph
-    for n in (50, 63, 81, 95, 150):
+    assert sorted(r._wides) == [128, 256]  # (512 and 1,024 do not fit the window)
+    graphs = {t: ww.graph for t, ww in r._wides.items()}
+    assert all(g is not None for g in graphs.values())
+    for n in (50, 63, 81, 95, 150, 300):
         r.logits(toks[:n], 0, last_only=True)
-    for n in (20, 31, 116, 190):
+    for n in (20, 31, 116, 190, 270):
         r.greedy_tokens(toks[:n], 0, last_only=True)
     assert set(r._steps) == steps and set(r._greedy_steps) == greedy
-    assert r._wide.graph is wide
+    assert {t: ww.graph for t, ww in r._wides.items()} == graphs
 
 
 def test_a_prompt_read_in_wide_steps_agrees_with_float32(
         pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
-    """The GPU default reads a prompt's runs of 128 in one wide step each (``Runner.wide``,
-    products through cuBLAS), the rest in fixed-size steps: the last token's logits as close to
-    float32 as the steps', at position 0 and past it; its greedy token that row's argmax; the
-    K/V close to what the fixed-size steps leave; the one-token steps after it still close."""
+    """The GPU default reads a prompt's runs in wide steps of 1,024 to 128 tokens
+    (``Runner.wide``, products through cuBLAS), the rest in fixed-size steps: the last token's
+    logits as close to float32 as the steps', at position 0 and past it; its greedy token that
+    row's argmax; the K/V close to what the fixed-size steps leave; the one-token steps after
+    it still close."""
     model, _, toks, expect = pair
-    r = Runner(model, 256)
-    assert r.wide == 128
+    r = Runner(model, 384)
+    assert r.wide == 1024 and r.wide_widths == (1024, 512, 256, 128)
     got = r.logits(toks[:128], 0, last_only=True).clone()  # one wide step, captured
-    assert r._wide is not None and r._wide.graph is not None
+    assert r._wide is r._wides[128] and r._wide.graph is not None
     assert rel(got, expect[127:128]) < BF16_REL
     assert rel(r.logits(toks[:200], 0, last_only=True), expect[199:200]) < BF16_REL  # + 72
+    got = r.logits(toks[:300], 0, last_only=True).clone()  # 256 + 32 + 12
+    assert r._wides[256].o_part.shape[0] == 4 and r._wides[128].o_part.shape[0] == 8
+    assert rel(got, expect[299:300]) < BF16_REL
+    plain = Runner(model, 384)
+    plain.wide = 0
+    plain.logits(toks[:300], 0, last_only=True)
+    assert rel(r.cache.k[:, :, :300], plain.cache.k[:, :, :300]) < BF16_REL
     r.logits(toks[:40], 0, last_only=True)
     got = r.logits(toks[40:168], 40, last_only=True).clone()  # a wide step at 40
     assert torch.isfinite(got).all()

@@ -37,6 +37,25 @@ def test_is_an_engine_on_the_cpu_in_float32(engine: TorchEngine) -> None:
     assert engine.n_past == 0 and engine.eos_token_ids
 
 
+def test_a_prompt_is_read_in_runs_of_the_widest_wide_step_on_the_gpu_path_only(
+        engine: TorchEngine) -> None:
+    """On the CPU the speculator's runs of ``RUN`` (a cancel lands within one); on the GPU's
+    path (Triton kernels in CUDA graphs, ``Runner.wide`` on) runs of the widest wide step, which
+    read each weight once a run; a width that is not a multiple of ``RUN`` is not asked for."""
+    from openjarvis.engine.prefix_cache import RUN, run_of
+
+    r = engine.runner
+    assert run_of(engine) == engine.prefill_run == RUN and r.wide == 0
+    r.kernels, r.graphs, r.wide = "triton", True, 1024  # (the GPU default; the flags alone)
+    assert r.wide_widths == (1024, 512, 256, 128)
+    assert run_of(engine) == 1024
+    r.wide = 200
+    assert r.wide_widths == (200, 128) and run_of(engine) == RUN
+    r.graphs = False
+    r.wide = 1024
+    assert run_of(engine) == RUN
+
+
 def test_logits_match_float64_reference_of_the_file(engine: TorchEngine, tiny_verifier_path: Path) -> None:
     tokens = engine.tokenize(TEXT)
     assert len(tokens) > 10

@@ -895,7 +895,7 @@ def test_a_prompt_read_in_wide_steps_leaves_the_reference_cache_and_last_logits(
     fast = Runner(model, n_ctx, kernels="triton", nsplit=4)
     assert fast.wide == 0  # on by default only on the GPU
     fast.wide = 48
-    ww = fast._wide_ws()
+    ww = fast._wide_ws(48)
     for buf in (ww.h, ww.xg, ww.inv, ww.qkv, ww.q, ww.o_part, ww.ml_part, ww.attn, ww.out, ww.gu,
                 ww.act, ww.row):
         buf.fill_(POISON)  # nothing read before the step writes it
@@ -915,6 +915,51 @@ def test_a_prompt_read_in_wide_steps_leaves_the_reference_cache_and_last_logits(
     assert steps._wide is None
     assert rel(steps.logits(seq[40:55], 40, last_only=True), ref[54:55]) < 1e-5
     assert steps._wide is None  # 15 tokens: shorter than a wide step
+
+
+def test_a_wide_step_wider_than_wide_step_reads_its_rest_in_narrower_ones(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``wide`` wider than ``WIDE_STEP`` (an engine's longer runs on the GPU) reads a run in
+    steps of ``wide``, then of ``WIDE_STEP`` times each power of two below it, then fixed-size
+    steps (here 48, 32 and 16: a run of 88 is one of 48, one of 32, then 8), each width with
+    its own splits of the sequence over views of one set of buffers: the last logits, greedy
+    token and K/V are the reference's, and ``warm_wide`` builds every width that fits the
+    window."""
+    import openjarvis.engine.torch.generate as G
+
+    monkeypatch.setattr(G, "WIDE_STEP", 16)
+    n_ctx = 120
+    model = Transformer(ARGS, random_weights(ARGS, torch.float32, "cpu", seed=4, scale=0.1),
+                        n_pos=n_ctx + 32)
+    gen = torch.Generator().manual_seed(6)
+    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (n_ctx,), generator=gen)]
+    ref_cache = KVCache(ARGS, n_ctx, torch.float32, "cpu")
+    ref = model.forward(torch.tensor(seq), torch.arange(n_ctx), ref_cache)
+    fast = Runner(model, n_ctx, kernels="triton", nsplit=4)
+    fast.wide = 48
+    assert fast.wide_widths == (48, 32, 16)
+    assert [G.wide_nsplit(t) for t in (48, 32, 16)] == [16, 32, 64]  # (1,024 a split x tokens)
+    monkeypatch.setattr(G, "WIDE_SPLIT_TOKENS", 64)  # 1, 2 and 4 splits: the interpreter's time
+    for t in (48, 32, 16):
+        ww = fast._wide_ws(t)
+        for buf in (ww.h, ww.xg, ww.inv, ww.qkv, ww.q, ww.o_part, ww.ml_part, ww.attn, ww.out,
+                    ww.gu, ww.act, ww.row):
+            buf.fill_(POISON)
+    assert [fast._wides[t].o_part.shape[0] for t in (48, 32, 16)] == [1, 2, 4]
+    assert fast._wides[16].h.data_ptr() == fast._wides[48].h.data_ptr()  # one arena
+    assert rel(fast.logits(seq[:88], 0, last_only=True), ref[87:88]) < 1e-5  # 48 + 32 + 8
+    assert fast._wide is fast._wides[32]
+    assert rel(fast.logits(seq[88:], 88, last_only=True), ref[-1:]) < 1e-5  # 32
+    assert fast.argmax(seq[40:], 40, last_only=True).tolist() == [int(ref[-1].argmax())]
+    for cache, want in ((fast.cache.k, ref_cache.k), (fast.cache.v, ref_cache.v)):
+        assert rel(cache[:, :, :n_ctx], want[:, :, :n_ctx]) < 1e-5
+    assert sorted(fast._wides) == [16, 32, 48]
+    fast.wide = 32  # another width: every step is built anew
+    assert fast._wides == {} and fast._wide is None and fast._wide_arena == {}
+    small = Runner(model, 40, kernels="triton", nsplit=4)
+    small.wide = 48
+    small.warm_wide()  # the window holds steps of 16 and 32, not one of 48
+    assert sorted(small._wides) == [16, 32]
 
 
 def test_a_window_shorter_than_the_wide_step_never_builds_one() -> None:
