@@ -9,6 +9,8 @@ here), as the engine calls them, in the engine's order:
 
 - ``steps``: ``warmup(WARM_STEPS)``;
 - ``greedy``: ``warmup(WARM_GREEDY, greedy=True)``;
+- ``wide``: ``warm_wide()`` (a prompt's wide steps, 1,024 to 128 tokens, since session 38;
+  the cache is emptied after it, as the engine's steps leave it);
 - ``chains``: ``warm_chains(range(1, MAX_CHAIN), 0)``.
 
 Each part's GPU memory is recorded beside its seconds (``*_mib``), and a third load has every
@@ -67,11 +69,13 @@ def load(a: ModelArgs, w: Any, n_ctx: int, shared_scratch: bool = True) -> dict[
     out = {"runner_mib": (torch.cuda.memory_allocated() - m0) / mib}
     for part, fn in (("steps", lambda: r.warmup(WARM_STEPS)),
                      ("greedy", lambda: r.warmup(WARM_GREEDY, greedy=True)),
+                     ("wide", r.warm_wide),
                      ("chains", lambda: r.warm_chains(range(1, MAX_CHAIN), 0))):
         m = torch.cuda.memory_allocated()
         out[part] = timed(fn)
         out[part + "_mib"] = (torch.cuda.memory_allocated() - m) / mib
-    out["total"] = out["steps"] + out["greedy"] + out["chains"]
+    out["total"] = out["steps"] + out["greedy"] + out["wide"] + out["chains"]
+    out["wide_steps"] = float(len(r._wides))
     out["total_mib"] = (torch.cuda.memory_allocated() - m0) / mib
     out["chains_captured"] = float(len(r._chains))
     r.drop_steps()  # its graphs go before the next load's

@@ -818,16 +818,18 @@ def test_a_prompt_longer_than_one_step_runs_in_chunks() -> None:
     assert rel(fast2.logits(seq, 0), ref) < 1e-5
 
 
-@pytest.mark.parametrize(("t", "start", "h", "hd"),
-                         [(20, 0, 6, 32), (20, 100, 6, 32), (33, 90, 14, 64), (16, 0, 4, 32)])
-def test_wide_attention_matches_sdpa_over_blocks_of_a_runs_tokens(t: int, start: int, h: int,
-                                                                 hd: int) -> None:
+@pytest.mark.parametrize(("t", "start", "h", "hd", "rows", "nsplit"),
+                         [(20, 0, 6, 32, 0, 4), (20, 100, 6, 32, 0, 4), (33, 90, 14, 64, 0, 4),
+                          (16, 0, 4, 32, 0, 4), (45, 0, 6, 32, 12, 4), (45, 20, 6, 32, 12, 1)])
+def test_wide_attention_matches_sdpa_over_blocks_of_a_runs_tokens(
+        t: int, start: int, h: int, hd: int, rows: int, nsplit: int) -> None:
     """The wide step's attention: a run's tokens in blocks (the last one partial where T is
-    not a multiple), each seeing the keys up to its own position, none past the run."""
+    not a multiple), each seeing the keys up to its own position, none past the run. Blocks of
+    4 tokens (12 rows) from position 0 over 4 splits: the first blocks' later splits hold no
+    key they see, and merge as empty."""
     q, kc, vc, out = _attention_case(t, start, h, hd)
-    nsplit = 4
     K.attention_wide(q, kc, vc, torch.tensor([start]), out, torch.full((nsplit, t, h, hd), POISON),
-                     torch.full((nsplit, t, h, 2), POISON), block_s=16)
+                     torch.full((nsplit, t, h, 2), POISON), block_s=16, rows=rows)
     assert not out.isnan().any()
     assert rel(out, _attention_ref(q, kc, vc, start)) < 1e-5
 
