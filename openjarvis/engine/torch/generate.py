@@ -291,6 +291,7 @@ class Runner:
         #: page-locked host memory itself, instead of a copy node after it.
         self.host_ids_direct = True
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        self._side: torch.cuda.Stream | None = None  # ``_graph``'s warm-up runs
         #: Tiles per (matrix, T): "wo", "w13", "w2", "out" -> LinearConfig; "qkv" -> (block_p,
         #: block_k). Filled by tuning (scripts/bench_gpu.py); defaults where absent.
         self.linear_configs: dict[tuple[str, int], object] = {}
@@ -1049,11 +1050,18 @@ class Runner:
         """Run ``warm`` ``warm_runs`` times on a side stream (compiles kernels), then capture
         ``body`` into a graph of the Runner's pool; the graph and what ``body`` returned.
 
+        One side stream a Runner: cuBLAS keeps a workspace for every stream it runs on (32 MiB
+        on an H200), for as long as the process, and the wide steps' warm-up runs are cuBLAS
+        products: a stream a capture held 128 MiB more for the 1.5B's four wide steps
+        (scripts/bench_startup.py, run 328).
+
         No garbage collection inside the capture: one that freed another CUDA graph (a Runner
         dropped whole, a workspace some caller kept in a cycle) would fail it. Off for the
         capture rather than a full collection before each one (~0.1 s a capture, 18 of them
         when an engine loads)."""
-        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        side = self._side
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(warm_runs):
