@@ -1053,7 +1053,7 @@ class Runner:
         One side stream a Runner: cuBLAS keeps a workspace for every stream it runs on (32 MiB
         on an H200), for as long as the process, and the wide steps' warm-up runs are cuBLAS
         products: a stream a capture held 128 MiB more for the 1.5B's four wide steps
-        (scripts/bench_startup.py, run 328).
+        (scripts/bench_startup.py, runs 329-330).
 
         No garbage collection inside the capture: one that freed another CUDA graph (a Runner
         dropped whole, a workspace some caller kept in a cycle) would fail it. Off for the

@@ -889,8 +889,8 @@ def _attn_wide_kernel(
     s_lo = sp * chunk
     # the keys the block's last token sees, no further: a prompt's first run reads half the
     # key blocks it would (a split past them stores an empty partial, which the merge weighs 0).
-    # Work, not time, where the grid is one wave: the last block still reads every key (run
-    # 327: 1,024 of 4,096 tokens in 1 split, 114.8 µs against 116.0)
+    # Work, not time, where the grid is one wave: the last block still reads every key (runs
+    # 326 and 328: 1,024 of 4,096 tokens in 1 split, 116.0 µs without, 114.8 with)
     seen = start + tl.minimum((tl.program_id(2) + 1) * BLOCK_Q, T)
     s_hi = tl.minimum(tl.minimum(s_lo + chunk, total), seen)
     q = (tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
