@@ -9,8 +9,8 @@ here), as the engine calls them, in the engine's order:
 
 - ``steps``: ``warmup(WARM_STEPS)``;
 - ``greedy``: ``warmup(WARM_GREEDY, greedy=True)``;
-- ``wide``: ``warm_wide()`` (a prompt's wide steps, 1,024 to 128 tokens, since session 38;
-  the cache is emptied after it, as the engine's steps leave it);
+- ``wide``: ``warm_wide()`` (a prompt's wide steps, 1,024 to 128 tokens that fit the window,
+  since session 38);
 - ``chains``: ``warm_chains(range(1, MAX_CHAIN), 0)``.
 
 Each part's GPU memory is recorded beside its seconds (``*_mib``), and a third load has every

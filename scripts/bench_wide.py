@@ -139,10 +139,13 @@ def _bench(name: str, n: int, rounds: int, profile: bool, ways: list[tuple[int, 
                      f"{int(row.argmax()) == int(base.argmax())}; K of every layer "
                      f"{float((k - kb).norm() / kb.norm()):.2e}")
         print(line, flush=True)
-    if profile:
-        w = max(w for w, _ in ways)
-        if w:
-            _profile(runners[[w for w, _ in ways].index(w)], prompt[n - w :], n - w)
+    if profile:  # the widest step this prompt holds, at its end
+        way = max(range(len(ways)), key=lambda j: ways[j][0])
+        fits = [w for w in runners[way].wide_widths if w <= n]
+        if fits:
+            _profile(runners[way], prompt[n - fits[0] :], n - fits[0])
+        else:
+            print(f"--profile: no wide step fits a prompt of {n} tokens", flush=True)
     del runners, model
     torch.cuda.empty_cache()
 

@@ -19,8 +19,9 @@ tests/integration/test_speculative_real.py; see docs/speculative.md):
 - Stops (EOS, stop strings, max tokens) falling inside an accepted draft end the answer exactly
   there; text is streamed token by token, held back only while it could still become a stop
   string or is an incomplete UTF-8 character. ``cancel`` is polled once per step, and
-  between runs of ``PREFILL_CHUNK`` prompt tokens while the prompt is prefilled (``progress``
-  is told how far that has got).
+  between runs of ``PREFILL_CHUNK`` prompt tokens (an engine's own runs where it asks for
+  them: ``prefix_cache.run_of``) while the prompt is prefilled (``progress`` is told how far
+  that has got).
 
 Example::
 
@@ -115,7 +116,7 @@ class Request:
 
 
 #: The prompt is prefilled in runs of this many tokens (``prefix_cache.RUN``), ``cancel`` polled
-#: and ``progress`` told between them; the model drafter catches up in the same runs. A
+#: and ``progress`` told between them; the model drafter catches up in runs too (its engine's). A
 #: 1,350-token prompt takes about 45 s to prefill on a 2-core AVX2 machine (the 1.5B at 30
 #: tokens/s, compute-bound), all of it deaf before to a cancel and to a more urgent request
 #: waiting for the gate. Runs of 128 prefilled as fast as one run there (runs of 128, 256 and

@@ -128,7 +128,7 @@ class TorchEngine(GgufInfo, MeasuredCosts):
         """Load ``path``: CUDA and bfloat16 when a GPU is present, else the CPU in float32.
 
         ``warmup`` (default: on the GPU) captures every step a request runs (``WARM_STEPS``, 1 to
-        ``MAX_STEP`` tokens, logits and greedy, and the wide step of a prompt's runs) at load,
+        ``MAX_STEP`` tokens, logits and greedy, and the wide steps of a prompt's runs) at load,
         so no request pays Triton compilation or graph capture. ``deterministic``
         (setting ``engine.deterministic``) trades speed for bit-identical GPU results run to run
         (``Runner.make_deterministic``)."""
@@ -192,7 +192,7 @@ class TorchEngine(GgufInfo, MeasuredCosts):
 
         r = self.runner
         wide = r.wide_widths[0] if r.wide_widths else 0
-        return wide if r.kernels == "triton" and r.graphs and wide % RUN == 0 else RUN
+        return wide if r.kernels == "triton" and r.graphs and wide > 0 and wide % RUN == 0 else RUN
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

@@ -440,7 +440,8 @@ class Runner:
 
     @property
     def wide(self) -> int:
-        """Tokens of the wide step (0: none); setting another drops the one built."""
+        """Tokens of the widest wide step (0: none); setting another drops every wide step
+        built and their buffers."""
         return self._wide_t
 
     @wide.setter
@@ -845,13 +846,13 @@ class Runner:
 
     def _wide_ws(self, t: int) -> Wide:
         """The buffers of the wide step of ``t`` tokens: views of one arena sized for every
-        width of ``wide_widths`` (steps run one at a time on one stream, and each writes its
-        buffers before it reads them)."""
+        width of ``wide_widths`` that fits the window (steps run one at a time on one stream,
+        and each writes its buffers before it reads them)."""
         ww = self._wides.get(t)
         if ww is not None:
             return ww
         need: dict[str, int] = {}
-        for w in {*self.wide_widths, t}:
+        for w in {*(w for w in self.wide_widths if w <= self.n_ctx), t}:  # (what can run)
             for name, (shape, _dt) in self._wide_shapes(w).items():
                 need[name] = max(need.get(name, 0), math.prod(shape))
         views: dict[str, torch.Tensor] = {}
@@ -861,7 +862,11 @@ class Runner:
                 buf = torch.empty(need[name], dtype=dt, device=self.device)
                 self._wide_arena[name] = buf  # (a step built on the one before keeps that one)
             views[name] = buf[: math.prod(shape)].view(shape)
-        ww = Wide(inputs=torch.zeros(1 + t, dtype=torch.int64, device=self.device), **views)
+        v = views
+        ww = Wide(inputs=torch.zeros(1 + t, dtype=torch.int64, device=self.device), h=v["h"],
+                  xg=v["xg"], inv=v["inv"], qkv=v["qkv"], q=v["q"], o_part=v["o_part"],
+                  ml_part=v["ml_part"], attn=v["attn"], out=v["out"], gu=v["gu"], act=v["act"],
+                  row=v["row"])
         self._wides[t] = ww
         return ww
 

@@ -1983,9 +1983,9 @@ def attention_wide(
     rows: int = 0,  # query rows a tile at most (0: ``WIDE_ROWS``)
     num_stages: int = 0,  # the key loop's pipeline depth (0: Triton's default)
 ) -> torch.Tensor:
-    """``attention`` for a long run of query tokens (the wide step's, a prompt's 128): the
-    splits of the sequence as there, and the tokens in blocks, so that no tile holds more than
-    ``rows`` query rows; then the same merge."""
+    """``attention`` for a long run of query tokens (a wide step's, 128 to 1,024 of a
+    prompt's): the splits of the sequence as there, and the tokens in blocks, so that no tile
+    holds more than ``rows`` query rows; then the same merge."""
     t, n_head, hd = q.shape
     n_kv = k_cache.shape[0]
     g = n_head // n_kv

@@ -11,8 +11,8 @@ from stats_helpers import chi_square_p
 
 from openjarvis.engine.drafters import ModelDrafter
 from openjarvis.engine.llama import LlamaEngine
-from openjarvis.engine.sampling import SamplingParams, distribution
 from openjarvis.engine.prefix_cache import run_of
+from openjarvis.engine.sampling import SamplingParams, distribution
 from openjarvis.engine.speculative import PREFILL_CHUNK, Request, Speculator
 from openjarvis.errors import IncompatiblePair
 

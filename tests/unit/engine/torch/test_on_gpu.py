@@ -663,6 +663,44 @@ def test_a_prompt_read_in_wide_steps_agrees_with_float32(
     assert float((out.argmax(-1) == expect[168:176].argmax(-1)).float().mean()) > 0.95
 
 
+def test_the_default_widest_steps_agree_with_float32_and_split_runs_alike() -> None:
+    """The default widths the engine's runs of 1,024 take (1,024 in one split, 512 in two, 256,
+    128) on a window that holds them: the last logits of a run of 1,100 (1,024 + 32 + 32 + 12)
+    and of a run of 400 after 700 (512 + 128 + 60, then 256 + 128 + 16) as close to float32 as
+    bf16 goes, the same top token, and K/V as close to the 32-token steps'; a run of 1,100 read
+    as runs of 1,024 and 76 leaves the K/V of one call (the prefix cache's runs)."""
+    a: ModelArgs = A
+    w = random_weights(a, torch.bfloat16, "cuda", seed=3)
+    model = Transformer(a, w, n_pos=1280)
+    gen = torch.Generator().manual_seed(4)
+    toks = torch.randint(0, a.n_vocab, (1100,), generator=gen).tolist()
+    ref = Runner(Transformer(a, cast(w, torch.float32), n_pos=1280), 1152, kernels="torch",
+                 graphs=False)
+    expect = ref.logits(toks, 0)[[-1, 699]].clone()  # rows 1,099 and 699
+    del ref
+    r = Runner(model, 1152)
+    r.make_deterministic()  # (bit for bit below: the 32-token steps' split-K tiles vary)
+    assert r.wide_widths == (1024, 512, 256, 128)
+    got = r.logits(toks, 0, last_only=True).clone()
+    assert sorted(r._wides) == [1024] and r._wides[1024].o_part.shape[0] == 1
+    assert rel(got, expect[:1]) < BF16_REL and int(got.argmax()) == int(expect[0].argmax())
+    k_one = r.cache.k[:, :, :1100].clone()
+    r.logits(toks[:1024], 0, last_only=True)
+    r.logits(toks[1024:], 1024, last_only=True)
+    assert torch.equal(r.cache.k[:, :, :1100], k_one)  # runs of 1,024 split as one call
+    got = r.logits(toks[:700], 0, last_only=True).clone()
+    assert rel(got, expect[1:]) < BF16_REL and int(got.argmax()) == int(expect[1].argmax())
+    assert r._wides[512].o_part.shape[0] == 2
+    got = r.logits(toks[700:], 700, last_only=True).clone()
+    assert sorted(r._wides) == [128, 256, 512, 1024]
+    assert rel(got, expect[:1]) < BF16_REL
+    plain = Runner(model, 1152)
+    plain.wide = 0
+    plain.logits(toks, 0, last_only=True)
+    for x, y in ((r.cache.k, plain.cache.k), (r.cache.v, plain.cache.v)):
+        assert rel(x[:, :, :1100], y[:, :, :1100]) < BF16_REL
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "BF16"])
 def test_gguf_blocks_decode_on_the_gpu_as_on_the_cpu(qtype: str, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """``load_gguf`` decodes on the device: the same bits as the CPU (which the weights test
