@@ -183,16 +183,18 @@ def _sweep_attention(name: str, n: int, t: int) -> None:
     ns = wide_nsplit(t)
     o = torch.empty(ns, t, a.n_head, a.head_dim, device=dev)
     ml = torch.empty(ns, t, a.n_head, 2, device=dev)
-    for block_s in (32, 64, 128):
-        for stages in (1, 2, 3, 4):
-            def call(block_s: int = block_s, stages: int = stages) -> None:
-                K.attention_wide(q, kc, vc, start, out, o, ml, block_s=block_s,
-                                 num_stages=stages)
+    for rows in (64, 128):
+        for block_s in (32, 64, 128):
+            for stages in (1, 2, 3, 4):
+                def call(block_s: int = block_s, stages: int = stages, rows: int = rows) -> None:
+                    K.attention_wide(q, kc, vc, start, out, o, ml, block_s=block_s,
+                                     num_stages=stages, rows=rows)
 
-            try:
-                line.append(f"keys {block_s} stages {stages}: {_graph_us(call):.1f}")
-            except triton.runtime.errors.OutOfResources:
-                line.append(f"keys {block_s} stages {stages}: no room")
+                what = f"rows {rows} keys {block_s} stages {stages}"
+                try:
+                    line.append(f"{what}: {_graph_us(call):.1f}")
+                except triton.runtime.errors.OutOfResources:
+                    line.append(f"{what}: no room")
     print(f"{name} the same in {ns} splits, µs a call: " + "; ".join(line), flush=True)
     line = []
     xs = {"qkv": (a.n_embd, a.qkv_dim), "o": (a.q_dim, a.n_embd), "gate/up": (a.n_embd, 2 * a.n_ff),
