@@ -80,16 +80,21 @@ def test_linear_kernels_agree_with_float32_in_every_pdl_mode(t: int, tile: str) 
 def pair() -> tuple[Transformer, Runner, list[int], torch.Tensor]:
     """0.5B shapes, random bf16 weights; a float32 reference of the same weights over a prompt
     and the tokens the tests step through."""
-    a: ModelArgs = A
-    w = random_weights(a, torch.bfloat16, "cuda", seed=0)
-    model = Transformer(a, w, n_pos=512)
-    gen = torch.Generator().manual_seed(1)
-    toks = torch.randint(0, a.n_vocab, (320,), generator=gen).tolist()
-    ref = Runner(Transformer(a, cast(w, torch.float32), n_pos=512), 384, kernels="torch",
-                 graphs=False)
-    expect = ref.logits(toks, 0).clone()
-    del ref
+    model, toks, expect = _bf16_case(n_pos=512, n=320, seed=0)
     return model, Runner(model, 256), toks, expect
+
+
+def _bf16_case(n_pos: int, n: int, seed: int) -> tuple[Transformer, list[int], torch.Tensor]:
+    """0.5B shapes with random bf16 weights, n random tokens, and the logits of every one of
+    them from a float32 copy of the same weights (the torch reference, uncaptured)."""
+    a: ModelArgs = A
+    w = random_weights(a, torch.bfloat16, "cuda", seed=seed)
+    model = Transformer(a, w, n_pos=n_pos)
+    gen = torch.Generator().manual_seed(seed + 1)
+    toks = torch.randint(0, a.n_vocab, (n,), generator=gen).tolist()
+    ref = Runner(Transformer(a, cast(w, torch.float32), n_pos=n_pos), n_pos - 128,
+                 kernels="torch", graphs=False)
+    return model, toks, ref.logits(toks, 0).clone()
 
 
 def test_default_triton_steps_agree_with_float32(
@@ -669,15 +674,8 @@ def test_the_default_widest_steps_agree_with_float32_and_split_runs_alike() -> N
     and of a run of 400 after 700 (512 + 128 + 60, then 256 + 128 + 16) as close to float32 as
     bf16 goes, the same top token, and K/V as close to the 32-token steps'; a run of 1,100 read
     as runs of 1,024 and 76 leaves the K/V of one call (the prefix cache's runs)."""
-    a: ModelArgs = A
-    w = random_weights(a, torch.bfloat16, "cuda", seed=3)
-    model = Transformer(a, w, n_pos=1280)
-    gen = torch.Generator().manual_seed(4)
-    toks = torch.randint(0, a.n_vocab, (1100,), generator=gen).tolist()
-    ref = Runner(Transformer(a, cast(w, torch.float32), n_pos=1280), 1152, kernels="torch",
-                 graphs=False)
-    expect = ref.logits(toks, 0)[[-1, 699]].clone()  # rows 1,099 and 699
-    del ref
+    model, toks, expect = _bf16_case(n_pos=1280, n=1100, seed=3)
+    expect = expect[[-1, 699]]  # rows 1,099 and 699
     r = Runner(model, 1152)
     r.make_deterministic()  # (bit for bit below: the 32-token steps' split-K tiles vary)
     assert r.wide_widths == (1024, 512, 256, 128)

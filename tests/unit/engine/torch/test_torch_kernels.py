@@ -879,6 +879,17 @@ def test_residual_norm_adds_then_hands_the_next_product_h_times_g_and_each_rows_
     assert rel(act, torch.nn.functional.silu(ref[:, : a.n_ff]) * ref[:, a.n_ff :]) < 1e-5
 
 
+def _wide_case(n_ctx: int, seed: int) -> tuple[Transformer, list[int], torch.Tensor, KVCache]:
+    """A float32 model, a sequence filling a window of ``n_ctx``, and the reference forward's
+    logits of it and the cache that forward leaves."""
+    model = Transformer(ARGS, random_weights(ARGS, torch.float32, "cpu", seed=4, scale=0.1),
+                        n_pos=n_ctx + 32)
+    gen = torch.Generator().manual_seed(seed)
+    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (n_ctx,), generator=gen)]
+    ref_cache = KVCache(ARGS, n_ctx, torch.float32, "cpu")
+    return model, seq, model.forward(torch.tensor(seq), torch.arange(n_ctx), ref_cache), ref_cache
+
+
 def test_a_prompt_read_in_wide_steps_leaves_the_reference_cache_and_last_logits() -> None:
     """Runs of at least ``wide`` tokens start with wide steps (products through torch, 1/RMS
     after them), the rest as fixed-size steps (here 40: one of 32 and one of 8): the last
@@ -888,12 +899,7 @@ def test_a_prompt_read_in_wide_steps_leaves_the_reference_cache_and_last_logits(
     read before it is written. Shorter runs, and every row asked for, keep the fixed-size
     steps."""
     n_ctx = 120
-    model = Transformer(ARGS, random_weights(ARGS, torch.float32, "cpu", seed=4, scale=0.1),
-                        n_pos=n_ctx + 32)
-    gen = torch.Generator().manual_seed(5)
-    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (n_ctx,), generator=gen)]
-    ref_cache = KVCache(ARGS, n_ctx, torch.float32, "cpu")
-    ref = model.forward(torch.tensor(seq), torch.arange(n_ctx), ref_cache)
+    model, seq, ref, ref_cache = _wide_case(n_ctx, seed=5)
     fast = Runner(model, n_ctx, kernels="triton", nsplit=4)
     assert fast.wide == 0  # on by default only on the GPU
     fast.wide = 48
@@ -931,12 +937,7 @@ def test_a_wide_step_wider_than_wide_step_reads_its_rest_in_narrower_ones(
 
     monkeypatch.setattr(G, "WIDE_STEP", 16)
     n_ctx = 120
-    model = Transformer(ARGS, random_weights(ARGS, torch.float32, "cpu", seed=4, scale=0.1),
-                        n_pos=n_ctx + 32)
-    gen = torch.Generator().manual_seed(6)
-    seq = [int(x) for x in torch.randint(0, ARGS.n_vocab, (n_ctx,), generator=gen)]
-    ref_cache = KVCache(ARGS, n_ctx, torch.float32, "cpu")
-    ref = model.forward(torch.tensor(seq), torch.arange(n_ctx), ref_cache)
+    model, seq, ref, ref_cache = _wide_case(n_ctx, seed=6)
     fast = Runner(model, n_ctx, kernels="triton", nsplit=4)
     fast.wide = 48
     assert fast.wide_widths == (48, 32, 16)
