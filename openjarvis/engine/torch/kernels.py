@@ -782,14 +782,35 @@ def _attn_update(q, kt, vt, s, smask, qpos, m, den, acc):
 
 
 @triton.jit
+def _attn_update_seen(q, kt, vt, m, den, acc):
+    """``_attn_update`` for a block of keys that every query row sees: no mask."""
+    sc = tl.dot(q.to(kt.dtype), tl.trans(kt))  # [R, S]
+    m_new = tl.maximum(m, tl.max(sc, 1))
+    p = tl.exp(sc - m_new[:, None])
+    alpha = tl.exp(m - m_new)
+    den = den * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+    return m_new, den, acc
+
+
+@triton.jit
 def _attn_keys(q, kbase, vbase, s_lo, s_hi, qpos, stride_cs, d, BLOCK_R: tl.constexpr,
-               HD: tl.constexpr, BLOCK_S: tl.constexpr):
+               HD: tl.constexpr, BLOCK_S: tl.constexpr, s_seen=0, SEEN: tl.constexpr = False):
     """Keys s_lo..s_hi - 1 of one kv head (``kbase``, ``vbase``) in blocks into the running
-    (max, sum, output) of the query rows ``q`` at positions ``qpos``, from empty."""
+    (max, sum, output) of the query rows ``q`` at positions ``qpos``, from empty. ``SEEN``:
+    the whole blocks s_lo..s_seen - 1 are seen by every row and go without masks."""
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     den = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
-    for s0 in range(s_lo, s_hi, BLOCK_S):
+    s_from = s_lo
+    if SEEN:
+        for s0 in range(s_lo, s_seen, BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)
+            kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :])
+            vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :])
+            m, den, acc = _attn_update_seen(q, kt, vt, m, den, acc)
+        s_from = s_seen
+    for s0 in range(s_from, s_hi, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         smask = s < s_hi
         kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :], mask=smask[:, None], other=0.0)
@@ -870,6 +891,7 @@ def _attn_wide_kernel(
     q_ptr, kc_ptr, vc_ptr, start_ptr, o_ptr, ml_ptr, T, stride_ch, stride_cs, scale,
     N_HEAD: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+    SEEN: tl.constexpr = True,
 ):
     """Program = (kv head, split, block of ``BLOCK_Q`` query tokens): ``_attn_item`` for the
     wide step (``attention_wide``), whose T (a prompt's run) is too long for one query tile:
@@ -895,8 +917,11 @@ def _attn_wide_kernel(
     s_hi = tl.minimum(tl.minimum(s_lo + chunk, total), seen)
     q = (tl.load(q_ptr + (t * N_HEAD + head)[:, None] * HD + d[None, :],
                  mask=rmask[:, None], other=0.0) * scale).to(kc_ptr.dtype.element_ty)
+    # the whole key blocks every row of the block sees (those before its first token)
+    seen_all = tl.minimum(s_hi, start + tl.program_id(2) * BLOCK_Q)
+    s_seen = s_lo + tl.maximum(seen_all - s_lo, 0) // BLOCK_S * BLOCK_S
     m, den, acc = _attn_keys(q, kc_ptr + kvh * stride_ch, vc_ptr + kvh * stride_ch, s_lo, s_hi,
-                             start + t, stride_cs, d, BLOCK_R, HD, BLOCK_S)
+                             start + t, stride_cs, d, BLOCK_R, HD, BLOCK_S, s_seen, SEEN)
     idx = (sp * T + t) * N_HEAD + head  # partials [NSPLIT, T, H, ...]
     _attn_partials(o_ptr, ml_ptr, idx, rmask & (s_lo + t * 0 < total), d, m, den, acc, HD)
 
@@ -1982,6 +2007,7 @@ def attention_wide(
     block_s: int = 64,
     rows: int = 0,  # query rows a tile at most (0: ``WIDE_ROWS``)
     num_stages: int = 0,  # the key loop's pipeline depth (0: Triton's default)
+    seen: bool = True,  # the key blocks every row sees without masks
 ) -> torch.Tensor:
     """``attention`` for a long run of query tokens (a wide step's, 128 to 1,024 of a
     prompt's): the splits of the sequence as there, and the tokens in blocks, so that no tile
@@ -2007,7 +2033,7 @@ def attention_wide(
     _attn_wide_kernel[(n_kv, nsplit, triton.cdiv(t, block_q))](
         q, k_cache, v_cache, start, o_part, ml_part, t, k_cache.stride(0), k_cache.stride(1),
         hd**-0.5, N_HEAD=n_head, G=g, HD=hd, NSPLIT=nsplit, BLOCK_Q=block_q, BLOCK_R=block_r,
-        BLOCK_S=block_s, num_warps=8 if block_r > 64 else 4,
+        BLOCK_S=block_s, SEEN=seen, num_warps=8 if block_r > 64 else 4,
         **({"num_stages": num_stages} if num_stages else {}),
     )
     tr, trc = _trace(out)
