@@ -553,21 +553,23 @@ class Speculator:
             t0 = time.perf_counter()
             draft: Draft | None = None
             md = self.model_drafter
-            if plan.key == "model" and md is not None and self._reads_while_answering(committed):
+            md_run = PREFILL_CHUNK if md is None else run_of(md.engine, PREFILL_CHUNK)
+            if (plan.key == "model" and md is not None
+                    and self._reads_while_answering(committed, md_run)):
                 # The drafter lacks more of the context than it reads unnoticed (the first steps
                 # after a long prompt): the first step reads none of it, each later one a run,
                 # and a step goes without the drafter until it has caught up, so the answer
                 # starts as soon as the verifier has read the prompt.
                 if stats.steps:
-                    md.catch_up(committed, run_of(md.engine, PREFILL_CHUNK), lambda _n: False)
+                    md.catch_up(committed, md_run, lambda _n: False)
                     if cancel():
                         finish = "cancelled"
                         break
-                if md.missing(committed) > run_of(md.engine, PREFILL_CHUNK):  # (a run a step)
+                if md.missing(committed) > md_run:  # (a run a step)
                     plan, ngram_draft = plan_step(use_model=False)
             if plan.key == "model" and md is not None:
                 # what the drafter has not read of the context, in runs with cancel polled
-                if not md.catch_up(committed, run_of(md.engine, PREFILL_CHUNK), lambda _n: not cancel()):
+                if not md.catch_up(committed, md_run, lambda _n: not cancel()):
                     finish = "cancelled"
                     break
                 draft = md.propose(committed, plan.k, req.sampling, rng)
@@ -636,16 +638,15 @@ class Speculator:
         stats.finish_reason = finish
 
 
-    def _reads_while_answering(self, committed: list[int]) -> bool:
-        """Whether the model drafter lacks more than a run of ``committed`` and would take
-        longer than ``read_ahead_s`` to read it (its table for greedy calls: it reads by
-        argmaxes)."""
+    def _reads_while_answering(self, committed: list[int], run: int) -> bool:
+        """Whether the model drafter lacks more than a ``run`` (its engine's) of ``committed``
+        and would take longer than ``read_ahead_s`` to read it (its table for greedy calls: it
+        reads by argmaxes)."""
         md = self.model_drafter
         if md is None:
             return False
         lacks = md.missing(committed)
-        return (lacks > run_of(md.engine, PREFILL_CHUNK)
-                and _costs(md.engine, True).verify(lacks) > self.read_ahead_s)
+        return lacks > run and _costs(md.engine, True).verify(lacks) > self.read_ahead_s
 
     def _argmax_only(self, req: Request) -> bool:
         """Whether this request's steps need each row's argmax alone: greedy, with no

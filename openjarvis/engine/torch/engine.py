@@ -191,8 +191,7 @@ class TorchEngine(GgufInfo, MeasuredCosts):
         from openjarvis.engine.prefix_cache import RUN
 
         r = self.runner
-        wide = r.wide_widths[0] if r.wide_widths else 0
-        return wide if r.kernels == "triton" and r.graphs and wide > 0 and wide % RUN == 0 else RUN
+        return r.wide if r.kernels == "triton" and r.graphs and r.wide > 0 and r.wide % RUN == 0 else RUN
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

@@ -767,27 +767,21 @@ def _splits_used(total, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
 
 
 @triton.jit
-def _attn_update(q, kt, vt, s, smask, qpos, m, den, acc):
-    """One block of keys into the running (max, sum, output) of the query rows."""
+def _attn_update(q, kt, vt, s, smask, qpos, m, den, acc, MASK: tl.constexpr = True):
+    """One block of keys into the running (max, sum, output) of the query rows. ``MASK``
+    False: every row sees every key of the block (``s``, ``smask`` and ``qpos`` unread), so
+    no key is masked and no row's max can be -inf (``_attn_keys``' ``SEEN`` blocks)."""
     sc = tl.dot(q.to(kt.dtype), tl.trans(kt))  # [R, S]
-    valid = smask[None, :] & (s[None, :] <= qpos[:, None])
-    sc = tl.where(valid, sc, float("-inf"))
+    if MASK:
+        valid = smask[None, :] & (s[None, :] <= qpos[:, None])
+        sc = tl.where(valid, sc, float("-inf"))
     m_new = tl.maximum(m, tl.max(sc, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if MASK:
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_safe = m_new
     p = tl.exp(sc - m_safe[:, None])
     alpha = tl.exp(m - m_safe)
-    den = den * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-    return m_new, den, acc
-
-
-@triton.jit
-def _attn_update_seen(q, kt, vt, m, den, acc):
-    """``_attn_update`` for a block of keys that every query row sees: no mask."""
-    sc = tl.dot(q.to(kt.dtype), tl.trans(kt))  # [R, S]
-    m_new = tl.maximum(m, tl.max(sc, 1))
-    p = tl.exp(sc - m_new[:, None])
-    alpha = tl.exp(m - m_new)
     den = den * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
     return m_new, den, acc
@@ -808,7 +802,7 @@ def _attn_keys(q, kbase, vbase, s_lo, s_hi, qpos, stride_cs, d, BLOCK_R: tl.cons
             s = s0 + tl.arange(0, BLOCK_S)
             kt = tl.load(kbase + s[:, None] * stride_cs + d[None, :])
             vt = tl.load(vbase + s[:, None] * stride_cs + d[None, :])
-            m, den, acc = _attn_update_seen(q, kt, vt, m, den, acc)
+            m, den, acc = _attn_update(q, kt, vt, s, s, qpos, m, den, acc, False)
         s_from = s_seen
     for s0 in range(s_from, s_hi, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
