@@ -960,6 +960,31 @@ T1_SETS["scratch25"] = {"t1_own_scratch": {"shared_scratch": False}, "t1_shared"
 #: ``--set scratch25b``: the one-token step on views of the shared buffers too (before its own
 #: were kept, ``own_scratch_t``), against the default and an A/A of it.
 T1_SETS["scratch25b"] = {"t1_arena": {"own_scratch_t": []}, "t1_own_again": {}}
+#: ``--set persist39`` (session 39): one-token products whose programs each walk several row
+#: blocks (``LinearConfig.persist``, ``kernels._linear_rows_persist_kernel``), so a launch of
+#: short programs runs in one wave, each program paying its start and first loads' latency
+#: once. Lists as above, then segments, lanes, persist. The 1.5B's gate/up (8 x 256, rows,
+#: lanes: 2,240 blocks) 2 / 3 / 4 blocks a program (1,120 / 747 / 560 programs), and 4-row
+#: blocks 4 a program (1,120); its down projection (2 x 1024 in 2 splits, rows, prefetching;
+#: the persistent kernel loads no tile before its wait) 2 / 4. The 0.5B's gate/up (4 x 1024
+#: on 2 warps, not rows: 2,432 blocks) in rows 2 / 4 blocks a program (in ``_p2`` and
+#: ``_p3``), and in rows a program a block (in ``_p4``: the control).
+T1_SETS["persist39"] = {
+    "t1_w13_p2": {"by_width": {"1536": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_L, 2]}},
+                               "896": {"t1_tiles": {"w13": [4, 1024, 2, 2, 1, *_R, 1, False,
+                                                            2]}}}},
+    "t1_w13_p3": {"by_width": {"1536": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_L, 3]}},
+                               "896": {"t1_tiles": {"w13": [4, 1024, 2, 2, 1, *_R, 1, False,
+                                                            4]}}}},
+    "t1_w13_p4": {"by_width": {"1536": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_L, 4]}},
+                               "896": {"t1_tiles": {"w13": [4, 1024, 2, 2, 1, *_R]}}}},
+    "t1_w13_4x4": {"by_width": {"1536": {"t1_tiles": {"w13": [4, 256, 4, 2, 1, *_L, 4]}},
+                                "896": {}}},
+    "t1_w2_p2": {"by_width": {"1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_RP, 1, False,
+                                                           2]}}, "896": {}}},
+    "t1_w2_p4": {"by_width": {"1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_RP, 1, False,
+                                                           4]}}, "896": {}}},
+}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -984,6 +1009,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "warps23d": {}, "warps23e": {},
     "scratch25": {"own_scratch": {"shared_scratch": False}},
     "scratch25b": {"verify_arena_t1": {"own_scratch_t": []}},
+    "persist39": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

@@ -85,6 +85,9 @@ class LinearConfig:
     #: (With the norm in the loop, its squares are still summed across the warp every tile;
     #: the 1.5B's gate/up reads the norm hand-off, so its loop has no shuffle left.)
     lanes: bool = False
+    #: With ``rows`` (T = 1): row blocks a program walks (``_linear_rows_persist_kernel``):
+    #: the grid is that many times smaller than the row blocks. 0: a program a row block.
+    persist: int = 0
 
     def __post_init__(self) -> None:
         if self.prefetch and not self.rows:
@@ -97,6 +100,9 @@ class LinearConfig:
         if self.lanes and not (self.rows and (self.block_k // self.segments) % 256 == 0):
             raise ValueError("lanes needs rows=True and segments of a multiple of 256 columns "
                              "(32 lanes of 8)")
+        if self.persist < 0 or (self.persist and not self.rows):
+            raise ValueError(f"persist={self.persist} needs rows=True and is a count of row "
+                             f"blocks a program (0: one)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,6 +420,80 @@ def _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride
 
 
 @triton.jit
+def _rows_loop(x_ptr, w_ptr, g_ptr, blk, k_lo, k_hi, N, K, acc, acc2, ss, tr_ptr, tr_base, tpid,
+               MODE: tl.constexpr, NORM: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, PDL: tl.constexpr, EVICT: tl.constexpr,
+               TRACE: tl.constexpr, PREFETCH: tl.constexpr, SEG: tl.constexpr,
+               LANES: tl.constexpr):
+    """T = 1, ``LinearConfig.rows``: row block ``blk``'s K loop over [k_lo, k_hi), its sums
+    added to acc and acc2 [1, BN] and its norm statistics to ss [1]; the PDL wait (``_gdc``)
+    is inside, after the first tile where the mode loads one early (``PDL`` 0: the caller
+    has waited)."""
+    # Each warp's rows read their own copy of x (L1 serves the repeats) in the weight
+    # tile's layout, and keep their sums per row until after the loop: the loop has no
+    # block barrier (the default loop converts x's layout and the sums through shared
+    # memory every tile). SEG > 1: the tile is [BN * SEG, BK / SEG], each of its rows a
+    # segment of a weight row, so a segment a warp holds whole (256 bfloat16 columns)
+    # keeps rows wider than that barrier-free too; a row's segments are summed after the
+    # loop. PREFETCH: tile k0 + BK is asked for before tile k0 is reduced (the last
+    # iteration's ask is masked off whole). Where the prologue asks for it (PDL % 4 >= 2)
+    # the first tile loads before the PDL wait: with PREFETCH as the loop's carried
+    # tile; without, reduced after the wait, the loop taking the tiles after it.
+    SW: tl.constexpr = BLOCK_K // SEG
+    sr = tl.arange(0, BLOCK_N * SEG)
+    srow = blk * BLOCK_N + sr // SEG  # [BN * SEG] the weight row of each tile row
+    soff = (sr % SEG) * SW  # [BN * SEG] its segment's first column in the tile
+    sc = tl.arange(0, SW)
+    smask = srow < N
+    if LANES:
+        av = tl.zeros([BLOCK_N * SEG, 32], dtype=tl.float32)
+        av2 = tl.zeros([BLOCK_N * SEG, 32], dtype=tl.float32)
+    else:
+        av = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
+        av2 = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
+    sv = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
+    k_start = k_lo
+    if PDL % 4 >= 2:
+        cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k_lo, k_hi, soff, sc, N, K, SEG,
+                                       MODE, EVICT)
+    _gdc(PDL)
+    _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
+    if PREFETCH == 0 and PDL % 4 >= 2:
+        av, av2, sv = _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE,
+                                NORM, LANES)
+        k_start = k_lo + BLOCK_K
+    elif PREFETCH and PDL % 4 < 2:
+        cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k_lo, k_hi, soff, sc, N, K, SEG,
+                                       MODE, EVICT)
+    for k0 in range(k_start, k_hi, BLOCK_K):
+        if PREFETCH:  # (cols: carried from the iteration before)
+            coln, cmn, wn, w2n = _seg_tile(w_ptr, srow, smask, k0 + BLOCK_K, k_hi, soff, sc,
+                                           N, K, SEG, MODE, EVICT)
+        else:
+            cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k0, k_hi, soff, sc, N, K,
+                                           SEG, MODE, EVICT)
+        av, av2, sv = _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE,
+                                NORM, LANES)
+        if PREFETCH:
+            w, w2, cols, cmask = wn, w2n, coln, cmn
+    if LANES:  # the lanes' partials of each row, summed once
+        avr = tl.sum(av, axis=1)
+        av2r = tl.sum(av2, axis=1)
+    else:
+        avr = av
+        av2r = av2
+    if SEG == 1:
+        acc += avr[None, :]
+        acc2 += av2r[None, :]
+        ss += tl.max(sv, 0)  # every row summed the same x (its load ignores the row mask)
+    else:
+        acc += tl.sum(tl.reshape(avr, [BLOCK_N, SEG]), axis=1)[None, :]
+        acc2 += tl.sum(tl.reshape(av2r, [BLOCK_N, SEG]), axis=1)[None, :]
+        ss += tl.max(tl.sum(tl.reshape(sv, [BLOCK_N, SEG]), axis=1), 0)
+    return acc, acc2, ss
+
+
+@triton.jit
 def _linear_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
     T, N, K, stride_x, stride_out, eps,
@@ -447,67 +527,9 @@ def _linear_kernel(
     acc2 = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
     if ROWS:
-        # Each warp's rows read their own copy of x (L1 serves the repeats) in the weight
-        # tile's layout, and keep their sums per row until after the loop: the loop has no
-        # block barrier (the default loop converts x's layout and the sums through shared
-        # memory every tile). SEG > 1: the tile is [BN * SEG, BK / SEG], each of its rows a
-        # segment of a weight row, so a segment a warp holds whole (256 bfloat16 columns)
-        # keeps rows wider than that barrier-free too; a row's segments are summed after the
-        # loop. PREFETCH: tile k0 + BK is asked for before tile k0 is reduced (the last
-        # iteration's ask is masked off whole). Where the prologue asks for it (PDL % 4 >= 2)
-        # the first tile loads before the PDL wait: with PREFETCH as the loop's carried
-        # tile; without, reduced after the wait, the loop taking the tiles after it.
-        SW: tl.constexpr = BLOCK_K // SEG
-        sr = tl.arange(0, BLOCK_N * SEG)
-        srow = pid * BLOCK_N + sr // SEG  # [BN * SEG] the weight row of each tile row
-        soff = (sr % SEG) * SW  # [BN * SEG] its segment's first column in the tile
-        sc = tl.arange(0, SW)
-        smask = srow < N
-        if LANES:
-            av = tl.zeros([BLOCK_N * SEG, 32], dtype=tl.float32)
-            av2 = tl.zeros([BLOCK_N * SEG, 32], dtype=tl.float32)
-        else:
-            av = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
-            av2 = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
-        sv = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
-        k_start = k_lo
-        if PDL % 4 >= 2:
-            cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k_lo, k_hi, soff, sc, N, K, SEG,
-                                           MODE, EVICT)
-        _gdc(PDL)
-        _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-        if PREFETCH == 0 and PDL % 4 >= 2:
-            av, av2, sv = _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE,
-                                    NORM, LANES)
-            k_start = k_lo + BLOCK_K
-        elif PREFETCH and PDL % 4 < 2:
-            cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k_lo, k_hi, soff, sc, N, K, SEG,
-                                           MODE, EVICT)
-        for k0 in range(k_start, k_hi, BLOCK_K):
-            if PREFETCH:  # (cols: carried from the iteration before)
-                coln, cmn, wn, w2n = _seg_tile(w_ptr, srow, smask, k0 + BLOCK_K, k_hi, soff, sc,
-                                               N, K, SEG, MODE, EVICT)
-            else:
-                cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k0, k_hi, soff, sc, N, K,
-                                               SEG, MODE, EVICT)
-            av, av2, sv = _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE,
-                                    NORM, LANES)
-            if PREFETCH:
-                w, w2, cols, cmask = wn, w2n, coln, cmn
-        if LANES:  # the lanes' partials of each row, summed once
-            avr = tl.sum(av, axis=1)
-            av2r = tl.sum(av2, axis=1)
-        else:
-            avr = av
-            av2r = av2
-        if SEG == 1:
-            acc += avr[None, :]
-            acc2 += av2r[None, :]
-            ss += tl.max(sv, 0)  # every row summed the same x (its load ignores the row mask)
-        else:
-            acc += tl.sum(tl.reshape(avr, [BLOCK_N, SEG]), axis=1)[None, :]
-            acc2 += tl.sum(tl.reshape(av2r, [BLOCK_N, SEG]), axis=1)[None, :]
-            ss += tl.max(tl.sum(tl.reshape(sv, [BLOCK_N, SEG]), axis=1), 0)
+        acc, acc2, ss = _rows_loop(x_ptr, w_ptr, g_ptr, pid, k_lo, k_hi, N, K, acc, acc2, ss,
+                                   tr_ptr, tr_base, tpid, MODE, NORM, BLOCK_N, BLOCK_K, PDL,
+                                   EVICT, TRACE, PREFETCH, SEG, LANES)
     elif PDL % 4 >= 2:
         # The first K tile of the weights is loaded before waiting on the previous kernel.
         rk = k_lo + tl.arange(0, BLOCK_K)  # [BK]
@@ -551,6 +573,49 @@ def _linear_kernel(
     _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
                      g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, pid,
                      MODE, NORM, BIAS, SPLIT_K, SEM, HAND, NP_BLOCK, False)
+    _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
+
+
+@triton.jit
+def _linear_rows_persist_kernel(
+    x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
+    T, N, K, stride_x, stride_out, eps,
+    g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, tr_ptr, tr_base,
+    MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
+    SEM: tl.constexpr, TRACE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0,
+    SEG: tl.constexpr = 1, SMEM_FLOOR: tl.constexpr = 0, LANES: tl.constexpr = 0,
+):
+    """``LinearConfig.persist``: ``_linear_kernel``'s row layout (T = 1) on a grid of fewer
+    programs than row blocks, each walking blocks pid, pid + grid, ... with the epilogue of
+    each after its K loop. A launch of short programs (gate/up's: 2,240 of 6 K tiles for the
+    1.5B) runs in about two waves, each program paying its start, its first loads' latency
+    and its end; here a program pays them once. The PDL wait comes once, before the first
+    block (a prologue mode loads nothing early here)."""
+    pid = tl.program_id(0)
+    tpid = pid * SPLIT_K + tl.program_id(1)
+    _stamp(tr_ptr, tr_base, tpid, 0, TRACE)
+    k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
+    k_lo = tl.program_id(1) * k_per
+    k_hi = tl.minimum(k_lo + k_per, K)
+    rt = tl.arange(0, BLOCK_T)  # [1]
+    tmask = rt < T
+    _gdc(PDL)
+    _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
+    for blk in range(pid, tl.cdiv(N, BLOCK_N), tl.num_programs(0)):
+        acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+        ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+        acc, acc2, ss = _rows_loop(x_ptr, w_ptr, g_ptr, blk, k_lo, k_hi, N, K, acc, acc2, ss,
+                                   tr_ptr, tr_base, tpid, MODE, NORM, BLOCK_N, BLOCK_K, 0,
+                                   EVICT, 0, PREFETCH, SEG, LANES)
+        rn = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        _linear_epilogue(acc, acc2, ss, rn, rt, rn < N, tmask, b_ptr, out_ptr, stride_out, K,
+                         eps, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, blk,
+                         MODE, NORM, BIAS, SPLIT_K, SEM, HAND, NP_BLOCK, False)
+    _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
+    _gdc_late(PDL)
     _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
 
 
@@ -1323,6 +1388,10 @@ def linear(
         if cfg.block_n < 16:
             raise ValueError("a swapped tile needs block_n >= 16 (it is the MMA's M)")
         kernel = _linear_swap_kernel
+    elif cfg.persist and cfg.rows and t == 1:
+        kernel = _linear_rows_persist_kernel
+        del common["ROWS"]
+        grid = (triton.cdiv(grid[0], cfg.persist), cfg.split_k)
     else:
         kernel = _linear_kernel
     tr, trc = _trace(out)

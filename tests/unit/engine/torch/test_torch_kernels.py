@@ -279,6 +279,50 @@ def test_one_token_products_summed_a_lane_at_a_time(mode: int, prefetch: bool, s
     assert rel(outs[1], outs[0]) < 1e-6
 
 
+@pytest.mark.parametrize(("persist", "split", "lanes"), [(2, 1, False), (3, 1, True),
+                                                     (5, 2, False), (9, 1, False)])
+@pytest.mark.parametrize("mode", [K.ADD, K.SWIGLU])
+def test_one_token_products_with_programs_walking_several_row_blocks(
+        mode: int, persist: int, split: int, lanes: bool) -> None:
+    """``LinearConfig.persist``: a grid ``persist`` times smaller than the row blocks, each
+    program walking blocks pid, pid + grid, ...: the same sums as a program a block. 40 rows
+    in blocks of 4 (10 blocks): 2 a program (5 programs), 3 (4 programs, the last walking
+    one), 5 in 2 splits of K, and 9 (2 programs, the second walking one block). gate/up reads
+    the norm hand-off (its 1/RMS from the producer's slots) as in the step; the residual add
+    both with and without split-K. Poisoned outputs: every element written."""
+    n, k = 40, 600
+    x0, w = g(1, k, seed=1), g(2 * n if mode == K.SWIGLU else n, k, seed=2)
+    h0 = g(1, n, seed=5)
+    g2 = g(k, seed=3) + 1
+    outs = []
+    for p in (0, persist):
+        hand = None
+        x = x0
+        if mode == K.SWIGLU:  # x * g and per-slot squares, as the o-projection hands them
+            hand = K.NormHandoff((x0 * g2).contiguous(), (x0 * x0).reshape(1, 3, 200).sum(2),
+                                 g2)
+            x = hand.xg
+        out = h0.clone() if mode == K.ADD else torch.full((1, n), POISON)
+        cfg = K.LinearConfig(4, 256, split_k=split if mode == K.ADD else 1, rows=True,
+                             lanes=lanes, persist=p)
+        K.linear(x, w, out, mode=mode, eps=1e-6, cfg=cfg, pdl=0, hand_in=hand)
+        outs.append(out)
+    if mode == K.SWIGLU:
+        gate, up = (rms_norm(x0, g2, 1e-6) @ w.T).split(n, dim=-1)
+        ref = torch.nn.functional.silu(gate) * up
+    else:
+        ref = h0 + x0 @ w.T
+    assert not outs[1].isnan().any() and (outs[1] != POISON).all()
+    assert rel(outs[1], ref) < 1e-5
+    assert rel(outs[1], outs[0]) < 1e-6
+
+
+def test_a_persistent_tile_without_the_row_layout_is_refused() -> None:
+    for bad in (dict(persist=2), dict(rows=True, persist=-1)):
+        with pytest.raises(ValueError, match="needs rows=True and is a count of row blocks"):
+            K.LinearConfig(**{"block_n": 8, "block_k": 256, **bad})
+
+
 def test_lanes_without_the_row_layout_or_whole_lanes_are_refused() -> None:
     for bad in (dict(lanes=True), dict(rows=True, lanes=True, block_k=128),
                 dict(rows=True, lanes=True, block_k=512, segments=4)):
