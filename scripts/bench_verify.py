@@ -985,6 +985,30 @@ T1_SETS["persist39"] = {
     "t1_w2_p4": {"by_width": {"1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_RP, 1, False,
                                                            4]}}, "896": {}}},
 }
+#: ``--set regs39``: the same with ptxas' register cap (``LinearConfig.maxnreg``): the 1.5B's
+#: gate/up as today at 40 and 32 registers, 2 blocks a program at 64 and 48; the 0.5B's
+#: gate/up (not rows) at 40 and 32.
+T1_SETS["regs39"] = {
+    "t1_w13_r40": _both("w13", [8, 256, 4, 2, 1, *_L, 0, 40], [4, 1024, 2, 2, *[1, False, False,
+                                                                          False, 1, False, 0,
+                                                                          40]]),
+    "t1_w13_r32": _both("w13", [8, 256, 4, 2, 1, *_L, 0, 32], [4, 1024, 2, 2, *[1, False, False,
+                                                                          False, 1, False, 0,
+                                                                          32]]),
+    "t1_w13_p2r64": {"by_width": {"1536": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_L, 2, 64]}},
+                                  "896": {}}},
+    "t1_w13_p2r48": {"by_width": {"1536": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_L, 2, 48]}},
+                                  "896": {}}},
+}
+#: ``--set persist39b``: 2 blocks a program again, the hand-off's statistics summed once a
+#: program (not in each block's epilogue): uncapped, at 56 and 48 registers; 4-row blocks 4 a
+#: program at 56.
+T1_SETS["persist39b"] = {
+    f"t1_w13_{name}": {"by_width": {"1536": {"t1_tiles": {"w13": tile}}, "896": {}}}
+    for name, tile in (("p2", [8, 256, 4, 2, 1, *_L, 2]), ("p2r56", [8, 256, 4, 2, 1, *_L, 2, 56]),
+                       ("p2r48", [8, 256, 4, 2, 1, *_L, 2, 48]),
+                       ("4x4r56", [4, 256, 4, 2, 1, *_L, 4, 56]))
+}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -1009,7 +1033,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "warps23d": {}, "warps23e": {},
     "scratch25": {"own_scratch": {"shared_scratch": False}},
     "scratch25b": {"verify_arena_t1": {"own_scratch_t": []}},
-    "persist39": {},
+    "persist39": {}, "regs39": {}, "persist39b": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
@@ -1338,6 +1362,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="only: what the in-loop RMSNorm costs the normed products")
     ap.add_argument("--stacked", action="store_true",
                     help="layer weights stacked over the layers, as bench_gpu.py has them")
+    ap.add_argument("--regs", action="store_true",
+                    help="after the runs: each compiled kernel's registers, spills and shared "
+                         "memory (regs.json)")
     ap.add_argument("--bandwidth", action="store_true",
                     help="measure copy bandwidth first; one-token steps as %% of the floor")
     args = ap.parse_args(argv)
@@ -1381,7 +1408,29 @@ def main(argv: list[str] | None = None) -> int:
                 log(part, "failed", res[part + "_error"])
             (args.out / "verify.json").write_text(json.dumps(RES, indent=1, default=str))
             torch.cuda.empty_cache()
+    if args.regs:
+        (args.out / "regs.json").write_text(json.dumps(compiled_kernels(), indent=1))
     return 0
+
+
+def compiled_kernels() -> list[dict[str, Any]]:
+    """Every compiled specialization of the kernels module's Triton kernels: warps, shared
+    memory, registers and spills, with its cache key (which names its constants), so a tile's
+    register count can be read against how many of its programs an SM holds."""
+    import triton
+
+    out: list[dict[str, Any]] = []
+    for attr in sorted(dir(K)):
+        fn = getattr(K, attr)
+        if not isinstance(fn, triton.runtime.jit.JITFunction):
+            continue
+        for cache in fn.device_caches.values():
+            for key, k in cache[0].items():
+                k._init_handles()
+                out.append({"kernel": attr, "warps": k.metadata.num_warps,
+                            "shared": k.metadata.shared, "regs": k.n_regs,
+                            "spills": k.n_spills, "key": str(key)[:1500]})
+    return out
 
 
 if __name__ == "__main__":

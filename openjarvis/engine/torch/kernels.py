@@ -88,6 +88,10 @@ class LinearConfig:
     #: With ``rows`` (T = 1): row blocks a program walks (``_linear_rows_persist_kernel``):
     #: the grid is that many times smaller than the row blocks. 0: a program a row block.
     persist: int = 0
+    #: Registers a thread may use (ptxas' ``.maxnreg``), 0: the compiler's choice. An
+    #: experiment: at batch size one a product's speed follows how many of its programs are
+    #: resident, which its registers bound.
+    maxnreg: int = 0
 
     def __post_init__(self) -> None:
         if self.prefetch and not self.rows:
@@ -603,6 +607,11 @@ def _linear_rows_persist_kernel(
     tmask = rt < T
     _gdc(PDL)
     _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
+    # a norm hand-off's statistics are the same for every block: summed once, before them
+    # (in the epilogue of each block they held their NP_BLOCK-wide load's registers)
+    handed = tl.zeros([BLOCK_T], dtype=tl.float32)
+    if HAND == 2:
+        handed = _handed_ss(ssp_ptr, rt, tmask, NP, NP_BLOCK)
     for blk in range(pid, tl.cdiv(N, BLOCK_N), tl.num_programs(0)):
         acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
         acc2 = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
@@ -611,9 +620,13 @@ def _linear_rows_persist_kernel(
                                    tr_ptr, tr_base, tpid, MODE, NORM, BLOCK_N, BLOCK_K, 0,
                                    EVICT, 0, PREFETCH, SEG, LANES)
         rn = blk * BLOCK_N + tl.arange(0, BLOCK_N)
-        _linear_epilogue(acc, acc2, ss, rn, rt, rn < N, tmask, b_ptr, out_ptr, stride_out, K,
-                         eps, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, blk,
-                         MODE, NORM, BIAS, SPLIT_K, SEM, HAND, NP_BLOCK, False)
+        if HAND == 2:  # the consumer's epilogue, with the statistics summed above
+            _linear_out(acc, acc2, handed, rn, rt, rn < N, tmask, b_ptr, out_ptr, stride_out,
+                        K, eps, blk, MODE, 1, BIAS, SPLIT_K, SEM)
+        else:
+            _linear_epilogue(acc, acc2, ss, rn, rt, rn < N, tmask, b_ptr, out_ptr, stride_out,
+                             K, eps, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, blk,
+                             MODE, NORM, BIAS, SPLIT_K, SEM, HAND, NP_BLOCK, False)
     _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
     _gdc_late(PDL)
     _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
@@ -1383,6 +1396,7 @@ def linear(
            if cfg.rows and t == 1 else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
         **({"SMEM_FLOOR": smem} if smem > 0 else {}),
+        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )
     if cfg.swap and t > 1:
         if cfg.block_n < 16:
