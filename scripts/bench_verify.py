@@ -960,54 +960,23 @@ T1_SETS["scratch25"] = {"t1_own_scratch": {"shared_scratch": False}, "t1_shared"
 #: ``--set scratch25b``: the one-token step on views of the shared buffers too (before its own
 #: were kept, ``own_scratch_t``), against the default and an A/A of it.
 T1_SETS["scratch25b"] = {"t1_arena": {"own_scratch_t": []}, "t1_own_again": {}}
-#: ``--set persist39`` (session 39): one-token products whose programs each walk several row
-#: blocks (``LinearConfig.persist``, ``kernels._linear_rows_persist_kernel``), so a launch of
-#: short programs runs in one wave, each program paying its start and first loads' latency
-#: once. Lists as above, then segments, lanes, persist. The 1.5B's gate/up (8 x 256, rows,
-#: lanes: 2,240 blocks) 2 / 3 / 4 blocks a program (1,120 / 747 / 560 programs), and 4-row
-#: blocks 4 a program (1,120); its down projection (2 x 1024 in 2 splits, rows, prefetching;
-#: the persistent kernel loads no tile before its wait) 2 / 4. The 0.5B's gate/up (4 x 1024
-#: on 2 warps, not rows: 2,432 blocks) in rows 2 / 4 blocks a program (in ``_p2`` and
-#: ``_p3``), and in rows a program a block (in ``_p4``: the control).
-T1_SETS["persist39"] = {
-    "t1_w13_p2": {"by_width": {"1536": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_L, 2]}},
-                               "896": {"t1_tiles": {"w13": [4, 1024, 2, 2, 1, *_R, 1, False,
-                                                            2]}}}},
-    "t1_w13_p3": {"by_width": {"1536": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_L, 3]}},
-                               "896": {"t1_tiles": {"w13": [4, 1024, 2, 2, 1, *_R, 1, False,
-                                                            4]}}}},
-    "t1_w13_p4": {"by_width": {"1536": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_L, 4]}},
-                               "896": {"t1_tiles": {"w13": [4, 1024, 2, 2, 1, *_R]}}}},
-    "t1_w13_4x4": {"by_width": {"1536": {"t1_tiles": {"w13": [4, 256, 4, 2, 1, *_L, 4]}},
-                                "896": {}}},
-    "t1_w2_p2": {"by_width": {"1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_RP, 1, False,
-                                                           2]}}, "896": {}}},
-    "t1_w2_p4": {"by_width": {"1536": {"t1_tiles": {"w2": [2, 1024, 4, 2, 2, *_RP, 1, False,
-                                                           4]}}, "896": {}}},
-}
-#: ``--set regs39``: the same with ptxas' register cap (``LinearConfig.maxnreg``): the 1.5B's
-#: gate/up as today at 40 and 32 registers, 2 blocks a program at 64 and 48; the 0.5B's
-#: gate/up (not rows) at 40 and 32.
-T1_SETS["regs39"] = {
-    "t1_w13_r40": _both("w13", [8, 256, 4, 2, 1, *_L, 0, 40], [4, 1024, 2, 2, *[1, False, False,
-                                                                          False, 1, False, 0,
-                                                                          40]]),
-    "t1_w13_r32": _both("w13", [8, 256, 4, 2, 1, *_L, 0, 32], [4, 1024, 2, 2, *[1, False, False,
-                                                                          False, 1, False, 0,
-                                                                          32]]),
-    "t1_w13_p2r64": {"by_width": {"1536": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_L, 2, 64]}},
-                                  "896": {}}},
-    "t1_w13_p2r48": {"by_width": {"1536": {"t1_tiles": {"w13": [8, 256, 4, 2, 1, *_L, 2, 48]}},
-                                  "896": {}}},
-}
-#: ``--set persist39b``: 2 blocks a program again, the hand-off's statistics summed once a
-#: program (not in each block's epilogue): uncapped, at 56 and 48 registers; 4-row blocks 4 a
-#: program at 56.
-T1_SETS["persist39b"] = {
-    f"t1_w13_{name}": {"by_width": {"1536": {"t1_tiles": {"w13": tile}}, "896": {}}}
-    for name, tile in (("p2", [8, 256, 4, 2, 1, *_L, 2]), ("p2r56", [8, 256, 4, 2, 1, *_L, 2, 56]),
-                       ("p2r48", [8, 256, 4, 2, 1, *_L, 2, 48]),
-                       ("4x4r56", [4, 256, 4, 2, 1, *_L, 4, 56]))
+#: (Session 39's ``--set persist39``, ``regs39`` and ``persist39b``, runs 335-337: one-token
+#: products whose programs each walk several row blocks (``LinearConfig.persist``, a kernel
+#: of its own), and ptxas' register cap (``LinearConfig.maxnreg``). Every persistent tile lost:
+#: the 1.5B's gate/up 2 / 3 / 4 blocks a program +12 / +27 / +45 %, capped to 64 registers (8
+#: programs an SM) +3.1 / +3.3 % @512 / @4096, with the hand-off's statistics summed once
+#: before the blocks +10 %; its down projection 2 / 4 +9 / +22 %. Today's gate/up capped at 40
+#: registers (4 spills) +0.4 %, at 32 +15 %. Removed; commit 4b72c6f holds the kernel and
+#: the sets.)
+#: ``--set epi39`` (session 39): one-token kernels asking for their epilogue's operands right
+#: after their PDL wait (``Runner.epi_early``), so that round trip overlaps the loop's: qkv
+#: (bias, position, RoPE row), the o-projection (the residual's old rows, the hand-off's norm
+#: weight), gate/up (the hand-off's statistics; the 1.5B's row layout only: the 0.5B's is an
+#: A/A check), all three; and the default timed in a variant's place (an A/A check).
+T1_SETS["epi39"] = {
+    "t1_epi_qkv": {"epi_early": ["qkv"]}, "t1_epi_wo": {"epi_early": ["wo"]},
+    "t1_epi_w13": {"epi_early": ["w13"]}, "t1_epi_all": {"epi_early": ["qkv", "wo", "w13"]},
+    "t1_aa": {},
 }
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
@@ -1032,15 +1001,14 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "warps23b": {}, "warps23c": {},
     "warps23d": {}, "warps23e": {},
     "scratch25": {"own_scratch": {"shared_scratch": False}},
-    "scratch25b": {"verify_arena_t1": {"own_scratch_t": []}},
-    "persist39": {}, "regs39": {}, "persist39b": {},
+    "scratch25b": {"verify_arena_t1": {"own_scratch_t": []}}, "epi39": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
          "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch",
          "combine_cols", "weight_evict", "smem_floor", "qkv_warps", "shared_scratch",
-         "own_scratch_t"}
+         "own_scratch_t", "epi_early"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -1088,6 +1056,7 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
                     for k, n in v.get("smem_floor", base["smem_floor"]).items()}
     r.shared_scratch = bool(v.get("shared_scratch", base["shared_scratch"]))
     r.own_scratch_t = frozenset(int(t) for t in v.get("own_scratch_t", base["own_scratch_t"]))
+    r.epi_early = frozenset(v.get("epi_early", base["epi_early"]))
     r.drop_steps()
 
 
@@ -1114,7 +1083,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
                "l2_prefetch": r.l2_prefetch, "weight_evict": r.weight_evict,
                "smem_floor": {}, "shared_scratch": r.shared_scratch,
-               "own_scratch_t": sorted(r.own_scratch_t)}
+               "own_scratch_t": sorted(r.own_scratch_t), "epi_early": sorted(r.epi_early)}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

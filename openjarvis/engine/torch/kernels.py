@@ -85,13 +85,6 @@ class LinearConfig:
     #: (With the norm in the loop, its squares are still summed across the warp every tile;
     #: the 1.5B's gate/up reads the norm hand-off, so its loop has no shuffle left.)
     lanes: bool = False
-    #: With ``rows`` (T = 1): row blocks a program walks (``_linear_rows_persist_kernel``):
-    #: the grid is that many times smaller than the row blocks. 0: a program a row block.
-    persist: int = 0
-    #: Registers a thread may use (ptxas' ``.maxnreg``), 0: the compiler's choice. An
-    #: experiment: at batch size one a product's speed follows how many of its programs are
-    #: resident, which its registers bound.
-    maxnreg: int = 0
 
     def __post_init__(self) -> None:
         if self.prefetch and not self.rows:
@@ -104,9 +97,6 @@ class LinearConfig:
         if self.lanes and not (self.rows and (self.block_k // self.segments) % 256 == 0):
             raise ValueError("lanes needs rows=True and segments of a multiple of 256 columns "
                              "(32 lanes of 8)")
-        if self.persist < 0 or (self.persist and not self.rows):
-            raise ValueError(f"persist={self.persist} needs rows=True and is a count of row "
-                             f"blocks a program (0: one)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,80 +414,6 @@ def _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride
 
 
 @triton.jit
-def _rows_loop(x_ptr, w_ptr, g_ptr, blk, k_lo, k_hi, N, K, acc, acc2, ss, tr_ptr, tr_base, tpid,
-               MODE: tl.constexpr, NORM: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, PDL: tl.constexpr, EVICT: tl.constexpr,
-               TRACE: tl.constexpr, PREFETCH: tl.constexpr, SEG: tl.constexpr,
-               LANES: tl.constexpr):
-    """T = 1, ``LinearConfig.rows``: row block ``blk``'s K loop over [k_lo, k_hi), its sums
-    added to acc and acc2 [1, BN] and its norm statistics to ss [1]; the PDL wait (``_gdc``)
-    is inside, after the first tile where the mode loads one early (``PDL`` 0: the caller
-    has waited)."""
-    # Each warp's rows read their own copy of x (L1 serves the repeats) in the weight
-    # tile's layout, and keep their sums per row until after the loop: the loop has no
-    # block barrier (the default loop converts x's layout and the sums through shared
-    # memory every tile). SEG > 1: the tile is [BN * SEG, BK / SEG], each of its rows a
-    # segment of a weight row, so a segment a warp holds whole (256 bfloat16 columns)
-    # keeps rows wider than that barrier-free too; a row's segments are summed after the
-    # loop. PREFETCH: tile k0 + BK is asked for before tile k0 is reduced (the last
-    # iteration's ask is masked off whole). Where the prologue asks for it (PDL % 4 >= 2)
-    # the first tile loads before the PDL wait: with PREFETCH as the loop's carried
-    # tile; without, reduced after the wait, the loop taking the tiles after it.
-    SW: tl.constexpr = BLOCK_K // SEG
-    sr = tl.arange(0, BLOCK_N * SEG)
-    srow = blk * BLOCK_N + sr // SEG  # [BN * SEG] the weight row of each tile row
-    soff = (sr % SEG) * SW  # [BN * SEG] its segment's first column in the tile
-    sc = tl.arange(0, SW)
-    smask = srow < N
-    if LANES:
-        av = tl.zeros([BLOCK_N * SEG, 32], dtype=tl.float32)
-        av2 = tl.zeros([BLOCK_N * SEG, 32], dtype=tl.float32)
-    else:
-        av = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
-        av2 = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
-    sv = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
-    k_start = k_lo
-    if PDL % 4 >= 2:
-        cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k_lo, k_hi, soff, sc, N, K, SEG,
-                                       MODE, EVICT)
-    _gdc(PDL)
-    _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-    if PREFETCH == 0 and PDL % 4 >= 2:
-        av, av2, sv = _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE,
-                                NORM, LANES)
-        k_start = k_lo + BLOCK_K
-    elif PREFETCH and PDL % 4 < 2:
-        cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k_lo, k_hi, soff, sc, N, K, SEG,
-                                       MODE, EVICT)
-    for k0 in range(k_start, k_hi, BLOCK_K):
-        if PREFETCH:  # (cols: carried from the iteration before)
-            coln, cmn, wn, w2n = _seg_tile(w_ptr, srow, smask, k0 + BLOCK_K, k_hi, soff, sc,
-                                           N, K, SEG, MODE, EVICT)
-        else:
-            cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k0, k_hi, soff, sc, N, K,
-                                           SEG, MODE, EVICT)
-        av, av2, sv = _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE,
-                                NORM, LANES)
-        if PREFETCH:
-            w, w2, cols, cmask = wn, w2n, coln, cmn
-    if LANES:  # the lanes' partials of each row, summed once
-        avr = tl.sum(av, axis=1)
-        av2r = tl.sum(av2, axis=1)
-    else:
-        avr = av
-        av2r = av2
-    if SEG == 1:
-        acc += avr[None, :]
-        acc2 += av2r[None, :]
-        ss += tl.max(sv, 0)  # every row summed the same x (its load ignores the row mask)
-    else:
-        acc += tl.sum(tl.reshape(avr, [BLOCK_N, SEG]), axis=1)[None, :]
-        acc2 += tl.sum(tl.reshape(av2r, [BLOCK_N, SEG]), axis=1)[None, :]
-        ss += tl.max(tl.sum(tl.reshape(sv, [BLOCK_N, SEG]), axis=1), 0)
-    return acc, acc2, ss
-
-
-@triton.jit
 def _linear_kernel(
     x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
     T, N, K, stride_x, stride_out, eps,
@@ -507,9 +423,13 @@ def _linear_kernel(
     PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
     SEM: tl.constexpr, TRACE: tl.constexpr = 0, ROWS: tl.constexpr = 0,
     PREFETCH: tl.constexpr = 0, SEG: tl.constexpr = 1, SMEM_FLOOR: tl.constexpr = 0,
-    LANES: tl.constexpr = 0,
+    LANES: tl.constexpr = 0, EARLY_SS: tl.constexpr = 0, EPI_ADD: tl.constexpr = 0,
 ):
-    """``TRACE``: ``_stamp`` (tracing only). ``ROWS``, ``PREFETCH``, ``SEG``, ``LANES`` (T = 1):
+    """``TRACE``: ``_stamp`` (tracing only). ``EARLY_SS`` (``LinearConfig.early_ss``, rows
+    with ``HAND`` 2): the handed statistics' slots are asked for right after the PDL wait and
+    summed after the loop. ``EPI_ADD`` (a residual add, unsplit, the default loop): the
+    residual's old rows (and a hand-off producer's norm weight) asked for right after the
+    wait. ``ROWS``, ``PREFETCH``, ``SEG``, ``LANES`` (T = 1):
     ``LinearConfig.rows``, ``.prefetch``, ``.segments`` and ``.lanes``. ``SMEM_FLOOR`` is not read: it
     gives a launch with a shared-memory floor a compiled kernel of its own (``floor_shared``).
 
@@ -531,9 +451,71 @@ def _linear_kernel(
     acc2 = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
     if ROWS:
-        acc, acc2, ss = _rows_loop(x_ptr, w_ptr, g_ptr, pid, k_lo, k_hi, N, K, acc, acc2, ss,
-                                   tr_ptr, tr_base, tpid, MODE, NORM, BLOCK_N, BLOCK_K, PDL,
-                                   EVICT, TRACE, PREFETCH, SEG, LANES)
+        # Each warp's rows read their own copy of x (L1 serves the repeats) in the weight
+        # tile's layout, and keep their sums per row until after the loop: the loop has no
+        # block barrier (the default loop converts x's layout and the sums through shared
+        # memory every tile). SEG > 1: the tile is [BN * SEG, BK / SEG], each of its rows a
+        # segment of a weight row, so a segment a warp holds whole (256 bfloat16 columns)
+        # keeps rows wider than that barrier-free too; a row's segments are summed after the
+        # loop. PREFETCH: tile k0 + BK is asked for before tile k0 is reduced (the last
+        # iteration's ask is masked off whole). Where the prologue asks for it (PDL % 4 >= 2)
+        # the first tile loads before the PDL wait: with PREFETCH as the loop's carried
+        # tile; without, reduced after the wait, the loop taking the tiles after it.
+        SW: tl.constexpr = BLOCK_K // SEG
+        sr = tl.arange(0, BLOCK_N * SEG)
+        srow = pid * BLOCK_N + sr // SEG  # [BN * SEG] the weight row of each tile row
+        soff = (sr % SEG) * SW  # [BN * SEG] its segment's first column in the tile
+        sc = tl.arange(0, SW)
+        smask = srow < N
+        if LANES:
+            av = tl.zeros([BLOCK_N * SEG, 32], dtype=tl.float32)
+            av2 = tl.zeros([BLOCK_N * SEG, 32], dtype=tl.float32)
+        else:
+            av = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
+            av2 = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
+        sv = tl.zeros([BLOCK_N * SEG], dtype=tl.float32)
+        k_start = k_lo
+        if PDL % 4 >= 2:
+            cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k_lo, k_hi, soff, sc, N, K, SEG,
+                                           MODE, EVICT)
+        _gdc(PDL)
+        _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
+        if EARLY_SS:
+            sp = tl.arange(0, NP_BLOCK)
+            slots = tl.load(ssp_ptr + rt[:, None] * NP + sp[None, :],
+                            mask=tmask[:, None] & (sp < NP)[None, :], other=0.0)
+        if PREFETCH == 0 and PDL % 4 >= 2:
+            av, av2, sv = _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE,
+                                    NORM, LANES)
+            k_start = k_lo + BLOCK_K
+        elif PREFETCH and PDL % 4 < 2:
+            cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k_lo, k_hi, soff, sc, N, K, SEG,
+                                           MODE, EVICT)
+        for k0 in range(k_start, k_hi, BLOCK_K):
+            if PREFETCH:  # (cols: carried from the iteration before)
+                coln, cmn, wn, w2n = _seg_tile(w_ptr, srow, smask, k0 + BLOCK_K, k_hi, soff, sc,
+                                               N, K, SEG, MODE, EVICT)
+            else:
+                cols, cmask, w, w2 = _seg_tile(w_ptr, srow, smask, k0, k_hi, soff, sc, N, K,
+                                               SEG, MODE, EVICT)
+            av, av2, sv = _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE,
+                                    NORM, LANES)
+            if PREFETCH:
+                w, w2, cols, cmask = wn, w2n, coln, cmn
+        if LANES:  # the lanes' partials of each row, summed once
+            avr = tl.sum(av, axis=1)
+            av2r = tl.sum(av2, axis=1)
+        else:
+            avr = av
+            av2r = av2
+        if SEG == 1:
+            acc += avr[None, :]
+            acc2 += av2r[None, :]
+            ss += tl.max(sv, 0)  # every row summed the same x (its load ignores the row mask)
+        else:
+            acc += tl.sum(tl.reshape(avr, [BLOCK_N, SEG]), axis=1)[None, :]
+            acc2 += tl.sum(tl.reshape(av2r, [BLOCK_N, SEG]), axis=1)[None, :]
+            ss += tl.max(tl.sum(tl.reshape(sv, [BLOCK_N, SEG]), axis=1), 0)
     elif PDL % 4 >= 2:
         # The first K tile of the weights is loaded before waiting on the previous kernel.
         rk = k_lo + tl.arange(0, BLOCK_K)  # [BK]
@@ -542,6 +524,10 @@ def _linear_kernel(
         w, w2 = _w_pair(w_ptr, rn, rk[None, :], wmask, N, K, MODE, EVICT)  # [BN, BK]
         _gdc(PDL)
         _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
+        if EPI_ADD:
+            h_old = tl.load(out_ptr + rt[:, None] * stride_out + rn[None, :],
+                            mask=tmask[:, None] & nmask[None, :], other=0.0)
+            g2_early = tl.load(g2_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
         acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
                                   acc2, ss, MODE, NORM, BLOCK_T)
         for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
@@ -574,61 +560,26 @@ def _linear_kernel(
                 acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
     _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
     _gdc_late(PDL)
-    _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
-                     g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, pid,
-                     MODE, NORM, BIAS, SPLIT_K, SEM, HAND, NP_BLOCK, False)
-    _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
-
-
-@triton.jit
-def _linear_rows_persist_kernel(
-    x_ptr, w_ptr, g_ptr, b_ptr, out_ptr,
-    T, N, K, stride_x, stride_out, eps,
-    g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, tr_ptr, tr_base,
-    MODE: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
-    SEM: tl.constexpr, TRACE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0,
-    SEG: tl.constexpr = 1, SMEM_FLOOR: tl.constexpr = 0, LANES: tl.constexpr = 0,
-):
-    """``LinearConfig.persist``: ``_linear_kernel``'s row layout (T = 1) on a grid of fewer
-    programs than row blocks, each walking blocks pid, pid + grid, ... with the epilogue of
-    each after its K loop. A launch of short programs (gate/up's: 2,240 of 6 K tiles for the
-    1.5B) runs in about two waves, each program paying its start, its first loads' latency
-    and its end; here a program pays them once. The PDL wait comes once, before the first
-    block (a prologue mode loads nothing early here)."""
-    pid = tl.program_id(0)
-    tpid = pid * SPLIT_K + tl.program_id(1)
-    _stamp(tr_ptr, tr_base, tpid, 0, TRACE)
-    k_per = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
-    k_lo = tl.program_id(1) * k_per
-    k_hi = tl.minimum(k_lo + k_per, K)
-    rt = tl.arange(0, BLOCK_T)  # [1]
-    tmask = rt < T
-    _gdc(PDL)
-    _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-    # a norm hand-off's statistics are the same for every block: summed once, before them
-    # (in the epilogue of each block they held their NP_BLOCK-wide load's registers)
-    handed = tl.zeros([BLOCK_T], dtype=tl.float32)
-    if HAND == 2:
-        handed = _handed_ss(ssp_ptr, rt, tmask, NP, NP_BLOCK)
-    for blk in range(pid, tl.cdiv(N, BLOCK_N), tl.num_programs(0)):
-        acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-        ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-        acc, acc2, ss = _rows_loop(x_ptr, w_ptr, g_ptr, blk, k_lo, k_hi, N, K, acc, acc2, ss,
-                                   tr_ptr, tr_base, tpid, MODE, NORM, BLOCK_N, BLOCK_K, 0,
-                                   EVICT, 0, PREFETCH, SEG, LANES)
-        rn = blk * BLOCK_N + tl.arange(0, BLOCK_N)
-        if HAND == 2:  # the consumer's epilogue, with the statistics summed above
-            _linear_out(acc, acc2, handed, rn, rt, rn < N, tmask, b_ptr, out_ptr, stride_out,
-                        K, eps, blk, MODE, 1, BIAS, SPLIT_K, SEM)
-        else:
-            _linear_epilogue(acc, acc2, ss, rn, rt, rn < N, tmask, b_ptr, out_ptr, stride_out,
-                             K, eps, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, blk,
-                             MODE, NORM, BIAS, SPLIT_K, SEM, HAND, NP_BLOCK, False)
-    _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
-    _gdc_late(PDL)
+    if EARLY_SS:
+        _linear_out(acc, acc2, tl.sum(slots, axis=1), rn, rt, nmask, tmask, b_ptr, out_ptr,
+                    stride_out, K, eps, pid, MODE, 1, BIAS, SPLIT_K, SEM)
+    elif EPI_ADD:  # MODE 1 (ADD), unsplit, the prologue's loop: rows asked for above
+        h = acc
+        if BIAS:
+            h += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        h += h_old.to(tl.float32)
+        omask = tmask[:, None] & nmask[None, :]
+        tl.store(out_ptr + rt[:, None] * stride_out + rn[None, :],
+                 h.to(out_ptr.dtype.element_ty), mask=omask)
+        if HAND == 1:
+            hm = tl.where(omask, h, 0.0)
+            tl.store(ssp_ptr + rt * NP + pid, tl.sum(hm * hm, axis=1), mask=tmask)
+            tl.store(xg_ptr + rt[:, None] * stride_xg + rn[None, :],
+                     (hm * g2_early[None, :]).to(xg_ptr.dtype.element_ty), mask=omask)
+    else:
+        _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K,
+                         eps, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, pid,
+                         MODE, NORM, BIAS, SPLIT_K, SEM, HAND, NP_BLOCK, False)
     _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
 
 
@@ -691,9 +642,11 @@ def _qkv_rope_kernel(
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     EVICT: tl.constexpr, TRACE: tl.constexpr = 0, SMEM_FLOOR: tl.constexpr = 0,
+    EPI: tl.constexpr = 0,
 ):
     """Program = BLOCK_P NeoX pairs (rows j and j + HD/2) of one head of q, k or v
-    (``SMEM_FLOOR`` as in ``_linear_kernel``)."""
+    (``SMEM_FLOOR`` as in ``_linear_kernel``). ``EPI`` (with a weight prologue): the bias,
+    position and RoPE row asked for right after the PDL wait (``qkv_rope``'s ``epi_early``)."""
     HALF: tl.constexpr = HD // 2
     PER_HEAD: tl.constexpr = HALF // BLOCK_P
     pid = tl.program_id(0)
@@ -718,6 +671,13 @@ def _qkv_rope_kernel(
         # grew by as much; session 21 run 201, commit 1f7beae.)
         _gdc(PDL)
         _stamp(tr_ptr, tr_base, pid, 1, TRACE)
+        if EPI:
+            b1 = tl.load(b_ptr + r1).to(tl.float32)
+            b2 = tl.load(b_ptr + r2).to(tl.float32)
+            pos = tl.load(start_ptr) + rt  # [BT]
+            cs = rope_ptr + pos[:, None] * HD + 2 * j[None, :]
+            cos = tl.load(cs, mask=tmask[:, None], other=1.0)
+            sin = tl.load(cs + 1, mask=tmask[:, None], other=0.0)
         acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
                                    acc2, ss, 2, True, BLOCK_T)
         k_first = BLOCK_K
@@ -734,12 +694,16 @@ def _qkv_rope_kernel(
     _stamp(tr_ptr, tr_base, pid, 2, TRACE)
     _gdc_late(PDL)
     inv = tl.rsqrt(ss / K + eps)
-    acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
-    acc2 = acc2 * inv[:, None] + tl.load(b_ptr + r2).to(tl.float32)[None, :]
-    pos = tl.load(start_ptr) + rt  # [BT]
-    cs = rope_ptr + pos[:, None] * HD + 2 * j[None, :]  # table [n_pos, HD/2, (cos, sin)]
-    cos = tl.load(cs, mask=tmask[:, None], other=1.0)
-    sin = tl.load(cs + 1, mask=tmask[:, None], other=0.0)
+    if EPI:
+        acc1 = acc1 * inv[:, None] + b1[None, :]
+        acc2 = acc2 * inv[:, None] + b2[None, :]
+    else:
+        acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
+        acc2 = acc2 * inv[:, None] + tl.load(b_ptr + r2).to(tl.float32)[None, :]
+        pos = tl.load(start_ptr) + rt  # [BT]
+        cs = rope_ptr + pos[:, None] * HD + 2 * j[None, :]  # table [n_pos, HD/2, (cos, sin)]
+        cos = tl.load(cs, mask=tmask[:, None], other=1.0)
+        sin = tl.load(cs + 1, mask=tmask[:, None], other=0.0)
     is_rope = head < N_HEAD + N_KV
     o1 = tl.where(is_rope, acc1 * cos - acc2 * sin, acc1)
     o2 = tl.where(is_rope, acc2 * cos + acc1 * sin, acc2)
@@ -1343,7 +1307,12 @@ def linear(
     hand_in: NormHandoff | None = None,  # x is hand_in.xg: normalize with its statistics
     smem: int = 0,  # at least this much shared memory a program (``floor_shared``)
     atomic_sem: str = "relaxed",  # split-K: memory semantics of the partials' atomics
+    epi_early: bool = False,  # T = 1: the epilogue's operands asked for right after the wait
 ) -> torch.Tensor:
+    """``epi_early`` (one-token steps; an experiment): what the epilogue reads besides the
+    sums (a hand-off consumer's statistics in the row layout; a residual add's old rows and a
+    hand-off producer's norm weight, unsplit, in the default loop) is asked for right after
+    the PDL wait, so its round trip overlaps the loop's instead of following it."""
     t, k = x.shape
     _check_sem(atomic_sem)
     _check_evict(evict)
@@ -1392,20 +1361,18 @@ def linear(
         PDL=pdl, EVICT=evict, HAND=1 if hand_out else 2 if hand_in else 0,
         NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1, SEM=atomic_sem,
         **({"ROWS": 1, "PREFETCH": int(cfg.prefetch), "SEG": cfg.segments,
-            **({"LANES": 1} if cfg.lanes else {})}
+            **({"LANES": 1} if cfg.lanes else {}),
+            **({"EARLY_SS": 1} if epi_early and hand_in is not None else {})}
            if cfg.rows and t == 1 else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
         **({"SMEM_FLOOR": smem} if smem > 0 else {}),
-        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
+        **({"EPI_ADD": 1} if epi_early and t == 1 and not (cfg.rows or cfg.swap)
+           and mode == ADD and cfg.split_k == 1 and norm is None and pdl % 4 >= 2 else {}),
     )
     if cfg.swap and t > 1:
         if cfg.block_n < 16:
             raise ValueError("a swapped tile needs block_n >= 16 (it is the MMA's M)")
         kernel = _linear_swap_kernel
-    elif cfg.persist and cfg.rows and t == 1:
-        kernel = _linear_rows_persist_kernel
-        del common["ROWS"]
-        grid = (triton.cdiv(grid[0], cfg.persist), cfg.split_k)
     else:
         kernel = _linear_kernel
     tr, trc = _trace(out)
@@ -1922,6 +1889,7 @@ def qkv_rope(
     pdl: int = 0,
     evict: str = "",
     smem: int = 0,  # at least this much shared memory a program (``floor_shared``)
+    epi_early: bool = False,  # with a weight prologue: bias and RoPE row asked for at the wait
 ) -> None:
     _check_evict(evict)
     t, k = x.shape
@@ -1938,6 +1906,7 @@ def qkv_rope(
         BLOCK_T=block_t(t), BLOCK_P=bp, BLOCK_K=block_k or min(512, triton.next_power_of_2(k)),
         PDL=pdl, EVICT=evict, num_warps=num_warps, **_launch(pdl), **trc,
         **({"SMEM_FLOOR": smem} if smem > 0 else {}),
+        **({"EPI": 1} if epi_early and pdl % 4 >= 2 else {}),
     )
     if smem > 0:
         floor_shared(ck, smem)

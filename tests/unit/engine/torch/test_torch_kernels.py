@@ -279,48 +279,55 @@ def test_one_token_products_summed_a_lane_at_a_time(mode: int, prefetch: bool, s
     assert rel(outs[1], outs[0]) < 1e-6
 
 
-@pytest.mark.parametrize(("persist", "split", "lanes"), [(2, 1, False), (3, 1, True),
-                                                     (5, 2, False), (9, 1, False)])
-@pytest.mark.parametrize("mode", [K.ADD, K.SWIGLU])
-def test_one_token_products_with_programs_walking_several_row_blocks(
-        mode: int, persist: int, split: int, lanes: bool) -> None:
-    """``LinearConfig.persist``: a grid ``persist`` times smaller than the row blocks, each
-    program walking blocks pid, pid + grid, ...: the same sums as a program a block. 40 rows
-    in blocks of 4 (10 blocks): 2 a program (5 programs), 3 (4 programs, the last walking
-    one), 5 in 2 splits of K, and 9 (2 programs, the second walking one block). gate/up reads
-    the norm hand-off (its 1/RMS from the producer's slots) as in the step; the residual add
-    both with and without split-K. Poisoned outputs: every element written."""
-    n, k = 40, 600
-    x0, w = g(1, k, seed=1), g(2 * n if mode == K.SWIGLU else n, k, seed=2)
-    h0 = g(1, n, seed=5)
-    g2 = g(k, seed=3) + 1
+@pytest.mark.parametrize(("peel", "lanes", "slots"), [(0, False, 3), (0, True, 5), (3, True, 3)])
+def test_gate_up_asking_for_the_handed_statistics_after_its_wait_sums_them_after_its_loop(
+        peel: int, lanes: bool, slots: int) -> None:
+    """``epi_early``: gate/up in the row layout reading the o-projection's norm
+    hand-off asks for the statistics' slots right after its PDL wait and sums them after the
+    loop: SwiGLU(RMSNorm(h) W13^T) as when the epilogue reads them. 3 or 5 slots (the
+    producer's programs), PDL modes 0 and 3 (the first tile before the
+    wait); 24 rows in blocks of 8, K = 600 in tiles of 256 (the last partly masked)."""
+    n, k = 24, 600
+    h, w, g2 = g(1, k, seed=1), g(2 * n, k, seed=2), g(k, seed=3) + 1
+    parts = (h * h).reshape(1, slots, k // slots).sum(2)
+    hand = K.NormHandoff((h * g2).contiguous(), parts.contiguous(), g2)
     outs = []
-    for p in (0, persist):
-        hand = None
-        x = x0
-        if mode == K.SWIGLU:  # x * g and per-slot squares, as the o-projection hands them
-            hand = K.NormHandoff((x0 * g2).contiguous(), (x0 * x0).reshape(1, 3, 200).sum(2),
-                                 g2)
-            x = hand.xg
-        out = h0.clone() if mode == K.ADD else torch.full((1, n), POISON)
-        cfg = K.LinearConfig(4, 256, split_k=split if mode == K.ADD else 1, rows=True,
-                             lanes=lanes, persist=p)
-        K.linear(x, w, out, mode=mode, eps=1e-6, cfg=cfg, pdl=0, hand_in=hand)
+    for early in (False, True):
+        out = torch.full((1, n), POISON)
+        cfg = K.LinearConfig(8, 256, rows=True, lanes=lanes)
+        K.linear(hand.xg, w, out, mode=K.SWIGLU, eps=1e-6, cfg=cfg, pdl=peel, hand_in=hand,
+                 epi_early=early)
         outs.append(out)
-    if mode == K.SWIGLU:
-        gate, up = (rms_norm(x0, g2, 1e-6) @ w.T).split(n, dim=-1)
-        ref = torch.nn.functional.silu(gate) * up
-    else:
-        ref = h0 + x0 @ w.T
-    assert not outs[1].isnan().any() and (outs[1] != POISON).all()
-    assert rel(outs[1], ref) < 1e-5
+    gate, up = (rms_norm(h, g2, 1e-6) @ w.T).split(n, dim=-1)
+    assert (outs[1] != POISON).all()
+    assert rel(outs[1], torch.nn.functional.silu(gate) * up) < 1e-5
     assert rel(outs[1], outs[0]) < 1e-6
 
 
-def test_a_persistent_tile_without_the_row_layout_is_refused() -> None:
-    for bad in (dict(persist=2), dict(rows=True, persist=-1)):
-        with pytest.raises(ValueError, match="needs rows=True and is a count of row blocks"):
-            K.LinearConfig(**{"block_n": 8, "block_k": 256, **bad})
+@pytest.mark.parametrize(("bn", "bias"), [(2, False), (8, True)])
+def test_a_residual_add_asking_for_its_old_rows_after_its_wait_hands_off_the_same(
+        bn: int, bias: bool) -> None:
+    """``epi_early`` on the o-projection (a residual add with the weight prologue, PDL mode 3
+    here, handing the next norm off): the residual's old rows and the norm weight asked for
+    right after the wait give the same new residual, h * g and sums of squares. 40 columns
+    in blocks of 2 or 8, K = 72 in one tile of 128 (masked)."""
+    n, k = 40, 72
+    x, wo, h0, g2 = g(1, k, seed=1), g(n, k, seed=2), g(1, n, seed=3), g(n, seed=4) + 1
+    b = g(n, seed=5) if bias else None
+    got = []
+    for early in (False, True):
+        h = h0.clone()
+        hand = K.NormHandoff(torch.full((1, n), POISON), torch.full((1, -(-n // bn)), POISON),
+                             g2)
+        K.linear(x, wo, h, mode=K.ADD, bias=b, cfg=K.LinearConfig(bn, 128), pdl=3,
+                 hand_out=hand, epi_early=early)
+        got.append((h, hand.xg, hand.ss_part))
+    ref_h = h0 + x @ wo.T + (b if bias else 0)
+    assert rel(got[1][0], ref_h) < 1e-5
+    assert rel(got[1][1], ref_h * g2) < 1e-5
+    assert rel(got[1][2].sum(1), (ref_h * ref_h).sum(1)) < 1e-5
+    for a, c in zip(got[0], got[1], strict=True):
+        assert torch.equal(a, c)
 
 
 def test_lanes_without_the_row_layout_or_whole_lanes_are_refused() -> None:
@@ -470,9 +477,11 @@ def test_split_k_adds_partial_sums_into_the_residual(t: int) -> None:
     assert rel(swapped, h0 + x @ w.T) < 1e-5
 
 
-@pytest.mark.parametrize("peel", [0, 3])
+@pytest.mark.parametrize(("peel", "epi"), [(0, False), (3, False), (3, True)])
 @pytest.mark.parametrize("t", [1, 5])
-def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
+def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int, epi: bool) -> None:
+    """With ``epi_early`` (and the weight prologue, PDL mode 3 here) the bias, position and
+    RoPE row are asked for right after the wait: the same q and cache."""
     a = ARGS
     x, w, bias, norm = g(t, a.n_embd, seed=1), g(a.qkv_dim, a.n_embd, seed=2), g(a.qkv_dim, seed=3), g(a.n_embd, seed=4)
     rope = rope_table(a, 64, "cpu")
@@ -481,7 +490,7 @@ def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
     kc = torch.full((a.n_head_kv, 40, a.head_dim), POISON)
     vc = kc.clone()
     K.qkv_rope(x, w, norm, bias, rope, torch.tensor([start]), q, kc, vc, 1e-6, block_k=64,
-               pdl=peel)
+               pdl=peel, epi_early=epi)
     y = rms_norm(x, norm, 1e-6) @ w.T + bias
     rq, rk, rv = y.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
     cs = rope[start : start + t]
