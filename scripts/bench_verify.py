@@ -978,6 +978,16 @@ T1_SETS["epi39"] = {
     "t1_epi_w13": {"epi_early": ["w13"]}, "t1_epi_all": {"epi_early": ["qkv", "wo", "w13"]},
     "t1_aa": {},
 }
+#: ``--set regs39b``: ptxas' register cap (``LinearConfig.maxnreg``) on the 0.5B's gate/up
+#: (4 x 1024 on 2 warps: 72 registers, 14 programs an SM for its 2,432: 1.3 waves) at 64 and
+#: 56, and on its down projection (2 x 1024 in 4 splits) at 40 and 32. Lists: block_n,
+#: block_k, warps, stages, split_k, swap, rows, prefetch, segments, lanes, maxnreg.
+_NR = [False, False, False, 1, False]
+T1_SETS["regs39b"] = {
+    f"t1_{m}_r{n}": {"by_width": {"896": {"t1_tiles": {m: [*tile, *_NR, n]}}, "1536": {}}}
+    for m, tile, n in (("w13", [4, 1024, 2, 2, 1], 64), ("w13", [4, 1024, 2, 2, 1], 56),
+                       ("w2", [2, 1024, 4, 2, 4], 40), ("w2", [2, 1024, 4, 2, 4], 32))
+}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -1002,6 +1012,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "warps23d": {}, "warps23e": {},
     "scratch25": {"own_scratch": {"shared_scratch": False}},
     "scratch25b": {"verify_arena_t1": {"own_scratch_t": []}}, "epi39": {},
+    "regs39b": {},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",

@@ -85,6 +85,10 @@ class LinearConfig:
     #: (With the norm in the loop, its squares are still summed across the warp every tile;
     #: the 1.5B's gate/up reads the norm hand-off, so its loop has no shuffle left.)
     lanes: bool = False
+    #: Registers a thread may use (ptxas' ``.maxnreg``), 0: the compiler's choice. An
+    #: experiment: a one-token product's speed follows how many of its programs an SM holds,
+    #: which its registers bound.
+    maxnreg: int = 0
 
     def __post_init__(self) -> None:
         if self.prefetch and not self.rows:
@@ -1368,6 +1372,7 @@ def linear(
         **({"SMEM_FLOOR": smem} if smem > 0 else {}),
         **({"EPI_ADD": 1} if epi_early and t == 1 and not (cfg.rows or cfg.swap)
            and mode == ADD and cfg.split_k == 1 and norm is None and pdl % 4 >= 2 else {}),
+        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )
     if cfg.swap and t > 1:
         if cfg.block_n < 16:
