@@ -965,29 +965,19 @@ T1_SETS["scratch25b"] = {"t1_arena": {"own_scratch_t": []}, "t1_own_again": {}}
 #: of its own), and ptxas' register cap (``LinearConfig.maxnreg``). Every persistent tile lost:
 #: the 1.5B's gate/up 2 / 3 / 4 blocks a program +12 / +27 / +45 %, capped to 64 registers (8
 #: programs an SM) +3.1 / +3.3 % @512 / @4096, with the hand-off's statistics summed once
-#: before the blocks +10 %; its down projection 2 / 4 +9 / +22 %. Today's gate/up capped at 40
-#: registers (4 spills) +0.4 %, at 32 +15 %. Removed; commit 4b72c6f holds the kernel and
-#: the sets.)
-#: ``--set epi39`` (session 39): one-token kernels asking for their epilogue's operands right
-#: after their PDL wait (``Runner.epi_early``), so that round trip overlaps the loop's: qkv
-#: (bias, position, RoPE row), the o-projection (the residual's old rows, the hand-off's norm
-#: weight), gate/up (the hand-off's statistics; the 1.5B's row layout only: the 0.5B's is an
-#: A/A check), all three; and the default timed in a variant's place (an A/A check).
-T1_SETS["epi39"] = {
-    "t1_epi_qkv": {"epi_early": ["qkv"]}, "t1_epi_wo": {"epi_early": ["wo"]},
-    "t1_epi_w13": {"epi_early": ["w13"]}, "t1_epi_all": {"epi_early": ["qkv", "wo", "w13"]},
-    "t1_aa": {},
-}
-#: ``--set regs39b``: ptxas' register cap (``LinearConfig.maxnreg``) on the 0.5B's gate/up
-#: (4 x 1024 on 2 warps: 72 registers, 14 programs an SM for its 2,432: 1.3 waves) at 64 and
-#: 56, and on its down projection (2 x 1024 in 4 splits) at 40 and 32. Lists: block_n,
-#: block_k, warps, stages, split_k, swap, rows, prefetch, segments, lanes, maxnreg.
-_NR = [False, False, False, 1, False]
-T1_SETS["regs39b"] = {
-    f"t1_{m}_r{n}": {"by_width": {"896": {"t1_tiles": {m: [*tile, *_NR, n]}}, "1536": {}}}
-    for m, tile, n in (("w13", [4, 1024, 2, 2, 1], 64), ("w13", [4, 1024, 2, 2, 1], 56),
-                       ("w2", [2, 1024, 4, 2, 4], 40), ("w2", [2, 1024, 4, 2, 4], 32))
-}
+#: before the blocks +10 %; its down projection 2 / 4 +9 / +22 %. The 0.5B's gate/up in the
+#: row layout +9.3 / +8.7 %, 2 / 4 blocks a program +9.7 / +25 %. Today's gate/up capped at 40
+#: registers (46; 4 spills) +0.4 %, at 32 (10 spills) +15 %; the 0.5B's (72) at 40 / 32 +53 /
+#: +82 %. Removed; commit 4b72c6f holds the kernel and the sets.)
+#: (Session 39's ``--set epi39`` and ``regs39b``, runs 339-340, both lost; commit a2233e1 holds
+#: the kernels' flags and the sets. ``epi39``: one-token kernels asking for their epilogue's
+#: operands right after their PDL wait (``Runner.epi_early``): qkv's bias, position and RoPE
+#: row (56 -> 64 registers, 1.5B) +1.8 / +1.8 % @512 / @4096 (0.5B +1.2 / +1.4 %), the
+#: o-projection's old residual rows and norm weight +1.7 / +1.5 % (+1.2 / +1.0 %), gate/up's
+#: handed statistics (46 -> 50) +0.7 / +0.8 %, all three +4.0 / +4.0 % (+2.4 / +2.4 %); the
+#: A/A +0.03 / +0.06 %. ``regs39b``: ptxas' register cap on the 0.5B's gate/up (72
+#: registers) at 64 (6 spills) +1.0 / +0.7 %, at 56 (16 spills) +4.9 / +6.0 %; on its down
+#: projection at 32 (31, no spill) +2.9 / +3.4 % (at 40, its own count, +0.0 / +0.1 %).)
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -1011,15 +1001,14 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "warps23b": {}, "warps23c": {},
     "warps23d": {}, "warps23e": {},
     "scratch25": {"own_scratch": {"shared_scratch": False}},
-    "scratch25b": {"verify_arena_t1": {"own_scratch_t": []}}, "epi39": {},
-    "regs39b": {},
+    "scratch25b": {"verify_arena_t1": {"own_scratch_t": []}},
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
          "fuse_attn_out", "qkv_split", "combine_warps", "rope_warps", "pdl_by_t", "trim_merge",
          "norm_handoff", "atomic_sem", "verify_handoff", "attn_warps", "l2_prefetch",
          "combine_cols", "weight_evict", "smem_floor", "qkv_warps", "shared_scratch",
-         "own_scratch_t", "epi_early"}
+         "own_scratch_t"}
 
 
 def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
@@ -1067,7 +1056,6 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
                     for k, n in v.get("smem_floor", base["smem_floor"]).items()}
     r.shared_scratch = bool(v.get("shared_scratch", base["shared_scratch"]))
     r.own_scratch_t = frozenset(int(t) for t in v.get("own_scratch_t", base["own_scratch_t"]))
-    r.epi_early = frozenset(v.get("epi_early", base["epi_early"]))
     r.drop_steps()
 
 
@@ -1094,7 +1082,7 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
                "l2_prefetch": r.l2_prefetch, "weight_evict": r.weight_evict,
                "smem_floor": {}, "shared_scratch": r.shared_scratch,
-               "own_scratch_t": sorted(r.own_scratch_t), "epi_early": sorted(r.epi_early)}
+               "own_scratch_t": sorted(r.own_scratch_t)}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -311,10 +311,6 @@ class Runner:
         #: pair's two dot products) cross warps through shared memory and a barrier, which a
         #: program of one warp does with shuffles alone.
         self.qkv_warps: dict[int, int] = {}
-        #: One-token kernels ("qkv", "wo", "w13") that ask for their epilogue's operands right
-        #: after their PDL wait (``kernels.linear``'s and ``qkv_rope``'s ``epi_early``): an
-        #: experiment.
-        self.epi_early: frozenset[str] = frozenset()
         #: Programs of the attention's merge a (token, head), per T (absent: 1), each merging
         #: head_dim / this columns (``kernels.attention``'s ``combine_cols``; a one-token step
         #: with ``fuse_attn_out`` merges inside the o-projection instead). On the GPU
@@ -1172,8 +1168,7 @@ class Runner:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
                            pdl=pk("qkv"), evict=ev, smem=sf("qkv"),
-                           num_warps=self.qkv_warps.get(t, 4),
-                           epi_early=t == 1 and "qkv" in self.epi_early)
+                           num_warps=self.qkv_warps.get(t, 4))
             prefetch_at(1, lw.w13)
             hand = None
             if fused:
@@ -1191,14 +1186,12 @@ class Runner:
                 if hand_bufs is not None:
                     hand = K.NormHandoff(hand_bufs[0], hand_bufs[1], lw.ffn_norm, hand_bufs[2])
                 K.linear(ws.attn, lw.wo, ws.h, mode=K.ADD, cfg=wo_cfg, pdl=pk("wo"), evict=ev,
-                         hand_out=hand, atomic_sem=sem, smem=sf("wo"),
-                         epi_early=t == 1 and "wo" in self.epi_early)
+                         hand_out=hand, atomic_sem=sem, smem=sf("wo"))
             if hook is not None and hand is not None:
                 hook.gate_up(i, lw, ws, hand)
             elif hand is not None:
                 K.linear(hand.xg, lw.w13, ws.act, mode=K.SWIGLU, eps=a.rms_eps, cfg=lc("w13"),
-                         pdl=pk("w13"), evict=ev, hand_in=hand, smem=sf("w13"),
-                         epi_early=t == 1 and "w13" in self.epi_early)
+                         pdl=pk("w13"), evict=ev, hand_in=hand, smem=sf("w13"))
             else:
                 K.linear(ws.h, lw.w13, ws.act, mode=K.SWIGLU, norm=lw.ffn_norm, eps=a.rms_eps,
                          cfg=lc("w13"), pdl=pk("w13"), evict=ev, smem=sf("w13"))

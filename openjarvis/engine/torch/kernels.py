@@ -85,10 +85,6 @@ class LinearConfig:
     #: (With the norm in the loop, its squares are still summed across the warp every tile;
     #: the 1.5B's gate/up reads the norm hand-off, so its loop has no shuffle left.)
     lanes: bool = False
-    #: Registers a thread may use (ptxas' ``.maxnreg``), 0: the compiler's choice. An
-    #: experiment: a one-token product's speed follows how many of its programs an SM holds,
-    #: which its registers bound.
-    maxnreg: int = 0
 
     def __post_init__(self) -> None:
         if self.prefetch and not self.rows:
@@ -427,13 +423,9 @@ def _linear_kernel(
     PDL: tl.constexpr, EVICT: tl.constexpr, HAND: tl.constexpr, NP_BLOCK: tl.constexpr,
     SEM: tl.constexpr, TRACE: tl.constexpr = 0, ROWS: tl.constexpr = 0,
     PREFETCH: tl.constexpr = 0, SEG: tl.constexpr = 1, SMEM_FLOOR: tl.constexpr = 0,
-    LANES: tl.constexpr = 0, EARLY_SS: tl.constexpr = 0, EPI_ADD: tl.constexpr = 0,
+    LANES: tl.constexpr = 0,
 ):
-    """``TRACE``: ``_stamp`` (tracing only). ``EARLY_SS`` (``LinearConfig.early_ss``, rows
-    with ``HAND`` 2): the handed statistics' slots are asked for right after the PDL wait and
-    summed after the loop. ``EPI_ADD`` (a residual add, unsplit, the default loop): the
-    residual's old rows (and a hand-off producer's norm weight) asked for right after the
-    wait. ``ROWS``, ``PREFETCH``, ``SEG``, ``LANES`` (T = 1):
+    """``TRACE``: ``_stamp`` (tracing only). ``ROWS``, ``PREFETCH``, ``SEG``, ``LANES`` (T = 1):
     ``LinearConfig.rows``, ``.prefetch``, ``.segments`` and ``.lanes``. ``SMEM_FLOOR`` is not read: it
     gives a launch with a shared-memory floor a compiled kernel of its own (``floor_shared``).
 
@@ -484,10 +476,6 @@ def _linear_kernel(
                                            MODE, EVICT)
         _gdc(PDL)
         _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-        if EARLY_SS:
-            sp = tl.arange(0, NP_BLOCK)
-            slots = tl.load(ssp_ptr + rt[:, None] * NP + sp[None, :],
-                            mask=tmask[:, None] & (sp < NP)[None, :], other=0.0)
         if PREFETCH == 0 and PDL % 4 >= 2:
             av, av2, sv = _row_step(x_ptr, g_ptr, sr, cols, cmask, w, w2, av, av2, sv, MODE,
                                     NORM, LANES)
@@ -528,10 +516,6 @@ def _linear_kernel(
         w, w2 = _w_pair(w_ptr, rn, rk[None, :], wmask, N, K, MODE, EVICT)  # [BN, BK]
         _gdc(PDL)
         _stamp(tr_ptr, tr_base, tpid, 1, TRACE)
-        if EPI_ADD:
-            h_old = tl.load(out_ptr + rt[:, None] * stride_out + rn[None, :],
-                            mask=tmask[:, None] & nmask[None, :], other=0.0)
-            g2_early = tl.load(g2_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
         acc, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w, w2, acc,
                                   acc2, ss, MODE, NORM, BLOCK_T)
         for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
@@ -564,26 +548,9 @@ def _linear_kernel(
                 acc2 = _tile_dot(x, w2, acc2, BLOCK_T)
     _stamp(tr_ptr, tr_base, tpid, 2, TRACE)
     _gdc_late(PDL)
-    if EARLY_SS:
-        _linear_out(acc, acc2, tl.sum(slots, axis=1), rn, rt, nmask, tmask, b_ptr, out_ptr,
-                    stride_out, K, eps, pid, MODE, 1, BIAS, SPLIT_K, SEM)
-    elif EPI_ADD:  # MODE 1 (ADD), unsplit, the prologue's loop: rows asked for above
-        h = acc
-        if BIAS:
-            h += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
-        h += h_old.to(tl.float32)
-        omask = tmask[:, None] & nmask[None, :]
-        tl.store(out_ptr + rt[:, None] * stride_out + rn[None, :],
-                 h.to(out_ptr.dtype.element_ty), mask=omask)
-        if HAND == 1:
-            hm = tl.where(omask, h, 0.0)
-            tl.store(ssp_ptr + rt * NP + pid, tl.sum(hm * hm, axis=1), mask=tmask)
-            tl.store(xg_ptr + rt[:, None] * stride_xg + rn[None, :],
-                     (hm * g2_early[None, :]).to(xg_ptr.dtype.element_ty), mask=omask)
-    else:
-        _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K,
-                         eps, g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, pid,
-                         MODE, NORM, BIAS, SPLIT_K, SEM, HAND, NP_BLOCK, False)
+    _linear_epilogue(acc, acc2, ss, rn, rt, nmask, tmask, b_ptr, out_ptr, stride_out, K, eps,
+                     g2_ptr, xg_ptr, ssp_ptr, stride_xg, NP, cnt_ptr, pid,
+                     MODE, NORM, BIAS, SPLIT_K, SEM, HAND, NP_BLOCK, False)
     _stamp(tr_ptr, tr_base, tpid, 3, TRACE)
 
 
@@ -646,11 +613,9 @@ def _qkv_rope_kernel(
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     EVICT: tl.constexpr, TRACE: tl.constexpr = 0, SMEM_FLOOR: tl.constexpr = 0,
-    EPI: tl.constexpr = 0,
 ):
     """Program = BLOCK_P NeoX pairs (rows j and j + HD/2) of one head of q, k or v
-    (``SMEM_FLOOR`` as in ``_linear_kernel``). ``EPI`` (with a weight prologue): the bias,
-    position and RoPE row asked for right after the PDL wait (``qkv_rope``'s ``epi_early``)."""
+    (``SMEM_FLOOR`` as in ``_linear_kernel``)."""
     HALF: tl.constexpr = HD // 2
     PER_HEAD: tl.constexpr = HALF // BLOCK_P
     pid = tl.program_id(0)
@@ -675,13 +640,6 @@ def _qkv_rope_kernel(
         # grew by as much; session 21 run 201, commit 1f7beae.)
         _gdc(PDL)
         _stamp(tr_ptr, tr_base, pid, 1, TRACE)
-        if EPI:
-            b1 = tl.load(b_ptr + r1).to(tl.float32)
-            b2 = tl.load(b_ptr + r2).to(tl.float32)
-            pos = tl.load(start_ptr) + rt  # [BT]
-            cs = rope_ptr + pos[:, None] * HD + 2 * j[None, :]
-            cos = tl.load(cs, mask=tmask[:, None], other=1.0)
-            sin = tl.load(cs + 1, mask=tmask[:, None], other=0.0)
         acc1, acc2, ss = _lin_step(x_ptr, g_ptr, rt, tmask, rk, kmask, stride_x, w1, w2, acc1,
                                    acc2, ss, 2, True, BLOCK_T)
         k_first = BLOCK_K
@@ -698,16 +656,12 @@ def _qkv_rope_kernel(
     _stamp(tr_ptr, tr_base, pid, 2, TRACE)
     _gdc_late(PDL)
     inv = tl.rsqrt(ss / K + eps)
-    if EPI:
-        acc1 = acc1 * inv[:, None] + b1[None, :]
-        acc2 = acc2 * inv[:, None] + b2[None, :]
-    else:
-        acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
-        acc2 = acc2 * inv[:, None] + tl.load(b_ptr + r2).to(tl.float32)[None, :]
-        pos = tl.load(start_ptr) + rt  # [BT]
-        cs = rope_ptr + pos[:, None] * HD + 2 * j[None, :]  # table [n_pos, HD/2, (cos, sin)]
-        cos = tl.load(cs, mask=tmask[:, None], other=1.0)
-        sin = tl.load(cs + 1, mask=tmask[:, None], other=0.0)
+    acc1 = acc1 * inv[:, None] + tl.load(b_ptr + r1).to(tl.float32)[None, :]
+    acc2 = acc2 * inv[:, None] + tl.load(b_ptr + r2).to(tl.float32)[None, :]
+    pos = tl.load(start_ptr) + rt  # [BT]
+    cs = rope_ptr + pos[:, None] * HD + 2 * j[None, :]  # table [n_pos, HD/2, (cos, sin)]
+    cos = tl.load(cs, mask=tmask[:, None], other=1.0)
+    sin = tl.load(cs + 1, mask=tmask[:, None], other=0.0)
     is_rope = head < N_HEAD + N_KV
     o1 = tl.where(is_rope, acc1 * cos - acc2 * sin, acc1)
     o2 = tl.where(is_rope, acc2 * cos + acc1 * sin, acc2)
@@ -1311,12 +1265,7 @@ def linear(
     hand_in: NormHandoff | None = None,  # x is hand_in.xg: normalize with its statistics
     smem: int = 0,  # at least this much shared memory a program (``floor_shared``)
     atomic_sem: str = "relaxed",  # split-K: memory semantics of the partials' atomics
-    epi_early: bool = False,  # T = 1: the epilogue's operands asked for right after the wait
 ) -> torch.Tensor:
-    """``epi_early`` (one-token steps; an experiment): what the epilogue reads besides the
-    sums (a hand-off consumer's statistics in the row layout; a residual add's old rows and a
-    hand-off producer's norm weight, unsplit, in the default loop) is asked for right after
-    the PDL wait, so its round trip overlaps the loop's instead of following it."""
     t, k = x.shape
     _check_sem(atomic_sem)
     _check_evict(evict)
@@ -1365,14 +1314,10 @@ def linear(
         PDL=pdl, EVICT=evict, HAND=1 if hand_out else 2 if hand_in else 0,
         NP_BLOCK=triton.next_power_of_2(hand.ss_part.shape[1]) if hand else 1, SEM=atomic_sem,
         **({"ROWS": 1, "PREFETCH": int(cfg.prefetch), "SEG": cfg.segments,
-            **({"LANES": 1} if cfg.lanes else {}),
-            **({"EARLY_SS": 1} if epi_early and hand_in is not None else {})}
+            **({"LANES": 1} if cfg.lanes else {})}
            if cfg.rows and t == 1 else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
         **({"SMEM_FLOOR": smem} if smem > 0 else {}),
-        **({"EPI_ADD": 1} if epi_early and t == 1 and not (cfg.rows or cfg.swap)
-           and mode == ADD and cfg.split_k == 1 and norm is None and pdl % 4 >= 2 else {}),
-        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )
     if cfg.swap and t > 1:
         if cfg.block_n < 16:
@@ -1894,7 +1839,6 @@ def qkv_rope(
     pdl: int = 0,
     evict: str = "",
     smem: int = 0,  # at least this much shared memory a program (``floor_shared``)
-    epi_early: bool = False,  # with a weight prologue: bias and RoPE row asked for at the wait
 ) -> None:
     _check_evict(evict)
     t, k = x.shape
@@ -1911,7 +1855,6 @@ def qkv_rope(
         BLOCK_T=block_t(t), BLOCK_P=bp, BLOCK_K=block_k or min(512, triton.next_power_of_2(k)),
         PDL=pdl, EVICT=evict, num_warps=num_warps, **_launch(pdl), **trc,
         **({"SMEM_FLOOR": smem} if smem > 0 else {}),
-        **({"EPI": 1} if epi_early and pdl % 4 >= 2 else {}),
     )
     if smem > 0:
         floor_shared(ck, smem)

@@ -279,57 +279,6 @@ def test_one_token_products_summed_a_lane_at_a_time(mode: int, prefetch: bool, s
     assert rel(outs[1], outs[0]) < 1e-6
 
 
-@pytest.mark.parametrize(("peel", "lanes", "slots"), [(0, False, 3), (0, True, 5), (3, True, 3)])
-def test_gate_up_asking_for_the_handed_statistics_after_its_wait_sums_them_after_its_loop(
-        peel: int, lanes: bool, slots: int) -> None:
-    """``epi_early``: gate/up in the row layout reading the o-projection's norm
-    hand-off asks for the statistics' slots right after its PDL wait and sums them after the
-    loop: SwiGLU(RMSNorm(h) W13^T) as when the epilogue reads them. 3 or 5 slots (the
-    producer's programs), PDL modes 0 and 3 (the first tile before the
-    wait); 24 rows in blocks of 8, K = 600 in tiles of 256 (the last partly masked)."""
-    n, k = 24, 600
-    h, w, g2 = g(1, k, seed=1), g(2 * n, k, seed=2), g(k, seed=3) + 1
-    parts = (h * h).reshape(1, slots, k // slots).sum(2)
-    hand = K.NormHandoff((h * g2).contiguous(), parts.contiguous(), g2)
-    outs = []
-    for early in (False, True):
-        out = torch.full((1, n), POISON)
-        cfg = K.LinearConfig(8, 256, rows=True, lanes=lanes)
-        K.linear(hand.xg, w, out, mode=K.SWIGLU, eps=1e-6, cfg=cfg, pdl=peel, hand_in=hand,
-                 epi_early=early)
-        outs.append(out)
-    gate, up = (rms_norm(h, g2, 1e-6) @ w.T).split(n, dim=-1)
-    assert (outs[1] != POISON).all()
-    assert rel(outs[1], torch.nn.functional.silu(gate) * up) < 1e-5
-    assert rel(outs[1], outs[0]) < 1e-6
-
-
-@pytest.mark.parametrize(("bn", "bias"), [(2, False), (8, True)])
-def test_a_residual_add_asking_for_its_old_rows_after_its_wait_hands_off_the_same(
-        bn: int, bias: bool) -> None:
-    """``epi_early`` on the o-projection (a residual add with the weight prologue, PDL mode 3
-    here, handing the next norm off): the residual's old rows and the norm weight asked for
-    right after the wait give the same new residual, h * g and sums of squares. 40 columns
-    in blocks of 2 or 8, K = 72 in one tile of 128 (masked)."""
-    n, k = 40, 72
-    x, wo, h0, g2 = g(1, k, seed=1), g(n, k, seed=2), g(1, n, seed=3), g(n, seed=4) + 1
-    b = g(n, seed=5) if bias else None
-    got = []
-    for early in (False, True):
-        h = h0.clone()
-        hand = K.NormHandoff(torch.full((1, n), POISON), torch.full((1, -(-n // bn)), POISON),
-                             g2)
-        K.linear(x, wo, h, mode=K.ADD, bias=b, cfg=K.LinearConfig(bn, 128), pdl=3,
-                 hand_out=hand, epi_early=early)
-        got.append((h, hand.xg, hand.ss_part))
-    ref_h = h0 + x @ wo.T + (b if bias else 0)
-    assert rel(got[1][0], ref_h) < 1e-5
-    assert rel(got[1][1], ref_h * g2) < 1e-5
-    assert rel(got[1][2].sum(1), (ref_h * ref_h).sum(1)) < 1e-5
-    for a, c in zip(got[0], got[1], strict=True):
-        assert torch.equal(a, c)
-
-
 def test_lanes_without_the_row_layout_or_whole_lanes_are_refused() -> None:
     for bad in (dict(lanes=True), dict(rows=True, lanes=True, block_k=128),
                 dict(rows=True, lanes=True, block_k=512, segments=4)):
@@ -477,11 +426,9 @@ def test_split_k_adds_partial_sums_into_the_residual(t: int) -> None:
     assert rel(swapped, h0 + x @ w.T) < 1e-5
 
 
-@pytest.mark.parametrize(("peel", "epi"), [(0, False), (3, False), (3, True)])
+@pytest.mark.parametrize("peel", [0, 3])
 @pytest.mark.parametrize("t", [1, 5])
-def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int, epi: bool) -> None:
-    """With ``epi_early`` (and the weight prologue, PDL mode 3 here) the bias, position and
-    RoPE row are asked for right after the wait: the same q and cache."""
+def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int) -> None:
     a = ARGS
     x, w, bias, norm = g(t, a.n_embd, seed=1), g(a.qkv_dim, a.n_embd, seed=2), g(a.qkv_dim, seed=3), g(a.n_embd, seed=4)
     rope = rope_table(a, 64, "cpu")
@@ -490,7 +437,7 @@ def test_qkv_rope_writes_q_and_the_cache(t: int, peel: int, epi: bool) -> None:
     kc = torch.full((a.n_head_kv, 40, a.head_dim), POISON)
     vc = kc.clone()
     K.qkv_rope(x, w, norm, bias, rope, torch.tensor([start]), q, kc, vc, 1e-6, block_k=64,
-               pdl=peel, epi_early=epi)
+               pdl=peel)
     y = rms_norm(x, norm, 1e-6) @ w.T + bias
     rq, rk, rv = y.split([a.q_dim, a.kv_dim, a.kv_dim], dim=-1)
     cs = rope[start : start + t]
