@@ -969,7 +969,7 @@ T1_SETS["scratch25b"] = {"t1_arena": {"own_scratch_t": []}, "t1_own_again": {}}
 #: row layout +9.3 / +8.7 %, 2 / 4 blocks a program +9.7 / +25 %. Today's gate/up capped at 40
 #: registers (46; 4 spills) +0.4 %, at 32 (10 spills) +15 %; the 0.5B's (72) at 40 / 32 +53 /
 #: +82 %. Removed; commit 4b72c6f holds the kernel and the sets.)
-#: (Session 39's ``--set epi39`` and ``regs39b``, runs 339-340, both lost; commit a2233e1 holds
+#: (Session 39's ``--set epi39`` and ``regs39b``, runs 338-339, both lost; commit a2233e1 holds
 #: the kernels' flags and the sets. ``epi39``: one-token kernels asking for their epilogue's
 #: operands right after their PDL wait (``Runner.epi_early``): qkv's bias, position and RoPE
 #: row (56 -> 64 registers, 1.5B) +1.8 / +1.8 % @512 / @4096 (0.5B +1.2 / +1.4 %), the
