@@ -511,26 +511,14 @@ def set_variant(r: Runner, v: Hold, kernel: HoldKernel, default_pf: Any,
 
 def one_token_kernels() -> list[str]:
     """Shared memory, registers and warps of each compiled Triton kernel (what a held block
-    leaves room for)."""
-    import triton
-
-    from openjarvis.engine.torch import kernels as K
+    leaves room for), one line a distinct kind (``bench_verify.compiled_kernels``)."""
+    from bench_verify import compiled_kernels
 
     seen: list[str] = []
-    for attr in sorted(dir(K)):
-        fn = getattr(K, attr)
-        if not isinstance(fn, triton.runtime.jit.JITFunction):
-            continue
-        for cache in fn.device_caches.values():
-            for k in cache[0].values():
-                try:
-                    k._init_handles()
-                except Exception:  # noqa: BLE001, S110  # metadata only
-                    pass
-                line = (f"{attr} warps={k.metadata.num_warps} shared={k.metadata.shared} "
-                        f"regs={getattr(k, 'n_regs', '?')}")
-                if line not in seen:
-                    seen.append(line)
+    for k in compiled_kernels():
+        line = f"{k['kernel']} warps={k['warps']} shared={k['shared']} regs={k['regs']}"
+        if line not in seen:
+            seen.append(line)
     return seen
 
 
