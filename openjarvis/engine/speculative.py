@@ -536,6 +536,8 @@ class Speculator:
         v, stats = self.verifier, gen.stats
         finish = "length"
         loops = _LoopCheck(req.loop_repeats, req.loop_prefix)
+        md = self.model_drafter
+        md_run = PREFILL_CHUNK if md is None else run_of(md.engine, PREFILL_CHUNK)
         while True:
             if cancel():
                 finish = "cancelled"
@@ -552,8 +554,6 @@ class Speculator:
 
             t0 = time.perf_counter()
             draft: Draft | None = None
-            md = self.model_drafter
-            md_run = PREFILL_CHUNK if md is None else run_of(md.engine, PREFILL_CHUNK)
             if (plan.key == "model" and md is not None
                     and self._reads_while_answering(committed, md_run)):
                 # The drafter lacks more of the context than it reads unnoticed (the first steps

@@ -449,9 +449,7 @@ class Runner:
         if t < 0:
             raise ValueError(f"wide must be 0 (off) or a step's tokens, not {t}")
         if t != self._wide_t:
-            self._wides.clear()
-            self._wide_arena.clear()
-            self._wide = None
+            self._drop_wide()
         self._wide_t = t
 
     @property
@@ -541,9 +539,7 @@ class Runner:
             self._steps.clear()
             self._greedy_steps.clear()
             self._arena.clear()  # (sized anew for the settings of then)
-            self._wides.clear()
-            self._wide_arena.clear()
-            self._wide = None
+            self._drop_wide()
         else:
             self._steps.pop(t, None)
             self._greedy_steps.pop(t, None)
@@ -810,6 +806,12 @@ class Runner:
                 self._wide_step([0] * t, 0)
 
     # -- internals ------------------------------------------------------------------------
+
+    def _drop_wide(self) -> None:
+        """Forget every wide step built, its graph and the arena of their buffers."""
+        self._wides.clear()
+        self._wide_arena.clear()
+        self._wide = None
 
     def _goes_wide(self, n: int) -> bool:
         """Whether a run of ``n`` tokens starts with a wide step (``wide_widths``)."""

@@ -1973,12 +1973,23 @@ def attention(
         BLOCK_R=block_r, BLOCK_S=block_s, PDL=_wait(pdl), TRIM=trim, num_warps=num_warps,
         **_launch(pdl), **trc,
     )
-    pc = pdl if pdl_combine is None else pdl_combine
+    return _merge(o_part, ml_part, out, start, block_s,
+                  pdl=pdl if pdl_combine is None else pdl_combine, trim=trim,
+                  num_warps=combine_warps, cols=combine_cols)
+
+
+def _merge(o_part: torch.Tensor, ml_part: torch.Tensor, out: torch.Tensor, start: torch.Tensor,
+           block_s: int, *, pdl: int = 0, trim: bool = True, num_warps: int = 1,
+           cols: int = 1) -> torch.Tensor:
+    """The attention's second launch (``attention``, ``attention_wide``): the splits'
+    partials ``o_part`` [NSPLIT, T, H, hd] and ``ml_part`` merged into ``out`` [T, H * hd],
+    ``cols`` programs a (token, head)."""
+    nsplit, t, n_head, hd = o_part.shape
     tr, trc = _trace(out)
-    _attn_combine_kernel[(t * n_head, combine_cols)](
+    _attn_combine_kernel[(t * n_head, cols)](
         o_part, ml_part, out, start, t, *tr, N_HEAD=n_head, HD=hd, NSPLIT=nsplit,
-        BLOCK_S=block_s, PDL=_wait(pc), TRIM=trim, num_warps=combine_warps,
-        HDC=hd // combine_cols if combine_cols > 1 else 0, **_launch(pc), **trc,
+        BLOCK_S=block_s, PDL=_wait(pdl), TRIM=trim, num_warps=num_warps,
+        HDC=hd // cols if cols > 1 else 0, **_launch(pdl), **trc,
     )
     return out
 
@@ -2030,12 +2041,7 @@ def attention_wide(
         BLOCK_S=block_s, SEEN=seen, num_warps=8 if block_r > 64 else 4,
         **({"num_stages": num_stages} if num_stages else {}),
     )
-    tr, trc = _trace(out)
-    _attn_combine_kernel[(t * n_head, 1)](
-        o_part, ml_part, out, start, t, *tr, N_HEAD=n_head, HD=hd, NSPLIT=nsplit,
-        BLOCK_S=block_s, PDL=0, TRIM=True, num_warps=1, **trc,
-    )
-    return out
+    return _merge(o_part, ml_part, out, start, block_s)
 
 
 def residual_norm(h: torch.Tensor, y: torch.Tensor | None, g: torch.Tensor, xg: torch.Tensor,
