@@ -978,6 +978,52 @@ T1_SETS["scratch25b"] = {"t1_arena": {"own_scratch_t": []}, "t1_own_again": {}}
 #: A/A +0.03 / +0.06 %. ``regs39b``: ptxas' register cap on the 0.5B's gate/up (72
 #: registers) at 64 (6 spills) +1.0 / +0.7 %, at 56 (16 spills) +4.9 / +6.0 %; on its down
 #: projection at 32 (31, no spill) +2.9 / +3.4 % (at 40, its own count, +0.0 / +0.1 %).)
+#: ``--set spread40`` (session 40): the verify merge's 216 programs (one warp each, let in at
+#: the attention's start) sit 12 an SM on 38 SMs (runs 186 and 340) and loop 2.63 us against
+#: the one-token merge's 1.18. Launched late they spread (run 188: 2 an SM, loop 1.28 us) but
+#: the o-projection, let in at the merge's wait, then piled 9 an SM. Here the merge keeps its
+#: early launch and a shared-memory floor spreads it (``smem_floor`` "combine", new), alone, or
+#: with the o-projection floored too; and run 188's late merge with the o-projection floored,
+#: the combination session 20 did not time. One-token steps: the merge (the 1.5B's 96
+#: programs, the 0.5B's 56 on 28 SMs in run 191) floored the same way.
+_MC = {n: {"smem_floor": {"v_combine": _CAP(n)}} for n in (2, 3, 4)}
+SPREAD40_VARIANTS: dict[str, dict[str, Any]] = {
+    **{f"merge_cap{n}": v for n, v in _MC.items()},
+    "wo_cap2": {"smem_floor": {"v_wo": _CAP(2)}},
+    "merge_cap2_wo_cap2": {"smem_floor": {"v_combine": _CAP(2), "v_wo": _CAP(2)}},
+    "merge_cap3_wo_cap3": {"smem_floor": {"v_combine": _CAP(3), "v_wo": _CAP(3)}},
+    "attn_late_wo_cap2": {**_chain15(attn=1 + K.PDL_LATE), "smem_floor": {"v_wo": _CAP(2)}},
+}
+T1_SETS["spread40"] = {f"t1_merge_cap{n}": {"smem_floor": {"combine": _CAP(n)}}
+                       for n in (1, 2, 3)}
+#: ``--set spread40b`` (session 40): run 342 found the 1.5B's verify steps faster with the merge
+#: and the o-projection each floored to 2 an SM (-1.6 / -2.4 % @512 / @4096; the merge alone
+#: -0.3 / -0.7 %: the o-projection, let in at the merge's wait, then piled 7 an SM on 68 SMs,
+#: its loop 2.78 -> 5.02 us), the 0.5B's even at 3 and 3 and slower otherwise. Caps around
+#: that (merge cap, o-projection cap).
+SPREAD40B_VARIANTS: dict[str, dict[str, Any]] = {
+    f"m{m}w{w}": {"smem_floor": {"v_combine": _CAP(m), "v_wo": _CAP(w)}}
+    for m, w in ((2, 2), (2, 3), (3, 2), (2, 4), (4, 2), (1, 2), (2, 1), (3, 3), (4, 4))
+}
+T1_SETS["spread40b"] = {}
+#: ``--set spread40c`` (session 40): on top of the 1.5B's new floors (``tuning.VERIFY_SMEM_CAPS``:
+#: merge and o-projection 2 an SM), the two verify kernels before the attention floored too:
+#: the split-K qkv product (run 342's trace: the 1.5B's 512 programs up to 6 an SM, loop 4.45
+#: us, 3.52 when they happened to sit 4 an SM) and the RoPE kernel (144 programs 4 an SM on
+#: 81 SMs). The 0.5B's qkv has 288 programs, its RoPE kernel 162.
+def _floors40(**caps: tuple[int, int]) -> dict[str, Any]:
+    """Floors by model: ``caps`` {kernel: (1.5B's cap, 0.5B's cap)} with the 1.5B's defaults."""
+    return {"by_width": {
+        "1536": {"smem_floor": {"v_combine": _CAP(2), "v_wo": _CAP(2),
+                                **{f"v_{k}": _CAP(c[0]) for k, c in caps.items()}}},
+        "896": {"smem_floor": {f"v_{k}": _CAP(c[1]) for k, c in caps.items()}}}}
+
+
+SPREAD40C_VARIANTS: dict[str, dict[str, Any]] = {
+    "same": _floors40(), "q4": _floors40(qkv=(4, 3)), "q5": _floors40(qkv=(5, 4)),
+    "r2": _floors40(rope=(2, 2)), "q4r2": _floors40(qkv=(4, 3), rope=(2, 2)),
+}
+T1_SETS["spread40c"] = {}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -1002,6 +1048,8 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "warps23d": {}, "warps23e": {},
     "scratch25": {"own_scratch": {"shared_scratch": False}},
     "scratch25b": {"verify_arena_t1": {"own_scratch_t": []}},
+    "spread40": SPREAD40_VARIANTS, "spread40b": SPREAD40B_VARIANTS,
+    "spread40c": SPREAD40C_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
@@ -1081,7 +1129,8 @@ def runner_for(a: ModelArgs, n_ctx: int) -> tuple[Runner, dict[str, Any]]:
                "trim_merge": r.trim_merge, "norm_handoff": r.norm_handoff,
                "atomic_sem": r.atomic_sem, "verify_handoff": r.verify_handoff,
                "l2_prefetch": r.l2_prefetch, "weight_evict": r.weight_evict,
-               "smem_floor": {}, "shared_scratch": r.shared_scratch,
+               "smem_floor": {("v_" if v else "") + k: n for (k, v), n in r.smem_floor.items()},
+               "shared_scratch": r.shared_scratch,
                "own_scratch_t": sorted(r.own_scratch_t)}
 
 

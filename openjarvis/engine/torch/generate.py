@@ -76,6 +76,27 @@ def wide_nsplit(t: int) -> int:
     """Splits of the sequence for a wide step of ``t`` tokens (``WIDE_SPLIT_TOKENS``): a power
     of two, at least 1."""
     return 1 << (max(1, WIDE_SPLIT_TOKENS // max(1, t)).bit_length() - 1)
+
+
+def verify_floors(caps: dict[str, int], device: torch.device) -> dict[tuple[str, bool], int]:
+    """``Runner.smem_floor`` entries of verify steps for ``caps`` ({kernel: programs an SM},
+    ``tuning.VERIFY_SMEM_CAPS``) on this GPU: each the shared memory a program that lets at
+    most that many share one of its SMs. None where the floor cannot be set here
+    (``kernels.floor_supported``) or a floor exceeds what one program may ask for: the step
+    then runs unfloored, as fast as before the caps were measured."""
+    if not caps or device.type != "cuda":
+        return {}
+    from openjarvis.engine.torch.kernels import floor_supported, shared_floor_for
+
+    props = torch.cuda.get_device_properties(device)
+    per_sm = getattr(props, "shared_memory_per_multiprocessor", 0)
+    per_block = getattr(props, "shared_memory_per_block_optin", 0)
+    if not per_sm or not floor_supported():
+        return {}
+    floors = {(k, True): shared_floor_for(n, per_sm) for k, n in caps.items()}
+    return floors if max(floors.values()) <= per_block else {}
+
+
 #: PDL mode per T where supported (see ``Runner.pdl``; verify steps take theirs per kernel
 #: from ``tuning.VERIFY_PDL``), measured in docs/gpu-notes.md. One-token kernels let the next
 #: one launch after their main loop (``PDL_LATE``), except those in ``DEFAULT_ONE_TOKEN_PDL``
@@ -351,7 +372,9 @@ class Runner:
         #: session 34 asked what a step's last stream, without the hint, costs the next).
         self.out_evict: str | None = None
         #: (kernel, verify step?) -> at least this much shared memory a program of it, to bound
-        #: how many share an SM (``kernels.floor_shared``; session 20, benchmarks only): empty.
+        #: how many share an SM (``kernels.floor_shared``; session 20). On a GPU the tuned
+        #: shapes' verify steps floor the attention's merge ("combine") and the o-projection
+        #: (``tuning.VERIFY_SMEM_CAPS``, session 40); otherwise empty.
         self.smem_floor: dict[tuple[str, bool], int] = {}
         #: Kernels ("qkv", "wo", "w13", "w2", "out") that, in a step whose PDL mode is 1, load
         #: their first weight tile before waiting on the previous kernel (mode 2) -- all their
@@ -397,6 +420,7 @@ class Runner:
                 VERIFY_ATTENTION,
                 VERIFY_HANDOFF,
                 VERIFY_PDL,
+                VERIFY_SMEM_CAPS,
                 WEIGHT_EVICT,
                 combine_cols,
                 tuned_configs,
@@ -421,6 +445,7 @@ class Runner:
                 self.screen_out = shape in SCREEN_OUT
             self.nsplit, self.attn_block_s = ATTENTION.get(shape, (nsplit, self.attn_block_s))
             self.l2_prefetch = L2_PREFETCH.get(shape)
+            self.smem_floor = verify_floors(VERIFY_SMEM_CAPS.get(shape, {}), self.device)
             self._wide_t = WIDE_MAX
 
     @property
@@ -1165,7 +1190,7 @@ class Runner:
                 K.qkv_split(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                             kc, vc, ws.qkv_acc, a.rms_eps, cfg=split, pdl=pk("qkv"), evict=ev,
                             pdl_rope=pk("rope_kv"), rope_warps=self.rope_warps.get(t, 1),
-                            atomic_sem=sem)
+                            atomic_sem=sem, smem=sf("qkv"), rope_smem=sf("rope"))
             else:
                 K.qkv_rope(ws.h, lw.wqkv, lw.attn_norm, lw.bqkv, self.model.rope, ws.start, ws.q,
                            kc, vc, a.rms_eps, block_p=qkv_tiles[0], block_k=qkv_tiles[1],
@@ -1183,7 +1208,8 @@ class Runner:
                             block_s=self.attention_tiles(t)[1], pdl=pk("attn"),
                             num_warps=self.attn_warps.get(t, 4),
                             pdl_combine=pk("combine"), combine_warps=self.combine_warps.get(t, 1),
-                            trim=self.trim_merge, combine_cols=self.combine_cols.get(t, 1))
+                            trim=self.trim_merge, combine_cols=self.combine_cols.get(t, 1),
+                            combine_smem=sf("combine"))
                 prefetch_at(2, lw.w13)
                 if hand_bufs is not None:
                     hand = K.NormHandoff(hand_bufs[0], hand_bufs[1], lw.ffn_norm, hand_bufs[2])
@@ -1219,19 +1245,21 @@ class Runner:
 
     def _check_smem_floor(self, t: int, split: bool, fused: bool, hooked: bool) -> None:
         """Refuse a ``smem_floor`` entry that this step would drop without a word: a kernel
-        it does not launch (a typo; qkv in verify steps, which run the split-K qkv; the
-        o-projection fused into the attention; gate/up replaced by ``ffn_hook``)."""
+        it does not launch (a typo; the RoPE kernel, "rope", where qkv is not a split-K
+        product; the o-projection and the merge fused into the attention; gate/up replaced by
+        ``ffn_hook``). "qkv" floors whichever qkv product the step runs."""
         for (name, verify), nbytes in self.smem_floor.items():
-            if name not in ("qkv", "wo", "w13", "w2") or nbytes < 0:
+            if name not in ("qkv", "rope", "combine", "wo", "w13", "w2") or nbytes < 0:
                 raise ValueError(f"smem_floor {(name, verify)}: {nbytes}: the kernels are qkv, "
-                                 f"wo, w13 and w2, the floors bytes >= 0")
+                                 f"rope, combine, wo, w13 and w2, the floors bytes >= 0")
             if verify != (t > 1):
                 continue
-            dropped = ((name == "qkv" and split) or (name == "wo" and fused)
+            dropped = ((name == "rope" and not split) or (name in ("wo", "combine") and fused)
                        or (name == "w13" and hooked))
             if dropped and nbytes:
                 raise ValueError(f"smem_floor {(name, verify)}: this step does not launch that "
-                                 f"kernel (split-K qkv, fused o-projection or ffn_hook)")
+                                 f"kernel (the RoPE kernel without split-K qkv, fused "
+                                 f"o-projection or ffn_hook)")
 
     def _prefetch(self, w13: torch.Tensor, pf: tuple[float, int, int],
                   main: torch.cuda.Stream) -> torch.cuda.Stream:

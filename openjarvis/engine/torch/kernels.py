@@ -687,6 +687,7 @@ def _rope_kv_kernel(
     D, stride_ch, stride_cs, eps, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, N_KV: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
     PDL: tl.constexpr, TRACE: tl.constexpr = 0, INV: tl.constexpr = 0, ZERO: tl.constexpr = 1,
+    SMEM_FLOOR: tl.constexpr = 0,
 ):
     """Program = (token, head of q, k or v): finish a split-K qkv product. ``qkv [T, QKV]``
     holds (x * g) @ W^T summed over the splits; scale by the token's 1/RMS, add the bias, RoPE
@@ -974,8 +975,10 @@ def _attn_combine_kernel(
     o_ptr, ml_ptr, out_ptr, start_ptr, T, tr_ptr, tr_base,
     N_HEAD: tl.constexpr, HD: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
     PDL: tl.constexpr, TRIM: tl.constexpr, TRACE: tl.constexpr = 0, HDC: tl.constexpr = 0,
+    SMEM_FLOOR: tl.constexpr = 0,
 ):
-    """Program = (token, head), or with ``HDC`` > 0 (token, head, HDC columns of the head)."""
+    """Program = (token, head), or with ``HDC`` > 0 (token, head, HDC columns of the head)
+    (``SMEM_FLOOR`` as in ``_linear_kernel``)."""
     pid = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
     _stamp(tr_ptr, tr_base, pid, 0, TRACE)
     n_used = _n_used(start_ptr, T, NSPLIT, BLOCK_S, TRIM)
@@ -1208,6 +1211,32 @@ def floor_shared(ck: Any, nbytes: int) -> None:
         cuda_step.set_function_attribute(ck.function, cuda_step.FUNC_MAX_DYNAMIC_SHARED, want,
                                           f"allowing {want} bytes of dynamic shared memory")
     ck.packed_metadata = (*pm[:2], want, *pm[3:])
+
+
+_FLOOR_OK: list[bool] = []
+
+
+def floor_supported() -> bool:
+    """Whether ``floor_shared`` works with this Triton and driver, found without compiling
+    anything: the CUDA backend packs a kernel's launch metadata with shared memory third, and
+    the driver library (``cuFuncSetAttribute``, for floors past 48 KB) loads. The tuned
+    defaults that use floors (``tuning.VERIFY_SMEM_CAPS``) are left off where it does not, so a
+    Triton that packs its metadata otherwise runs the step unfloored instead of failing."""
+    if not _FLOOR_OK:
+        try:
+            from types import SimpleNamespace
+
+            from triton.backends.nvidia.compiler import CUDABackend
+
+            from openjarvis.engine.torch import cuda_step
+
+            meta = SimpleNamespace(num_warps=4, num_ctas=1, shared=12345)
+            packed = tuple(CUDABackend.pack_metadata(None, meta))
+            cuda_step._driver()
+            _FLOOR_OK.append(len(packed) >= 3 and packed[2] == 12345)
+        except Exception:  # noqa: BLE001 (any other layout or a missing driver: no floors)
+            _FLOOR_OK.append(False)
+    return _FLOOR_OK[0]
 
 
 def shared_floor_for(per_sm: int, sm_bytes: int = 228 * 1024) -> int:
@@ -1878,6 +1907,8 @@ def qkv_split(
     pdl_rope: int | None = None,  # the second kernel's PDL mode; default: as ``pdl``
     rope_warps: int = 1,  # warps of each (token, head) program of the second kernel
     atomic_sem: str = "relaxed",
+    smem: int = 0,  # shared-memory floors a program (``floor_shared``): the product's,
+    rope_smem: int = 0,  # and the second kernel's
 ) -> None:
     """``qkv_rope`` for verify steps in two launches: a split-K product (many programs; the
     per-pair qkv kernel has only (heads x pairs / 16) of them at T > 1) and a small kernel that
@@ -1895,9 +1926,9 @@ def qkv_split(
                          f"dimension {hd} (no thread of another warp may hold a copy of a value "
                          f"the kernel zeroes); got {rope_warps}")
     linear(x, wqkv, acc, mode=ADD, norm=norm, eps=eps, cfg=cfg, pdl=pdl, norm_scale=False,
-           evict=evict, atomic_sem=atomic_sem)
+           evict=evict, atomic_sem=atomic_sem, smem=smem)
     rope_kv(acc, x, bias, rope, start, q_out, k_cache, v_cache, eps,
-            pdl=pdl if pdl_rope is None else pdl_rope, num_warps=rope_warps)
+            pdl=pdl if pdl_rope is None else pdl_rope, num_warps=rope_warps, smem=rope_smem)
 
 
 def rope_kv(
@@ -1914,6 +1945,7 @@ def rope_kv(
     num_warps: int = 1,
     inv: torch.Tensor | None = None,  # [T] float32: each row's 1/RMS, instead of h's own
     zero: bool = True,  # zero what it read of qkv (a split-K accumulator)
+    smem: int = 0,  # at least this much shared memory a program (``floor_shared``)
 ) -> None:
     """Finish a qkv product made without the norm's 1/RMS (a split-K one, or the wide step's
     cuBLAS one): scale, add the bias, RoPE q and k, store q and the cache. With ``zero``,
@@ -1928,13 +1960,16 @@ def rope_kv(
         raise ValueError(f"rope_kv: inv holds each row's 1/RMS, float32 [{t}]; got "
                          f"{inv.dtype} {tuple(inv.shape)}")
     tr, trc = _trace(qkv)
-    _rope_kv_kernel[(t, n_head + 2 * n_kv)](
+    ck = _rope_kv_kernel[(t, n_head + 2 * n_kv)](
         qkv, h if inv is None else inv, bias, rope, start, q_out, k_cache, v_cache,
         d, k_cache.stride(0), k_cache.stride(1), eps, *tr,
         N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_D=min(2048, triton.next_power_of_2(d)),
         PDL=_wait(pdl), num_warps=num_warps, **_launch(pdl), **trc,
         **({"INV": 1} if inv is not None else {}), **({} if zero else {"ZERO": 0}),
+        **({"SMEM_FLOOR": smem} if smem > 0 else {}),
     )
+    if smem > 0:
+        floor_shared(ck, smem)
 
 
 def attention(
@@ -1952,6 +1987,7 @@ def attention(
     combine_warps: int = 1,  # warps of each program of the merge
     trim: bool = True,  # the merge reads only the splits that hold keys
     combine_cols: int = 1,  # programs of the merge a (token, head), each hd / this columns
+    combine_smem: int = 0,  # the merge's programs: at least this much shared memory each
 ) -> torch.Tensor:
     """Attention of T query tokens over the cache in two launches: partials per (kv head,
     split), then their merge."""
@@ -1975,22 +2011,26 @@ def attention(
     )
     return _merge(o_part, ml_part, out, start, block_s,
                   pdl=pdl if pdl_combine is None else pdl_combine, trim=trim,
-                  num_warps=combine_warps, cols=combine_cols)
+                  num_warps=combine_warps, cols=combine_cols, smem=combine_smem)
 
 
 def _merge(o_part: torch.Tensor, ml_part: torch.Tensor, out: torch.Tensor, start: torch.Tensor,
            block_s: int, *, pdl: int = 0, trim: bool = True, num_warps: int = 1,
-           cols: int = 1) -> torch.Tensor:
+           cols: int = 1, smem: int = 0) -> torch.Tensor:
     """The attention's second launch (``attention``, ``attention_wide``): the splits'
     partials ``o_part`` [NSPLIT, T, H, hd] and ``ml_part`` merged into ``out`` [T, H * hd],
-    ``cols`` programs a (token, head)."""
+    ``cols`` programs a (token, head); ``smem``: a shared-memory floor a program
+    (``floor_shared``)."""
     nsplit, t, n_head, hd = o_part.shape
     tr, trc = _trace(out)
-    _attn_combine_kernel[(t * n_head, cols)](
+    ck = _attn_combine_kernel[(t * n_head, cols)](
         o_part, ml_part, out, start, t, *tr, N_HEAD=n_head, HD=hd, NSPLIT=nsplit,
         BLOCK_S=block_s, PDL=_wait(pdl), TRIM=trim, num_warps=num_warps,
         HDC=hd // cols if cols > 1 else 0, **_launch(pdl), **trc,
+        **({"SMEM_FLOOR": smem} if smem > 0 else {}),
     )
+    if smem > 0:
+        floor_shared(ck, smem)
     return out
 
 

@@ -130,6 +130,26 @@ COMBINE_COLS: dict[tuple[int, int], dict[int, int]] = {
 #: one warp spills its 2048-wide tile (+0.24 / +0.26 %; with a 1024-wide tile, its second half
 #: read after the wait, +5.0 / +4.9 %; 2 warps +0.9 / +0.9 %, 8 +4.9 / +4.8 %).
 QKV_WARPS: dict[tuple[int, int], dict[int, int]] = {(896, 4864): {1: 1}}
+#: (n_embd, n_ff) -> {kernel: programs an SM} of verify steps (T > 1): each of the kernel's
+#: programs launched with the shared memory that lets at most that many share an SM
+#: (``kernels.shared_floor_for`` of the device's shared memory an SM; ``Runner.smem_floor``).
+#: Launched early, the merge's 216 programs (k = 8) had filled 37 SMs 12 deep, and the
+#: o-projection's 192, let in at the merge's wait, 108 SMs 2 deep (run 342's trace, 1.5B
+#: @4096). Floored to 2 an SM the merge spreads over 109 SMs (loop 2.21 -> 1.28 us), and the
+#: o-projection must be floored too, or it piles 7 an SM on 68 SMs (loop 2.78 -> 5.02 us).
+#: Session 40 runs 342-343 (5 rounds each, the 1.5B's k = 8 verify over its one-token step,
+#: @512 / @4096): both at 2 -1.6 / -2.4 % and -1.5 / -2.5 %; the merge alone at 2 / 3 / 4
+#: +0.3 / -0.3 / -0.4 % and -0.7 / -1.3 / -1.3 %; the o-projection at 3 or 4 with the merge
+#: at 2: -0.6 / -1.7 %; at 1 (two waves) +4.7 / +3.1 %; k = 4 -0.2 / -0.5 %, k = 16 -0.0 /
+#: -1.3 %. The 0.5B's verify steps lose with the o-projection at 2 (+0.9 to +1.3 %) and are
+#: even with both at 3 or 4 (-0.1 to -0.4 %); one-token merges floored at 1-3 an SM were even
+#: or slower for both (+0.0 to +0.4 %). Runs 344-345 (5 and 7 rounds), on top of those: the
+#: 0.5B's split-K qkv product (288 programs) at 4 an SM -0.87 / -0.68 % and -0.93 / -0.89 %
+#: (at 3: -0.2 / +0.0 %); the 1.5B's (512) at 4 or 5 and either model's RoPE kernel at 2
+#: -0.3 to +0.5 %; qkv and RoPE both floored +0.3 to +3.6 %.
+VERIFY_SMEM_CAPS: dict[tuple[int, int], dict[str, int]] = {
+    (1536, 8960): {"combine": 2, "wo": 2}, (896, 4864): {"qkv": 4},
+}
 #: (n_embd, n_ff) whose one-token steps hand the feed-forward RMSNorm from the o-projection
 #: to gate/up (``kernels.NormHandoff``; session 8 run 81: 1.5B 1.122 -> 1.084 ms @512, 1.217 ->
 #: 1.177 @4096; 0.5B 0.550 -> 0.536, 0.615 -> 0.583).

@@ -579,6 +579,51 @@ def test_a_shared_memory_floor_caps_the_programs_an_sm_takes_and_computes_the_sa
     assert rel(got, expect[171:172]) < BF16_REL
 
 
+def test_the_1_5b_verify_steps_floor_their_merge_and_o_projection_to_two_an_sm() -> None:
+    """``tuning.VERIFY_SMEM_CAPS`` (session 40): on a GPU the 1.5B's shapes' verify steps launch
+    the attention's merge and the o-projection with the shared memory that lets at most 2 of
+    their programs share an SM, so each spreads over the SMs instead of piling where it finds
+    room (the merge had filled 37 SMs 12 deep); the trace shows at most 2 an SM in every layer,
+    and the logits stay within float32's tolerance, as do one-token steps, which are not
+    floored. (The 0.5B's floored split-K qkv runs in every default verify step of the tests
+    above.)"""
+    from dataclasses import replace
+
+    from openjarvis.engine.torch import kernels as K
+    from openjarvis.engine.torch.config import QWEN25_1_5B
+
+    if not K.floor_supported() or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("shared-memory floors measured on sm_90 with a Triton that packs them")
+    a = replace(QWEN25_1_5B, n_layer=2)
+    w = random_weights(a, torch.bfloat16, "cuda", seed=4)
+    model = Transformer(a, w, n_pos=512)
+    gen = torch.Generator().manual_seed(5)
+    toks = torch.randint(0, a.n_vocab, (200,), generator=gen).tolist()
+    ref = Runner(Transformer(a, cast(w, torch.float32), n_pos=512), 384, kernels="torch",
+                 graphs=False).logits(toks, 0).clone()
+    r = Runner(model, 384)
+    assert set(r.smem_floor) == {("combine", True), ("wo", True)}
+    r.logits(toks[:170], 0)
+    progs, n_launch = 16384, 7 * a.n_layer + 1  # a verify layer: qkv, RoPE, attention, merge,
+    with K.tracing(n_launch, progs, "cuda") as buf:  # o-projection, gate/up, down
+        r.drop_steps(9)
+        r.logits(toks[170:179], 170)  # warm-up runs compile and floor, then the capture
+    buf.zero_()
+    got = r.logits(toks[179:188], 179).clone()
+    one = r.logits(toks[188:189], 188).clone()
+    torch.cuda.synchronize()
+    rec = buf.view(n_launch, progs, K.TRACE_WIDTH)
+    for layer in range(a.n_layer):
+        for slot, name, n_prog in ((3, "merge", 9 * a.n_head * 2), (4, "wo", 192)):
+            launch = rec[7 * layer + slot]
+            seen = launch[:, 0] > 0
+            per_sm = torch.bincount(launch[seen, K.TRACE_SM])
+            assert int(seen.sum()) == n_prog, (layer, name, int(seen.sum()))
+            assert int(per_sm.max()) <= 2, (layer, name, int(per_sm.max()))
+    assert rel(got, ref[179:188]) < BF16_REL
+    assert rel(one, ref[188:189]) < BF16_REL
+
+
 def test_cuda_step_agrees_with_float32_and_replays_bit_identical(
         pair: tuple[Transformer, Runner, list[int], torch.Tensor]) -> None:
     from openjarvis.engine.torch import cuda_step

@@ -1265,21 +1265,23 @@ def test_a_shared_memory_floor_is_the_least_that_caps_an_sm_and_zero_undoes_it()
 
 
 def test_a_runner_refuses_a_shared_memory_floor_its_step_would_drop() -> None:
-    """``Runner.smem_floor``: a kernel the step does not launch (a typo; qkv in a verify step,
-    which runs the split-K qkv) is refused with a line naming it, not timed as the default;
-    floors on kernels it launches compute the reference logits (the interpreter launches no
-    compiled kernel to floor), and a bad cache policy is refused the same way."""
+    """``Runner.smem_floor``: a kernel the step does not launch (a typo; the RoPE kernel in a
+    step whose qkv is not split over K) is refused with a line naming it, not timed as the
+    default; floors on kernels it launches compute the reference logits (the interpreter
+    launches no compiled kernel to floor), and a bad cache policy is refused the same way."""
     model = _model()
     seq, ref = _seq_and_ref(model, 9, seed=2)
     r = Runner(model, 64, kernels="triton", nsplit=4)
     r.smem_floor = {("out", False): 1024}
-    with pytest.raises(ValueError, match="the kernels are qkv, wo, w13 and w2"):
+    with pytest.raises(ValueError, match="the kernels are qkv, rope, combine, wo, w13 and w2"):
         r.logits(seq[:1], 0)
-    r.qkv_split = K.LinearConfig(16, 32, split_k=2)
-    r.smem_floor = {("qkv", True): 1024}
+    r.smem_floor = {("rope", True): 1024}
     with pytest.raises(ValueError, match="does not launch that kernel"):
         r.logits(seq[:6], 0)
-    r.smem_floor = {("qkv", False): 40960, ("w13", True): 20224, ("w2", False): 1024}
+    r.qkv_split = K.LinearConfig(16, 32, split_k=2)
+    r.smem_floor = {("qkv", False): 40960, ("w13", True): 20224, ("w2", False): 1024,
+                    ("combine", True): 75776, ("combine", False): 1024, ("qkv", True): 1024,
+                    ("rope", True): 1024}
     rows = [r.logits(seq[:6], 0).clone(), r.logits(seq[6:7], 6).clone(), r.logits(seq[7:], 7)]
     assert rel(torch.cat(rows), ref) < 1e-5
     r.weight_evict = "cg"
