@@ -1024,6 +1024,15 @@ SPREAD40C_VARIANTS: dict[str, dict[str, Any]] = {
     "r2": _floors40(rope=(2, 2)), "q4r2": _floors40(qkv=(4, 3), rope=(2, 2)),
 }
 T1_SETS["spread40c"] = {}
+#: ``--set spread40d`` (session 40): run 348's trace of the new default (1.5B @4096, k = 8) has
+#: gate/up's 140 programs (72 KB each) 2 an SM on 91 SMs, loop 16.24 us (15.49 on 111 SMs
+#: before the o-projection was floored): gate/up floored to 1 or 2 an SM on top.
+SPREAD40D_VARIANTS: dict[str, dict[str, Any]] = {
+    f"w13c{n}": {"by_width": {"1536": {"smem_floor": {"v_combine": _CAP(2), "v_wo": _CAP(2),
+                                                      "v_w13": _CAP(n)}}}}
+    for n in (1, 2)
+}
+T1_SETS["spread40d"] = {}
 #: ``--set``: the verify variants of each named set ("each" is built from session 5's PDL).
 VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "each": each_variants(SESSION5_VERIFY_PDL), "final": FINAL_VARIANTS,
@@ -1049,7 +1058,7 @@ VERIFY_SETS: dict[str, dict[str, dict[str, Any]]] = {
     "scratch25": {"own_scratch": {"shared_scratch": False}},
     "scratch25b": {"verify_arena_t1": {"own_scratch_t": []}},
     "spread40": SPREAD40_VARIANTS, "spread40b": SPREAD40B_VARIANTS,
-    "spread40c": SPREAD40C_VARIANTS,
+    "spread40c": SPREAD40C_VARIANTS, "spread40d": SPREAD40D_VARIANTS,
 }
 #: The settings a variant may name (anything else is a typo that would time the default).
 KNOWN = {"verify_pdl", "one_token_pdl", "tiles", "verify_attention", "t1_tiles", "attention",
