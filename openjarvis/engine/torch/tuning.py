@@ -143,10 +143,10 @@ QKV_WARPS: dict[tuple[int, int], dict[int, int]] = {(896, 4864): {1: 1}}
 #: at 2: -0.6 / -1.7 %; at 1 (two waves) +4.7 / +3.1 %; k = 4 -0.2 / -0.5 %, k = 16 -0.0 /
 #: -1.3 %. The 0.5B's verify steps lose with the o-projection at 2 (+0.9 to +1.3 %) and are
 #: even with both at 3 or 4 (-0.1 to -0.4 %); one-token merges floored at 1-3 an SM were even
-#: or slower for both (+0.0 to +0.4 %). Runs 344-345 (5 and 7 rounds), on top of those: the
+#: or slower for both (-0.1 to +0.4 %). Runs 344-345 (5 and 7 rounds), on top of those: the
 #: 0.5B's split-K qkv product (288 programs) at 4 an SM -0.87 / -0.68 % and -0.93 / -0.89 %
 #: (at 3: -0.2 / +0.0 %); the 1.5B's (512) at 4 or 5 and either model's RoPE kernel at 2
-#: -0.3 to +0.5 %; qkv and RoPE both floored +0.3 to +3.6 %.
+#: -0.2 to +0.5 %; qkv and RoPE both floored +0.3 to +3.6 %.
 VERIFY_SMEM_CAPS: dict[tuple[int, int], dict[str, int]] = {
     (1536, 8960): {"combine": 2, "wo": 2}, (896, 4864): {"qkv": 4},
 }
