@@ -373,8 +373,8 @@ class Runner:
         self.out_evict: str | None = None
         #: (kernel, verify step?) -> at least this much shared memory a program of it, to bound
         #: how many share an SM (``kernels.floor_shared``; session 20). On a GPU the tuned
-        #: shapes' verify steps floor the attention's merge ("combine") and the o-projection
-        #: (``tuning.VERIFY_SMEM_CAPS``, session 40); otherwise empty.
+        #: shapes' verify steps floor the kernels of ``tuning.VERIFY_SMEM_CAPS`` (session 40:
+        #: the 1.5B's merge and o-projection, the 0.5B's split-K qkv); otherwise empty.
         self.smem_floor: dict[tuple[str, bool], int] = {}
         #: Kernels ("qkv", "wo", "w13", "w2", "out") that, in a step whose PDL mode is 1, load
         #: their first weight tile before waiting on the previous kernel (mode 2) -- all their
