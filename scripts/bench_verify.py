@@ -1108,7 +1108,9 @@ def configure(r: Runner, v: dict[str, Any], base: dict[str, Any]) -> None:
     pf = v.get("l2_prefetch", base["l2_prefetch"])  # [MB a layer, programs, after]; null: off
     r.l2_prefetch = (float(pf[0]), int(pf[1]), int(pf[2]) if len(pf) > 2 else 0) if pf else None
     r.weight_evict = v.get("weight_evict", base["weight_evict"])
-    # {"qkv": bytes} for one-token steps, {"v_w2": bytes} for verify steps
+    # {"qkv": bytes} for one-token steps, {"v_w2": bytes} for verify steps; a variant's floors
+    # replace the default's whole (tuning.VERIFY_SMEM_CAPS since session 40: name them again
+    # to keep them, as spread40c does)
     r.smem_floor = {(k.removeprefix("v_"), k.startswith("v_")): int(n)
                     for k, n in v.get("smem_floor", base["smem_floor"]).items()}
     r.shared_scratch = bool(v.get("shared_scratch", base["shared_scratch"]))

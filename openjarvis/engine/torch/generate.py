@@ -81,10 +81,11 @@ def wide_nsplit(t: int) -> int:
 def verify_floors(caps: dict[str, int], device: torch.device) -> dict[tuple[str, bool], int]:
     """``Runner.smem_floor`` entries of verify steps for ``caps`` ({kernel: programs an SM},
     ``tuning.VERIFY_SMEM_CAPS``) on this GPU: each the shared memory a program that lets at
-    most that many share one of its SMs. None where the floor cannot be set here
-    (``kernels.floor_supported``) or a floor exceeds what one program may ask for: the step
-    then runs unfloored, as fast as before the caps were measured."""
-    if not caps or device.type != "cuda":
+    most that many share one of its SMs. Empty where the caps were not measured (they were on
+    an sm_90 GPU, the H200), where the floor cannot be set here (``kernels.floor_supported``)
+    or where a floor exceeds what one program may ask for: the steps then run unfloored, as
+    fast as before the caps were measured."""
+    if not caps or device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
         return {}
     from openjarvis.engine.torch.kernels import floor_supported, shared_floor_for
 
@@ -372,10 +373,15 @@ class Runner:
         #: session 34 asked what a step's last stream, without the hint, costs the next).
         self.out_evict: str | None = None
         #: (kernel, verify step?) -> at least this much shared memory a program of it, to bound
-        #: how many share an SM (``kernels.floor_shared``; session 20). On a GPU the tuned
-        #: shapes' verify steps floor the kernels of ``tuning.VERIFY_SMEM_CAPS`` (session 40:
-        #: the 1.5B's merge and o-projection, the 0.5B's split-K qkv); otherwise empty.
+        #: how many share an SM (``kernels.floor_shared``; session 20). On an sm_90 GPU the
+        #: tuned shapes' verify steps floor the kernels of ``tuning.VERIFY_SMEM_CAPS`` (session
+        #: 40: the 1.5B's merge and o-projection, the 0.5B's split-K qkv), where
+        #: ``verify_floors`` finds the floors can be set; otherwise empty. Deterministic steps
+        #: run unfloored (their kernels are not the ones measured).
         self.smem_floor: dict[tuple[str, bool], int] = {}
+        #: Steps of more tokens than this run unfloored (``tuning.VERIFY_SMEM_MAX_T`` where
+        #: the tuned floors are set).
+        self.smem_floor_max_t = MAX_STEP
         #: Kernels ("qkv", "wo", "w13", "w2", "out") that, in a step whose PDL mode is 1, load
         #: their first weight tile before waiting on the previous kernel (mode 2) -- all their
         #: weights where K fits one tile, so the load overlaps the kernel before them.
@@ -421,6 +427,7 @@ class Runner:
                 VERIFY_HANDOFF,
                 VERIFY_PDL,
                 VERIFY_SMEM_CAPS,
+                VERIFY_SMEM_MAX_T,
                 WEIGHT_EVICT,
                 combine_cols,
                 tuned_configs,
@@ -446,6 +453,7 @@ class Runner:
             self.nsplit, self.attn_block_s = ATTENTION.get(shape, (nsplit, self.attn_block_s))
             self.l2_prefetch = L2_PREFETCH.get(shape)
             self.smem_floor = verify_floors(VERIFY_SMEM_CAPS.get(shape, {}), self.device)
+            self.smem_floor_max_t = VERIFY_SMEM_MAX_T
             self._wide_t = WIDE_MAX
 
     @property
@@ -1141,6 +1149,8 @@ class Runner:
             return self.kernel_pdl(name, t)
 
         def sf(name: str) -> int:
+            if self.deterministic or t > self.smem_floor_max_t:
+                return 0
             return self.smem_floor.get((name, t > 1), 0)
 
         qkv_tiles = self.linear_configs.get(("qkv", t)) or (None, None)

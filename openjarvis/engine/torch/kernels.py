@@ -694,6 +694,7 @@ def _rope_kv_kernel(
     q and k, store q and the cache, and zero the rows read so the next layer can accumulate
     (``ZERO``). The wide step's product (cuBLAS) is finished the same way, its rows' 1/RMS
     read from ``h_ptr`` (``INV``) and nothing zeroed: the next layer's product overwrites it.
+    (``SMEM_FLOOR`` as in ``_linear_kernel``.)
 
     What a step never writes (bias, position, its RoPE row) loads before the PDL wait, and the
     product's rows beside h in one round trip rather than after it (session 8 runs 75-76:
@@ -1189,8 +1190,9 @@ def floor_shared(ck: Any, nbytes: int) -> None:
     ``nbytes`` sets the most an SM takes (``shared_floor_for``). Takes effect from the next
     launch (a step's warm-up run launches, the capture after it sees this). The setting lives
     on the compiled kernel, which every launch of the same specialization shares, so the
-    launchers (``linear``, ``qkv_rope``) pass the floor as a constexpr too (``SMEM_FLOOR``):
-    a floored launch compiles a kernel of its own and no other launch inherits its floor.
+    launchers (``linear``, ``qkv_rope``, ``rope_kv``, ``_merge``) pass the floor as a
+    constexpr too (``SMEM_FLOOR``): a floored launch compiles a kernel of its own and no other
+    launch inherits its floor.
     Triton passes a kernel's shared memory at each launch from ``packed_metadata``
     (num_warps, num_ctas, shared); a Triton whose tuple differs is refused, not guessed at."""
     if ck is None or not hasattr(ck, "packed_metadata"):  # (the interpreter: no compiled kernel)

@@ -150,6 +150,10 @@ QKV_WARPS: dict[tuple[int, int], dict[int, int]] = {(896, 4864): {1: 1}}
 VERIFY_SMEM_CAPS: dict[tuple[int, int], dict[str, int]] = {
     (1536, 8960): {"combine": 2, "wo": 2}, (896, 4864): {"qkv": 4},
 }
+#: The most tokens a step floored by ``VERIFY_SMEM_CAPS`` has: the verify sizes measured (k =
+#: 4, 8 and 16). The merge's programs grow with T (at T = 32 the 1.5B's would be 768, three
+#: waves at 2 an SM), so the prompt's 32-token steps run unfloored, as before.
+VERIFY_SMEM_MAX_T = 17
 #: (n_embd, n_ff) whose one-token steps hand the feed-forward RMSNorm from the o-projection
 #: to gate/up (``kernels.NormHandoff``; session 8 run 81: 1.5B 1.122 -> 1.084 ms @512, 1.217 ->
 #: 1.177 @4096; 0.5B 0.550 -> 0.536, 0.615 -> 0.583).
