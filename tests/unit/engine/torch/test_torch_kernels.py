@@ -1264,6 +1264,41 @@ def test_a_shared_memory_floor_is_the_least_that_caps_an_sm_and_zero_undoes_it()
         K.floor_shared(ck, 20224)
 
 
+def test_tuned_verify_floors_are_sized_by_the_gpu_and_left_off_where_unmeasured(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``generate.verify_floors`` (``tuning.VERIFY_SMEM_CAPS``): on an sm_90 GPU a cap of 2
+    programs an SM becomes the bytes that let 2 fit and not 3 in its shared memory an SM (the
+    H200's 228 KB: 77,056); none on the CPU, on another architecture, where Triton's launch
+    metadata is not understood, or where the floor exceeds what one program may ask for."""
+    from types import SimpleNamespace
+
+    from openjarvis.engine.torch import generate as G
+
+    h200 = SimpleNamespace(shared_memory_per_multiprocessor=233472,
+                           shared_memory_per_block_optin=232448)
+    caps = {"combine": 2, "wo": 2, "qkv": 4}
+    cuda = torch.device("cuda", 0)
+    assert G.verify_floors(caps, torch.device("cpu")) == {}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: h200)
+    monkeypatch.setattr(K, "floor_supported", lambda: True)
+    floors = G.verify_floors(caps, cuda)
+    assert floors == {("combine", True): 77056, ("wo", True): 77056, ("qkv", True): 45824}
+    for n, nbytes in ((2, 77056), (4, 45824)):
+        assert (233472 // (nbytes + 1024), 233472 // (nbytes - 256 + 1024)) == (n, n + 1)
+    assert G.verify_floors({}, cuda) == {}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 0))
+    assert G.verify_floors(caps, cuda) == {}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    small = SimpleNamespace(shared_memory_per_multiprocessor=233472,
+                            shared_memory_per_block_optin=49152)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: small)
+    assert G.verify_floors(caps, cuda) == {}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: h200)
+    monkeypatch.setattr(K, "floor_supported", lambda: False)
+    assert G.verify_floors(caps, cuda) == {}
+
+
 def test_a_runner_refuses_a_shared_memory_floor_its_step_would_drop() -> None:
     """``Runner.smem_floor``: a kernel the step does not launch (a typo; the RoPE kernel in a
     step whose qkv is not split over K) is refused with a line naming it, not timed as the
