@@ -1148,10 +1148,10 @@ class Runner:
         def pk(name: str) -> int:
             return self.kernel_pdl(name, t)
 
+        floored = not self.deterministic and t <= self.smem_floor_max_t
+
         def sf(name: str) -> int:
-            if self.deterministic or t > self.smem_floor_max_t:
-                return 0
-            return self.smem_floor.get((name, t > 1), 0)
+            return self.smem_floor.get((name, t > 1), 0) if floored else 0
 
         qkv_tiles = self.linear_configs.get(("qkv", t)) or (None, None)
         assert isinstance(qkv_tiles, tuple)
@@ -1172,7 +1172,7 @@ class Runner:
         if hook is not None and not hand_bufs:
             raise ValueError("ffn_hook needs the o-projection's norm hand-off (norm_handoff on, "
                              "no fuse_attn_out, an o-projection tile without split-K)")
-        self._check_smem_floor(t, split is not None, fused, hook is not None)
+        self._check_smem_floor(t, split is not None, fused, hook is not None, floored)
         pf = self.l2_prefetch if t == 1 and self.device.type == "cuda" and not hook else None
         if pf is not None and not (pf[0] > 0 and pf[1] > 0 and pf[2] in (0, 1, 2)):
             raise ValueError(f"l2_prefetch {pf}: needs (MiB > 0, programs > 0, after in 0-2)")
@@ -1253,16 +1253,19 @@ class Runner:
                  pdl=pk("out"), evict=oev)
         return ws.logits
 
-    def _check_smem_floor(self, t: int, split: bool, fused: bool, hooked: bool) -> None:
+    def _check_smem_floor(self, t: int, split: bool, fused: bool, hooked: bool,
+                          floored: bool) -> None:
         """Refuse a ``smem_floor`` entry that this step would drop without a word: a kernel
         it does not launch (a typo; the RoPE kernel, "rope", where qkv is not a split-K
         product; the o-projection and the merge fused into the attention; gate/up replaced by
-        ``ffn_hook``). "qkv" floors whichever qkv product the step runs."""
+        ``ffn_hook``). "qkv" floors whichever qkv product the step runs. A step that runs
+        unfloored by rule (``floored`` False: deterministic, or longer than
+        ``smem_floor_max_t``) drops none, so only the names are checked."""
         for (name, verify), nbytes in self.smem_floor.items():
             if name not in ("qkv", "rope", "combine", "wo", "w13", "w2") or nbytes < 0:
                 raise ValueError(f"smem_floor {(name, verify)}: {nbytes}: the kernels are qkv, "
                                  f"rope, combine, wo, w13 and w2, the floors bytes >= 0")
-            if verify != (t > 1):
+            if verify != (t > 1) or not floored:
                 continue
             dropped = ((name == "rope" and not split) or (name in ("wo", "combine") and fused)
                        or (name == "w13" and hooked))

@@ -26,6 +26,7 @@ wrong, so bf16 is checked on the GPU by scripts/bench_gpu.py).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -1215,30 +1216,39 @@ def floor_shared(ck: Any, nbytes: int) -> None:
     ck.packed_metadata = (*pm[:2], want, *pm[3:])
 
 
-_FLOOR_OK: list[bool] = []
+def _floor_kw(smem: int) -> dict[str, int]:
+    """A launch's ``SMEM_FLOOR`` constexpr: a floored launch (``smem`` > 0) compiles a kernel of
+    its own, so its floor (``_floor``, after the launch) reaches no unfloored launch."""
+    return {"SMEM_FLOOR": smem} if smem > 0 else {}
 
 
+def _floor(ck: Any, smem: int) -> None:
+    """After a launch made with ``_floor_kw(smem)``: its compiled kernel floored from the next
+    launch on (``floor_shared``); nothing for an unfloored one."""
+    if smem > 0:
+        floor_shared(ck, smem)
+
+
+@functools.cache
 def floor_supported() -> bool:
     """Whether ``floor_shared`` works with this Triton and driver, found without compiling
     anything: the CUDA backend packs a kernel's launch metadata with shared memory third, and
     the driver library (``cuFuncSetAttribute``, for floors past 48 KB) loads. The tuned
     defaults that use floors (``tuning.VERIFY_SMEM_CAPS``) are left off where it does not, so a
     Triton that packs its metadata otherwise runs the step unfloored instead of failing."""
-    if not _FLOOR_OK:
-        try:
-            from types import SimpleNamespace
+    try:
+        from types import SimpleNamespace
 
-            from triton.backends.nvidia.compiler import CUDABackend
+        from triton.backends.nvidia.compiler import CUDABackend
 
-            from openjarvis.engine.torch import cuda_step
+        from openjarvis.engine.torch import cuda_step
 
-            meta = SimpleNamespace(num_warps=4, num_ctas=1, shared=12345)
-            packed = tuple(CUDABackend.pack_metadata(None, meta))
-            cuda_step._driver()
-            _FLOOR_OK.append(len(packed) >= 3 and packed[2] == 12345)
-        except Exception:  # noqa: BLE001 (any other layout or a missing driver: no floors)
-            _FLOOR_OK.append(False)
-    return _FLOOR_OK[0]
+        meta = SimpleNamespace(num_warps=4, num_ctas=1, shared=12345)
+        packed = tuple(CUDABackend.pack_metadata(None, meta))
+        cuda_step._driver()
+    except Exception:  # noqa: BLE001 (any other layout or a missing driver: no floors)
+        return False
+    return len(packed) >= 3 and packed[2] == 12345
 
 
 def shared_floor_for(per_sm: int, sm_bytes: int = 228 * 1024) -> int:
@@ -1348,7 +1358,7 @@ def linear(
             **({"LANES": 1} if cfg.lanes else {})}
            if cfg.rows and t == 1 else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch(pdl),
-        **({"SMEM_FLOOR": smem} if smem > 0 else {}),
+        **_floor_kw(smem),
     )
     if cfg.swap and t > 1:
         if cfg.block_n < 16:
@@ -1361,8 +1371,7 @@ def linear(
         x, w, norm if norm is not None else w, bias if bias is not None else w, out,
         t, n, k, x.stride(0), out.stride(0), eps, *hand_args, *tr, **common, **trc,
     )
-    if smem > 0:
-        floor_shared(ck, smem)
+    _floor(ck, smem)
     return out
 
 
@@ -1885,10 +1894,9 @@ def qkv_rope(
         N_HEAD=n_head, N_KV=n_kv, HD=hd,
         BLOCK_T=block_t(t), BLOCK_P=bp, BLOCK_K=block_k or min(512, triton.next_power_of_2(k)),
         PDL=pdl, EVICT=evict, num_warps=num_warps, **_launch(pdl), **trc,
-        **({"SMEM_FLOOR": smem} if smem > 0 else {}),
+        **_floor_kw(smem),
     )
-    if smem > 0:
-        floor_shared(ck, smem)
+    _floor(ck, smem)
 
 
 def qkv_split(
@@ -1968,10 +1976,9 @@ def rope_kv(
         N_HEAD=n_head, N_KV=n_kv, HD=hd, BLOCK_D=min(2048, triton.next_power_of_2(d)),
         PDL=_wait(pdl), num_warps=num_warps, **_launch(pdl), **trc,
         **({"INV": 1} if inv is not None else {}), **({} if zero else {"ZERO": 0}),
-        **({"SMEM_FLOOR": smem} if smem > 0 else {}),
+        **_floor_kw(smem),
     )
-    if smem > 0:
-        floor_shared(ck, smem)
+    _floor(ck, smem)
 
 
 def attention(
@@ -2029,10 +2036,9 @@ def _merge(o_part: torch.Tensor, ml_part: torch.Tensor, out: torch.Tensor, start
         o_part, ml_part, out, start, t, *tr, N_HEAD=n_head, HD=hd, NSPLIT=nsplit,
         BLOCK_S=block_s, PDL=_wait(pdl), TRIM=trim, num_warps=num_warps,
         HDC=hd // cols if cols > 1 else 0, **_launch(pdl), **trc,
-        **({"SMEM_FLOOR": smem} if smem > 0 else {}),
+        **_floor_kw(smem),
     )
-    if smem > 0:
-        floor_shared(ck, smem)
+    _floor(ck, smem)
     return out
 
 
