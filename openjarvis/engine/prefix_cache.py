@@ -59,7 +59,7 @@ def run_of(engine: Engine, default: int = RUN) -> int:
 
 
 class Keyed(Engine, Protocol):
-    def cost_key(self) -> str: ...
+    def state_key(self) -> str: ...
 
 
 def default_dir() -> Path:
@@ -74,7 +74,10 @@ class PrefixCache:
         self.last_miss: str = ""
 
     def _model_key(self, engine: Engine) -> str:
-        key = getattr(engine, "cost_key", None)
+        """The engine's ``state_key`` where it has one (the torch engine: the identity of the
+        bits its K/V hold, which a speed tuning does not change), else its ``cost_key`` (the
+        llama.cpp engine: model file, threads, flash attention), else its type."""
+        key = getattr(engine, "state_key", None) or getattr(engine, "cost_key", None)
         base = key() if callable(key) else type(engine).__name__
         return f"{base}|{engine.vocab_fingerprint()}"
 

@@ -278,17 +278,45 @@ class TorchEngine(GgufInfo, MeasuredCosts):
             raise EngineError(f"a saved state does not fit {self.path.name}") from exc
         self._n_past = n
 
-    def cost_key(self) -> str:
-        """(model, device, backend) identity the measured cost model is cached under."""
+    def _identity(self) -> str:
+        """(model file, device, backend): what both keys below start from."""
         st = self.path.stat()
-        dev = self.runner.device
-        name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
         r = self.runner
+        name = torch.cuda.get_device_name(r.device) if r.device.type == "cuda" else "cpu"
         return (
-            f"{self.path.name}:{st.st_size}|{dev.type}:{name}|torch-{r.kernels}"
-            f"-{'graphs' if r.graphs else 'eager'}-{self.runner.model.dtype}"
-            "-argmax"  # timed as greedy calls (``costs.measure``): not session 13's tables
+            f"{self.path.name}:{st.st_size}|{r.device.type}:{name}|torch-{r.kernels}"
+            f"-{'graphs' if r.graphs else 'eager'}-{r.model.dtype}"
+        )
+
+    def cost_key(self) -> str:
+        """(model, device, backend) identity the measured cost model is cached under: all that
+        changes what a step costs. The shared-memory floors of verify steps (session 40) are
+        named, so tables timed before them (verify ~2 % dearer) are measured again."""
+        r = self.runner
+        floors = ",".join(
+            f"{name}{'@v' if verify else ''}={nbytes}"
+            for (name, verify), nbytes in sorted(r.smem_floor.items()) if nbytes > 0
+        )
+        return (
+            self._identity()
+            + "-argmax"  # timed as greedy calls (``costs.measure``): not session 13's tables
             + ("-deterministic" if r.deterministic else "")  # its verify steps cost more
+            + (f"-floors<={r.smem_floor_max_t}:{floors}" if floors else "")
+        )
+
+    def state_key(self) -> str:
+        """The identity of the bits a saved state holds (``prefix_cache``'s model key): all
+        that changes the K/V this engine computes for a head, and nothing that changes only
+        its speed (the floors, the cost tables' "-argmax"), so a tuning of speed keeps users'
+        saved heads. A head is read in runs of ``prefill_run``, on the Triton path in wide
+        steps of ``Runner.wide_widths``, whose K/V differ from narrower steps' in the last bits
+        of bf16 (the torch path has no wide steps)."""
+        r = self.runner
+        wide = r.wide_widths if r.kernels == "triton" else ()
+        return (
+            self._identity() + f"-run{self.prefill_run}"
+            + (f"-wide{'/'.join(map(str, wide))}" if wide else "")
+            + ("-deterministic" if r.deterministic else "")  # unsplit kernels: other bits
         )
 
     def describe(self) -> dict[str, Any]:

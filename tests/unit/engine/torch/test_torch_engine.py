@@ -177,6 +177,47 @@ def test_the_deterministic_setting_reaches_the_runner_and_its_cost_key(tiny_veri
         assert det.cost_key() != plain.cost_key()  # verify costs differ: separate cost tables
 
 
+def test_a_speed_tuning_reprices_the_cost_tables_and_keeps_saved_heads(
+        engine: TorchEngine, tmp_path: Path) -> None:
+    """The verify steps' shared-memory floors change what a step costs, not the bits it
+    writes: the cost tables are keyed anew, a saved head still loads. Wide steps on the
+    Triton path change the bits: a head saved without them is not loaded into an engine that
+    would compute it with them."""
+    from openjarvis.engine.prefix_cache import PrefixCache
+
+    cache = PrefixCache(tmp_path)
+    tokens = (engine.tokenize(TEXT) * 8)[:80]
+    engine.eval(tokens, last_only=True)
+    assert cache.save(engine, tokens) is not None
+    r = engine.runner
+    cost, state = engine.cost_key(), engine.state_key()
+    r.smem_floor = {("combine", True): 77_056, ("wo", True): 77_056}
+    r.smem_floor_max_t = 17
+    try:
+        assert engine.cost_key() == cost + "-floors<=17:combine@v=77056,wo@v=77056"
+        assert engine.state_key() == state
+        engine.rollback(0)
+        assert cache.load(engine, tokens) and engine.n_past == len(tokens)
+    finally:
+        r.smem_floor = {}
+    r.wide = 256  # the torch path never takes a wide step: the same bits
+    assert engine.state_key() == state
+    r.kernels, r.wide = "triton", 0  # (the flags alone: the keys a GPU engine would have)
+    try:
+        narrow = engine.state_key()
+        assert "-wide" not in narrow and cache.save(engine, tokens) is not None
+        r.wide = 256  # its steps would now read a head in wide steps: other bits
+        assert engine.state_key() == narrow + "-wide256/128"
+        engine.rollback(0)
+        assert not cache.load(engine, tokens) and cache.last_miss == "absent"
+        assert engine.n_past == 0
+        r.wide = 0
+        assert cache.load(engine, tokens) and engine.n_past == len(tokens)
+    finally:
+        r.kernels, r.wide = "torch", 0
+    assert engine.state_key() == state
+
+
 def test_the_gpu_warm_up_covers_every_step_size_a_request_can_run() -> None:
     """A request runs steps of 1 to ``MAX_STEP`` tokens (verifies up to 17, a prompt's steps of
     32 and what they leave, the drafter's catch-up with argmaxes): the engine captures all of
