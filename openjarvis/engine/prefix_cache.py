@@ -21,7 +21,6 @@ import os
 import struct
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
@@ -58,10 +57,6 @@ def run_of(engine: Engine, default: int = RUN) -> int:
     return run if isinstance(run, int) and run > 0 and run % RUN == 0 else default
 
 
-class Keyed(Engine, Protocol):
-    def state_key(self) -> str: ...
-
-
 def default_dir() -> Path:
     return paths.cache_dir() / "prefix-kv"
 
@@ -82,7 +77,10 @@ class PrefixCache:
         return f"{base}|{engine.vocab_fingerprint()}"
 
     def path_for(self, engine: Engine, tokens: Sequence[int]) -> Path:
-        h = hashlib.sha256(self._model_key(engine).encode())
+        return self._path(self._model_key(engine), tokens)
+
+    def _path(self, model_key: str, tokens: Sequence[int]) -> Path:
+        h = hashlib.sha256(model_key.encode())
         h.update(np.asarray(tokens, dtype=np.int32).tobytes())
         return self.directory / f"{h.hexdigest()[:40]}.kv"
 
@@ -90,7 +88,8 @@ class PrefixCache:
         """Save the engine's cache, which must hold exactly ``tokens``; None if skipped."""
         if len(tokens) < MIN_TOKENS or engine.n_past != len(tokens):
             return None
-        path = self.path_for(engine, tokens)
+        key = self._model_key(engine)  # (once: it stats the model file)
+        path = self._path(key, tokens)
         if path.exists():
             return path
         state = engine.save_state()
@@ -98,7 +97,7 @@ class PrefixCache:
         header = json.dumps(
             {
                 "format": FORMAT,
-                "model": self._model_key(engine),
+                "model": key,
                 "n_tokens": len(tokens),
                 "sha256": hashlib.sha256(toks + state).hexdigest(),
                 "state_bytes": len(state),
@@ -118,13 +117,14 @@ class PrefixCache:
         A file that is absent or fails a check leaves the engine's cache as it was, so the caller
         can still reuse what it holds; a state the engine itself rejects leaves the cache empty.
         """
-        path = self.path_for(engine, tokens)
+        key = self._model_key(engine)
+        path = self._path(key, tokens)
         try:
             data = path.read_bytes()
         except OSError:
             self.last_miss = "absent"
             return False
-        reason = self._check(engine, tokens, data)
+        reason = self._check(key, tokens, data)
         if reason is None:
             offset = len(MAGIC) + 4 + struct.unpack_from("<I", data, len(MAGIC))[0] + 4 * len(tokens)
             try:
@@ -144,7 +144,7 @@ class PrefixCache:
             path.unlink()
         return False
 
-    def _check(self, engine: Engine, tokens: Sequence[int], data: bytes) -> str | None:
+    def _check(self, model_key: str, tokens: Sequence[int], data: bytes) -> str | None:
         """None if the file is sound and matches; otherwise why not."""
         if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 4:
             return "corrupt: bad magic"
@@ -156,7 +156,7 @@ class PrefixCache:
             return "corrupt: bad header"
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             return "corrupt: unknown format"
-        if header.get("model") != self._model_key(engine):
+        if header.get("model") != model_key:
             return "mismatch: other model"
         body = data[start + n :]
         toks = np.asarray(tokens, dtype=np.int32).tobytes()
